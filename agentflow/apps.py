@@ -1,0 +1,20 @@
+"""App config: registers workflow definitions, nothing heavier."""
+from __future__ import annotations
+
+import importlib
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.utils.module_loading import autodiscover_modules
+
+
+class AgentflowConfig(AppConfig):
+    name = "agentflow"
+    verbose_name = "Workflows"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Every process (web, worker, beat) must know every definition before it touches a run.
+        autodiscover_modules("workflows")
+        for module in settings.AGENTFLOW_WORKFLOW_MODULES:
+            importlib.import_module(module)

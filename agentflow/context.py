@@ -1,0 +1,74 @@
+"""What a step function sees: its run, its idempotency key, and the outputs before it."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+def idempotency_key(run_id: str, seq: int) -> str:
+    """SPEC §3.2, exactly: the same for every attempt of the step."""
+    return f"{run_id}_step_{seq}"
+
+
+class StepContext:
+    """Passed to every step, reconcile and compensation function.
+
+    Earlier outputs are loaded on first use, so steps that do not read them cost no query.
+    """
+
+    __slots__ = (
+        "_load_outputs",
+        "_lost",
+        "_outputs",
+        "attempt",
+        "idempotency_key",
+        "input",
+        "run_id",
+        "seq",
+        "step",
+        "workflow",
+    )
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        workflow: str,
+        seq: int,
+        step: str,
+        attempt: int,
+        input: Any,
+        load_outputs: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.run_id = run_id
+        self.workflow = workflow
+        self.seq = seq
+        self.step = step
+        self.attempt = attempt
+        self.input = input
+        self.idempotency_key = idempotency_key(run_id, seq)
+        self._load_outputs = load_outputs
+        self._outputs: dict[str, Any] | None = None
+        self._lost = threading.Event()
+
+    @property
+    def outputs(self) -> dict[str, Any]:
+        """Recorded outputs of the completed steps before this one, by step name."""
+        if self._outputs is None:
+            self._outputs = self._load_outputs()
+        return self._outputs
+
+    def output_of(self, step: str, default: Any = None) -> Any:
+        return self.outputs.get(step, default)
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once another worker has taken this step over; a long step should stop."""
+        return self._lost.is_set()
+
+    def mark_lease_lost(self) -> None:
+        self._lost.set()
+
+    def __repr__(self) -> str:
+        return f"<StepContext {self.idempotency_key} {self.step} attempt={self.attempt}>"

@@ -1,0 +1,138 @@
+"""The engine's public API: define workflows, start runs, read their progress.
+
+Domain apps import only this module:
+
+    from agentflow import durable
+
+    rebooking = durable.Workflow("rebooking", version=1)
+
+    @rebooking.step("charge_customer", kind="effect", compensate="refund_fee")
+    def charge_customer(ctx: durable.StepContext) -> dict: ...
+
+    run_id = durable.start("rebooking", input={...}, business_key="request-42")
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from agentflow import registry, store
+from agentflow.context import StepContext, idempotency_key
+from agentflow.exceptions import (
+    AgentflowError,
+    InvalidInputError,
+    PermanentStepError,
+    RetryableStepError,
+    UnknownWorkflowError,
+)
+from agentflow.registry import END, Workflow
+from agentflow.retry import RetryPolicy
+from agentflow.serialization import NotJSONError, to_json
+from agentflow.states import RunStatus, StepKind, StepStatus
+
+__all__ = [
+    "END",
+    "AgentflowError",
+    "InvalidInputError",
+    "PermanentStepError",
+    "RetryPolicy",
+    "RetryableStepError",
+    "RunSnapshot",
+    "RunStatus",
+    "StepContext",
+    "StepKind",
+    "StepSnapshot",
+    "StepStatus",
+    "UnknownWorkflowError",
+    "Workflow",
+    "idempotency_key",
+    "snapshot",
+    "start",
+]
+
+
+def start(workflow: str, *, input: Any = None, business_key: str | None = None) -> str:
+    """Start a run of the latest version of `workflow` and return its id.
+
+    Idempotent on `business_key`: the same key returns the same run. Call it inside your own
+    transaction to create the run atomically with your rows; the first step is published only
+    when that transaction commits.
+
+    Raises:
+        UnknownWorkflowError: no workflow of that name is registered.
+        InvalidInputError: `input` cannot be stored as JSON.
+    """
+    definition = registry.latest(workflow)
+    try:
+        payload = to_json({} if input is None else input, "workflow input")
+    except NotJSONError as exc:
+        raise InvalidInputError(str(exc)) from None
+    run_id, _created = store.run_create(
+        workflow=definition, input=payload, business_key=business_key
+    )
+    return run_id
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSnapshot:
+    seq: int
+    name: str
+    kind: str
+    status: str
+    attempts: int
+    output: Any
+    error: str
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSnapshot:
+    id: str
+    workflow: str
+    version: int
+    status: str
+    current_step: str
+    error: str
+    output: Any
+    created_at: datetime
+    updated_at: datetime
+    steps: list[StepSnapshot]
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+def snapshot(run_id: str) -> RunSnapshot | None:
+    """A read-only view of a run and its checkpoints, for status pages and tests."""
+    from agentflow.models import WorkflowRun
+
+    run = WorkflowRun.objects.filter(pk=run_id).first()
+    if run is None:
+        return None
+    steps = [
+        StepSnapshot(
+            seq=cp.seq,
+            name=cp.name,
+            kind=cp.kind,
+            status=cp.status,
+            attempts=cp.attempts,
+            output=cp.output,
+            error=cp.error,
+            finished_at=cp.finished_at,
+        )
+        for cp in run.steps.order_by("seq")
+    ]
+    return RunSnapshot(
+        id=run.id,
+        workflow=run.workflow,
+        version=run.version,
+        status=run.status,
+        current_step=run.current_step,
+        error=run.error,
+        output=run.output,
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        steps=steps,
+    )

@@ -1,0 +1,40 @@
+"""`manage.py sweep`: one recovery pass, the same as the beat task runs."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from agentflow import recovery
+
+
+class Command(BaseCommand):
+    help = "Re-enqueue active workflow runs that stopped moving (one sweeper pass)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--limit", type=int, default=None, help="most runs to re-enqueue")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def handle(self, *args: Any, limit: int | None, json: bool, **options: Any) -> None:
+        report = recovery.sweep(limit=limit)
+        if json:
+            self.stdout.write(_dumps(report))
+            return
+        self.stdout.write(
+            f"re-enqueued {len(report.requeued)}, parked {len(report.parked)}, "
+            f"errors {len(report.errors)} (query {report.query_ms:.1f} ms)"
+        )
+        for error in report.errors:
+            self.stderr.write(error)
+
+
+def _dumps(report: recovery.SweepReport) -> str:
+    return json.dumps(
+        {
+            "requeued": report.requeued,
+            "parked": report.parked,
+            "errors": report.errors,
+            "query_ms": round(report.query_ms, 3),
+        }
+    )

@@ -1,0 +1,136 @@
+"""Engine tables: workflow runs, step checkpoints, run events. Fields and constraints only."""
+from __future__ import annotations
+
+import secrets
+
+from django.db import models
+from django.db.models import Q
+
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
+
+
+def new_run_id() -> str:
+    """128 random bits: the id is shown to customers, so it must be unguessable."""
+    return f"wf_{secrets.token_hex(16)}"
+
+
+class WorkflowRun(models.Model):
+    id = models.CharField(primary_key=True, max_length=40, default=new_run_id, editable=False)
+    workflow = models.CharField(max_length=100)
+    version = models.PositiveIntegerField()
+    input = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PENDING)
+    current_step = models.CharField(max_length=100, blank=True)
+    current_seq = models.PositiveIntegerField(default=1)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    business_key = models.CharField(max_length=200, null=True, blank=True)
+    #: Compensation steps still to run, in order, once a permanent failure started undoing.
+    compensations = models.JSONField(default=list, blank=True)
+    #: When the sweeper should look again if nothing moved: a lease expiry, a retry time,
+    #: or an enqueue grace. NULL exactly when the run needs no sweeper (terminal or parked).
+    wake_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workflow", "business_key"],
+                condition=Q(business_key__isnull=False),
+                name="run_unique_business_key",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=RunStatus.values), name="run_status_valid"
+            ),
+            # I7: an active run always has a wake-up time; a finished or parked one never does.
+            models.CheckConstraint(
+                condition=(
+                    Q(status__in=ACTIVE_RUN_STATUSES, wake_at__isnull=False)
+                    | (~Q(status__in=ACTIVE_RUN_STATUSES) & Q(wake_at__isnull=True))
+                ),
+                name="run_wake_at_iff_active",
+            ),
+        ]
+        indexes = [
+            # Exactly the sweeper's query: its cost follows active runs, not history.
+            models.Index(
+                fields=["wake_at"],
+                condition=Q(status__in=ACTIVE_RUN_STATUSES),
+                name="run_sweep_due",
+            ),
+            models.Index(fields=["status", "-updated_at"], name="run_status_updated"),
+            models.Index(fields=["-created_at"], name="run_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.id}"
+
+
+class StepCheckpoint(models.Model):
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    seq = models.PositiveIntegerField()
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=StepKind.choices)
+    status = models.CharField(max_length=20, choices=StepStatus.choices)
+    attempts = models.PositiveIntegerField(default=1)
+    idempotency_key = models.CharField(max_length=120, unique=True)
+    arguments = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    #: For FAILED: may another attempt run under the same key?
+    retryable = models.BooleanField(default=False)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    #: When the first attempt began: the partner-key age guard measures from here.
+    first_started_at = models.DateTimeField()
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="step_unique_run_seq"),
+            models.CheckConstraint(
+                condition=Q(status__in=StepStatus.values), name="step_status_valid"
+            ),
+            models.CheckConstraint(condition=Q(kind__in=StepKind.values), name="step_kind_valid"),
+            models.CheckConstraint(
+                condition=~Q(status=StepStatus.IN_PROGRESS) | Q(lease_expires_at__isnull=False),
+                name="step_in_progress_has_lease",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status=StepStatus.COMPLETED) | Q(finished_at__isnull=False),
+                name="step_completed_has_finish",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} #{self.seq} {self.name}"
+
+
+class RunEvent(models.Model):
+    """Append-only: what happened to a run that is not a step (I6)."""
+
+    class Kind(models.TextChoices):
+        SWEEP_REQUEUE = "sweep_requeue", "Re-enqueued by the sweeper"
+        OPERATOR_RETRY = "operator_retry", "Retried by an operator"
+        OPERATOR_CANCEL = "operator_cancel", "Cancelled by an operator"
+        VERSION_MISMATCH = "version_mismatch", "Definition version changed"
+        NEEDS_ATTENTION = "needs_attention", "Parked for an operator"
+        COMPENSATION = "compensation", "Compensation started"
+        RECONCILED = "reconciled", "Outcome adopted from the partner"
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    kind = models.CharField(max_length=30, choices=Kind.choices)
+    actor = models.CharField(max_length=150, blank=True)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run", "at", "id"]
+        indexes = [models.Index(fields=["run", "at"], name="event_run_at")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} {self.kind}"

@@ -1,0 +1,180 @@
+"""Workflow definitions (SPEC §4 A): named, versioned lists of named steps, registered by name."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agentflow.exceptions import DefinitionError, UnknownWorkflowError
+from agentflow.retry import DEFAULT_RETRY, RetryPolicy
+from agentflow.states import StepKind
+
+if TYPE_CHECKING:
+    from agentflow.context import StepContext
+
+StepFn = Callable[["StepContext"], Any]
+
+#: Returned by a branch function to end the workflow after this step.
+END = "__end__"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepDef:
+    name: str
+    kind: StepKind
+    fn: StepFn
+    retry: RetryPolicy = DEFAULT_RETRY
+    #: Asks the partner whether the effect already happened (SPEC §3.3a): returns the output
+    #: to adopt, or None when it certainly did not happen.
+    reconcile: StepFn | None = None
+    #: Name of the compensation step that undoes this one after a later permanent failure.
+    compensate: str | None = None
+    #: How long the partner keeps idempotency keys; older retries reconcile first (§3.3b).
+    key_window_seconds: float | None = None
+    #: Branch: given the step's output, the name of the next step (or END).
+    next: Callable[[Any], str] | None = None
+    #: Compensation-only steps are skipped by the forward path.
+    compensation_only: bool = False
+
+
+@dataclass
+class Workflow:
+    """A named, versioned definition. Declare steps in order with the `step` decorator.
+
+    Names are persisted, so they are given explicitly and never derived from function names.
+    Bump `version` whenever steps change meaning; runs started on another version are parked
+    for an operator instead of being resumed by code that no longer matches their checkpoints.
+    """
+
+    name: str
+    version: int = 1
+    steps: dict[str, StepDef] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        register(self)
+
+    def step(
+        self,
+        name: str,
+        *,
+        kind: str = StepKind.READ,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        reconcile: StepFn | None = None,
+        compensate: str | None = None,
+        key_window_seconds: float | None = None,
+        next: Callable[[Any], str] | None = None,
+    ) -> Callable[[StepFn], StepFn]:
+        return self._add(
+            name,
+            kind=StepKind(kind),
+            retry=retry,
+            reconcile=reconcile,
+            compensate=compensate,
+            key_window_seconds=key_window_seconds,
+            next=next,
+            compensation_only=False,
+        )
+
+    def compensation(
+        self,
+        name: str,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        reconcile: StepFn | None = None,
+        key_window_seconds: float | None = None,
+    ) -> Callable[[StepFn], StepFn]:
+        """An effect step that only runs to undo earlier ones after a permanent failure."""
+        return self._add(
+            name,
+            kind=StepKind.EFFECT,
+            retry=retry,
+            reconcile=reconcile,
+            compensate=None,
+            key_window_seconds=key_window_seconds,
+            next=None,
+            compensation_only=True,
+        )
+
+    def _add(self, name: str, **options: Any) -> Callable[[StepFn], StepFn]:
+        if not name or name == END:
+            raise DefinitionError(f"{self.name}: invalid step name {name!r}")
+        if name in self.steps:
+            raise DefinitionError(f"{self.name} v{self.version}: step {name!r} declared twice")
+
+        def decorator(fn: StepFn) -> StepFn:
+            self.steps[name] = StepDef(name=name, fn=fn, **options)
+            return fn
+
+        return decorator
+
+    # --- navigation ---------------------------------------------------------------------------
+    @property
+    def forward_steps(self) -> list[str]:
+        return [s.name for s in self.steps.values() if not s.compensation_only]
+
+    def first_step(self) -> str:
+        forward = self.forward_steps
+        if not forward:
+            raise DefinitionError(f"workflow {self.name!r} has no steps")
+        return forward[0]
+
+    def next_step(self, after: str, output: Any) -> str | None:
+        """The step after `after`, or None when the workflow is done."""
+        step = self.steps[after]
+        if step.next is not None:
+            chosen = step.next(output)
+            if chosen == END:
+                return None
+            if chosen not in self.steps or self.steps[chosen].compensation_only:
+                raise DefinitionError(f"{self.name}: branch of {after!r} chose {chosen!r}")
+            return chosen
+        forward = self.forward_steps
+        index = forward.index(after) + 1
+        return forward[index] if index < len(forward) else None
+
+    def validate(self) -> None:
+        for step in self.steps.values():
+            if step.compensate and step.compensate not in self.steps:
+                raise DefinitionError(
+                    f"{self.name}: {step.name!r} names unknown compensation {step.compensate!r}"
+                )
+
+
+_definitions: dict[tuple[str, int], Workflow] = {}
+_latest: dict[str, Workflow] = {}
+
+
+def register(workflow: Workflow) -> None:
+    key = (workflow.name, workflow.version)
+    if key in _definitions:
+        raise DefinitionError(f"workflow {workflow.name!r} v{workflow.version} registered twice")
+    _definitions[key] = workflow
+    current = _latest.get(workflow.name)
+    if current is None or current.version < workflow.version:
+        _latest[workflow.name] = workflow
+
+
+def unregister(workflow: Workflow) -> None:
+    """For tests that redefine a workflow to simulate a deploy."""
+    _definitions.pop((workflow.name, workflow.version), None)
+    if _latest.get(workflow.name) is workflow:
+        del _latest[workflow.name]
+        others = [w for (n, _), w in _definitions.items() if n == workflow.name]
+        if others:
+            _latest[workflow.name] = max(others, key=lambda w: w.version)
+
+
+def latest(name: str) -> Workflow:
+    try:
+        return _latest[name]
+    except KeyError:
+        raise UnknownWorkflowError(name, list(_latest)) from None
+
+
+def lookup(name: str, version: int) -> Workflow | None:
+    return _definitions.get((name, version))
+
+
+def names() -> list[str]:
+    return sorted(_latest)
+

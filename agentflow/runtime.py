@@ -1,0 +1,231 @@
+"""Replay-or-execute one step of a run (SPEC §3.3): the order of operations is the protocol."""
+from __future__ import annotations
+
+import logging
+import random
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, OperationalError, close_old_connections, transaction
+from django.utils import timezone
+
+from agentflow import dispatch, faults, leases, registry, store
+from agentflow.context import StepContext
+from agentflow.exceptions import PermanentStepError, RetryableStepError
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.registry import StepDef, Workflow
+from agentflow.serialization import NotJSONError, to_json
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind
+
+logger = logging.getLogger(__name__)
+
+
+
+def run_step(run_id: str, seq: int) -> None:
+    """Handle one `run_step` message. Safe to call any number of times for the same step."""
+    close_old_connections()
+    run = store.run_load(run_id)
+    if run is None:
+        logger.warning("run %s does not exist; dropping its message", run_id)
+        return
+    if run.status not in ACTIVE_RUN_STATUSES:
+        return  # terminal, cancelled or parked: nothing to do
+    if seq < run.current_seq:
+        # This step is done; its successor's message may be the one a crash lost.
+        dispatch.send_step(run.id, run.current_seq)
+        return
+    if seq > run.current_seq:
+        return
+    if run.status == RunStatus.WAITING and run.wake_at and run.wake_at > timezone.now() + timedelta(
+        seconds=1
+    ):
+        return  # an early duplicate of a back-off retry; the real one is scheduled
+    workflow = registry.lookup(run.workflow, run.version)
+    if workflow is None:
+        _park_for_version(run)
+        return
+    step = workflow.steps.get(run.current_step)
+    if step is None:
+        store.run_park(
+            run.id,
+            f"step {run.current_step!r} is not in {run.workflow} v{run.version}",
+            kind=RunEvent.Kind.VERSION_MISMATCH,
+        )
+        return
+    seen = store.checkpoint_load(run.id, seq)
+    if seen is not None and seen.name != step.name:
+        store.run_park(
+            run.id,
+            f"non-deterministic definition: step {seq} was recorded as {seen.name!r} "
+            f"but the definition now says {step.name!r}",
+            kind=RunEvent.Kind.VERSION_MISMATCH,
+        )
+        return
+    if step.kind in (StepKind.EFFECT, StepKind.LLM):
+        _run_claimed(run, workflow, step, seq, seen)
+    else:
+        _run_unclaimed(run, workflow, step, seq, seen)
+
+
+def _context(run: WorkflowRun, step: StepDef, seq: int, attempt: int) -> StepContext:
+    return StepContext(
+        run_id=run.id,
+        workflow=run.workflow,
+        seq=seq,
+        step=step.name,
+        attempt=attempt,
+        input=run.input,
+        load_outputs=lambda: store.outputs_load(run.id, seq),
+    )
+
+
+def _run_claimed(
+    run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, seen: StepCheckpoint | None
+) -> None:
+    """effect / llm: claim committed, then the call, then the fenced completion."""
+    if seen is not None and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS:
+        if store.claim_blocker(seen, timezone.now()) is None:
+            store.run_park(
+                run.id,
+                f"{step.name} was attempted {seen.attempts} times without finishing "
+                "(the worker kept dying); check the partner before retrying",
+            )
+        return
+    claim = store.step_claim(run, step, seq, seen)
+    if claim is None:
+        return  # lost the race, or someone holds a live lease
+    ctx = _context(run, step, seq, claim.attempt)
+    faults.crash_point(step.name, "after_claim", claim.attempt)
+    try:
+        with leases.LeaseKeeper(
+            renew=lambda: store.lease_renew(run.id, seq, claim.attempt),
+            on_lost=ctx.mark_lease_lost,
+        ):
+            output = _produce(step, ctx, claim)
+    except _Parked:
+        return
+    except Exception as exc:
+        _record_failure(run, workflow, step, seq, claim.attempt, exc, claimed=True)
+        return
+    if output is _PARK:
+        return
+    faults.crash_point(step.name, "after_effect", claim.attempt)
+    if not store.step_complete(run, workflow, step, seq, claim.attempt, output):
+        logger.warning("%s step %s: fenced out, result discarded", run.id, seq)
+
+
+class _Parked(Exception):
+    pass
+
+
+_PARK = object()
+
+
+def _produce(step: StepDef, ctx: StepContext, claim: store.Claim) -> Any:
+    """Reconcile an unknown outcome, apply the key-age guard, or run the step."""
+    too_old = step.key_window_seconds is not None and (
+        timezone.now() - claim.first_started_at
+    ) > timedelta(seconds=step.key_window_seconds)
+    if (claim.outcome_unknown or too_old) and step.reconcile is not None:
+        found = step.reconcile(ctx)
+        if found is not None:
+            output = to_json(found, f"reconcile of {step.name}")
+            store.event_add(
+                ctx.run_id,
+                RunEvent.Kind.RECONCILED,
+                f"{step.name}: effect found at the partner; adopted, not repeated",
+            )
+            return output
+    elif too_old:
+        store.run_park(
+            ctx.run_id,
+            f"{step.name}: first attempt is older than the partner's idempotency window "
+            f"({step.key_window_seconds:.0f} s) and there is no way to ask the partner what "
+            "happened; retrying blindly could repeat the effect",
+        )
+        raise _Parked
+    return to_json(step.fn(ctx), f"output of step {step.name}")
+
+
+def _run_unclaimed(
+    run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, seen: StepCheckpoint | None
+) -> None:
+    """read: run, then one commit. db: run and commit together, under the run's row lock."""
+    attempt = seen.attempts + 1 if seen else 1
+    ctx = _context(run, step, seq, attempt)
+    try:
+        if step.kind == StepKind.DB:
+            with transaction.atomic():
+                locked = (
+                    WorkflowRun.objects.select_for_update()
+                    .filter(pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES)
+                    .exists()
+                )
+                if not locked:
+                    return
+                seen = store.checkpoint_load(run.id, seq)
+                output = to_json(step.fn(ctx), f"output of step {step.name}")
+                faults.crash_point(step.name, "after_effect", attempt)
+                store.unclaimed_complete_txn(run, workflow, step, seq, seen, output)
+        else:
+            output = to_json(step.fn(ctx), f"output of step {step.name}")
+            faults.crash_point(step.name, "after_effect", attempt)
+            with transaction.atomic():
+                store.unclaimed_complete_txn(run, workflow, step, seq, seen, output)
+    except (store.Fenced, IntegrityError):
+        return  # another worker recorded this step first
+    except Exception as exc:
+        _record_failure(run, workflow, step, seq, attempt, exc, claimed=False)
+
+
+def _record_failure(
+    run: WorkflowRun,
+    workflow: Workflow,
+    step: StepDef,
+    seq: int,
+    attempt: int,
+    exc: Exception,
+    *,
+    claimed: bool,
+) -> None:
+    delay: float | None
+    if isinstance(exc, PermanentStepError | NotJSONError):
+        delay, message = None, str(exc)
+    elif isinstance(exc, RetryableStepError | OperationalError):
+        message = str(exc) or type(exc).__name__
+        if step.retry.exhausted(attempt):
+            delay, message = None, f"gave up after {attempt} attempts: {message}"
+        else:
+            delay = step.retry.delay_seconds(attempt, rng=random.Random())
+            if isinstance(exc, RetryableStepError) and exc.retry_after_seconds:
+                delay = max(delay, exc.retry_after_seconds)
+    else:
+        # A bug in a step is not transient: fail with a readable reason instead of looping.
+        logger.exception("%s step %s (%s) raised", run.id, seq, step.name)
+        delay, message = None, f"unexpected {type(exc).__name__}: {exc}"
+    if delay is None:
+        logger.warning("%s step %s (%s) failed permanently: %s", run.id, seq, step.name, message)
+    store.step_fail(
+        run,
+        workflow,
+        step,
+        seq,
+        attempt=attempt,
+        claimed=claimed,
+        error=message,
+        retry_in_seconds=delay,
+    )
+
+
+def _park_for_version(run: WorkflowRun) -> None:
+    try:
+        deployed = f"this code has v{registry.latest(run.workflow).version}"
+    except Exception:
+        deployed = "this code has no such workflow"
+    store.run_park(
+        run.id,
+        f"definition changed under a running run: it started on {run.workflow} v{run.version}, "
+        f"{deployed}; resuming could replay steps that no longer match their checkpoints",
+        kind=RunEvent.Kind.VERSION_MISMATCH,
+    )

@@ -1,0 +1,166 @@
+"""Django, Celery and engine settings, all read from the environment (SPEC §6).
+
+Two shapes: with no environment set, the embedded default (SQLite and kombu's filesystem
+transport under `var/`, no server needed); with DATABASE_URL and CELERY_BROKER_URL, the
+production shape (Postgres through psycopg 3, Redis broker, no result backend).
+"""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import dj_database_url
+
+from agentflow.env import env_bool, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("AGENTFLOW_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+# --- Django core -----------------------------------------------------------------------------
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "agentflow.apps.AgentflowConfig",
+    "refunds.apps.RefundsConfig",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "agentflow.urls"
+WSGI_APPLICATION = "agentflow.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+
+# --- Database ---------------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'agentflow.sqlite3'}")
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=300)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets the web process read while a worker writes; IMMEDIATE takes the write lock at
+    # BEGIN so two writers queue on the busy timeout instead of failing mid-transaction.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+else:
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "connect_timeout": 5,
+            # A stuck step must not hold claim locks for ever.
+            "options": "-c lock_timeout=5000 -c idle_in_transaction_session_timeout=60000",
+        }
+    )
+
+# --- Celery (read through config_from_object(namespace="CELERY")) ----------------------------
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+_BROKER_IS_FILESYSTEM = CELERY_BROKER_URL.startswith("filesystem")
+CELERY_RESULT_BACKEND = None  # Postgres is the state of record; a result backend adds failure modes
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ACKS_LATE = True  # only late acks give a message back after a whole-worker crash
+CELERY_TASK_REJECT_ON_WORKER_LOST = True  # a killed child's step is redelivered, not acked away
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # nothing ages in `unacked` waiting behind a long step
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_TASK_TIME_LIMIT = 300
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # workers never give up on a restarting broker
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 20.0  # below compose's stop_grace_period (30 s)
+CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
+# Celery >= 5.6 closes DB connections around every task; reusing them saves a connect per step.
+# Broken connections are still dropped by close_old_connections() at the start of each step.
+CELERY_DB_REUSE_MAX = 1000
+if _BROKER_IS_FILESYSTEM:
+    _BROKER_DIR = VAR_DIR / "broker"
+    for _sub in ("queue", "control", "processed"):
+        (_BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+        "data_folder_in": str(_BROKER_DIR / "queue"),
+        "data_folder_out": str(_BROKER_DIR / "queue"),
+        "control_folder": str(_BROKER_DIR / "control"),
+        "processed_folder": str(_BROKER_DIR / "processed"),
+        "store_processed": False,
+        "polling_interval": 0.1,
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # Above the hard time limit, so a running step is never handed to a second worker.
+        # Lost work is found by the database sweeper long before this matters.
+        "visibility_timeout": 1200,
+        "unacked_restore_interval": 10,
+        "unacked_restore_throttle": 1,
+    }
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# --- Engine -----------------------------------------------------------------------------------
+AGENTFLOW_LEASE_SECONDS = env_int("AGENTFLOW_LEASE_SECONDS", 10, minimum=1)
+AGENTFLOW_SWEEP_INTERVAL = env_int("AGENTFLOW_SWEEP_INTERVAL", 5, minimum=1)
+AGENTFLOW_SWEEP_BATCH = env_int("AGENTFLOW_SWEEP_BATCH", 1000, minimum=1)
+AGENTFLOW_MAX_ATTEMPTS = env_int("AGENTFLOW_MAX_ATTEMPTS", 8, minimum=1)
+AGENTFLOW_FAULTS = env_bool("AGENTFLOW_FAULTS", False)
+AGENTFLOW_CRASH_AT = env_str("AGENTFLOW_CRASH_AT", "")
+AGENTFLOW_WORKFLOW_MODULES = env_list("AGENTFLOW_WORKFLOW_MODULES", [])
+AGENTFLOW_HOSTNAME = env_str("AGENTFLOW_HOSTNAME", socket.gethostname())
+
+# --- Partners and refunds -------------------------------------------------------------------
+SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8765")
+SANDBOX_SMTP_PORT = env_int("SANDBOX_SMTP_PORT", (urlsplit(SANDBOX_URL).port or 8765) + 1)
+STRIPE_API_KEY = env_str("STRIPE_API_KEY", "sk_test_agentflow_sandbox")
+STRIPE_API_BASE = env_str("STRIPE_API_BASE", SANDBOX_URL)
+REFUNDS_SUBMIT_LIMIT = env_int("REFUNDS_SUBMIT_LIMIT", 5)
+
+EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+EMAIL_HOST = env_str("EMAIL_HOST", urlsplit(SANDBOX_URL).hostname or "127.0.0.1")
+EMAIL_PORT = env_int("EMAIL_PORT", SANDBOX_SMTP_PORT)
+EMAIL_TIMEOUT = 10  # Django's default (None) can block a worker for ever
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Skyways Rebooking <rebooking@agentflow.test>")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,45 @@
+"""The status vocabulary of runs and steps (SPEC §3.1), shared by every layer."""
+from __future__ import annotations
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    #: Created; its first step has not been claimed yet.
+    PENDING = "PENDING", "Pending"
+    #: A step is being worked on, or the next one is queued.
+    RUNNING = "RUNNING", "Running"
+    #: Backing off after a retryable error; `wake_at` says when it goes again.
+    WAITING = "WAITING", "Waiting to retry"
+    COMPLETED = "COMPLETED", "Completed"
+    #: Failed permanently (after any compensation ran).
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+    #: Parked for an operator: the engine will not guess (SPEC §3.3b).
+    NEEDS_ATTENTION = "NEEDS_ATTENTION", "Needs attention"
+
+
+class StepStatus(models.TextChoices):
+    #: Claimed and committed before any side effect; the lease says who owns it.
+    IN_PROGRESS = "IN_PROGRESS", "In progress"
+    COMPLETED = "COMPLETED", "Completed"
+    FAILED = "FAILED", "Failed"
+
+
+class StepKind(models.TextChoices):
+    #: No side effect: claim and completion fold into one commit.
+    READ = "read", "read"
+    #: Touches a partner: claim committed before, completion committed after.
+    EFFECT = "effect", "effect"
+    #: Writes only our own tables, in the same transaction as its checkpoint.
+    DB = "db", "db"
+    #: An LLM turn: checkpointed like an effect so its answer is replayed, never re-asked.
+    LLM = "llm", "llm"
+
+
+ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
+TERMINAL_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+def is_terminal(status: str) -> bool:
+    return status in TERMINAL_RUN_STATUSES

@@ -1,0 +1,492 @@
+"""The only code that writes or locks engine rows: create, claim, complete, fail, advance, park.
+
+Every claim and completion is a compare-and-set whose row count decides; nothing here calls a
+partner. Step messages are published only from on-commit hooks.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from agentflow import dispatch, faults, leases
+from agentflow.context import idempotency_key
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.registry import StepDef, Workflow
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
+
+logger = logging.getLogger(__name__)
+
+RUN_FIELDS = (
+    "id", "workflow", "version", "input", "status", "current_step", "current_seq",
+    "compensations", "wake_at", "error",
+)  # fmt: skip
+
+
+class Fenced(Exception):
+    """Raised inside a transaction to roll it back: someone else owns this step or run now."""
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
+
+
+def enqueue_grace() -> timedelta:
+    """How long a queued step may wait for a worker before the sweeper publishes it again."""
+    return _seconds(settings.AGENTFLOW_LEASE_SECONDS)
+
+
+# --- runs ---------------------------------------------------------------------------------------
+def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> tuple[str, bool]:
+    """Create a run (or find the one with this business key) and publish its first step."""
+    if business_key is not None:
+        existing = _run_id_by_key(workflow.name, business_key)
+        if existing:
+            return existing, False
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            run = WorkflowRun.objects.create(
+                workflow=workflow.name,
+                version=workflow.version,
+                input=input,
+                business_key=business_key,
+                status=RunStatus.PENDING,
+                current_step=workflow.first_step(),
+                current_seq=1,
+                wake_at=now + enqueue_grace(),
+            )
+            dispatch.send_step_on_commit(run.id, 1)
+    except IntegrityError:
+        if business_key is None:
+            raise
+        existing = _run_id_by_key(workflow.name, business_key)
+        if existing is None:
+            raise
+        return existing, False
+    return run.id, True
+
+
+def _run_id_by_key(workflow: str, business_key: str) -> str | None:
+    return (
+        WorkflowRun.objects.filter(workflow=workflow, business_key=business_key)
+        .values_list("id", flat=True)
+        .first()
+    )
+
+
+def run_load(run_id: str) -> WorkflowRun | None:
+    return WorkflowRun.objects.only(*RUN_FIELDS).filter(pk=run_id).first()
+
+
+def checkpoint_load(run_id: str, seq: int) -> StepCheckpoint | None:
+    return StepCheckpoint.objects.filter(run_id=run_id, seq=seq).first()
+
+
+def outputs_load(run_id: str, before_seq: int) -> dict[str, Any]:
+    rows = StepCheckpoint.objects.filter(
+        run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
+    ).values_list("name", "output")
+    return dict(rows)
+
+
+def event_add(run_id: str, kind: str, detail: str, *, actor: str = "engine") -> None:
+    RunEvent.objects.create(run_id=run_id, kind=kind, actor=actor, detail=detail)
+
+
+def run_park(run_id: str, reason: str, *, kind: str = RunEvent.Kind.NEEDS_ATTENTION) -> None:
+    """Stop an active run for an operator, with the reason on the run and in an event."""
+    with transaction.atomic():
+        moved = WorkflowRun.objects.filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES).update(
+            status=RunStatus.NEEDS_ATTENTION, error=reason, wake_at=None, updated_at=timezone.now()
+        )
+        if moved:
+            RunEvent.objects.create(run_id=run_id, kind=kind, actor="engine", detail=reason)
+    if moved:
+        logger.warning("run %s needs attention: %s", run_id, reason)
+
+
+# --- claims -------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    attempt: int
+    #: The step was IN_PROGRESS under a lost lease: its effect may or may not have happened.
+    outcome_unknown: bool
+    first_started_at: datetime
+
+
+def claim_blocker(cp: StepCheckpoint | None, now: datetime) -> str | None:
+    """Why `cp` cannot be claimed now, or None when it can (SPEC §3.3 step 3). Pure."""
+    if cp is None:
+        return None
+    if cp.status == StepStatus.COMPLETED:
+        return "completed"
+    if cp.status == StepStatus.FAILED:
+        return None if cp.retryable else "failed"
+    assert cp.lease_expires_at is not None
+    if cp.lease_expires_at <= now or leases.owner_is_dead(cp.lease_owner):
+        return None
+    return "leased"
+
+
+def step_claim(
+    run: WorkflowRun, step: StepDef, seq: int, seen: StepCheckpoint | None
+) -> Claim | None:
+    """Commit IN_PROGRESS with attempt + 1 and a fresh lease, or return None if we lost.
+
+    `seen` is the checkpoint as read just before; the UPDATE is fenced on its status and
+    attempt count, so exactly one of any number of racing workers wins.
+    """
+    now = timezone.now()
+    if claim_blocker(seen, now) is not None:
+        return None
+    expires = now + _seconds(settings.AGENTFLOW_LEASE_SECONDS)
+    owner = leases.current_owner()
+    try:
+        with transaction.atomic():
+            if seen is None:
+                StepCheckpoint.objects.create(
+                    run_id=run.id,
+                    seq=seq,
+                    name=step.name,
+                    kind=step.kind,
+                    status=StepStatus.IN_PROGRESS,
+                    attempts=1,
+                    idempotency_key=idempotency_key(run.id, seq),
+                    lease_owner=owner,
+                    lease_expires_at=expires,
+                    first_started_at=now,
+                    started_at=now,
+                )
+                attempt, first_started = 1, now
+            else:
+                attempt, first_started = seen.attempts + 1, seen.first_started_at
+                won = StepCheckpoint.objects.filter(
+                    pk=seen.pk, status=seen.status, attempts=seen.attempts
+                ).update(
+                    status=StepStatus.IN_PROGRESS,
+                    attempts=attempt,
+                    lease_owner=owner,
+                    lease_expires_at=expires,
+                    started_at=now,
+                    error="",
+                )
+                if not won:
+                    raise Fenced
+            moved = WorkflowRun.objects.filter(
+                pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES
+            ).update(status=RunStatus.RUNNING, wake_at=expires, updated_at=now)
+            if not moved:
+                raise Fenced
+    except (Fenced, IntegrityError):
+        return None
+    return Claim(
+        attempt=attempt,
+        outcome_unknown=seen is not None and seen.status == StepStatus.IN_PROGRESS,
+        first_started_at=first_started,
+    )
+
+
+def lease_renew(run_id: str, seq: int, attempt: int) -> bool:
+    """Extend our lease; False when another worker has taken the step over."""
+    now = timezone.now()
+    expires = now + _seconds(settings.AGENTFLOW_LEASE_SECONDS)
+    with transaction.atomic():
+        kept = StepCheckpoint.objects.filter(
+            run_id=run_id, seq=seq, status=StepStatus.IN_PROGRESS, attempts=attempt
+        ).update(lease_expires_at=expires)
+        if kept:
+            WorkflowRun.objects.filter(
+                pk=run_id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES
+            ).update(wake_at=expires, updated_at=now)
+    return bool(kept)
+
+
+# --- completion ---------------------------------------------------------------------------------
+def step_complete(
+    run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, attempt: int, output: Any
+) -> bool:
+    """One commit: COMPLETED + output, fenced on our attempt, and the run advances."""
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            done = StepCheckpoint.objects.filter(
+                run_id=run.id, seq=seq, status=StepStatus.IN_PROGRESS, attempts=attempt
+            ).update(
+                status=StepStatus.COMPLETED,
+                output=output,
+                finished_at=now,
+                lease_expires_at=None,
+                lease_owner="",
+            )
+            if not done:
+                raise Fenced
+            _advance_txn(run, workflow, step, seq, attempt, output, now)
+    except Fenced:
+        return False
+    return True
+
+
+def unclaimed_complete_txn(
+    run: WorkflowRun,
+    workflow: Workflow,
+    step: StepDef,
+    seq: int,
+    seen: StepCheckpoint | None,
+    output: Any,
+) -> None:
+    """Record a `read` or `db` step as COMPLETED without a prior claim (its one commit).
+
+    Must run inside the caller's transaction; raises Fenced (or IntegrityError) if another
+    worker recorded it first, which rolls the caller's writes back with it.
+    """
+    now = timezone.now()
+    if seen is None:
+        StepCheckpoint.objects.create(
+            run_id=run.id,
+            seq=seq,
+            name=step.name,
+            kind=step.kind,
+            status=StepStatus.COMPLETED,
+            attempts=1,
+            idempotency_key=idempotency_key(run.id, seq),
+            output=output,
+            first_started_at=now,
+            started_at=now,
+            finished_at=now,
+        )
+        attempt = 1
+    else:
+        attempt = seen.attempts + 1
+        won = StepCheckpoint.objects.filter(
+            pk=seen.pk, status=seen.status, attempts=seen.attempts
+        ).update(
+            status=StepStatus.COMPLETED,
+            attempts=attempt,
+            output=output,
+            error="",
+            started_at=now,
+            finished_at=now,
+            lease_expires_at=None,
+            lease_owner="",
+        )
+        if not won:
+            raise Fenced
+    _advance_txn(run, workflow, step, seq, attempt, output, now)
+
+
+def _advance_txn(
+    run: WorkflowRun,
+    workflow: Workflow,
+    step: StepDef,
+    seq: int,
+    attempt: int,
+    output: Any,
+    now: datetime,
+) -> None:
+    changes: dict[str, Any] = {"current_seq": seq + 1, "updated_at": now}
+    if step.compensation_only:
+        remaining = list(run.compensations)
+        next_step = remaining.pop(0) if remaining else None
+        changes["compensations"] = remaining
+        if next_step is None:
+            changes.update(status=RunStatus.FAILED, wake_at=None)
+    else:
+        next_step = workflow.next_step(step.name, output)
+        if next_step is None:
+            changes.update(status=RunStatus.COMPLETED, output=output, wake_at=None)
+    if next_step is not None:
+        changes.update(
+            status=RunStatus.RUNNING, current_step=next_step, wake_at=now + enqueue_grace()
+        )
+    moved = WorkflowRun.objects.filter(
+        pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES
+    ).update(**changes)
+    if not moved:
+        raise Fenced
+    transaction.on_commit(
+        partial(_after_complete, run.id, step.name, attempt, seq + 1 if next_step else None)
+    )
+
+
+def _after_complete(run_id: str, step_name: str, attempt: int, next_seq: int | None) -> None:
+    faults.crash_point(step_name, "after_complete", attempt)
+    if next_seq is not None:
+        dispatch.send_step(run_id, next_seq)
+
+
+# --- failure ------------------------------------------------------------------------------------
+def step_fail(
+    run: WorkflowRun,
+    workflow: Workflow,
+    step: StepDef,
+    seq: int,
+    *,
+    attempt: int,
+    claimed: bool,
+    error: str,
+    retry_in_seconds: float | None,
+) -> None:
+    """Record a failed attempt. With `retry_in_seconds` the run waits and retries under the
+    same key; without it the run fails for good, compensating first if it took effects."""
+    now = timezone.now()
+    cp_filter: dict[str, Any] = {"run_id": run.id, "seq": seq}
+    if claimed:
+        cp_filter.update(status=StepStatus.IN_PROGRESS, attempts=attempt)
+    cp_changes: dict[str, Any] = {
+        "status": StepStatus.FAILED,
+        "error": error[:4000],
+        "retryable": retry_in_seconds is not None,
+        "lease_expires_at": None,
+        "lease_owner": "",
+        "finished_at": now,
+    }
+    try:
+        with transaction.atomic():
+            if claimed:
+                if not StepCheckpoint.objects.filter(**cp_filter).update(**cp_changes):
+                    raise Fenced
+            else:
+                _, created = StepCheckpoint.objects.get_or_create(
+                    **cp_filter,
+                    defaults={
+                        **cp_changes,
+                        "name": step.name,
+                        "kind": step.kind,
+                        "attempts": attempt,
+                        "idempotency_key": idempotency_key(run.id, seq),
+                        "first_started_at": now,
+                        "started_at": now,
+                    },
+                )
+                if not created:
+                    StepCheckpoint.objects.filter(
+                        **cp_filter, status=StepStatus.FAILED
+                    ).exclude(attempts__gte=attempt).update(attempts=attempt, **cp_changes)
+            if retry_in_seconds is not None:
+                _wait_txn(run, seq, now, retry_in_seconds)
+            else:
+                _fail_run_txn(run, workflow, step, seq, error, now)
+    except Fenced:
+        logger.info("failure of %s step %s was fenced out", run.id, seq)
+
+
+def _wait_txn(run: WorkflowRun, seq: int, now: datetime, delay: float) -> None:
+    countdown = delay if delay <= dispatch.MAX_COUNTDOWN_SECONDS else None
+    # With a countdown message out, the sweeper only steps in if that message is lost.
+    wake_at = now + _seconds(delay) + (enqueue_grace() if countdown else timedelta())
+    moved = WorkflowRun.objects.filter(
+        pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES
+    ).update(status=RunStatus.WAITING, wake_at=wake_at, updated_at=now)
+    if not moved:
+        raise Fenced
+    if countdown is not None:
+        dispatch.send_step_on_commit(run.id, seq, countdown=countdown)
+
+
+def _fail_run_txn(
+    run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, error: str, now: datetime
+) -> None:
+    reason = f"{step.name}: {error}"
+    active = WorkflowRun.objects.filter(pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES)
+    if step.compensation_only:
+        # Undoing failed too: nothing safe is left to try without a human.
+        if not active.update(
+            status=RunStatus.NEEDS_ATTENTION,
+            error=f"compensation failed: {reason} (after: {run.error})",
+            wake_at=None,
+            updated_at=now,
+        ):
+            raise Fenced
+        RunEvent.objects.create(
+            run_id=run.id, kind=RunEvent.Kind.NEEDS_ATTENTION, actor="engine", detail=reason
+        )
+        return
+    plan = compensation_plan(run.id, workflow, seq)
+    if not plan:
+        if not active.update(status=RunStatus.FAILED, error=reason, wake_at=None, updated_at=now):
+            raise Fenced
+        return
+    if not active.update(
+        status=RunStatus.RUNNING,
+        error=reason,
+        current_step=plan[0],
+        current_seq=seq + 1,
+        compensations=plan[1:],
+        wake_at=now + enqueue_grace(),
+        updated_at=now,
+    ):
+        raise Fenced
+    RunEvent.objects.create(
+        run_id=run.id,
+        kind=RunEvent.Kind.COMPENSATION,
+        actor="engine",
+        detail=f"{reason}; undoing with {', '.join(plan)}",
+    )
+    dispatch.send_step_on_commit(run.id, seq + 1)
+
+
+def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[str]:
+    """Compensation steps for the completed steps before `before_seq`, latest first."""
+    done = StepCheckpoint.objects.filter(
+        run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
+    ).order_by("-seq")
+    plan = []
+    for name in done.values_list("name", flat=True):
+        step = workflow.steps.get(name)
+        if step is not None and step.compensate and step.kind == StepKind.EFFECT:
+            plan.append(step.compensate)
+    return plan
+
+
+# --- operator actions ---------------------------------------------------------------------------
+class ActionRefused(Exception):
+    """The run is not in a state where this action is safe."""
+
+
+def run_retry(run_id: str, *, actor: str, reason: str) -> None:
+    """Resume a parked or failed run at the step where it stopped, with a fresh retry budget.
+
+    A run that already compensated is refused: its effects were undone, so resuming would
+    leave the customer half-served.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise ActionRefused("no such run")
+        if run.status not in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED):
+            raise ActionRefused(f"only failed or parked runs can be retried (this one is {run.status})")
+        if run.status == RunStatus.FAILED and RunEvent.objects.filter(
+            run_id=run_id, kind=RunEvent.Kind.COMPENSATION
+        ).exists():
+            raise ActionRefused("this run was compensated (its effects were undone); start a new one")
+        StepCheckpoint.objects.filter(
+            run_id=run_id, seq=run.current_seq, status=StepStatus.FAILED
+        ).update(retryable=True, attempts=0)
+        StepCheckpoint.objects.filter(
+            run_id=run_id, seq=run.current_seq, status=StepStatus.IN_PROGRESS
+        ).update(lease_expires_at=now, attempts=0)
+        WorkflowRun.objects.filter(pk=run_id).update(
+            status=RunStatus.RUNNING, error="", wake_at=now + enqueue_grace(), updated_at=now
+        )
+        event_add(run_id, RunEvent.Kind.OPERATOR_RETRY, reason or "(no reason given)", actor=actor)
+        dispatch.send_step_on_commit(run_id, run.current_seq)
+
+
+def run_cancel(run_id: str, *, actor: str, reason: str) -> None:
+    """Stop a run that has not finished. Effects already made stay made (no compensation)."""
+    now = timezone.now()
+    with transaction.atomic():
+        moved = WorkflowRun.objects.filter(
+            pk=run_id, status__in=(*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION)
+        ).update(status=RunStatus.CANCELLED, wake_at=None, updated_at=now)
+        if not moved:
+            raise ActionRefused("only unfinished runs can be cancelled")
+        event_add(run_id, RunEvent.Kind.OPERATOR_CANCEL, reason or "(no reason given)", actor=actor)

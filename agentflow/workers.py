@@ -1,0 +1,138 @@
+"""Real Celery worker processes on demand, for `bench`, `chaos` and the crash tests.
+
+Each worker is a separate `celery -A agentflow worker` process group that can be killed whole
+or one prefork child at a time, exactly as an OOM killer or `kill -9` would.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from django.conf import settings
+
+
+class WorkerStartError(RuntimeError):
+    pass
+
+
+class WorkerProcess:
+    """One `celery worker` (a parent plus its prefork children) with its log in a file."""
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = 1,
+        env: Mapping[str, str] | None = None,
+        name: str | None = None,
+        log_dir: Path | None = None,
+        beat: bool = False,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.name = name or f"w{uuid.uuid4().hex[:8]}"
+        self.concurrency = concurrency
+        self.env = {**os.environ, **(env or {})}
+        self.env.setdefault("DJANGO_SETTINGS_MODULE", "agentflow.settings")
+        self.beat = beat
+        self.extra_args = extra_args or []
+        log_dir = log_dir or Path(settings.VAR_DIR) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{self.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, timeout: float = 30.0) -> WorkerProcess:
+        args = [
+            sys.executable, "-m", "celery", "-A", "agentflow", "worker",
+            "-P", "prefork", "-c", str(self.concurrency), "-n", f"{self.name}@%h",
+            "--without-mingle", "--without-gossip", "-l", "info",
+            *(["-B", "-s", str(self.log_path.with_suffix(".beat"))] if self.beat else []),
+            *self.extra_args,
+        ]  # fmt: skip
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                args,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: killpg reaches every child
+                cwd=settings.BASE_DIR,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise WorkerStartError(f"worker {self.name} exited: {self.log_tail()}")
+            if b" ready." in self.log_path.read_bytes() and len(self.children()) >= self.concurrency:
+                return self
+            time.sleep(0.05)
+        self.kill()
+        raise WorkerStartError(f"worker {self.name} not ready in {timeout} s: {self.log_tail()}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "worker not started"
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def children(self) -> list[int]:
+        """Pids of the prefork pool processes."""
+        if not self.alive():
+            return []
+        try:
+            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
+
+    def kill_child(self, pid: int | None = None) -> int:
+        """SIGKILL one pool process (the first, or `pid`); the parent replaces it."""
+        victims = [pid] if pid else self.children()[:1]
+        if not victims:
+            raise RuntimeError(f"worker {self.name} has no children to kill")
+        os.kill(victims[0], signal.SIGKILL)
+        return victims[0]
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker: parent and children, no shutdown handlers run."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+    def stop(self, *, timeout: float = 15.0) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL if it takes too long."""
+        if not self.alive():
+            return
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        else:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers
+            except ProcessLookupError:
+                pass
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.kill()

@@ -1,0 +1,9 @@
+"""WSGI entry point for gunicorn and runserver."""
+from __future__ import annotations
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentflow.settings")
+application = get_wsgi_application()
