@@ -18,3 +18,6 @@ class AgentflowConfig(AppConfig):
         autodiscover_modules("workflows")
         for module in settings.AGENTFLOW_WORKFLOW_MODULES:
             importlib.import_module(module)
+        from agentflow import registry
+
+        registry.validate_all()

@@ -64,6 +64,7 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
         InvalidInputError: `input` cannot be stored as JSON.
     """
     definition = registry.latest(workflow)
+    definition.validate()
     try:
         payload = to_json({} if input is None else input, "workflow input")
     except NotJSONError as exc:

@@ -48,6 +48,9 @@ class Workflow:
 
     name: str
     version: int = 1
+    #: A compensation step that runs last whenever the run fails for good (e.g. tell the
+    #: customer), after the compensations of the steps that had taken effect.
+    on_failure: str | None = None
     steps: dict[str, StepDef] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -133,11 +136,19 @@ class Workflow:
         return forward[index] if index < len(forward) else None
 
     def validate(self) -> None:
+        """Check cross-references once every step is declared (called before first use)."""
         for step in self.steps.values():
-            if step.compensate and step.compensate not in self.steps:
+            if step.compensate and not self._is_compensation(step.compensate):
                 raise DefinitionError(
                     f"{self.name}: {step.name!r} names unknown compensation {step.compensate!r}"
                 )
+        if self.on_failure and not self._is_compensation(self.on_failure):
+            raise DefinitionError(
+                f"{self.name}: on_failure {self.on_failure!r} is not a compensation step"
+            )
+
+    def _is_compensation(self, name: str) -> bool:
+        return name in self.steps and self.steps[name].compensation_only
 
 
 _definitions: dict[tuple[str, int], Workflow] = {}
@@ -173,6 +184,11 @@ def latest(name: str) -> Workflow:
 
 def lookup(name: str, version: int) -> Workflow | None:
     return _definitions.get((name, version))
+
+
+def validate_all() -> None:
+    for workflow in _definitions.values():
+        workflow.validate()
 
 
 def names() -> list[str]:

@@ -433,7 +433,8 @@ def _fail_run_txn(
 
 
 def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[str]:
-    """Compensation steps for the completed steps before `before_seq`, latest first."""
+    """Compensation steps for the completed effects before `before_seq`, latest first, then
+    the workflow's `on_failure` step."""
     done = StepCheckpoint.objects.filter(
         run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
     ).order_by("-seq")
@@ -442,6 +443,8 @@ def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[
         step = workflow.steps.get(name)
         if step is not None and step.compensate and step.kind == StepKind.EFFECT:
             plan.append(step.compensate)
+    if workflow.on_failure:
+        plan.append(workflow.on_failure)
     return plan
 
 
