@@ -3,6 +3,7 @@
 Only the Celery app is exposed here; models are never imported at package level because the
 settings module lives in this same package.
 """
+
 from __future__ import annotations
 
 from agentflow.celery import app as celery_app

@@ -1,4 +1,5 @@
 """App config: registers workflow definitions, nothing heavier."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """The Celery app: configuration only (settings come from Django's, under the CELERY_ prefix)."""
+
 from __future__ import annotations
 
 import os

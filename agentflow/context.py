@@ -1,4 +1,5 @@
 """What a step function sees: its run, its idempotency key, and the outputs before it."""
+
 from __future__ import annotations
 
 import threading

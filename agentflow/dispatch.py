@@ -1,4 +1,5 @@
 """Publishing step messages: the broker is a doorbell, never the state of record."""
+
 from __future__ import annotations
 
 import logging

@@ -11,6 +11,7 @@ Domain apps import only this module:
 
     run_id = durable.start("rebooking", input={...}, business_key="request-42")
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

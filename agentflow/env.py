@@ -1,4 +1,5 @@
 """Typed reads of environment variables that fail loudly on a bad value."""
+
 from __future__ import annotations
 
 import os

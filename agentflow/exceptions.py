@@ -1,4 +1,5 @@
 """The engine's errors. Fields are plain values so they pickle across process boundaries."""
+
 from __future__ import annotations
 
 

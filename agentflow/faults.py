@@ -1,4 +1,5 @@
 """Named crash points for tests and demos (SPEC §3.6). Inert unless AGENTFLOW_FAULTS=1."""
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """Who owns a step: lease owner names, same-host liveness checks, and lease renewal."""
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """Engine tables: workflow runs, step checkpoints, run events. Fields and constraints only."""
+
 from __future__ import annotations
 
 import secrets

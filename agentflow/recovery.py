@@ -3,6 +3,7 @@
 It never runs steps itself, it only rings the doorbell again. Publishing twice is harmless:
 a duplicate message loses the claim, finds the step completed, or finds the run finished.
 """
+
 from __future__ import annotations
 
 import logging
@@ -87,4 +88,3 @@ def sweep(*, limit: int | None = None) -> SweepReport:
             report.query_ms,
         )
     return report
-

@@ -1,4 +1,5 @@
 """Workflow definitions (SPEC §4 A): named, versioned lists of named steps, registered by name."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -193,4 +194,3 @@ def validate_all() -> None:
 
 def names() -> list[str]:
     return sorted(_latest)
-

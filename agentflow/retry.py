@@ -1,4 +1,5 @@
 """Retry policy: attempt number -> back-off delay. Pure, no database."""
+
 from __future__ import annotations
 
 import random

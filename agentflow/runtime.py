@@ -1,4 +1,5 @@
 """Replay-or-execute one step of a run (SPEC §3.3): the order of operations is the protocol."""
+
 from __future__ import annotations
 
 import logging
@@ -16,10 +17,9 @@ from agentflow.exceptions import PermanentStepError, RetryableStepError
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind
+from agentflow.states import ACTIVE_RUN_STATUSES, StepKind, StepStatus
 
 logger = logging.getLogger(__name__)
-
 
 
 def run_step(run_id: str, seq: int) -> None:
@@ -37,10 +37,6 @@ def run_step(run_id: str, seq: int) -> None:
         return
     if seq > run.current_seq:
         return
-    if run.status == RunStatus.WAITING and run.wake_at and run.wake_at > timezone.now() + timedelta(
-        seconds=1
-    ):
-        return  # an early duplicate of a back-off retry; the real one is scheduled
     workflow = registry.lookup(run.workflow, run.version)
     if workflow is None:
         _park_for_version(run)
@@ -84,7 +80,12 @@ def _run_claimed(
     run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, seen: StepCheckpoint | None
 ) -> None:
     """effect / llm: claim committed, then the call, then the fenced completion."""
-    if seen is not None and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS:
+    if (
+        seen is not None
+        and seen.status == StepStatus.IN_PROGRESS
+        and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS
+    ):
+        # Bounds the redelivery loop of a step that kills its worker every time.
         if store.claim_blocker(seen, timezone.now()) is None:
             store.run_park(
                 run.id,
@@ -156,27 +157,42 @@ def _run_unclaimed(
     ctx = _context(run, step, seq, attempt)
     try:
         if step.kind == StepKind.DB:
-            with transaction.atomic():
-                locked = (
-                    WorkflowRun.objects.select_for_update()
-                    .filter(pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES)
-                    .exists()
-                )
-                if not locked:
-                    return
-                seen = store.checkpoint_load(run.id, seq)
-                output = to_json(step.fn(ctx), f"output of step {step.name}")
-                faults.crash_point(step.name, "after_effect", attempt)
-                store.unclaimed_complete_txn(run, workflow, step, seq, seen, output)
-        else:
-            output = to_json(step.fn(ctx), f"output of step {step.name}")
-            faults.crash_point(step.name, "after_effect", attempt)
+            _run_db_step(run, workflow, step, seq, ctx)
+            return
+        output = to_json(step.fn(ctx), f"output of step {step.name}")
+        faults.crash_point(step.name, "after_effect", attempt)
+        try:
             with transaction.atomic():
                 store.unclaimed_complete_txn(run, workflow, step, seq, seen, output)
-    except (store.Fenced, IntegrityError):
-        return  # another worker recorded this step first
+        except IntegrityError:
+            return  # only our own rows are in this transaction: another worker recorded it first
+    except store.Fenced:
+        return
     except Exception as exc:
         _record_failure(run, workflow, step, seq, attempt, exc, claimed=False)
+
+
+def _run_db_step(
+    run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, ctx: StepContext
+) -> None:
+    """The step's writes and its COMPLETED checkpoint commit together, so they happen once.
+
+    The run row stays locked meanwhile: a racing duplicate waits, then finds the step done.
+    """
+    with transaction.atomic():
+        locked = (
+            WorkflowRun.objects.select_for_update()
+            .filter(pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES)
+            .exists()
+        )
+        if not locked:
+            return
+        seen = store.checkpoint_load(run.id, seq)
+        if seen is not None and seen.status == StepStatus.COMPLETED:
+            return
+        output = to_json(step.fn(ctx), f"output of step {step.name}")
+        faults.crash_point(step.name, "after_effect", ctx.attempt)
+        store.unclaimed_complete_txn(run, workflow, step, seq, seen, output)
 
 
 def _record_failure(

@@ -1,4 +1,5 @@
 """JSON checks for what the engine stores: inputs, step outputs and arguments."""
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ Two shapes: with no environment set, the embedded default (SQLite and kombu's fi
 transport under `var/`, no server needed); with DATABASE_URL and CELERY_BROKER_URL, the
 production shape (Postgres through psycopg 3, Redis broker, no result backend).
 """
+
 from __future__ import annotations
 
 import socket
@@ -36,6 +37,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # static files without a separate server
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -64,6 +66,7 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
+WHITENOISE_USE_FINDERS = True  # serve straight from static/ so `make run` needs no collectstatic
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"

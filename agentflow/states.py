@@ -1,4 +1,5 @@
 """The status vocabulary of runs and steps (SPEC §3.1), shared by every layer."""
+
 from __future__ import annotations
 
 from django.db import models

@@ -3,6 +3,7 @@
 Every claim and completion is a compare-and-set whose row count decides; nothing here calls a
 partner. Step messages are published only from on-commit hooks.
 """
+
 from __future__ import annotations
 
 import logging
@@ -366,9 +367,9 @@ def step_fail(
                     },
                 )
                 if not created:
-                    StepCheckpoint.objects.filter(
-                        **cp_filter, status=StepStatus.FAILED
-                    ).exclude(attempts__gte=attempt).update(attempts=attempt, **cp_changes)
+                    StepCheckpoint.objects.filter(**cp_filter, status=StepStatus.FAILED).exclude(
+                        attempts__gte=attempt
+                    ).update(attempts=attempt, **cp_changes)
             if retry_in_seconds is not None:
                 _wait_txn(run, seq, now, retry_in_seconds)
             else:
@@ -465,11 +466,16 @@ def run_retry(run_id: str, *, actor: str, reason: str) -> None:
         if run is None:
             raise ActionRefused("no such run")
         if run.status not in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED):
-            raise ActionRefused(f"only failed or parked runs can be retried (this one is {run.status})")
-        if run.status == RunStatus.FAILED and RunEvent.objects.filter(
-            run_id=run_id, kind=RunEvent.Kind.COMPENSATION
-        ).exists():
-            raise ActionRefused("this run was compensated (its effects were undone); start a new one")
+            raise ActionRefused(
+                f"only failed or parked runs can be retried (this one is {run.status})"
+            )
+        if (
+            run.status == RunStatus.FAILED
+            and RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.COMPENSATION).exists()
+        ):
+            raise ActionRefused(
+                "this run was compensated (its effects were undone); start a new one"
+            )
         StepCheckpoint.objects.filter(
             run_id=run_id, seq=run.current_seq, status=StepStatus.FAILED
         ).update(retryable=True, attempts=0)

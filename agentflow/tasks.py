@@ -1,4 +1,5 @@
 """Thin Celery tasks: take ids, call one function. The sweeper's beat schedule lives here."""
+
 from __future__ import annotations
 
 from typing import Any

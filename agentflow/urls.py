@@ -1,4 +1,5 @@
 """Root URLconf."""
+
 from __future__ import annotations
 
 from django.contrib import admin

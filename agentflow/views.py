@@ -1,4 +1,5 @@
 """Operational endpoints: health (database and broker) and Prometheus metrics."""
+
 from __future__ import annotations
 
 from django.db import connection
@@ -28,7 +29,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
     except Exception as exc:
         checks["broker"] = f"error: {type(exc).__name__}"
     healthy = all(value == "ok" for value in checks.values())
-    return JsonResponse({"status": "ok" if healthy else "error", **checks}, status=200 if healthy else 503)
+    return JsonResponse(
+        {"status": "ok" if healthy else "error", **checks}, status=200 if healthy else 503
+    )
 
 
 @require_GET
@@ -44,10 +47,11 @@ def metrics(request: HttpRequest) -> HttpResponse:
         "# TYPE agentflow_runs gauge",
     ]
     lines += [
-        f'agentflow_runs{{status="{status}"}} {counts.get(status, 0)}' for status in RunStatus.values
+        f'agentflow_runs{{status="{status}"}} {counts.get(status, 0)}'
+        for status in RunStatus.values
     ]
     lines += [
-        "# HELP agentflow_runs_overdue Active runs past their wake-up time (the sweeper's backlog).",
+        "# HELP agentflow_runs_overdue Active runs past their wake-up time.",
         "# TYPE agentflow_runs_overdue gauge",
         f"agentflow_runs_overdue {overdue}",
     ]

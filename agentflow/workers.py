@@ -3,8 +3,10 @@
 Each worker is a separate `celery -A agentflow worker` process group that can be killed whole
 or one prefork child at a time, exactly as an OOM killer or `kill -9` would.
 """
+
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -67,7 +69,10 @@ class WorkerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise WorkerStartError(f"worker {self.name} exited: {self.log_tail()}")
-            if b" ready." in self.log_path.read_bytes() and len(self.children()) >= self.concurrency:
+            if (
+                b" ready." in self.log_path.read_bytes()
+                and len(self.children()) >= self.concurrency
+            ):
                 return self
             time.sleep(0.05)
         self.kill()
@@ -103,10 +108,8 @@ class WorkerProcess:
         """SIGKILL the whole worker: parent and children, no shutdown handlers run."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(timeout=10)
 
     def stop(self, *, timeout: float = 15.0) -> None:
@@ -120,10 +123,8 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.kill()
         else:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers
-            except ProcessLookupError:
-                pass
 
     def log_tail(self, lines: int = 40) -> str:
         try:

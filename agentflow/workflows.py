@@ -1,4 +1,5 @@
 """Built-in definitions: a demo workflow for `make run`, and the benchmark's no-op workflow."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """WSGI entry point for gunicorn and runserver."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """`manage.py start_workflow NAME --input JSON`: start a run from the shell."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,9 @@ class Command(BaseCommand):
         parser.add_argument("--input", default="{}", help="the run's input, as JSON")
         parser.add_argument("--business-key", default=None, help="same key, same run")
 
-    def handle(self, *args: Any, workflow: str, input: str, business_key: str | None, **options: Any) -> None:
+    def handle(
+        self, *args: Any, workflow: str, input: str, business_key: str | None, **options: Any
+    ) -> None:
         try:
             payload = json.loads(input)
         except json.JSONDecodeError as exc:

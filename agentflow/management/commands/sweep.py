@@ -1,4 +1,5 @@
 """`manage.py sweep`: one recovery pass, the same as the beat task runs."""
+
 from __future__ import annotations
 
 import json

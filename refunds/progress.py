@@ -1,0 +1,265 @@
+"""Customer words for a refund run's progress: engine statuses in, plain sentences out."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agentflow.durable import RunStatus, StepStatus
+
+#: The standard fare's change fee (SPEC §5), shown until the run has worked out the real one.
+DEFAULT_FEE_CENTS = 4500
+
+#: Labels for every persisted step name; `{fee}` becomes the amount, e.g. "$45".
+STEP_LABELS: Mapping[str, str] = {
+    "load_request": "Receiving your request",
+    "parse_flight_details": "Reading your request",
+    "fetch_booking": "Finding your booking",
+    "check_cancellation_policy": "Checking the fare rules",
+    "calculate_penalty_fee": "Working out the fee",
+    "cancel_seat": "Releasing your seat",
+    "charge_customer": "Charging the {fee} change fee",
+    "issue_boarding_pass": "Issuing your new boarding pass",
+    "update_crm": "Updating your file",
+    "send_confirmation_email": "Emailing your confirmation",
+    # Compensation: only shown once they start.
+    "refund_fee": "Refunding the {fee} fee",
+    "notify_failure": "Letting you know",
+}
+#: A step added later without a label must not show its internal name to customers.
+GENERIC_LABEL = "Working on your request"
+
+#: The step whose completion means money was taken, and the one that gives it back.
+CHARGE_STEP = "charge_customer"
+REFUND_STEP = "refund_fee"
+
+
+class StepLike(Protocol):
+    """What `durable.StepSnapshot` offers; tests pass plain stand-ins."""
+
+    seq: int
+    name: str
+    status: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepView:
+    name: str
+    label: str
+    #: One of STATE_LABELS' keys; the CSS and the script key their look on it.
+    state: str
+    state_label: str
+
+
+#: Row states, in customer words.
+STATE_LABELS: Mapping[str, str] = {
+    "done": "Done",
+    "active": "In progress",
+    "retrying": "Taking longer than usual, still trying",
+    "failed": "Could not be completed",
+    "pending": "Waiting",
+    "skipped": "Not needed",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    #: working, completed, refunded, failed, needs_attention, cancelled.
+    outcome: str
+    headline: str
+    message: str
+    #: True once nothing will change without a human: the page stops polling.
+    final: bool
+    steps: tuple[StepView, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "headline": self.headline,
+            "message": self.message,
+            "final": self.final,
+            "steps": [
+                {
+                    "name": s.name,
+                    "label": s.label,
+                    "state": s.state,
+                    "state_label": s.state_label,
+                }
+                for s in self.steps
+            ],
+        }
+
+
+def format_fee(cents: int) -> str:
+    """'$45' for whole dollars, '$45.50' otherwise."""
+    dollars, rest = divmod(cents, 100)
+    return f"${dollars}" if rest == 0 else f"${dollars}.{rest:02d}"
+
+
+def step_label(name: str, *, fee_cents: int = DEFAULT_FEE_CENTS) -> str:
+    return STEP_LABELS.get(name, GENERIC_LABEL).format(fee=format_fee(fee_cents))
+
+
+def describe(
+    *,
+    status: str,
+    current_step: str,
+    steps: Sequence[StepLike],
+    planned: Sequence[str],
+    fee_cents: int | None = None,
+) -> Progress:
+    """Turn a run's status and checkpoints into what the status page says.
+
+    `planned` is the workflow's forward path, so steps not reached yet still show as rows;
+    compensation steps appear only once they have a checkpoint.
+    """
+    fee = DEFAULT_FEE_CENTS if fee_cents is None else fee_cents
+    latest = _latest_by_name(steps)
+    forward_failed = any(
+        cp.status == StepStatus.FAILED and cp.name in planned for cp in latest.values()
+    )
+    # A forward step that failed for good while the run still moves means it is undoing.
+    undoing = status == RunStatus.RUNNING and forward_failed and current_step not in planned
+    rows = [
+        _row(name, latest.get(name), status=status, current_step=current_step,
+             stopped=undoing or _is_finished(status), fee=fee)
+        for name in planned
+    ]  # fmt: skip
+    extra = sorted(
+        (cp for name, cp in latest.items() if name not in planned), key=lambda cp: cp.seq
+    )
+    rows += [
+        _row(cp.name, cp, status=status, current_step=current_step, stopped=False, fee=fee)
+        for cp in extra
+    ]
+    outcome, headline, message = _summary(status, latest, undoing=undoing, fee=fee)
+    return Progress(
+        outcome=outcome,
+        headline=headline,
+        message=message,
+        final=outcome != "working",
+        steps=tuple(rows),
+    )
+
+
+def _latest_by_name(steps: Sequence[StepLike]) -> dict[str, StepLike]:
+    latest: dict[str, StepLike] = {}
+    for cp in sorted(steps, key=lambda cp: cp.seq):
+        latest[cp.name] = cp
+    return latest
+
+
+def _is_finished(status: str) -> bool:
+    return status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
+
+
+def _row(
+    name: str,
+    cp: StepLike | None,
+    *,
+    status: str,
+    current_step: str,
+    stopped: bool,
+    fee: int,
+) -> StepView:
+    if cp is None:
+        if stopped:
+            state = "skipped"
+        elif name == current_step:
+            state = "active"
+        else:
+            state = "pending"
+    elif cp.status == StepStatus.COMPLETED:
+        state = "done"
+    elif cp.status == StepStatus.IN_PROGRESS:
+        state = "failed" if _is_finished(status) else "active"
+    elif name == current_step and status in (RunStatus.WAITING, RunStatus.RUNNING):
+        state = "retrying"
+    else:
+        state = "failed"
+    return StepView(
+        name=name,
+        label=step_label(name, fee_cents=fee),
+        state=state,
+        state_label=STATE_LABELS[state],
+    )
+
+
+def _summary(
+    status: str, latest: Mapping[str, StepLike], *, undoing: bool, fee: int
+) -> tuple[str, str, str]:
+    charged = _done(latest, CHARGE_STEP)
+    refunded = _done(latest, REFUND_STEP)
+    amount = format_fee(fee)
+    if status == RunStatus.COMPLETED:
+        return (
+            "completed",
+            "All done — your new boarding pass is on its way",
+            "We've changed your booking and emailed your confirmation and new boarding pass.",
+        )
+    if status == RunStatus.FAILED and charged and not refunded:
+        # The engine never ends like this (a failed refund parks the run); if it ever does,
+        # a person must look rather than the page claiming anything about money.
+        return _needs_attention()
+    if status == RunStatus.FAILED and refunded:
+        return (
+            "refunded",
+            f"We couldn't complete the change; the {amount} fee was refunded",
+            "Your original booking could not be changed. The refund is on its way to your card "
+            "and we've emailed you the details.",
+        )
+    if status == RunStatus.FAILED:
+        return (
+            "failed",
+            "We couldn't complete the change",
+            "You have not been charged. We've emailed you; you're welcome to try again or "
+            "contact us.",
+        )
+    if status == RunStatus.NEEDS_ATTENTION:
+        return _needs_attention()
+    if status == RunStatus.CANCELLED:
+        return (
+            "cancelled",
+            "This request was stopped",
+            "A member of our team stopped this request. If you didn't expect this, please "
+            "contact us.",
+        )
+    if undoing:
+        return (
+            "working",
+            "Something went wrong, so we're putting things right",
+            "We couldn't complete the change. We're undoing what we started; this page "
+            "updates by itself.",
+        )
+    if status == RunStatus.WAITING:
+        return (
+            "working",
+            "This is taking a little longer than usual",
+            "One of our partners is slow to answer. We'll keep trying; this page updates by "
+            "itself.",
+        )
+    if status == RunStatus.PENDING and not latest:
+        return (
+            "working",
+            "We've received your request",
+            "We'll start on it in a moment. This page updates by itself.",
+        )
+    return (
+        "working",
+        "We're working on your request",
+        "This usually takes less than a minute. This page updates by itself.",
+    )
+
+
+def _needs_attention() -> tuple[str, str, str]:
+    return (
+        "needs_attention",
+        "A member of our team will look at this",
+        "Something unusual happened, so a person will check your request and email you. "
+        "You don't need to do anything.",
+    )
+
+
+def _done(latest: Mapping[str, StepLike], name: str) -> bool:
+    cp = latest.get(name)
+    return cp is not None and cp.status == StepStatus.COMPLETED
