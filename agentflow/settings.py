@@ -66,6 +66,7 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)
 WHITENOISE_USE_FINDERS = True  # serve straight from static/ so `make run` needs no collectstatic
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
@@ -96,7 +97,7 @@ else:
 
 # --- Celery (read through config_from_object(namespace="CELERY")) ----------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://localhost//")
 _BROKER_IS_FILESYSTEM = CELERY_BROKER_URL.startswith("filesystem")
 CELERY_RESULT_BACKEND = None  # Postgres is the state of record; a result backend adds failure modes
 CELERY_TASK_IGNORE_RESULT = True

@@ -1,0 +1,133 @@
+"""`make run` on the embedded default (SQLite + filesystem broker, no server) runs work to the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""
+
+
+@pytest.fixture
+def stack(tmp_path: Path):
+    """`make run` in its own process group, on a private var dir and free ports."""
+    web_port, sandbox_port = _free_port(), _free_port()
+    while sandbox_port + 1 == web_port:
+        sandbox_port = _free_port()
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}
+    }
+    env.update(
+        PORT=str(web_port),
+        AGENTFLOW_VAR_DIR=str(tmp_path / "var"),
+        SANDBOX_URL=f"http://127.0.0.1:{sandbox_port}",
+        PYTHONUNBUFFERED="1",
+    )
+    log_path = tmp_path / "make-run.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            ["make", "--no-print-directory", "run"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{web_port}"
+    try:
+        wait_for(
+            lambda: _get(f"{base}/healthz")[0] == 200 or proc.poll() is not None,
+            timeout=180,
+            what="the web process to answer /healthz",
+        )
+        assert proc.poll() is None, log_path.read_text()
+        yield {"base": base, "env": env, "var": tmp_path / "var", "proc": proc, "log": log_path}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the terminal's group
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _run_status(var: Path, run_id: str) -> tuple[str, str | None]:
+    with sqlite3.connect(var / "agentflow.sqlite3", timeout=30) as db:
+        row = db.execute(
+            "SELECT status, output FROM agentflow_workflowrun WHERE id = ?", (run_id,)
+        ).fetchone()
+    return row if row else ("", None)
+
+
+def test_make_run__drives_demo_workflow_to_completed_and_stops_on_ctrl_c(stack) -> None:
+    log = stack["log"].read_text()
+    assert "Admin login: admin / " in log
+    assert f"{stack['base']}/refunds/new/" in log or "/refunds/new/" in log
+
+    started = subprocess.run(
+        [sys.executable, "manage.py", "start_workflow", "demo", "--input", '{"name": "make run"}'],
+        cwd=REPO,
+        env=stack["env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    run_id = started.stdout.strip().splitlines()[-1]
+    assert run_id.startswith("wf_")
+
+    status, output = wait_for(
+        lambda: (result := _run_status(stack["var"], run_id))[0] == "COMPLETED" and result,
+        timeout=60,
+        what=f"run {run_id} to complete",
+    )
+    assert json.loads(output)["greeting"] == "hello, make run"
+
+    status_code, body = _get(f"{stack['base']}/admin/login/")
+    assert status_code == 200
+
+    proc = stack["proc"]
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=40) is not None
+    with pytest.raises(ProcessLookupError):
+        wait_for(lambda: _group_gone(proc.pid), timeout=20, what="every child to exit")
+        os.killpg(proc.pid, 0)
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
