@@ -1,0 +1,3 @@
+"""Management commands of the refunds app."""
+
+from __future__ import annotations

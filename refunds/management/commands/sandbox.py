@@ -1,0 +1,62 @@
+"""`manage.py sandbox`: run the partner sandbox (SPEC §5), with defaults from Django settings."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from refunds.sandbox.server import serve
+
+
+class Command(BaseCommand):
+    help = "Run the partner sandbox (Stripe subset, airline, CRM, SMTP sink) until Ctrl-C."
+    requires_system_checks: list[str] = []  # no database needed: start even before migrate
+    requires_migrations_checks = False
+
+    def add_arguments(self, parser: Any) -> None:
+        default_port = urlsplit(settings.SANDBOX_URL).port or 8765
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument(
+            "--port", type=int, default=None, help=f"HTTP port (default {default_port})"
+        )
+        parser.add_argument(
+            "--smtp-port",
+            type=int,
+            default=None,
+            help="SMTP port (default SANDBOX_SMTP_PORT, or --port + 1)",
+        )
+        parser.add_argument(
+            "--state",
+            default=str(settings.VAR_DIR / "sandbox.sqlite3"),
+            help="the SQLite state file",
+        )
+        parser.add_argument(
+            "--key-window-seconds",
+            type=float,
+            default=86400.0,
+            help="how long idempotency keys are kept (Stripe: at least 24 h)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        port = options["port"]
+        smtp_port = options["smtp_port"]
+        if smtp_port is None:
+            smtp_port = settings.SANDBOX_SMTP_PORT if port is None else port + 1
+        if port is None:
+            port = urlsplit(settings.SANDBOX_URL).port or 8765
+
+        def ready(line: str) -> None:
+            self.stdout.write(line)
+            self.stdout.flush()
+
+        serve(
+            host=options["host"],
+            port=port,
+            smtp_port=smtp_port,
+            state_path=options["state"],
+            key_window_seconds=options["key_window_seconds"],
+            on_ready=ready,
+        )

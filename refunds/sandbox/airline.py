@@ -1,0 +1,163 @@
+"""The airline partner: bookings derived from their reference, seat cancels, boarding passes."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import secrets
+import sqlite3
+from datetime import date, timedelta
+from typing import Any
+
+from refunds.sandbox import faults
+from refunds.sandbox.idempotency import Effect
+from refunds.sandbox.messages import Invalid, Request, Response, partner_error
+from refunds.sandbox.state import Store, add_effect
+
+REFERENCE = re.compile(r"[A-Za-z0-9]{6}")
+FIRST_NAMES = (
+    "Astrid", "Bjorn", "Camille", "Dmitri", "Elena", "Farah", "Goran", "Hana",
+    "Ines", "Jonas", "Kaito", "Lena", "Mateo", "Nadia", "Oskar", "Priya",
+)  # fmt: skip
+LAST_NAMES = (
+    "Andersen", "Berg", "Costa", "Dahl", "Eriksen", "Fischer", "Haugen", "Ivanova",
+    "Jensen", "Kowalski", "Lund", "Moreau", "Nakamura", "Olsen", "Patel", "Rossi",
+)  # fmt: skip
+AIRPORTS = ("CPH", "OSL", "ARN", "HEL", "LHR", "CDG", "FRA", "AMS", "BCN", "FCO", "JFK", "KEF")
+FARE_CLASSES = {"F": "flex", "B": "basic"}
+SEAT_LETTERS = "ABCDEF"
+
+
+def booking(reference: str) -> dict[str, Any]:
+    """The booking for a valid reference: the same every time (seeded by the reference's hash)."""
+    ref = reference.upper()
+    rng = random.Random(hashlib.sha256(ref.encode()).hexdigest())
+    origin, destination = rng.sample(AIRPORTS, 2)
+    return {
+        "reference": ref,
+        "passenger": {"name": f"{rng.choice(FIRST_NAMES)} {rng.choice(LAST_NAMES)}"},
+        "flight": f"SK{rng.randint(100, 9999)}",
+        "date": (date(2027, 1, 1) + timedelta(days=rng.randrange(365))).isoformat(),
+        "origin": origin,
+        "destination": destination,
+        "seat": _seat(rng),
+        "fare_class": FARE_CLASSES.get(ref[0], "standard"),
+        "payment_method": "pm_card_chargeDeclined" if ref.startswith("DEC") else "pm_card_visa",
+        "status": "confirmed",
+    }
+
+
+def _seat(rng: random.Random) -> str:
+    return f"{rng.randint(1, 40)}{rng.choice(SEAT_LETTERS)}"
+
+
+def _known_reference(store: Store, reference: Any) -> str:
+    """The upper-cased reference, or a 404 (not stored: nothing executed) if no such booking."""
+    if not isinstance(reference, str) or not REFERENCE.fullmatch(reference):
+        raise Invalid(partner_error(404, "booking_not_found", f"no booking {reference!r}"))
+    if faults.is_unknown_booking(store, reference):
+        raise Invalid(partner_error(404, "booking_not_found", f"no booking {reference!r}"))
+    return reference.upper()
+
+
+def get_booking(store: Store, reference: str) -> Response:
+    return Response(status=200, body=booking(_known_reference(store, reference)))
+
+
+def injected(status: int) -> Response:
+    return partner_error(status, "injected_fault", f"Injected sandbox fault ({status}).")
+
+
+def _string(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise Invalid(partner_error(400, "invalid_request", f"{name} is required (a string)"))
+    return value
+
+
+def cancel_seat(store: Store, reference: str) -> Effect:
+    """The seat-cancel effect for one booking (its reference is part of the compared params)."""
+
+    def parse(request: Request) -> dict[str, Any]:
+        body = request.json()
+        _string(body, "workflow_id")
+        return {**body, "reference": _known_reference(store, reference)}
+
+    def execute(db: sqlite3.Connection, params: dict[str, Any], key: str | None) -> Response:
+        answer = {
+            "cancellation_id": f"sc_{secrets.token_hex(12)}",
+            "reference": params["reference"],
+            "seat": booking(params["reference"])["seat"],
+            "status": "released",
+        }
+        add_effect(
+            db,
+            kind="seat_cancellation",
+            id=answer["cancellation_id"],
+            idempotency_key=key,
+            workflow_id=params["workflow_id"],
+            subject=params["reference"],
+            body=answer,
+        )
+        return Response(status=200, body=answer)
+
+    return Effect(
+        name="airline.cancel_seat",
+        scope="airline",
+        key_required=True,
+        parse=parse,
+        execute=execute,
+        injected=injected,
+    )
+
+
+def boarding_pass(store: Store) -> Effect:
+    """The boarding-pass effect: a new seat on the given flight and date."""
+
+    def parse(request: Request) -> dict[str, Any]:
+        body = request.json()
+        for name in ("flight", "date", "workflow_id"):
+            _string(body, name)
+        try:
+            date.fromisoformat(body["date"])
+        except ValueError:
+            raise Invalid(
+                partner_error(400, "invalid_request", "date must be YYYY-MM-DD")
+            ) from None
+        return {**body, "reference": _known_reference(store, body.get("reference"))}
+
+    def execute(db: sqlite3.Connection, params: dict[str, Any], key: str | None) -> Response:
+        pass_id = f"bp_{secrets.token_hex(12)}"
+        old_seat = booking(params["reference"])["seat"]
+        rng = random.Random(pass_id)
+        seat = _seat(rng)
+        while seat == old_seat:
+            seat = _seat(rng)
+        answer = {
+            "boarding_pass_id": pass_id,
+            "reference": params["reference"],
+            "flight": params["flight"],
+            "date": params["date"],
+            "seat": seat,
+            "barcode": "M1" + hashlib.sha256(pass_id.encode()).hexdigest()[:30].upper(),
+        }
+        add_effect(
+            db,
+            kind="boarding_pass",
+            id=pass_id,
+            idempotency_key=key,
+            workflow_id=params["workflow_id"],
+            subject=params["reference"],
+            body=answer,
+        )
+        return Response(status=200, body=answer)
+
+    return Effect(
+        name="airline.boarding_pass",
+        scope="airline",
+        key_required=True,
+        parse=parse,
+        execute=execute,
+        injected=injected,
+    )

@@ -1,0 +1,163 @@
+"""The `sandbox` fixture: a real partner-sandbox process (`manage.py sandbox`) for the session.
+
+Use it from any test:
+
+    def test_something(clean_sandbox):          # reset first (ledger, keys, faults all empty)
+        client = stripe.StripeClient("sk_test_x", base_addresses={"api": clean_sandbox.url})
+        ...
+        assert len(clean_sandbox.ledger(workflow_id="wf")["payments"]) == 1
+
+`sandbox` (session scope) and `clean_sandbox` (function scope, resets before the test) yield a
+`SandboxProcess`:
+- `url`: the HTTP base, e.g. `http://127.0.0.1:41234` (Stripe base address, airline, CRM, control);
+- `smtp_port`: the SMTP sink's port on 127.0.0.1; `state_path`: the SQLite state file;
+- `ledger(workflow_id=None)`: `GET /_sandbox/ledger` as a dict (filtered to one workflow if given);
+- `set_fault(**kw)`: `POST /_sandbox/faults` with kw as JSON, e.g.
+  `set_fault(endpoint="payment_intents.create", drop_rate=1, count=1)` or
+  `set_fault(unknown_bookings=["ABC123"])`; returns the armed faults;
+- `clear_faults()`, `reset()`: `DELETE /_sandbox/faults`, `POST /_sandbox/reset`;
+- `restart()`: SIGKILL the process and start it again on the same ports and state file.
+`start_sandbox(directory, ...)` starts a separate one (e.g. with `key_window_seconds=1`); stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+
+from tests.support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port_pair() -> int:
+    """A free port P whose neighbour P + 1 is free too (HTTP on P, SMTP on P + 1)."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError("no two neighbouring free ports")
+
+
+class SandboxProcess:
+    """One `manage.py sandbox` subprocess and a small client for its control endpoints."""
+
+    def __init__(
+        self, *, state_path: Path, log_path: Path, key_window_seconds: float | None = None
+    ) -> None:
+        self.port = free_port_pair()
+        self.smtp_port = self.port + 1
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.state_path = state_path
+        self.log_path = log_path
+        self.key_window_seconds = key_window_seconds
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [
+            sys.executable, "manage.py", "sandbox", "--port", str(self.port),
+            "--smtp-port", str(self.smtp_port), "--state", str(self.state_path),
+        ]  # fmt: skip
+        if self.key_window_seconds is not None:
+            command += ["--key-window-seconds", str(self.key_window_seconds)]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        wait_for(self._healthy, timeout=30, what=f"sandbox health at {self.url}")
+
+    def _healthy(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"sandbox exited: {self.log_path.read_text()[-2000:]}")
+        try:
+            return self._call("GET", "/_sandbox/health") == {"status": "ok"}
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM (the clean stop a user's Ctrl-C gives), SIGKILL if it hangs."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        """Kill -9 (no chance to clean up) and start again on the same ports and state file."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.start()
+
+    def ledger(self, workflow_id: str | None = None) -> dict[str, Any]:
+        query = f"?{urlencode({'workflow_id': workflow_id})}" if workflow_id is not None else ""
+        return self._call("GET", f"/_sandbox/ledger{query}")
+
+    def set_fault(self, **spec: Any) -> dict[str, Any]:
+        return self._call("POST", "/_sandbox/faults", spec)
+
+    def clear_faults(self) -> None:
+        self._call("DELETE", "/_sandbox/faults")
+
+    def reset(self) -> None:
+        self._call("POST", "/_sandbox/reset")
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+
+def start_sandbox(directory: Path, *, key_window_seconds: float | None = None) -> SandboxProcess:
+    """Start a sandbox whose state and log live in `directory`; the caller must `stop()` it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    server = SandboxProcess(
+        state_path=directory / "sandbox.sqlite3",
+        log_path=directory / "sandbox.log",
+        key_window_seconds=key_window_seconds,
+    )
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess]:
+    """The session's sandbox process (see the module docstring for its API)."""
+    server = start_sandbox(tmp_path_factory.mktemp("sandbox"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def clean_sandbox(sandbox: SandboxProcess) -> SandboxProcess:
+    """The session's sandbox, reset: empty ledger, no keys, no faults."""
+    sandbox.reset()
+    return sandbox
