@@ -1,4 +1,5 @@
 """The refund domain app: the customer form, the refund workflow, partner clients, sandbox."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

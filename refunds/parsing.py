@@ -3,6 +3,7 @@
 Deterministic (regular expressions and a keyword table), so a replayed step gets the same answer.
 An LLM may later sit behind `parse_request`; it stays the single entry point.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,8 @@ _INTENT_KEYWORDS: dict[str, tuple[str, ...]] = {
         "refund", "money back", "reimburs", "repay", "chargeback", "my money", "compensat",
     ),
     "cancel": (
-        "cancel", "can't make it", "cannot make it", "can not make it", "won't be flying",
-        "not flying", "drop my", "call off",
+        "cancel", "can't make it", "cant make it", "cannot make it", "can not make it",
+        "won't be flying", "not flying", "drop my", "call off",
     ),
 }  # fmt: skip
 _NEGATIONS = re.compile(r"\b(?:don'?t|do not|not|no|never|without|nor)\s+(?:\w+\s+){0,2}$")
@@ -65,11 +66,12 @@ _DATE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 
 #: An IATA designator (two characters, at least one a letter) and a 1-4 digit number.
 _FLIGHT = re.compile(r"\b(?P<code>[A-Za-z0-9]{2})(?P<sep>[ -]?)(?P<number>\d{1,4})\b")
-_FLIGHT_CUE = re.compile(r"\bflight\s*(?:no\.?|number|nr\.?|#)?\s*:?\s*$", re.IGNORECASE)
+_FLIGHT_CUE = re.compile(r"\bflight\s*(?:no\.?|number|nr\.?|#)?\s*:?\s*(?:is\s+)?$", re.IGNORECASE)
 #: Short words that look like a designator when followed by a number ("TO 1400", "ON 12").
-_NOT_AIRLINES = frozenset(
-    "AM AN AS AT BE BY DO GO HI IF IN IS IT ME MY NO OF OK ON OR PM SO TO UP US WE".split()
-)
+_NOT_AIRLINES = frozenset({
+    "AM", "AN", "AS", "AT", "BE", "BY", "DO", "GO", "HI", "IF", "IN", "IS", "IT", "ME", "MY",
+    "NO", "OF", "OK", "ON", "OR", "PM", "SO", "TO", "UP", "US", "WE",
+})  # fmt: skip
 _REFERENCE = re.compile(r"\b[A-Za-z0-9]{6}\b")
 _REFERENCE_CUE = re.compile(
     r"\b(?:booking|reference|ref|pnr|confirmation|record locator|code)\b[\s:#.-]*(?:is\s+)?$",
@@ -110,9 +112,7 @@ def parse_request(
 
     mentioned = [r for r in _references_in(text) if r != reference]
     if mentioned:
-        notes.append(
-            f"message mentions booking {mentioned[0]}; using {reference} from the form"
-        )
+        notes.append(f"message mentions booking {mentioned[0]}; using {reference} from the form")
     flights = _flights_in(text, exclude={reference, *mentioned})
     dates = _dates_in(text, today, notes)
     if len(dates) > 1:
@@ -160,21 +160,20 @@ def _flights_in(text: str, *, exclude: set[str]) -> list[str]:
         flight = f"{code.upper()}{number}"
         if flight in exclude:
             continue
-        cued = bool(_FLIGHT_CUE.search(text[max(0, match.start() - 20) : match.start()]))
-        if not cued:
-            # Without the word "flight", only an upper-case code counts ("SK1234", "SK 123"),
-            # and never a short word followed by a number ("TO 1400").
-            if not code.isupper() or (sep and code in _NOT_AIRLINES) or len(number) < 2:
-                continue
-            if _is_time_or_amount(text, match):
-                continue
+        if code.upper() in _NOT_AIRLINES and (sep or not code.isupper()):
+            continue  # a short word followed by a number: "on 12 March", "TO 1400"
+        cued = bool(_FLIGHT_CUE.search(text[max(0, match.start() - 24) : match.start()]))
+        # Without the word "flight", only an upper-case code counts ("SK1234", "SK 123").
+        if not cued and (not code.isupper() or len(number) < 2 or _is_time(text, match)):
+            continue
         found.append(flight)
     return found
 
 
-def _is_time_or_amount(text: str, match: re.Match[str]) -> bool:
-    after = text[match.end() : match.end() + 1]
-    return after in (":", ".", ",") and text[match.end() + 1 : match.end() + 2].isdigit()
+def _is_time(text: str, match: re.Match[str]) -> bool:
+    """ "AT 10:30" or "PM 12.15": digits go on after a separator, so it is not a flight."""
+    after = text[match.end() : match.end() + 2]
+    return len(after) == 2 and after[0] in ":.," and after[1].isdigit()
 
 
 def _dates_in(text: str, today: date, notes: list[str]) -> list[date]:

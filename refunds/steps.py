@@ -1,15 +1,274 @@
-"""One side effect per step, each carrying the step's idempotency key (being written)."""
+"""The refund workflow's steps: one side effect each, carrying the step's idempotency key.
+
+Outputs are small JSON dicts holding what later steps and the status page need (ids, seat,
+amounts). The customer's email address and message stay in their RefundRequest row and are read
+from it when needed, so checkpoints do not copy them.
+"""
+
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
-from agentflow.durable import StepContext
+from django.template.loader import render_to_string
+
+from agentflow import durable
+from agentflow.durable import PermanentStepError, StepContext
+from refunds import policy
+from refunds.gateways import AirlineGateway, CrmGateway, Mailer, Payment, PaymentGateway
+from refunds.models import RefundRequest
+from refunds.parsing import parse_request
+
+#: Payment intent states in which the money is (or will be) taken.
+CHARGED_STATUSES = ("succeeded", "processing", "requires_capture")
 
 
-def _todo(ctx: StepContext) -> Any:
-    raise NotImplementedError(ctx.step)
+# --- reads ----------------------------------------------------------------------------------
+def load_request(ctx: StepContext) -> dict[str, Any]:
+    request = _request(ctx)
+    return {
+        "refund_id": request.public_id,
+        "booking_reference": request.booking_reference.strip().upper(),
+        "submitted_on": request.created_at.date().isoformat(),
+    }
 
 
-load_request = parse_flight_details = fetch_booking = check_cancellation_policy = _todo
-calculate_penalty_fee = cancel_seat = charge_customer = find_fee_payment = _todo
-issue_boarding_pass = update_crm = send_confirmation_email = refund_fee = notify_failure = _todo
+def parse_flight_details(ctx: StepContext) -> dict[str, Any]:
+    request = _request(ctx)
+    # Anchored on the submission date, so a retry next week reads "tomorrow" the same way.
+    parsed = parse_request(
+        request.message, request.booking_reference, today=request.created_at.date()
+    )
+    return parsed.as_dict()
+
+
+def fetch_booking(ctx: StepContext) -> dict[str, Any]:
+    return asdict(AirlineGateway.from_settings().booking(_reference(ctx)))
+
+
+def check_cancellation_policy(ctx: StepContext) -> dict[str, Any]:
+    rules = policy.policy_for(ctx.output_of("fetch_booking")["fare_class"])
+    if not rules.rebookable:
+        raise PermanentStepError(rules.refusal)
+    return {"fare_class": rules.fare_class, "rebookable": True, "fee_cents": rules.fee_cents}
+
+
+def calculate_penalty_fee(ctx: StepContext) -> dict[str, Any]:
+    return policy.calculate_penalty_fee(ctx.output_of("fetch_booking")["fare_class"])
+
+
+# --- effects --------------------------------------------------------------------------------
+def cancel_seat(ctx: StepContext) -> dict[str, Any]:
+    released = AirlineGateway.from_settings().cancel_seat(
+        _reference(ctx), key=ctx.idempotency_key, workflow_id=ctx.run_id
+    )
+    return {
+        "cancellation_id": released.cancellation_id,
+        "seat": released.seat,
+        "status": released.status,
+    }
+
+
+def charge_customer(ctx: StepContext) -> dict[str, Any]:
+    """Charge the change fee. Every parameter comes from earlier checkpoints, so a retry sends
+    exactly the same request under the same key and Stripe replays instead of charging again."""
+    fee = ctx.output_of("calculate_penalty_fee")
+    if fee["amount_cents"] <= 0:
+        return {"charged": False, "amount_cents": 0}
+    reference = _reference(ctx)
+    payment = PaymentGateway.from_settings().charge(
+        amount_cents=fee["amount_cents"],
+        currency=fee["currency"],
+        payment_method=ctx.output_of("fetch_booking")["payment_method"],
+        description=f"Change fee for booking {reference}",
+        key=ctx.idempotency_key,
+        workflow_id=ctx.run_id,
+        metadata={"refund_id": ctx.input["refund_id"], "booking_reference": reference},
+    )
+    if payment.status == "requires_action":
+        raise PermanentStepError(
+            "Your bank asked for an extra check on this payment, which we can't do by email. "
+            "You have not been charged."
+        )
+    if payment.status not in CHARGED_STATUSES:
+        raise PermanentStepError(f"Your payment did not go through ({payment.status}).")
+    return _charge_output(payment)
+
+
+def find_fee_payment(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `charge_customer` (SPEC §3.3a): the payment made under this step's key.
+
+    Stripe's search index can lag a freshly made payment by up to a minute; None then leads to
+    a retry under the same key, which Stripe answers with the stored result, so the customer
+    is still charged once. Past Stripe's 24-hour key window the index has long caught up.
+    """
+    fee = ctx.output_of("calculate_penalty_fee")
+    if not fee or fee["amount_cents"] <= 0:
+        return None  # nothing is ever sent for a free change: running the step again is safe
+    payment = PaymentGateway.from_settings().find_payment_by_key(ctx.idempotency_key)
+    if payment is None or payment.status not in CHARGED_STATUSES:
+        return None
+    return _charge_output(payment)
+
+
+def _charge_output(payment: Payment) -> dict[str, Any]:
+    return {
+        "charged": True,
+        "payment_intent_id": payment.id,
+        "amount_cents": payment.amount_cents,
+        "currency": payment.currency,
+        "status": payment.status,
+    }
+
+
+def issue_boarding_pass(ctx: StepContext) -> dict[str, Any]:
+    flight, date = _new_flight(ctx)
+    issued = AirlineGateway.from_settings().issue_boarding_pass(
+        _reference(ctx), flight=flight, date=date, key=ctx.idempotency_key, workflow_id=ctx.run_id
+    )
+    return asdict(issued)
+
+
+def update_crm(ctx: StepContext) -> dict[str, Any]:
+    issued = ctx.output_of("issue_boarding_pass")
+    charge = ctx.output_of("charge_customer")
+    fee = _fee_text(charge)
+    note = (
+        f"Rebooked onto {issued['flight']} on {issued['date']}, seat {issued['seat']} "
+        f"(boarding pass {issued['boarding_pass_id']}). Fee: {fee}. "
+        f"Customer asked: {ctx.output_of('parse_flight_details')['summary']}."
+    )
+    update_id = CrmGateway.from_settings().update(
+        customer_email=_request(ctx).email,
+        reference=_reference(ctx),
+        note=note,
+        key=ctx.idempotency_key,
+        workflow_id=ctx.run_id,
+    )
+    return {"update_id": update_id}
+
+
+def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
+    booking = ctx.output_of("fetch_booking")
+    issued = ctx.output_of("issue_boarding_pass")
+    charge = ctx.output_of("charge_customer")
+    context = {
+        **issued,
+        "reference": _reference(ctx),
+        "passenger_name": booking["passenger_name"],
+        "origin": booking["origin"],
+        "destination": booking["destination"],
+        "fare_class": booking["fare_class"],
+        "fee_charged": charge["charged"],
+        "fee": _fee_text(charge),
+        "payment_intent_id": charge.get("payment_intent_id", ""),
+    }
+    message_id = _send(ctx, _request(ctx), "confirmation", context)
+    return {"message_id": message_id}
+
+
+# --- compensation ---------------------------------------------------------------------------
+def refund_fee(ctx: StepContext) -> dict[str, Any]:
+    """Give the fee back after a later permanent failure, under this step's own key."""
+    charge = ctx.output_of("charge_customer")
+    if not charge or not charge.get("charged"):
+        return {"refunded": False, "amount_cents": 0}
+    refund = PaymentGateway.from_settings().refund(
+        payment_intent_id=charge["payment_intent_id"],
+        amount_cents=charge["amount_cents"],
+        key=ctx.idempotency_key,
+        workflow_id=ctx.run_id,
+    )
+    return {
+        "refunded": True,
+        "refund_id": refund.id,
+        "amount_cents": refund.amount_cents,
+        "currency": charge["currency"],
+    }
+
+
+def notify_failure(ctx: StepContext) -> dict[str, Any]:
+    """Tell the customer the change could not be made, why, and what happened to the fee."""
+    refund_id = (ctx.input or {}).get("refund_id")
+    request = RefundRequest.objects.filter(public_id=refund_id).first() if refund_id else None
+    if request is None:
+        return {"sent": False, "reason": "no request to reply to"}
+    booking = ctx.output_of("fetch_booking") or {}
+    charge = ctx.output_of("charge_customer") or {"charged": False, "amount_cents": 0}
+    refund = ctx.output_of("refund_fee") or {"refunded": False}
+    released = ctx.output_of("cancel_seat") or {}
+    reason = _failure_reason(ctx)
+    context = {
+        "passenger_name": booking.get("passenger_name", ""),
+        "reference": request.booking_reference.upper(),
+        "reason": reason,
+        "fee_charged": charge.get("charged", False),
+        "fee_refunded": refund.get("refunded", False),
+        "fee": _fee_text(charge),
+        "refund_id": refund.get("refund_id", ""),
+        "seat_released": bool(released),
+        "seat": released.get("seat", ""),
+    }
+    message_id = _send(ctx, request, "failure", context)
+    return {"sent": True, "message_id": message_id, "reason": reason}
+
+
+#: Generic explanations by failed step, for errors not written for the customer's eyes
+#: (retries exhausted, a bug). Permanent errors from gateways and the policy are.
+_STEP_TROUBLE = {
+    "fetch_booking": "We couldn't reach the airline to look up your booking.",
+    "cancel_seat": "The airline's system didn't respond when we tried to change your seat.",
+    "charge_customer": "We couldn't reach our payment provider to take the change fee.",
+    "issue_boarding_pass": "The airline couldn't issue your new boarding pass.",
+}
+_READABLE_PREFIXES = ("We ", "Your ", "Basic fares ")
+
+
+def _failure_reason(ctx: StepContext) -> str:
+    run = durable.snapshot(ctx.run_id)
+    failed = next(
+        (s for s in reversed(run.steps) if s.status == durable.StepStatus.FAILED), None
+    ) if run else None  # fmt: skip
+    if failed is None:
+        return "Something went wrong on our side."
+    if failed.error.startswith(_READABLE_PREFIXES):
+        return failed.error
+    return _STEP_TROUBLE.get(failed.name, "Something went wrong on our side.")
+
+
+# --- helpers --------------------------------------------------------------------------------
+def _request(ctx: StepContext) -> RefundRequest:
+    refund_id = (ctx.input or {}).get("refund_id")
+    request = RefundRequest.objects.filter(public_id=refund_id).first() if refund_id else None
+    if request is None:
+        raise PermanentStepError(f"We couldn't find your request {refund_id or ''}".strip() + ".")
+    return request
+
+
+def _reference(ctx: StepContext) -> str:
+    return ctx.output_of("load_request")["booking_reference"]
+
+
+def _new_flight(ctx: StepContext) -> tuple[str, str]:
+    """The flight and date the customer asked for, else those of their booking."""
+    parsed = ctx.output_of("parse_flight_details") or {}
+    booking = ctx.output_of("fetch_booking")
+    return parsed.get("flight") or booking["flight"], parsed.get("date") or booking["date"]
+
+
+def _fee_text(charge: dict[str, Any] | None) -> str:
+    if not charge or not charge.get("charged"):
+        return "none"
+    return policy.format_amount(charge["amount_cents"], charge.get("currency", policy.CURRENCY))
+
+
+def _send(ctx: StepContext, request: RefundRequest, template: str, context: dict[str, Any]) -> str:
+    subject = render_to_string(f"refunds/email/{template}_subject.txt", context)
+    body = render_to_string(f"refunds/email/{template}.txt", context)
+    return Mailer.from_settings().send(
+        to=request.email,
+        subject=" ".join(subject.split()),
+        body=body.strip() + "\n",
+        key=ctx.idempotency_key,
+        workflow_id=ctx.run_id,
+    )

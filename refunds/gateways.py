@@ -1,0 +1,439 @@
+"""One client per partner (Stripe, airline, CRM, email), turning vendor errors into ours.
+
+Every effect carries the step's idempotency key. Errors leave here as the engine's
+`RetryableStepError` (try again later under the same key) or `PermanentStepError` (a readable
+reason; retrying cannot help), so the workflow never has to know a vendor's exception classes.
+"""
+
+from __future__ import annotations
+
+import smtplib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import requests
+import stripe
+from django.conf import settings
+from django.core.mail import EmailMessage, get_connection
+
+from agentflow.durable import PermanentStepError, RetryableStepError
+
+#: Connect and read timeouts for partner HTTP calls: a hung partner must not hold a worker
+#: (and its lease) for ever; the engine retries under the same key instead.
+HTTP_TIMEOUT_SECONDS = (3.05, 10.0)
+#: Stripe calls: one attempt's timeout and the library's own retries (same key, so safe).
+STRIPE_TIMEOUT_SECONDS = 10
+STRIPE_NETWORK_RETRIES = 2
+
+
+# --- values ---------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Payment:
+    id: str
+    amount_cents: int
+    currency: str
+    status: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refund:
+    id: str
+    payment_intent_id: str
+    amount_cents: int
+    status: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Booking:
+    reference: str
+    passenger_name: str
+    flight: str
+    date: str
+    origin: str
+    destination: str
+    seat: str
+    fare_class: str
+    payment_method: str
+    status: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeatCancellation:
+    cancellation_id: str
+    reference: str
+    seat: str
+    status: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoardingPass:
+    boarding_pass_id: str
+    reference: str
+    flight: str
+    date: str
+    seat: str
+    barcode: str
+
+
+# --- Stripe ---------------------------------------------------------------------------------
+@lru_cache(maxsize=8)
+def _stripe_client(api_key: str, api_base: str) -> stripe.StripeClient:
+    return stripe.StripeClient(
+        api_key,
+        # Unset means real Stripe: only a test key and no base reaches api.stripe.com.
+        base_addresses={"api": api_base} if api_base else None,
+        max_network_retries=STRIPE_NETWORK_RETRIES,
+        http_client=stripe.RequestsClient(timeout=STRIPE_TIMEOUT_SECONDS),
+    )
+
+
+class PaymentGateway:
+    """Stripe through the official library. The key and workflow id go into metadata too, so a
+    payment can be found by its key after a crash (SPEC §3.3a)."""
+
+    def __init__(self, *, api_key: str, api_base: str = "") -> None:
+        self._client = _stripe_client(api_key, api_base or "")
+
+    @classmethod
+    def from_settings(cls) -> PaymentGateway:
+        return cls(api_key=settings.STRIPE_API_KEY, api_base=settings.STRIPE_API_BASE)
+
+    def charge(
+        self,
+        *,
+        amount_cents: int,
+        currency: str,
+        payment_method: str,
+        description: str,
+        key: str,
+        workflow_id: str,
+        metadata: dict[str, str] | None = None,
+    ) -> Payment:
+        params: Any = {
+            "amount": amount_cents,
+            "currency": currency,
+            "payment_method": payment_method,
+            "payment_method_types": ["card"],  # no redirect methods: confirm needs no return_url
+            "confirm": True,
+            "description": description,
+            "metadata": {**(metadata or {}), "idempotency_key": key, "workflow_id": workflow_id},
+        }
+        with _stripe_errors("charge"):
+            intent = self._client.v1.payment_intents.create(
+                params, options={"idempotency_key": key}
+            )
+        return _payment(intent)
+
+    def find_payment_by_key(self, key: str) -> Payment | None:
+        """The payment made under `key`, if any. A read: no idempotency key needed."""
+        query = f"metadata['idempotency_key']:'{_search_quote(key)}'"
+        with _stripe_errors("payment lookup"):
+            found = self._client.v1.payment_intents.search({"query": query})
+        intents = [i for i in found.data if i.metadata.to_dict().get("idempotency_key") == key]
+        return _payment(intents[0]) if intents else None
+
+    def refund(
+        self, *, payment_intent_id: str, amount_cents: int, key: str, workflow_id: str
+    ) -> Refund:
+        params: Any = {
+            "payment_intent": payment_intent_id,
+            "amount": amount_cents,
+            "metadata": {"idempotency_key": key, "workflow_id": workflow_id},
+        }
+        with _stripe_errors("refund"):
+            refund = self._client.v1.refunds.create(params, options={"idempotency_key": key})
+        return Refund(
+            id=refund.id,
+            payment_intent_id=payment_intent_id,
+            amount_cents=refund.amount,
+            status=refund.status or "",
+        )
+
+
+def _payment(intent: Any) -> Payment:
+    return Payment(
+        id=intent.id, amount_cents=intent.amount, currency=intent.currency, status=intent.status
+    )
+
+
+def _search_quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+@contextmanager
+def _stripe_errors(action: str) -> Iterator[None]:
+    """The facts file's §7.3 table: what Stripe said, and whether the same key may try again."""
+    try:
+        yield
+    except stripe.CardError as exc:
+        raise PermanentStepError(_decline_message(exc)) from exc
+    except stripe.RateLimitError as exc:
+        raise RetryableStepError(
+            f"Stripe is rate limiting us ({action})",
+            retry_after_seconds=_retry_after(exc.headers),
+        ) from exc
+    except stripe.IdempotencyError as exc:
+        # Same key, different parameters: a bug in how we derive the request, not transient.
+        raise PermanentStepError(
+            f"Stripe refused the {action}: it does not match the earlier request under the "
+            f"same idempotency key ({exc.user_message or exc})"
+        ) from exc
+    except stripe.APIConnectionError as exc:
+        # The outcome is unknown; only the same key may ask again.
+        raise RetryableStepError(f"could not reach Stripe ({action}): {exc.user_message}") from exc
+    except stripe.APIError as exc:
+        status = exc.http_status
+        if status is None or status == 409 or status >= 500:
+            raise RetryableStepError(
+                f"Stripe could not complete the {action} (HTTP {status})"
+            ) from exc
+        raise PermanentStepError(f"Stripe refused the {action} (HTTP {status})") from exc
+    except (stripe.AuthenticationError, stripe.PermissionError) as exc:
+        raise PermanentStepError(
+            f"Stripe rejected our credentials ({action}); an operator must fix the API key"
+        ) from exc
+    except stripe.StripeError as exc:  # InvalidRequestError and anything newer
+        raise PermanentStepError(
+            f"Stripe refused the {action}: {exc.user_message or exc.code or exc}"
+        ) from exc
+
+
+def _decline_message(exc: stripe.CardError) -> str:
+    reason = getattr(exc.error, "decline_code", None) if exc.error else None
+    if reason and reason != "generic_decline":
+        return f"Your card was declined ({reason.replace('_', ' ')})."
+    return "Your card was declined."
+
+
+def _retry_after(headers: Any) -> float | None:
+    try:
+        return float(headers.get("Retry-After")) if headers else None
+    except (TypeError, ValueError):
+        return None
+
+
+# --- airline and CRM (plain JSON over HTTP) --------------------------------------------------
+class _PartnerHttp:
+    """JSON over HTTP with timeouts always, the key header on effects, and our error mapping."""
+
+    def __init__(
+        self, base_url: str, *, partner: str, timeout: tuple[float, float] = HTTP_TIMEOUT_SECONDS
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.partner = partner
+        self.timeout = timeout
+        self.session = requests.Session()
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        key: str | None = None,
+        body: dict[str, Any] | None = None,
+        not_found: str | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Idempotency-Key": key} if key else {}
+        try:
+            response = self.session.request(
+                method,
+                f"{self.base_url}{path}",
+                json=body,
+                headers=headers,
+                timeout=self.timeout,
+            )
+        except requests.Timeout as exc:
+            raise RetryableStepError(f"{self.partner} did not answer in time") from exc
+        except requests.RequestException as exc:
+            # Refused, reset, or dropped after the request was sent: the key makes a retry safe.
+            raise RetryableStepError(
+                f"could not reach {self.partner}: {type(exc).__name__}"
+            ) from exc
+        status = response.status_code
+        if status == 404 and not_found:
+            raise PermanentStepError(not_found)
+        if status in (408, 409, 425, 429) or status >= 500:
+            raise RetryableStepError(
+                f"{self.partner} answered HTTP {status}",
+                retry_after_seconds=_retry_after(response.headers),
+            )
+        if status >= 400:
+            raise PermanentStepError(
+                f"{self.partner} refused the request (HTTP {status}: {_error_code(response)})"
+            )
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise RetryableStepError(f"{self.partner} sent an unreadable answer") from exc
+
+
+def _error_code(response: requests.Response) -> str:
+    try:
+        return str(response.json().get("error", "")) or response.reason
+    except (ValueError, AttributeError):
+        return response.reason
+
+
+class AirlineGateway:
+    def __init__(
+        self, base_url: str, *, timeout: tuple[float, float] = HTTP_TIMEOUT_SECONDS
+    ) -> None:
+        self._http = _PartnerHttp(
+            f"{base_url.rstrip('/')}/airline", partner="the airline", timeout=timeout
+        )
+
+    @classmethod
+    def from_settings(cls) -> AirlineGateway:
+        return cls(settings.SANDBOX_URL)
+
+    def booking(self, reference: str) -> Booking:
+        data = self._http.call(
+            "GET", f"/bookings/{reference}", not_found=_not_found_message(reference)
+        )
+        fields = {name: data[name] for name in _BOOKING_FIELDS}
+        return Booking(passenger_name=data["passenger"]["name"], **fields)
+
+    def cancel_seat(self, reference: str, *, key: str, workflow_id: str) -> SeatCancellation:
+        data = self._http.call(
+            "POST",
+            f"/bookings/{reference}/cancel-seat",
+            key=key,
+            body={"workflow_id": workflow_id},
+            not_found=_not_found_message(reference),
+        )
+        return SeatCancellation(
+            cancellation_id=data["cancellation_id"],
+            reference=data["reference"],
+            seat=data["seat"],
+            status=data["status"],
+        )
+
+    def issue_boarding_pass(
+        self, reference: str, *, flight: str, date: str, key: str, workflow_id: str
+    ) -> BoardingPass:
+        data = self._http.call(
+            "POST",
+            "/boarding-passes",
+            key=key,
+            body={
+                "reference": reference,
+                "flight": flight,
+                "date": date,
+                "workflow_id": workflow_id,
+            },
+            not_found=_not_found_message(reference),
+        )
+        return BoardingPass(
+            boarding_pass_id=data["boarding_pass_id"],
+            reference=data.get("reference", reference),
+            flight=data.get("flight", flight),
+            date=data.get("date", date),
+            seat=data["seat"],
+            barcode=data["barcode"],
+        )
+
+
+_BOOKING_FIELDS = (
+    "reference", "flight", "date", "origin", "destination", "seat", "fare_class",
+    "payment_method", "status",
+)  # fmt: skip
+
+
+def _not_found_message(reference: str) -> str:
+    return f"We couldn't find booking {reference}."
+
+
+class CrmGateway:
+    def __init__(
+        self, base_url: str, *, timeout: tuple[float, float] = HTTP_TIMEOUT_SECONDS
+    ) -> None:
+        self._http = _PartnerHttp(f"{base_url.rstrip('/')}/crm", partner="the CRM", timeout=timeout)
+
+    @classmethod
+    def from_settings(cls) -> CrmGateway:
+        return cls(settings.SANDBOX_URL)
+
+    def update(
+        self, *, customer_email: str, reference: str, note: str, key: str, workflow_id: str
+    ) -> str:
+        """Record a note on the customer; returns the CRM's update id."""
+        data = self._http.call(
+            "POST",
+            "/updates",
+            key=key,
+            body={
+                "customer_email": customer_email,
+                "reference": reference,
+                "workflow_id": workflow_id,
+                "note": note,
+            },
+        )
+        return data["update_id"]
+
+
+# --- email ----------------------------------------------------------------------------------
+MESSAGE_ID_DOMAIN = "agentflow.refunds"
+
+
+def message_id_for(key: str) -> str:
+    """The same key always yields the same Message-ID, so receivers can drop a resend."""
+    return f"<{key}@{MESSAGE_ID_DOMAIN}>"
+
+
+class Mailer:
+    """Django's email with a deterministic Message-ID. SMTP has no idempotency: a crash after
+    the server accepted the message resends it, under the same Message-ID."""
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        timeout_seconds: float,
+        from_email: str,
+        backend: str = "django.core.mail.backends.smtp.EmailBackend",
+    ) -> None:
+        self.host, self.port, self.timeout_seconds = host, port, timeout_seconds
+        self.from_email = from_email
+        self.backend = backend
+
+    @classmethod
+    def from_settings(cls) -> Mailer:
+        return cls(
+            host=settings.EMAIL_HOST,
+            port=settings.EMAIL_PORT,
+            timeout_seconds=settings.EMAIL_TIMEOUT,
+            from_email=settings.DEFAULT_FROM_EMAIL,
+            backend=settings.EMAIL_BACKEND,
+        )
+
+    def send(self, *, to: str, subject: str, body: str, key: str, workflow_id: str) -> str:
+        """Send one plain-text message; returns its Message-ID."""
+        message_id = message_id_for(key)
+        connection = get_connection(
+            self.backend, host=self.host, port=self.port, timeout=self.timeout_seconds
+        )
+        message = EmailMessage(
+            subject=subject,
+            body=body,
+            from_email=self.from_email,
+            to=[to],
+            headers={"Message-ID": message_id, "X-Agentflow-Workflow": workflow_id},
+            connection=connection,
+        )
+        try:
+            message.send(fail_silently=False)
+        except smtplib.SMTPRecipientsRefused as exc:
+            raise PermanentStepError(f"The mail server refused the address {to}.") from exc
+        except smtplib.SMTPResponseException as exc:
+            if 500 <= exc.smtp_code < 600 and not isinstance(exc, smtplib.SMTPConnectError):
+                raise PermanentStepError(
+                    f"The mail server refused the message ({exc.smtp_code})"
+                ) from exc
+            raise RetryableStepError(f"the mail server answered {exc.smtp_code}") from exc
+        except (smtplib.SMTPException, OSError) as exc:  # refused, reset, timed out
+            raise RetryableStepError(f"could not reach the mail server: {exc!r}") from exc
+        return message_id
