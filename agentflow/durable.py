@@ -23,6 +23,7 @@ from agentflow.context import StepContext, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,
     InvalidInputError,
+    OutcomeUnknown,
     PermanentStepError,
     RetryableStepError,
     UnknownWorkflowError,
@@ -36,6 +37,7 @@ __all__ = [
     "END",
     "AgentflowError",
     "InvalidInputError",
+    "OutcomeUnknown",
     "PermanentStepError",
     "RetryPolicy",
     "RetryableStepError",

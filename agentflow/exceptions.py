@@ -29,6 +29,10 @@ class PermanentStepError(AgentflowError):
     """A failure that retrying cannot fix: the run fails (and compensates)."""
 
 
+class OutcomeUnknown(AgentflowError):
+    """A reconcile could not tell whether the effect happened."""
+
+
 class UnknownWorkflowError(AgentflowError):
     def __init__(self, name: str, known: list[str] | None = None) -> None:
         hint = f" (known: {', '.join(sorted(known))})" if known else ""

@@ -26,7 +26,7 @@ class StepDef:
     fn: StepFn
     retry: RetryPolicy = DEFAULT_RETRY
     #: Asks the partner whether the effect already happened (SPEC §3.3a): returns the output
-    #: to adopt, or None when it certainly did not happen.
+    #: to adopt, None when it certainly did not happen, or raises OutcomeUnknown.
     reconcile: StepFn | None = None
     #: Name of the compensation step that undoes this one after a later permanent failure.
     compensate: str | None = None

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from agentflow import dispatch, faults, leases, registry, store
 from agentflow.context import StepContext
-from agentflow.exceptions import PermanentStepError, RetryableStepError
+from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableStepError
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
@@ -129,7 +129,18 @@ def _produce(step: StepDef, ctx: StepContext, claim: store.Claim) -> Any:
         timezone.now() - claim.first_started_at
     ) > timedelta(seconds=step.key_window_seconds)
     if (claim.outcome_unknown or too_old) and step.reconcile is not None:
-        found = step.reconcile(ctx)
+        try:
+            found = step.reconcile(ctx)
+        except OutcomeUnknown:
+            if too_old:
+                store.run_park(
+                    ctx.run_id,
+                    f"{step.name}: first attempt is older than the partner's idempotency window "
+                    f"({step.key_window_seconds:.0f} s) and the partner could not say whether it "
+                    "happened; retrying blindly could repeat the effect",
+                )
+                raise _Parked from None
+            found = None  # inside the window the idempotency key still protects the retry
         if found is not None:
             output = to_json(found, f"reconcile of {step.name}")
             store.event_add(

@@ -7,6 +7,7 @@ production shape (Postgres through psycopg 3, Redis broker, no result backend).
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -152,7 +153,10 @@ AGENTFLOW_HOSTNAME = env_str("AGENTFLOW_HOSTNAME", socket.gethostname())
 SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8765")
 SANDBOX_SMTP_PORT = env_int("SANDBOX_SMTP_PORT", (urlsplit(SANDBOX_URL).port or 8765) + 1)
 STRIPE_API_KEY = env_str("STRIPE_API_KEY", "sk_test_agentflow_sandbox")
-STRIPE_API_BASE = env_str("STRIPE_API_BASE", SANDBOX_URL)
+# Set (even empty) wins; unset with a real key means real Stripe (test mode); else the sandbox.
+STRIPE_API_BASE = os.environ.get(
+    "STRIPE_API_BASE", "" if os.environ.get("STRIPE_API_KEY") else SANDBOX_URL
+)
 REFUNDS_SUBMIT_LIMIT = env_int("REFUNDS_SUBMIT_LIMIT", 5)
 
 EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
