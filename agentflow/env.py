@@ -28,6 +28,19 @@ def env_int(key: str, default: int, *, minimum: int = 0) -> int:
     return value
 
 
+def env_float(key: str, default: float) -> float:
+    raw = os.environ.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{key} must be a number, got {raw!r}") from None
+    if value < 0:
+        raise ImproperlyConfigured(f"{key} must not be negative, got {value}")
+    return value
+
+
 def env_bool(key: str, default: bool) -> bool:
     raw = os.environ.get(key)
     if raw is None:

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import dj_database_url
 
-from agentflow.env import env_bool, env_int, env_list, env_str
+from agentflow.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("AGENTFLOW_VAR_DIR", str(BASE_DIR / "var")))
@@ -158,6 +158,8 @@ STRIPE_API_BASE = os.environ.get(
     "STRIPE_API_BASE", "" if os.environ.get("STRIPE_API_KEY") else SANDBOX_URL
 )
 REFUNDS_SUBMIT_LIMIT = env_int("REFUNDS_SUBMIT_LIMIT", 5)
+REFUNDS_PARTNER_MAX_ATTEMPTS = env_int("REFUNDS_PARTNER_MAX_ATTEMPTS", 8, minimum=1)
+REFUNDS_PARTNER_RETRY_BASE_SECONDS = env_float("REFUNDS_PARTNER_RETRY_BASE_SECONDS", 1.0)
 
 EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
 EMAIL_HOST = env_str("EMAIL_HOST", urlsplit(SANDBOX_URL).hostname or "127.0.0.1")

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from agentflow import durable
 from refunds import steps
 
 #: Stripe keeps idempotency keys for at least 24 hours; older retries reconcile first.
 STRIPE_KEY_WINDOW_SECONDS = 24 * 3600
-#: Partner calls retry fast and briefly: 5 attempts within about 2-4 s, all under one key. A
-#: partner still failing then is treated as down: the run fails, refunds any fee and tells the
-#: customer, rather than holding their money while we wait.
-PARTNER_RETRY = durable.RetryPolicy(max_attempts=5, base_seconds=0.25, max_seconds=30)
+#: Partner calls back off under one key (equal jitter, doubling from the base). With the
+#: defaults, 8 attempts span about two minutes: a short partner outage is ridden out, a long
+#: one fails the run, which refunds any fee and tells the customer rather than holding their
+#: money. Tests shrink the base to keep storms quick.
+PARTNER_RETRY = durable.RetryPolicy(
+    max_attempts=settings.REFUNDS_PARTNER_MAX_ATTEMPTS,
+    base_seconds=settings.REFUNDS_PARTNER_RETRY_BASE_SECONDS,
+    max_seconds=60,
+)
 #: Undoing gives up much later (about a minute): if it fails, an operator must step in.
 COMPENSATION_RETRY = durable.RetryPolicy(max_attempts=8, base_seconds=0.5, max_seconds=60)
 

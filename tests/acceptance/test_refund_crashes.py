@@ -60,6 +60,9 @@ def worker(clean_sandbox: SandboxProcess, transactional_db: None) -> Iterator[Wo
         "EMAIL_HOST": "127.0.0.1",
         "EMAIL_PORT": str(clean_sandbox.smtp_port),
         "REFUNDS_SUBMIT_LIMIT": "0",
+        # Five quick attempts: a partner storm exhausts the budget in seconds, not minutes.
+        "REFUNDS_PARTNER_MAX_ATTEMPTS": "5",
+        "REFUNDS_PARTNER_RETRY_BASE_SECONDS": "0.25",
     }
     process = WorkerProcess(concurrency=2, env=env, beat=True)
     try:
