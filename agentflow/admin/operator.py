@@ -1,0 +1,129 @@
+"""Retry and Cancel for operators: ask for a reason, call the store, report each run's outcome.
+
+The store decides what is safe (`store.ActionRefused`) and records the event with the actor and
+reason (I6); this module only turns its answers into messages, never into a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin import helpers
+from django.contrib.admin.options import ModelAdmin
+from django.db import DatabaseError
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+
+from agentflow import store
+from agentflow.admin.display import badge
+from agentflow.forms import ReasonForm
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+
+logger = logging.getLogger(__name__)
+
+#: One action touches at most this many runs: each is its own transaction and message line.
+MAX_RUNS_PER_ACTION = 500
+#: Refusals reported one by one before the rest are summed up in one line.
+MAX_REFUSAL_MESSAGES = 20
+CONFIRMATION_TEMPLATE = "admin/agentflow/workflowrun/action_confirmation.html"
+#: What the confirmation page and the messages say about each run.
+RUN_SUMMARY = ("pk", "workflow", "version", "status", "current_step", "current_seq")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verb:
+    name: str
+    label: str
+    done: str
+    #: Statuses for which the detail page offers the button (the store still decides).
+    offered_for: tuple[str, ...]
+    explanation: str
+    #: The store function: (run_id, *, actor, reason), raising `store.ActionRefused`.
+    act: Callable[..., None]
+
+
+RETRY = Verb(
+    name="retry",
+    label="Retry",
+    done="retried",
+    offered_for=(RunStatus.FAILED, RunStatus.NEEDS_ATTENTION),
+    explanation=(
+        "Retry resumes each run at the step where it stopped, with a fresh retry budget and "
+        "the same idempotency key, so a partner that already acted replays its first answer "
+        "instead of acting twice. Only failed or parked runs can be retried, and never one "
+        "whose effects were already undone by compensation."
+    ),
+    act=store.run_retry,
+)
+CANCEL = Verb(
+    name="cancel",
+    label="Cancel",
+    done="cancelled",
+    offered_for=(*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION),
+    explanation=(
+        "Cancel stops each unfinished run for good. Effects already made stay made: nothing "
+        "is refunded or undone, so check the partners first if money moved."
+    ),
+    act=store.run_cancel,
+)
+VERBS = {verb.name: verb for verb in (RETRY, CANCEL)}
+
+
+def perform(request: HttpRequest, verb: Verb, runs: list[dict[str, Any]], reason: str) -> None:
+    """Apply `verb` to each run in its own transaction and say how each one went."""
+    actor = request.user.get_username()
+    done: list[dict[str, Any]] = []
+    refused: list[tuple[str, str]] = []
+    for run in runs:
+        try:
+            verb.act(run["pk"], actor=actor, reason=reason)
+        except store.ActionRefused as exc:
+            refused.append((run["pk"], str(exc)))
+        except DatabaseError:
+            logger.exception("operator %s of %s failed", verb.name, run["pk"])
+            refused.append((run["pk"], "the database did not accept the change; try again"))
+        else:
+            done.append(run)
+    if len(done) == 1:
+        run = done[0]
+        resumes = f" It resumes at step #{run['current_seq']} {run['current_step']}."
+        messages.success(request, f"Run {run['pk']} {verb.done}.{resumes if verb is RETRY else ''}")
+    elif done:
+        messages.success(request, f"{len(done)} runs {verb.done}.")
+    for run_id, why in refused[:MAX_REFUSAL_MESSAGES]:
+        messages.warning(request, f"Run {run_id} was not {verb.done}: {why}.")
+    if len(refused) > MAX_REFUSAL_MESSAGES:
+        rest = len(refused) - MAX_REFUSAL_MESSAGES
+        messages.warning(request, f"… and {rest} more runs were not {verb.done}.")
+
+
+def confirmation(
+    model_admin: ModelAdmin[Any],
+    request: HttpRequest,
+    verb: Verb,
+    runs: list[dict[str, Any]],
+    form: ReasonForm,
+    *,
+    from_list: bool,
+) -> TemplateResponse:
+    """The page that asks for the reason before anything happens."""
+    labels = dict(RunStatus.choices)
+    count = len(runs)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"{verb.label} {count} workflow runs?" if count > 1 else f"{verb.label} this run?",
+        "subtitle": None,
+        "opts": model_admin.opts,
+        "verb": verb,
+        "runs": [{**run, "badge": badge(run["status"], labels[run["status"]])} for run in runs],
+        "form": form,
+        "from_list": from_list,
+        "action_name": f"{verb.name}_runs",
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "media": model_admin.media,
+    }
+    return TemplateResponse(request, CONFIRMATION_TEMPLATE, context)

@@ -1,0 +1,264 @@
+"""The workflow run admin: a read-only list and detail page, plus Retry and Cancel.
+
+Engine rows are never edited here (procrastinate's and django-celery-results' shape): the
+only writes are the operator actions in `agentflow.admin.operator`, which go through the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+
+from agentflow.admin import operator
+from agentflow.admin.counting import EstimatingPaginator, bounded_count, dashboard
+from agentflow.admin.dates import date_hierarchy
+from agentflow.admin.display import ago, badge, pretty, wake_up, when
+from agentflow.admin.filters import WakeFilter, WorkflowFilter
+from agentflow.admin.inlines import EventInline, StepInline
+from agentflow.forms import ReasonForm
+from agentflow.models import StepCheckpoint, WorkflowRun
+
+RUN_FIELDS = (
+    "id", "definition", "status_badge", "current", "current_attempts", "business_key",
+    "wake_up", "created", "updated",
+)  # fmt: skip
+PAYLOAD_FIELDS = ("error_block", "output_block", "input_block", "compensations_block")
+
+
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(admin.ModelAdmin):
+    list_display = (
+        "id", "definition", "status_badge", "current", "current_attempts", "created",
+        "updated", "wake_up",
+    )  # fmt: skip
+    list_display_links = ("id",)
+    list_filter = ("status", WorkflowFilter, WakeFilter)
+    #: Only orderings an index serves; sorting a million rows by status is never worth it.
+    sortable_by = ("created",)
+    search_fields = ("=id", "=business_key")
+    search_help_text = "A run id (wf_…, or its beginning) or a business key, exactly."
+    date_hierarchy = "created_at"
+    paginator = EstimatingPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # facet counts are a GROUP BY over every row
+    list_per_page = 100
+    actions = ("retry_runs", "cancel_runs")
+    inlines = (StepInline, EventInline)
+    fieldsets = (
+        (None, {"fields": RUN_FIELDS}),
+        ("Outcome and input", {"fields": PAYLOAD_FIELDS}),
+    )
+    readonly_fields = RUN_FIELDS + PAYLOAD_FIELDS
+
+    # --- read-only: nothing here edits an engine row -----------------------------------------
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_operate_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Retry and Cancel belong to whoever holds the model's change permission."""
+        return request.user.has_perm("agentflow.change_workflowrun")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
+        # The current step's attempts, through the (run, seq) unique index: one probe per row
+        # of the page, inside the same query.
+        attempts = StepCheckpoint.objects.filter(
+            run=OuterRef("pk"), seq=OuterRef("current_seq")
+        ).order_by()
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(current_step_attempts=Subquery(attempts.values("attempts")[:1]))
+        )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[WorkflowRun], search_term: str
+    ) -> tuple[QuerySet[WorkflowRun], bool]:
+        """Exact matches only, each served by an index (id prefix uses its pattern index)."""
+        term = search_term.replace("\x00", "").strip()
+        if not term:
+            return queryset, False
+        match = Q(pk=term) | Q(business_key=term)
+        if term.startswith("wf_") and len(term) >= 6:
+            match |= Q(pk__startswith=term)
+        return queryset.filter(match), False
+
+    # --- columns and fields ------------------------------------------------------------------
+    @admin.display(description="workflow")
+    def definition(self, run: WorkflowRun) -> str:
+        return f"{run.workflow} v{run.version}"
+
+    @admin.display(description="status")
+    def status_badge(self, run: WorkflowRun) -> str:
+        return badge(run.status, run.get_status_display())
+
+    @admin.display(description="current step")
+    def current(self, run: WorkflowRun) -> str:
+        return f"#{run.current_seq} {run.current_step}" if run.current_step else "—"
+
+    @admin.display(description="attempts")
+    def current_attempts(self, run: WorkflowRun) -> Any:
+        attempts = getattr(run, "current_step_attempts", None)
+        return "—" if attempts is None else attempts
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run: WorkflowRun) -> str:
+        return when(run.created_at)
+
+    @admin.display(description="updated")
+    def updated(self, run: WorkflowRun) -> str:
+        return ago(run.updated_at, timezone.now())
+
+    @admin.display(description="wake-up")
+    def wake_up(self, run: WorkflowRun) -> str:
+        return wake_up(run, timezone.now())
+
+    @admin.display(description="error")
+    def error_block(self, run: WorkflowRun) -> str:
+        return pretty(run.error, text=True)
+
+    @admin.display(description="output")
+    def output_block(self, run: WorkflowRun) -> str:
+        return pretty(run.output)
+
+    @admin.display(description="input")
+    def input_block(self, run: WorkflowRun) -> str:
+        return pretty(run.input)
+
+    @admin.display(description="compensations still to run")
+    def compensations_block(self, run: WorkflowRun) -> str:
+        return pretty(run.compensations)
+
+    # --- pages ------------------------------------------------------------------------------
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if _has_nul(request):  # Postgres rejects NUL in text: refuse here, not with a 500
+            messages.warning(request, "Ignored a malformed request.")
+            return HttpResponseRedirect(self._changelist_url())
+        extra_context = {"title": "Workflow runs", **(extra_context or {})}
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None)
+        if isinstance(response, TemplateResponse) and context and "cl" in context:
+            context["af_dashboard"] = dashboard(timezone.now())
+            context["af_dates"] = date_hierarchy(context["cl"])
+        return response
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> WorkflowRun | None:
+        if "\x00" in object_id:  # not a run id, and Postgres would reject it with an error
+            return None
+        return super().get_object(request, object_id, from_field)
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> HttpResponse:
+        if request.method == "POST":  # there is nothing to save: say so instead of a 403
+            messages.warning(request, "Workflow runs are read-only here; use Retry or Cancel.")
+            return HttpResponseRedirect(request.path if object_id else self._changelist_url())
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: WorkflowRun | None = None,
+    ) -> HttpResponse:
+        if obj is not None and self.has_operate_permission(request):
+            context["af_verbs"] = [
+                v for v in operator.VERBS.values() if obj.status in v.offered_for
+            ]
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def get_urls(self) -> list[Any]:
+        app, model = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        own = [
+            path(
+                f"<path:object_id>/{verb}/",
+                wrap(self.run_action_view),
+                {"verb": verb},
+                name=f"{app}_{model}_{verb}",
+            )
+            for verb in operator.VERBS
+        ]
+        return own + super().get_urls()
+
+    # --- operator actions --------------------------------------------------------------------
+    @admin.action(description="Retry selected runs…", permissions=["operate"])
+    def retry_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> Any:
+        return self._list_action(request, queryset, operator.RETRY)
+
+    @admin.action(description="Cancel selected runs…", permissions=["operate"])
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> Any:
+        return self._list_action(request, queryset, operator.CANCEL)
+
+    def _list_action(
+        self, request: HttpRequest, queryset: QuerySet[WorkflowRun], verb: operator.Verb
+    ) -> TemplateResponse | None:
+        """First POST (from the list): show the confirmation. Second (`post=yes`): act."""
+        limit = operator.MAX_RUNS_PER_ACTION
+        if bounded_count(queryset, limit) > limit:
+            messages.error(
+                request, f"Select at most {limit} runs at a time; filter the list first."
+            )
+            return None
+        runs = list(queryset.order_by("-created_at").values(*operator.RUN_SUMMARY))
+        if not runs:
+            messages.warning(request, "None of the selected runs exists any more.")
+            return None
+        form = ReasonForm(request.POST if request.POST.get("post") == "yes" else None)
+        if form.is_valid():
+            operator.perform(request, verb, runs, form.cleaned_data["reason"])
+            return None  # Django redirects back to the list, filters kept
+        return operator.confirmation(self, request, verb, runs, form, from_list=True)
+
+    def run_action_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
+        """The detail page's Retry / Cancel buttons: confirm with a reason, act, go back."""
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        chosen = operator.VERBS[verb]
+        run_id = unquote(object_id).replace("\x00", "")  # Postgres text cannot hold NUL
+        run = WorkflowRun.objects.filter(pk=run_id).values(*operator.RUN_SUMMARY).first()
+        if run is None or run_id != unquote(object_id):
+            messages.warning(request, f"There is no workflow run “{run_id}” to {verb}.")
+            return HttpResponseRedirect(self._changelist_url())
+        form = ReasonForm(request.POST if request.method == "POST" else None)
+        if form.is_valid():
+            operator.perform(request, chosen, [run], form.cleaned_data["reason"])
+            return HttpResponseRedirect(
+                reverse("admin:agentflow_workflowrun_change", args=(quote(run_id),))
+            )
+        return operator.confirmation(self, request, chosen, [run], form, from_list=False)
+
+    def _changelist_url(self) -> str:
+        return reverse("admin:agentflow_workflowrun_changelist")
+
+
+def _has_nul(request: HttpRequest) -> bool:
+    return any(
+        "\x00" in key or any("\x00" in value for value in values)
+        for data in (request.GET, request.POST)
+        for key, values in data.lists()
+    )
