@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
+from kombu import Queue
 
 from agentflow.env import env_bool, env_float, env_int, env_list, env_str
 
@@ -137,6 +138,10 @@ else:
         "unacked_restore_interval": 10,
         "unacked_restore_throttle": 1,
     }
+# The sweeper gets its own queue: behind a backlog of steps its short-lived ticks would expire
+# unseen, exactly when a broker restart or a dead worker needs it. Workers consume both.
+CELERY_TASK_QUEUES = (Queue("celery"), Queue("agentflow.sweeper"))
+CELERY_TASK_ROUTES = {"agentflow.sweep": {"queue": "agentflow.sweeper"}}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- Engine -----------------------------------------------------------------------------------

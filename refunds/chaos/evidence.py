@@ -1,0 +1,166 @@
+"""What a chaos run left behind, read back: the runs and checkpoints, and the partners' ledger.
+
+Partner effects are counted at the sandbox (SPEC §3.5 I1: "counted at the partner, not by us");
+the database says what the engine believes. The invariants compare the two.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+
+#: Ledger lists, and the refund step whose idempotency key each effect carries.
+EFFECT_STEPS = {
+    "payments": "charge_customer",
+    "refunds": "refund_fee",
+    "seat_cancellations": "cancel_seat",
+    "boarding_passes": "issue_boarding_pass",
+    "crm_updates": "update_crm",
+    "emails": "send_confirmation_email",
+}
+#: What a completed refund must have made, exactly once each (`refunds`: none at all).
+ONE_PER_REFUND = ("payments", "seat_cancellations", "boarding_passes", "crm_updates", "emails")
+_MESSAGE_ID_KEY = re.compile(r"^<?(?P<key>[^@<>]+)@")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    run_id: str
+    seq: int
+    name: str
+    kind: str
+    status: str
+    attempts: int
+    idempotency_key: str
+    lease_expires_at: datetime | None
+    first_started_at: datetime
+    started_at: datetime
+    finished_at: datetime | None
+
+    def times(self) -> list[datetime]:
+        return [t for t in (self.first_started_at, self.started_at, self.finished_at) if t]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Effect:
+    kind: str
+    key: str
+    workflow_id: str
+    created: float
+    deliveries: int = 1
+
+
+@dataclass(kw_only=True)
+class Evidence:
+    runs: dict[str, WorkflowRun]
+    checkpoints: dict[tuple[str, int], Checkpoint]
+    by_key: dict[str, Checkpoint]
+    effects: list[Effect]
+    ledger: dict[str, Any]
+    events: Counter[str]
+    #: When the sweeper re-enqueued each run (epoch seconds, in order).
+    requeues: dict[str, list[float]]
+
+    def effects_of(self, kind: str) -> list[Effect]:
+        return [e for e in self.effects if e.kind == kind]
+
+    def per_refund(self, kind: str) -> dict[str, int]:
+        """Effects of `kind` per run of ours (emails: distinct Message-IDs), zeros included."""
+        counts = Counter(e.workflow_id for e in self.effects_of(kind))
+        return {run_id: counts.get(run_id, 0) for run_id in self.runs}
+
+
+def gather(workflow_ids: list[str], ledger: dict[str, Any]) -> Evidence:
+    runs = {run.id: run for run in WorkflowRun.objects.filter(id__in=workflow_ids)}
+    checkpoints = {}
+    for row in StepCheckpoint.objects.filter(run_id__in=workflow_ids).values(
+        "run_id", "seq", "name", "kind", "status", "attempts", "idempotency_key",
+        "lease_expires_at", "first_started_at", "started_at", "finished_at",
+    ):  # fmt: skip
+        cp = Checkpoint(**row)
+        checkpoints[(cp.run_id, cp.seq)] = cp
+    events: Counter[str] = Counter()
+    requeues: defaultdict[str, list[float]] = defaultdict(list)
+    for run_id, kind, at in (
+        RunEvent.objects.filter(run_id__in=workflow_ids)
+        .order_by("at")
+        .values_list("run_id", "kind", "at")
+    ):
+        events[kind] += 1
+        if kind == RunEvent.Kind.SWEEP_REQUEUE:
+            requeues[run_id].append(at.timestamp())
+    return Evidence(
+        runs=runs,
+        checkpoints=checkpoints,
+        by_key={cp.idempotency_key: cp for cp in checkpoints.values()},
+        effects=_effects(ledger),
+        ledger=ledger,
+        events=events,
+        requeues=dict(requeues),
+    )
+
+
+def _effects(ledger: dict[str, Any]) -> list[Effect]:
+    found = []
+    for kind in EFFECT_STEPS:
+        for entry in ledger.get(kind, []):
+            key = str(entry.get("idempotency_key") or "")
+            if kind == "emails":
+                match = _MESSAGE_ID_KEY.match(str(entry.get("message_id") or key))
+                key = match.group("key") if match else key
+            found.append(
+                Effect(
+                    kind=kind,
+                    key=key,
+                    workflow_id=str(entry.get("workflow_id") or ""),
+                    created=float(entry.get("created") or 0.0),
+                    deliveries=int(entry.get("deliveries") or 1),
+                )
+            )
+    return found
+
+
+def histogram(counts: dict[str, int]) -> dict[str, Any]:
+    """min, max and how many refunds had each count (keys are the counts, as strings)."""
+    values = list(counts.values())
+    spread = Counter(values)
+    return {
+        "min": min(values, default=0),
+        "max": max(values, default=0),
+        "histogram": {str(n): spread[n] for n in sorted(spread)},
+    }
+
+
+def duplicates(evidence: Evidence) -> dict[str, dict[str, int]]:
+    """Per ledger list: idempotency keys with more than one effect, and refunds with more than
+    one (for `refunds`, a refund of the fee more than once)."""
+    result = {}
+    for kind in EFFECT_STEPS:
+        effects = evidence.effects_of(kind)
+        keys = Counter(e.key for e in effects)
+        refunds = Counter(e.workflow_id for e in effects)
+        result[kind] = {
+            "keys": sum(1 for n in keys.values() if n > 1),
+            "refunds": sum(1 for n in refunds.values() if n > 1),
+        }
+    return result
+
+
+def attempts(evidence: Evidence) -> dict[str, Any]:
+    """Checkpoints that took more than one attempt, by step (retries and recoveries)."""
+    retried = Counter(cp.name for cp in evidence.checkpoints.values() if cp.attempts > 1)
+    per_step: defaultdict[str, int] = defaultdict(int)
+    for cp in evidence.checkpoints.values():
+        per_step[cp.name] += cp.attempts
+    return {
+        "checkpoints": len(evidence.checkpoints),
+        "with_attempts_over_1": sum(retried.values()),
+        "by_step": dict(sorted(retried.items())),
+        "max": max((cp.attempts for cp in evidence.checkpoints.values()), default=0),
+        "attempts_by_step": dict(sorted(per_step.items())),
+    }

@@ -1,0 +1,124 @@
+"""SPEC §3.5's invariants, checked after a chaos run against the partners' ledger and our rows.
+
+Each check returns the list of violations it found (empty: the invariant held). What a check
+can and cannot see from outside the workers is said in `NOTES`, which the report prints.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+
+from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepStatus
+from refunds.chaos.evidence import EFFECT_STEPS, ONE_PER_REFUND, Evidence
+
+#: Endpoints whose client makes exactly one request per step attempt (plain HTTP, no client
+#: retries), so partner-side requests can be held to recorded attempts. Stripe is left out:
+#: the stripe library retries on its own under the same key.
+ONE_REQUEST_PER_ATTEMPT = {
+    "airline.cancel_seat": "cancel_seat",
+    "airline.boarding_pass": "issue_boarding_pass",
+    "crm.update": "update_crm",
+}
+
+NOTES = {
+    "I1": "at the sandbox: no idempotency key with more than one effect in any ledger list; "
+    "each COMPLETED refund has exactly one payment, seat cancellation, boarding pass, CRM "
+    "update and e-mail Message-ID and no fee refund; any other run at most one of each",
+    "I2": "every run reached COMPLETED, FAILED or CANCELLED before the deadline",
+    "I3": "executions are not visible from outside the workers; checked instead: every "
+    "COMPLETED effect step has exactly one partner effect under its key, and partner requests "
+    "never outnumber recorded attempts (airline and CRM totals per endpoint; e-mail deliveries "
+    "per Message-ID), so no request came from a re-run that skipped the claim",
+    "I4": "every partner effect carries the key of one of our effect checkpoints, whose first "
+    "claim was committed no later than the partner recorded the effect",
+    "I5": "not checked here (fencing has its own crash tests)",
+    "I6": "not checked here; sweeper re-enqueues and reconciles are counted under 'events'",
+    "I7": "every run not finished has a live lease, a wake-up time, or is NEEDS_ATTENTION",
+}
+
+
+def check_all(evidence: Evidence, now: datetime) -> dict[str, list[str]]:
+    return {
+        "I1": i1_one_effect(evidence),
+        "I2": i2_terminal(evidence),
+        "I3": i3_no_rerun(evidence),
+        "I4": i4_claim_before_effect(evidence),
+        "I7": i7_owned(evidence, now),
+    }
+
+
+def i1_one_effect(evidence: Evidence) -> list[str]:
+    problems = []
+    for kind in EFFECT_STEPS:
+        keys = Counter(e.key for e in evidence.effects_of(kind))
+        problems += [f"{kind}: {n} effects under key {key}" for key, n in keys.items() if n > 1]
+        strangers = [e.key for e in evidence.effects_of(kind) if e.workflow_id not in evidence.runs]
+        problems += [f"{kind}: effect {key} names no run of this chaos run" for key in strangers]
+    for kind in (*ONE_PER_REFUND, "refunds"):
+        for run_id, n in evidence.per_refund(kind).items():
+            completed = evidence.runs[run_id].status == RunStatus.COMPLETED
+            expected = (0 if kind == "refunds" else 1) if completed else None
+            if (expected is not None and n != expected) or n > 1:
+                problems.append(f"{run_id} ({evidence.runs[run_id].status}): {n} {kind}")
+    return problems
+
+
+def i2_terminal(evidence: Evidence) -> list[str]:
+    return [
+        f"{run.id} is {run.status} at step {run.current_seq} {run.current_step}"
+        for run in evidence.runs.values()
+        if run.status not in TERMINAL_RUN_STATUSES
+    ]
+
+
+def i3_no_rerun(evidence: Evidence) -> list[str]:
+    problems = []
+    keys = Counter((e.kind, e.key) for e in evidence.effects)
+    for cp in evidence.checkpoints.values():
+        kind = next((k for k, step in EFFECT_STEPS.items() if step == cp.name), None)
+        made = keys[(kind, cp.idempotency_key)] if kind else 0
+        if kind and cp.status == StepStatus.COMPLETED and made != 1:
+            problems.append(f"{cp.idempotency_key} {cp.name} COMPLETED with {made} {kind}")
+    requests = evidence.ledger.get("requests", {})
+    for endpoint, step in ONE_REQUEST_PER_ATTEMPT.items():
+        tried = sum(cp.attempts for cp in evidence.checkpoints.values() if cp.name == step)
+        if requests.get(endpoint, 0) > tried:
+            problems.append(f"{endpoint}: {requests[endpoint]} requests, {tried} attempts")
+    for effect in evidence.effects_of("emails"):
+        sender = evidence.by_key.get(effect.key)
+        if sender is not None and effect.deliveries > sender.attempts:
+            problems.append(
+                f"{effect.key}: {effect.deliveries} deliveries, {sender.attempts} attempts"
+            )
+    return problems
+
+
+def i4_claim_before_effect(evidence: Evidence) -> list[str]:
+    problems = []
+    for effect in evidence.effects:
+        cp = evidence.by_key.get(effect.key)
+        if cp is None:
+            problems.append(f"{effect.kind} {effect.key}: no checkpoint has this key")
+        elif cp.kind != "effect":
+            problems.append(f"{effect.kind} {effect.key}: made by a {cp.kind} step {cp.name}")
+        elif cp.first_started_at.timestamp() > effect.created:
+            problems.append(f"{effect.kind} {effect.key}: effect before the claim committed")
+    return problems
+
+
+def i7_owned(evidence: Evidence, now: datetime) -> list[str]:
+    problems = []
+    for run in evidence.runs.values():
+        if run.status in TERMINAL_RUN_STATUSES or run.status == RunStatus.NEEDS_ATTENTION:
+            continue
+        cp = evidence.checkpoints.get((run.id, run.current_seq))
+        leased = (
+            cp is not None
+            and cp.status == StepStatus.IN_PROGRESS
+            and cp.lease_expires_at is not None
+            and cp.lease_expires_at > now
+        )
+        if run.wake_at is None and not leased:
+            problems.append(f"{run.id} is {run.status} with no lease and no wake-up time")
+    return problems

@@ -1,0 +1,245 @@
+"""The processes a chaos run owns: a private Redis broker, the partner sandbox and Celery beat.
+
+Each is started in its own process group with its log in the run's directory, and can be killed
+with SIGKILL exactly as an OOM killer would. Workers come from `agentflow.workers`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import redis
+from django.conf import settings
+
+from agentflow.celery import app
+
+
+class ProcessError(RuntimeError):
+    """A process the chaos run needs did not start."""
+
+
+def free_port(*, pair: bool = False) -> int:
+    """A free TCP port on 127.0.0.1; with `pair`, one whose successor is free too (HTTP + SMTP)."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if not pair or _is_free(port + 1):
+            return port
+    raise ProcessError("no free port pair found")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _wait(ready: Callable[[], bool], *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise ProcessError(f"{what} not ready in {timeout} s")
+        time.sleep(0.05)
+
+
+def _spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            args,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: Ctrl-C in the terminal is ours
+            cwd=settings.BASE_DIR,
+        )
+
+
+def _kill_group(proc: subprocess.Popen | None) -> None:
+    if proc is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+class RedisBroker:
+    """A private `redis-server` that keeps nothing across a restart (`--save ''`, no AOF)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def start(self) -> RedisBroker:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise ProcessError("redis-server is not installed (it is the chaos run's broker)")
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no"]  # fmt: skip
+        self.proc = _spawn(args, self.workdir / "redis.log")
+        _wait(self._pong, timeout=15, what=f"redis-server on port {self.port}")
+        return self
+
+    def _pong(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ProcessError(f"redis-server exited: see {self.workdir / 'redis.log'}")
+        try:
+            return bool(self.client().ping())
+        except redis.ConnectionError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: nothing is saved, whatever was queued or unacknowledged is gone."""
+        _kill_group(self.proc)
+        self.proc = None
+
+    def restart(self) -> None:
+        """Kill and start again on the same port, empty."""
+        self.kill()
+        self.start()
+
+    def queued_steps(self) -> list[tuple[str, int]]:
+        """(run id, seq) of every step message in the queue or held unacknowledged by a worker:
+        exactly what a restart loses."""
+        client = self.client()
+        raw = list(client.lrange("celery", 0, -1))
+        raw += [json.loads(v)[0] for v in client.hvals("unacked")]  # kombu: [message, ex, rk]
+        found = []
+        for item in raw:
+            message = json.loads(item) if isinstance(item, bytes | str) else item
+            args = _step_args(message)
+            if args is not None:
+                found.append(args)
+        return found
+
+
+def _step_args(message: dict[str, Any]) -> tuple[str, int] | None:
+    headers = message.get("headers") or {}
+    if headers.get("task") != "agentflow.run_step":
+        return None
+    try:
+        body = json.loads(base64.b64decode(message["body"]))
+        run_id, seq = body[0][:2]
+        return str(run_id), int(seq)
+    except (KeyError, ValueError, TypeError, IndexError):
+        return None
+
+
+class Sandbox:
+    """`manage.py sandbox` on free ports with a fresh state file, plus its control API."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port(pair=True)
+        self.smtp_port = self.port + 1
+        self.state = workdir / "sandbox.sqlite3"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, env: dict[str, str]) -> Sandbox:
+        args = [sys.executable, "manage.py", "sandbox", "--port", str(self.port),
+                "--smtp-port", str(self.smtp_port), "--state", str(self.state)]  # fmt: skip
+        self.proc = _spawn(args, self.workdir / "sandbox.log", env)
+        _wait(self._healthy, timeout=30, what=f"sandbox on port {self.port}")
+        return self
+
+    def _healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ProcessError(f"sandbox exited: see {self.workdir / 'sandbox.log'}")
+        try:
+            return self.call("GET", "/_sandbox/health").get("status") == "ok"
+        except (OSError, ValueError):
+            return False
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"{self.url}{path}", data=data, method=method,
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+
+    def arm(self, faults: list[dict[str, Any]]) -> None:
+        for fault in faults:
+            try:
+                self.call("POST", "/_sandbox/faults", fault)
+            except urllib.error.HTTPError as exc:
+                raise ProcessError(f"sandbox refused fault {fault}: {exc.read()!r}") from exc
+
+    def ledger(self) -> dict[str, Any]:
+        return self.call("GET", "/_sandbox/ledger")
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
+        self.proc = None
+
+
+class Beat:
+    """One `celery beat`: the sweeper's clock, never killed, so exactly one is ever running."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.workdir, self.env = workdir, env
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Beat:
+        args = [sys.executable, "-m", "celery", "-A", "agentflow", "beat", "-l", "info",
+                "-s", str(self.workdir / "celerybeat-schedule")]  # fmt: skip
+        self.proc = _spawn(args, self.workdir / "beat.log", self.env)
+        return self
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
+        self.proc = None
+
+
+@contextlib.contextmanager
+def publishing_to(url: str) -> Iterator[None]:
+    """This process's Celery app publishes to `url` (the form starts runs) until exit."""
+    previous = app.conf.broker_url
+    _point_app_at(url)
+    try:
+        yield
+    finally:
+        _point_app_at(previous)
+
+
+def _point_app_at(url: str) -> None:
+    """Cached connection and producer pools still point at the old broker: drop them."""
+    app.conf.broker_url = url
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    amqp = app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None

@@ -1,0 +1,298 @@
+"""One chaos run (SPEC §7): start its own broker, sandbox, beat and workers, send refunds
+through the form, kill things at random moments, wait for every run to finish, and report.
+
+Everything it starts it also stops, on success, error or Ctrl-C. The rows it created stay as
+evidence unless `cleanup` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from django.conf import settings
+from django.db import connection
+from django.test.utils import override_settings
+
+from agentflow import store
+from agentflow.models import WorkflowRun
+from agentflow.states import ACTIVE_RUN_STATUSES
+from refunds.chaos import evidence as evidence_mod
+from refunds.chaos import report, traffic
+from refunds.chaos.kills import Monkey, WorkerPool
+from refunds.chaos.processes import Beat, RedisBroker, Sandbox, publishing_to
+from refunds.models import RefundRequest
+
+#: Modest partner trouble on every endpoint; `drop_rate` applies the effect and then hangs up,
+#: the "charged, but the answer never came back" case. Retries must converge through all of it.
+FAULTS: list[dict[str, Any]] = [
+    {"endpoint": "payment_intents.create", "latency_ms": 150, "error_rate": 0.1, "drop_rate": 0.15},
+    {"endpoint": "payment_intents.search", "latency_ms": 50, "error_rate": 0.1},
+    {"endpoint": "refunds.create", "latency_ms": 50, "error_rate": 0.1},
+    {"endpoint": "airline.booking", "latency_ms": 50, "error_rate": 0.1, "error_status": 503},
+    {"endpoint": "airline.cancel_seat", "latency_ms": 200, "error_rate": 0.05, "drop_rate": 0.1},
+    {"endpoint": "airline.boarding_pass", "latency_ms": 150, "error_rate": 0.05, "drop_rate": 0.1},
+    {"endpoint": "crm.update", "latency_ms": 100, "error_rate": 0.1, "error_status": 429,
+     "drop_rate": 0.1},
+    {"endpoint": "smtp", "latency_ms": 50, "error_rate": 0.05, "drop_rate": 0.05},
+]  # fmt: skip
+POLL_SECONDS = 0.25
+PROGRESS_SECONDS = 5.0
+
+
+class ChaosError(Exception):
+    """The chaos run cannot run here."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChaosConfig:
+    refunds: int = 100
+    seed: int | None = None
+    timeout_seconds: float = 600.0
+    workers: int = 2
+    concurrency: int = 2
+    #: Default: one per 15 refunds, at least one.
+    child_kills: int | None = None
+    worker_kills: int = 1
+    broker_restart: bool = True
+    kill_interval_seconds: float = 3.0
+    submit_per_second: float = 10.0
+    #: Default: one in ten refunds, at least one.
+    double_submits: int | None = None
+    #: Below the defaults (lease 10 s, sweep every 5 s) so a whole-worker kill heals in seconds.
+    lease_seconds: int = 5
+    sweep_interval_seconds: int = 2
+    faults: bool = True
+    cleanup: bool = False
+
+
+def database_url() -> str:
+    """This process's effective database as a URL, so workers use the same one (under pytest
+    that is the test database, not the one DATABASE_URL names)."""
+    db = connection.settings_dict
+    if db["ENGINE"] != "django.db.backends.postgresql":
+        raise ChaosError(
+            "chaos needs Postgres: several worker processes write at once, and SQLite is the "
+            "single-machine default only. Set DATABASE_URL=postgres://user@host:5432/name."
+        )
+    auth = quote(db["USER"] or "", safe="")
+    if db["PASSWORD"]:
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    port = f":{db['PORT']}" if db["PORT"] else ""
+    return f"postgres://{auth}@{db['HOST'] or 'localhost'}{port}/{quote(db['NAME'], safe='')}"
+
+
+def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Run the whole experiment and return the report (see `refunds.chaos.report`)."""
+    db_url = database_url()
+    _refuse_leftovers()
+    seed = config.seed if config.seed is not None else random.randrange(2**31)
+    workdir = Path(settings.VAR_DIR) / "chaos" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    workdir.mkdir(parents=True)
+    progress(f"chaos: seed {seed}, logs in {workdir}")
+    customers = traffic.customers(random.Random(f"{seed}-traffic"), config.refunds)
+    doubles = _double_submits(random.Random(f"{seed}-doubles"), config)
+    submissions: list[traffic.Submission] = []
+    planned = _planned_kills(config)
+    with contextlib.ExitStack() as stack:
+        # Registered first, so it runs last: unfinished runs are cancelled while nothing of
+        # ours runs any more, or a later worker on this database would resume them.
+        stack.callback(
+            _cancel_unfinished,
+            submissions,
+            "the chaos run stopped (interrupted, error or deadline)",
+        )
+        broker = RedisBroker(workdir).start()
+        stack.callback(broker.kill)
+        sandbox = Sandbox(workdir)
+        stack.callback(sandbox.kill)
+        sandbox.start({**os.environ, "AGENTFLOW_VAR_DIR": str(workdir)})
+        env = _worker_env(config, db_url, broker, sandbox, workdir)
+        pool = WorkerPool(
+            env=env, count=config.workers, concurrency=config.concurrency, log_dir=workdir
+        )
+        stack.callback(pool.kill_all)
+        beat = Beat(workdir, env)
+        stack.callback(beat.kill)
+        progress(f"chaos: starting {config.workers} workers, beat, sandbox {sandbox.url}")
+        pool.start()
+        beat.start()
+        stack.enter_context(publishing_to(broker.url))
+        stack.enter_context(_settings_for(config, sandbox))
+        if config.faults:
+            sandbox.arm(FAULTS)
+        monkey = Monkey(rng=random.Random(f"{seed}-kills"), pool=pool, broker=broker)
+        plan = monkey.plan(
+            children=planned["children"],
+            workers=planned["workers"],
+            broker_restarts=planned["broker_restarts"],
+        )
+        t0 = time.time()
+        finished = _drive(config, customers, doubles, submissions, monkey, plan, t0, progress)
+        progress("chaos: reading the sandbox ledger and the database")
+        found = evidence_mod.gather(
+            [s.workflow_id for s in submissions if s.workflow_id], sandbox.ledger()
+        )
+    result = report.build(
+        evidence=found,
+        submissions=submissions,
+        kills=monkey.kills,
+        planned_kills=planned,
+        t0=t0,
+        finished=finished,
+        seed=seed,
+        config={**asdict(config), "seed": seed, "logs": str(workdir)},
+    )
+    if config.cleanup:
+        _delete(submissions)
+    return result
+
+
+def _planned_kills(config: ChaosConfig) -> dict[str, int]:
+    children = config.child_kills
+    if children is None:
+        children = max(1, config.refunds // 15)
+    return {
+        "children": children,
+        "workers": config.worker_kills,
+        "broker_restarts": 1 if config.broker_restart else 0,
+    }
+
+
+def _refuse_leftovers() -> None:
+    """Our workers would resume any unfinished run in this database against our sandbox, and
+    the report could not tell those effects from the chaos run's own."""
+    leftovers = WorkflowRun.objects.filter(status__in=ACTIVE_RUN_STATUSES).count()
+    if leftovers:
+        raise ChaosError(
+            f"{leftovers} unfinished workflow runs are in this database (an interrupted run, or "
+            "another user of it). Chaos workers would resume them against the chaos sandbox and "
+            "mix their effects into the report: finish or cancel them (admin), or use a "
+            "database of its own."
+        )
+
+
+def _cancel_unfinished(submissions: list[traffic.Submission], why: str) -> None:
+    """Cancel (with an event saying why) every run of ours that is still active."""
+    ids = [s.workflow_id for s in submissions if s.workflow_id]
+    rows = WorkflowRun.objects.filter(id__in=ids, status__in=ACTIVE_RUN_STATUSES)
+    for run_id, status, step in rows.values_list("id", "status", "current_step"):
+        with contextlib.suppress(store.ActionRefused):
+            # The operator action the admin uses; durable.py has no cancel yet.
+            store.run_cancel(run_id, actor="chaos", reason=f"{why} while {status} at {step}")
+
+
+def _double_submits(rng: random.Random, config: ChaosConfig) -> dict[int, str]:
+    count = config.double_submits
+    if count is None:
+        count = max(1, config.refunds // 10)
+    chosen = rng.sample(range(config.refunds), min(count, config.refunds))
+    return {index: ("sequential", "concurrent")[n % 2] for n, index in enumerate(chosen)}
+
+
+def _worker_env(
+    config: ChaosConfig, db_url: str, broker: RedisBroker, sandbox: Sandbox, workdir: Path
+) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "CELERY_BROKER_URL": broker.url,
+        "REDIS_URL": broker.url,
+        "SANDBOX_URL": sandbox.url,
+        "SANDBOX_SMTP_PORT": str(sandbox.smtp_port),
+        "STRIPE_API_BASE": sandbox.url,
+        "EMAIL_HOST": "127.0.0.1",
+        "EMAIL_PORT": str(sandbox.smtp_port),
+        "REFUNDS_SUBMIT_LIMIT": "0",
+        "AGENTFLOW_VAR_DIR": str(workdir),
+        "AGENTFLOW_LEASE_SECONDS": str(config.lease_seconds),
+        "AGENTFLOW_SWEEP_INTERVAL": str(config.sweep_interval_seconds),
+        "AGENTFLOW_FAULTS": "0",
+        "AGENTFLOW_CRASH_AT": "",
+        "AGENTFLOW_WORKFLOW_MODULES": "",
+        "LOG_LEVEL": "INFO",
+    }
+
+
+def _settings_for(config: ChaosConfig, sandbox: Sandbox) -> override_settings:
+    """This process serves the form (and starts runs); the test client calls itself testserver."""
+    return override_settings(
+        ALLOWED_HOSTS=[*settings.ALLOWED_HOSTS, "testserver"],
+        REFUNDS_SUBMIT_LIMIT=0,
+        SANDBOX_URL=sandbox.url,
+        SANDBOX_SMTP_PORT=sandbox.smtp_port,
+        STRIPE_API_BASE=sandbox.url,
+        EMAIL_HOST="127.0.0.1",
+        EMAIL_PORT=sandbox.smtp_port,
+        AGENTFLOW_LEASE_SECONDS=config.lease_seconds,
+        AGENTFLOW_SWEEP_INTERVAL=config.sweep_interval_seconds,
+    )
+
+
+def _drive(
+    config: ChaosConfig,
+    customers: list[traffic.Customer],
+    doubles: dict[int, str],
+    submissions: list[traffic.Submission],
+    monkey: Monkey,
+    plan: list[str],
+    t0: float,
+    progress: Callable[[str], None],
+) -> float:
+    """Send the refunds at a steady rate (into `submissions`) and kill on schedule until every
+    run has finished (or parked), or the deadline passes. Returns when it ended."""
+    deadline = t0 + config.timeout_seconds
+    next_kill = t0 + monkey.rng.uniform(0.5, 1.5) * config.kill_interval_seconds
+    next_poll = next_report = 0.0
+    active = len(customers)
+    while True:
+        now = time.time()
+        while len(submissions) < len(customers) and now >= t0 + len(submissions) / max(
+            config.submit_per_second, 0.001
+        ):
+            index = len(submissions)
+            submissions.append(traffic.submit(customers[index], double=doubles.get(index, "")))
+            now = time.time()
+        sending = len(submissions) < len(customers)
+        if now >= next_poll:
+            active = _active([s.workflow_id for s in submissions if s.workflow_id])
+            next_poll = now + POLL_SECONDS
+        if not sending and active == 0:
+            return now
+        if now > deadline:
+            progress(f"chaos: deadline reached with {active} runs unfinished")
+            return now
+        if plan and now >= next_kill:
+            kind = plan.pop(0)
+            kill = monkey.act(kind)
+            if kill is not None:
+                progress(
+                    f"chaos: [{kill.at - t0:6.1f}s] killed {kind} {kill.pids} "
+                    f"({len(kill.leased) or len(kill.lost_messages)} steps in flight)"
+                )
+            next_kill = time.time() + monkey.rng.uniform(0.5, 1.5) * config.kill_interval_seconds
+        if now >= next_report:
+            progress(
+                f"chaos: [{now - t0:6.1f}s] sent {len(submissions)}/{len(customers)}, "
+                f"unfinished {active}, kills {len(monkey.kills)}"
+            )
+            next_report = now + PROGRESS_SECONDS
+        time.sleep(0.02 if sending else 0.1)
+
+
+def _active(workflow_ids: list[str]) -> int:
+    return WorkflowRun.objects.filter(id__in=workflow_ids, status__in=ACTIVE_RUN_STATUSES).count()
+
+
+def _delete(submissions: list[traffic.Submission]) -> None:
+    WorkflowRun.objects.filter(
+        id__in=[s.workflow_id for s in submissions if s.workflow_id]
+    ).delete()
+    RefundRequest.objects.filter(public_id__in=[s.public_id for s in submissions]).delete()

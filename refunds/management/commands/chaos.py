@@ -1,0 +1,153 @@
+"""`manage.py chaos`: N refunds under random SIGKILLs and a broker restart; one JSON report."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from refunds.chaos.run import ChaosConfig, ChaosError, run
+
+
+class Command(BaseCommand):
+    help = (
+        "Send refunds through the real form while worker children, whole workers and the broker "
+        "are SIGKILLed and partners misbehave; print one JSON report and exit non-zero if an "
+        "invariant (SPEC 3.5) broke. Needs Postgres and redis-server; starts and stops its own "
+        "broker, sandbox, beat and workers."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        d = ChaosConfig()
+        parser.add_argument("--refunds", type=int, default=d.refunds, help="how many refunds")
+        parser.add_argument("--json", action="store_true", help="print only the JSON report")
+        parser.add_argument("--seed", type=int, default=None, help="reproduce a run's choices")
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=d.timeout_seconds,
+            help="seconds to wait for every run to finish",
+        )
+        parser.add_argument("--workers", type=int, default=d.workers)
+        parser.add_argument(
+            "--concurrency", type=int, default=d.concurrency, help="prefork children per worker"
+        )
+        parser.add_argument(
+            "--child-kills",
+            type=int,
+            default=None,
+            help="SIGKILLs of single pool children (default: refunds / 15)",
+        )
+        parser.add_argument(
+            "--worker-kills",
+            type=int,
+            default=d.worker_kills,
+            help="SIGKILLs of a whole worker, each replaced by a fresh one",
+        )
+        parser.add_argument(
+            "--no-broker-restart", action="store_true", help="do not kill -9 and restart the broker"
+        )
+        parser.add_argument(
+            "--kill-interval",
+            type=float,
+            default=d.kill_interval_seconds,
+            help="mean seconds between kills",
+        )
+        parser.add_argument(
+            "--rate", type=float, default=d.submit_per_second, help="form submissions per second"
+        )
+        parser.add_argument(
+            "--double-submits",
+            type=int,
+            default=None,
+            help="forms sent twice (default: refunds / 10)",
+        )
+        parser.add_argument("--lease-seconds", type=int, default=d.lease_seconds)
+        parser.add_argument("--sweep-interval", type=int, default=d.sweep_interval_seconds)
+        parser.add_argument("--no-faults", action="store_true", help="no partner faults")
+        parser.add_argument(
+            "--cleanup",
+            action="store_true",
+            help="delete the run's refunds and workflow runs afterwards",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        config = ChaosConfig(
+            refunds=options["refunds"],
+            seed=options["seed"],
+            timeout_seconds=options["timeout"],
+            workers=options["workers"],
+            concurrency=options["concurrency"],
+            child_kills=options["child_kills"],
+            worker_kills=options["worker_kills"],
+            broker_restart=not options["no_broker_restart"],
+            kill_interval_seconds=options["kill_interval"],
+            submit_per_second=options["rate"],
+            double_submits=options["double_submits"],
+            lease_seconds=options["lease_seconds"],
+            sweep_interval_seconds=options["sweep_interval"],
+            faults=not options["no_faults"],
+            cleanup=options["cleanup"],
+        )
+        if config.refunds < 1 or config.workers < 1:
+            raise CommandError("--refunds and --workers must be at least 1")
+        quiet = options["verbosity"] == 0
+
+        def progress(line: str) -> None:
+            if not quiet:
+                self.stderr.write(line)
+
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: clean up
+        try:
+            report = run(config, progress=progress)
+        except ChaosError as exc:
+            raise CommandError(str(exc)) from exc
+        except KeyboardInterrupt:
+            self.stderr.write("chaos: interrupted; every process it started is stopped")
+            sys.exit(130)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if not options["json"]:
+            self.stdout.write(summary(report))
+        self.stdout.write(json.dumps(report, indent=2))
+        broken = [name for name, held in report["invariants"].items() if not held]
+        if broken:
+            self.stderr.write(f"chaos: invariants broken: {', '.join(broken)}")
+            for name in broken:
+                for line in report["violations"][name]["examples"]:
+                    self.stderr.write(f"  {name}: {line}")
+            sys.exit(1)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A few lines a person reads first; the JSON follows."""
+    kills = report["kills"]
+    rec = report["recovery_seconds"]
+    held = ", ".join(
+        f"{name} {'ok' if ok else 'BROKEN'}" for name, ok in report["invariants"].items()
+    )
+    return "\n".join(
+        [
+            f"{report['runs']} refunds in {report['elapsed_seconds']} s: "
+            f"{report['completed']} completed, {report['failed']} failed, "
+            f"{report['needs_attention']} need attention, {report['stuck']} stuck",
+            f"kills: {kills['children']} children, {kills['workers']} whole workers, "
+            f"{kills['broker_restarts']} broker restarts",
+            f"payments per refund: {report['payments_per_refund']['min']}"
+            f"..{report['payments_per_refund']['max']}; duplicate e-mail deliveries: "
+            f"{report['emails']['duplicate_deliveries']}",
+            f"recovery: p50 {rec['p50']} s, p99 {rec['p99']} s, max {rec['max']} s "
+            f"({rec['samples']} samples)",
+            f"double submits: {report['double_submits']['same_refund']}"
+            f"/{report['double_submits']['sent']} kept one refund",
+            f"invariants: {held}",
+            "",
+        ]
+    )

@@ -1,0 +1,88 @@
+"""`manage.py chaos`, small: five refunds through the form with a pool child SIGKILLed; and
+the invariant checks it reports, shown to catch a double charge.
+
+The 100-refund run with whole-worker kills and a broker restart is a command for the README,
+not a test; this one proves the machinery end to end and the report's shape, in seconds.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from agentflow.models import WorkflowRun
+from agentflow.states import RunStatus, StepStatus
+from refunds.chaos import invariants
+from refunds.chaos.evidence import Checkpoint, Effect, Evidence
+from refunds.models import RefundRequest
+
+REPORT_KEYS = {
+    "runs", "completed", "failed", "needs_attention", "stuck", "kills", "payments_per_refund",
+    "duplicate_effects", "seat_cancellations_per_refund", "boarding_passes_per_refund",
+    "crm_updates_per_refund", "emails", "recovery_seconds", "double_submits", "invariants",
+    "seed", "elapsed_seconds",
+}  # fmt: skip
+
+
+def chaos(*args: str) -> dict[str, Any]:
+    if connection.vendor != "postgresql":
+        pytest.skip("chaos needs Postgres (set DATABASE_URL)")
+    if shutil.which("redis-server") is None:
+        pytest.skip("chaos starts its own redis-server, which is not installed")
+    out = io.StringIO()
+    call_command("chaos", *args, "--json", stdout=out, stderr=io.StringIO())
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_chaos__small_run_completes_every_refund_once_despite_a_child_kill() -> None:
+    report = chaos(
+        "--refunds", "5", "--seed", "3", "--child-kills", "1", "--worker-kills", "0",
+        "--no-broker-restart", "--double-submits", "2", "--timeout", "120",
+    )  # fmt: skip
+
+    assert report.keys() >= REPORT_KEYS
+    assert (report["runs"], report["completed"], report["stuck"]) == (5, 5, 0)
+    assert report["kills"]["children"] == 1
+    assert report["kills"]["log"][0]["kind"] == "child"
+    assert report["payments_per_refund"] == {"min": 1, "max": 1, "histogram": {"1": 5}}
+    assert all(d == {"keys": 0, "refunds": 0} for d in report["duplicate_effects"].values())
+    assert report["emails"]["distinct_per_refund"]["max"] == 1
+    assert report["double_submits"] == {"sent": 2, "same_refund": 2}
+    assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7"), True)
+    assert report["seed"] == 3
+    # The rows stay as evidence: one refund per customer, double submits included.
+    assert RefundRequest.objects.count() == 5
+    assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 5
+
+
+def test_invariants__a_second_charge_for_one_refund_breaks_i1_and_i4() -> None:
+    """The checks are not vacuous: a payment under a key no checkpoint holds is caught."""
+    now = datetime.now(UTC)
+    run = WorkflowRun(id="wf_a", status=RunStatus.COMPLETED, current_seq=11)
+    cp = Checkpoint(
+        run_id="wf_a", seq=7, name="charge_customer", kind="effect",
+        status=StepStatus.COMPLETED, attempts=1, idempotency_key="wf_a_step_7",
+        lease_expires_at=None, first_started_at=now, started_at=now, finished_at=now,
+    )  # fmt: skip
+    charges = [
+        Effect(kind="payments", key=key, workflow_id="wf_a", created=now.timestamp() + 1)
+        for key in ("wf_a_step_7", "wf_a_step_8")
+    ]
+    found = Evidence(
+        runs={"wf_a": run}, checkpoints={("wf_a", 7): cp}, by_key={cp.idempotency_key: cp},
+        effects=charges, ledger={}, events=Counter(), requeues={},
+    )  # fmt: skip
+
+    broken = invariants.check_all(found, now)
+
+    assert any("2 payments" in problem for problem in broken["I1"])
+    assert broken["I4"] == ["payments wf_a_step_8: no checkpoint has this key"]
