@@ -33,8 +33,11 @@ from agentflow.retry import RetryPolicy
 from agentflow.serialization import NotJSONError, to_json
 from agentflow.states import RunStatus, StepKind, StepStatus
 
+ActionRefused = store.ActionRefused
+
 __all__ = [
     "END",
+    "ActionRefused",
     "AgentflowError",
     "InvalidInputError",
     "OutcomeUnknown",
@@ -49,7 +52,9 @@ __all__ = [
     "StepStatus",
     "UnknownWorkflowError",
     "Workflow",
+    "cancel",
     "idempotency_key",
+    "retry",
     "snapshot",
     "start",
 ]
@@ -76,6 +81,24 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
         workflow=definition, input=payload, business_key=business_key
     )
     return run_id
+
+
+def cancel(run_id: str, *, actor: str, reason: str) -> None:
+    """Stop an unfinished run; recorded as an event with `actor` and `reason`.
+
+    Raises:
+        ActionRefused: the run is already finished (or does not exist).
+    """
+    store.run_cancel(run_id, actor=actor, reason=reason)
+
+
+def retry(run_id: str, *, actor: str, reason: str) -> None:
+    """Resume a parked or failed run at the step where it stopped (see `store.run_retry`).
+
+    Raises:
+        ActionRefused: the run is not in a state where resuming is safe.
+    """
+    store.run_retry(run_id, actor=actor, reason=reason)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import override_settings
 
-from agentflow import store
+from agentflow import durable
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES
 from refunds.chaos import evidence as evidence_mod
@@ -184,9 +184,9 @@ def _cancel_unfinished(submissions: list[traffic.Submission], why: str) -> None:
     ids = [s.workflow_id for s in submissions if s.workflow_id]
     rows = WorkflowRun.objects.filter(id__in=ids, status__in=ACTIVE_RUN_STATUSES)
     for run_id, status, step in rows.values_list("id", "status", "current_step"):
-        with contextlib.suppress(store.ActionRefused):
+        with contextlib.suppress(durable.ActionRefused):
             # The operator action the admin uses; durable.py has no cancel yet.
-            store.run_cancel(run_id, actor="chaos", reason=f"{why} while {status} at {step}")
+            durable.cancel(run_id, actor="chaos", reason=f"{why} while {status} at {step}")
 
 
 def _double_submits(rng: random.Random, config: ChaosConfig) -> dict[int, str]:
