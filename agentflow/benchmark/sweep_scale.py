@@ -1,0 +1,149 @@
+"""The sweeper's query at scale: its cost must follow active runs, not finished history."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from agentflow import recovery
+from agentflow.benchmark import workload
+from agentflow.models import WorkflowRun
+from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
+
+#: Rows per INSERT statement: keeps each transaction and its WAL burst bounded.
+INSERT_BATCH = 250_000
+HISTORY_ID_PREFIX = "wf_benchhistory_"
+STALE_ID_PREFIX = "wf_benchstale_"
+REPETITIONS = 7
+INDEX = "run_sweep_due"
+
+_INSERT = """
+INSERT INTO {table} (id, workflow, version, input, status, current_step, current_seq, output,
+                     error, business_key, compensations, wake_at, created_at, updated_at)
+SELECT %(prefix)s || lpad(g::text, 12, '0'), %(workflow)s, 1, '{{}}'::jsonb, %(status)s,
+       'step_9', 11, NULL, '', NULL, '[]'::jsonb, {wake_at}, {created_at}, {created_at}
+FROM generate_series(%(first)s, %(last)s) AS g
+ON CONFLICT (id) DO NOTHING
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepFigure:
+    finished_runs: int
+    history_inserted: int
+    stale_runs: int
+    due_found: int
+    limit: int
+    query_ms: float
+    query_ms_samples: list[float]
+    #: The server's share of one query (EXPLAIN ANALYZE); the rest is Django and the driver.
+    plan_execution_ms: float | None
+    uses_partial_index: bool
+    plan: str
+
+
+def sweep_at_scale(
+    *, history: int, stale: int, progress: Callable[[str], None] = lambda _: None
+) -> SweepFigure:
+    """Time the sweeper's own query with `history` finished runs and `stale` due ones present.
+
+    The finished runs are kept for the next bench run (inserting a million rows is the slow
+    part); the stale runs are deleted again, and the timed queries are rolled back so nothing
+    is re-enqueued.
+    """
+    inserted = ensure_history(history, progress=progress)
+    try:
+        _insert(STALE_ID_PREFIX, workload.STALE, RunStatus.RUNNING, 1, stale, stale=True)
+        progress("VACUUM ANALYZE")
+        with connection.cursor() as cursor:
+            cursor.execute(f"VACUUM ANALYZE {WorkflowRun._meta.db_table}")
+        if inserted:
+            _checkpoint()
+        limit = settings.AGENTFLOW_SWEEP_BATCH
+        now = timezone.now()
+        samples, found = [], 0
+        for _ in range(REPETITIONS):
+            with transaction.atomic():
+                started = time.perf_counter()
+                found = len(list(recovery.due_runs_query(now, limit)))
+                samples.append((time.perf_counter() - started) * 1000)
+                transaction.set_rollback(True)
+        with transaction.atomic():
+            plan = recovery.due_runs_query(now, limit).explain(analyze=True, buffers=True)
+            transaction.set_rollback(True)
+    finally:
+        WorkflowRun.objects.filter(workflow=workload.STALE).delete()
+    finished = WorkflowRun.objects.filter(status__in=TERMINAL_RUN_STATUSES).count()
+    return SweepFigure(
+        finished_runs=finished,
+        history_inserted=inserted,
+        stale_runs=stale,
+        due_found=found,
+        limit=limit,
+        query_ms=round(statistics.median(samples), 3),
+        query_ms_samples=[round(ms, 3) for ms in samples],
+        plan_execution_ms=_execution_ms(plan),
+        uses_partial_index=INDEX in plan,
+        plan=plan,
+    )
+
+
+def _checkpoint() -> None:
+    """Flush the insert's dirty pages now rather than during the timed phases that follow.
+    Needs superuser or pg_checkpoint; without it the flush just happens later."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("CHECKPOINT")
+    except DatabaseError:
+        pass
+
+
+def _execution_ms(plan: str) -> float | None:
+    found = re.search(r"^Execution Time: ([0-9.]+) ms", plan, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def ensure_history(count: int, *, progress: Callable[[str], None] = lambda _: None) -> int:
+    """Make sure `count` finished bench runs exist; return how many were inserted now."""
+    present = WorkflowRun.objects.filter(workflow=workload.HISTORY).count()
+    if present >= count:
+        return 0
+    inserted = 0
+    for first in range(1, count + 1, INSERT_BATCH):
+        last = min(first + INSERT_BATCH - 1, count)
+        progress(f"inserting finished runs {first:,}-{last:,} of {count:,}")
+        inserted += _insert(
+            HISTORY_ID_PREFIX, workload.HISTORY, RunStatus.COMPLETED, first, last, stale=False
+        )
+    return inserted
+
+
+def _insert(prefix: str, workflow: str, status: str, first: int, last: int, *, stale: bool) -> int:
+    """Rows with ids `prefix` + zero-padded numbers; existing ids are skipped, so a partly
+    present history is completed rather than duplicated."""
+    if stale:  # active: due a minute ago, as if its worker died
+        wake_at = "now() - interval '1 minute' - g * interval '1 millisecond'"
+        created_at = "now() - interval '1 hour'"
+    else:  # finished: no wake-up time, spread over the past
+        wake_at = "NULL"
+        created_at = "now() - g * interval '1 second'"
+    sql = _INSERT.format(table=WorkflowRun._meta.db_table, wake_at=wake_at, created_at=created_at)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            {
+                "prefix": prefix,
+                "workflow": workflow,
+                "status": status,
+                "first": first,
+                "last": last,
+            },
+        )
+        return cursor.rowcount

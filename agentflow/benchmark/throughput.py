@@ -1,0 +1,198 @@
+"""Timed phases on real workers: plain Celery chains, agentflow runs, and commits per step."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+from urllib.parse import quote
+
+import dj_database_url
+from celery import chain
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Max
+from django.utils import timezone
+
+from agentflow import durable
+from agentflow.benchmark import workload
+from agentflow.models import WorkflowRun
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+from agentflow.workers import WorkerProcess
+
+T = TypeVar("T")
+#: How often the coordinator looks for the end of a phase. The end itself is stamped by the
+#: workers (run `updated_at`, the chain's Redis timestamp), so this only bounds the wait.
+POLL_SECONDS = 0.2
+
+
+class BenchError(Exception):
+    """The benchmark cannot run here, or a phase did not finish."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    runs: int
+    steps: int
+    seconds: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds
+
+    @property
+    def workflows_per_s(self) -> float:
+        return self.runs / self.seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class Commits:
+    """Write transactions of one phase, counted by Postgres (transaction ids consumed)."""
+
+    throughput: Throughput
+    xids: int
+
+    @property
+    def per_step(self) -> float:
+        # Each durable.start is one commit of its own; the rest belongs to the steps.
+        return (self.xids - self.throughput.runs) / self.throughput.steps
+
+
+def database_url() -> str:
+    """This process's effective database as a URL, so workers use the same one (under pytest
+    that is the test database, not the one DATABASE_URL names)."""
+    db = connection.settings_dict
+    configured = os.environ.get("DATABASE_URL", "")
+    if configured and dj_database_url.parse(configured).get("NAME") == db["NAME"]:
+        return configured  # unchanged, with any options it carries
+    auth = quote(db["USER"] or "", safe="")
+    if db["PASSWORD"]:
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    host = db["HOST"] or "localhost"
+    port = f":{db['PORT']}" if db["PORT"] else ""
+    return f"postgres://{auth}@{host}{port}/{quote(db['NAME'], safe='')}"
+
+
+def bench_worker(concurrency: int) -> WorkerProcess:
+    """One worker, `-c concurrency` prefork processes, the project's Celery settings
+    (prefetch 1, late acks), on this process's database and broker; no beat, no faults:
+    nothing but the workload writes meanwhile."""
+    modules = [*settings.AGENTFLOW_WORKFLOW_MODULES, "agentflow.benchmark"]
+    return WorkerProcess(
+        concurrency=concurrency,
+        name=f"bench-{uuid.uuid4().hex[:6]}",
+        env={
+            "DATABASE_URL": database_url(),
+            "CELERY_BROKER_URL": workload.broker_url(),
+            "AGENTFLOW_WORKFLOW_MODULES": ",".join(modules),
+            "AGENTFLOW_FAULTS": "0",
+            "AGENTFLOW_CRASH_AT": "",
+        },
+    )
+
+
+def wait_until(check: Callable[[], T | None], *, timeout: float, what: Callable[[], str]) -> T:
+    """Poll `check` until it returns a value; `what` describes the progress on a timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout:.0f} s waiting for {what()}")
+        time.sleep(POLL_SECONDS)
+
+
+def phase_timeout(steps: int) -> float:
+    """Generous: a phase ten times slower than a loaded 2-core machine still finishes."""
+    return 60.0 + steps / 20
+
+
+# --- plain Celery chain -------------------------------------------------------------------------
+def chain_throughput(chains: int) -> Throughput:
+    """`chains` chains of STEPS no-op tasks, all published at once; the worker stamps the end."""
+    client = workload.redis_client()
+    done_key = f"agentflow:bench:chains:{uuid.uuid4().hex}"
+    noop = workload.noop
+    try:
+        started = time.time()
+        for _ in range(chains):
+            links = [noop.si() for _ in range(workload.STEPS - 1)]
+            chain(*links, noop.si(done_key, chains)).apply_async()
+
+        def finished() -> float | None:
+            stamp = client.get(workload.done_at_key(done_key))
+            return float(stamp) if stamp is not None else None
+
+        ended = wait_until(
+            finished,
+            timeout=phase_timeout(chains * workload.STEPS),
+            what=lambda: f"chains ({int(client.get(done_key) or 0)} of {chains} done)",
+        )
+    finally:
+        client.delete(done_key, workload.done_at_key(done_key))
+    return Throughput(runs=chains, steps=chains * workload.STEPS, seconds=ended - started)
+
+
+# --- agentflow ----------------------------------------------------------------------------------
+def workflow_throughput(workflow: str, runs: int) -> Throughput:
+    """Start `runs` runs one by one (each commit publishes its first step) and wait for all.
+
+    The end is the last run's `updated_at`, written by the worker in its completing commit.
+    Only bench runs of `workflow` exist meanwhile (earlier ones are deleted first).
+    """
+    started = timezone.now()
+    run_ids = [durable.start(workflow) for _ in range(runs)]
+    _wait_finished(workflow, timeout=phase_timeout(runs * workload.STEPS))
+    done = WorkflowRun.objects.filter(pk__in=run_ids, status=RunStatus.COMPLETED)
+    summary = done.aggregate(completed=Count("id"), end=Max("updated_at"))
+    if summary["completed"] != runs:
+        raise BenchError(f"{runs - summary['completed']} {workflow} runs did not complete")
+    return Throughput(
+        runs=runs, steps=runs * workload.STEPS, seconds=(summary["end"] - started).total_seconds()
+    )
+
+
+def _wait_finished(workflow: str, *, timeout: float) -> None:
+    # Both queries are served by small indexes (the sweeper's partial index, and status), so
+    # polling costs the workers next to nothing even with a million finished runs present.
+    runs = WorkflowRun.objects.filter(workflow=workflow).order_by()
+    active = runs.filter(status__in=ACTIVE_RUN_STATUSES)
+    broken = runs.filter(status__in=(RunStatus.FAILED, RunStatus.NEEDS_ATTENTION))
+
+    def finished() -> bool | None:
+        for failed in broken.values_list("id", "status", "error")[:1]:
+            raise BenchError("bench run {} ended {}: {}".format(*failed))
+        return None if active.exists() else True
+
+    wait_until(finished, timeout=timeout, what=lambda: f"{active.count()} {workflow} runs")
+
+
+def commits_per_step(workflow: str, runs: int) -> Commits:
+    """Run a phase between two reads of Postgres's transaction counter.
+
+    Every write transaction consumes one transaction id, read-only ones none, so the
+    difference counts commits made by anyone: the bench workers run no beat or sweeper, and
+    the coordinator only reads while it waits. Each read of the counter consumes one id too.
+    """
+    before = current_xid()
+    throughput = workflow_throughput(workflow, runs)
+    after = current_xid()
+    return Commits(throughput=throughput, xids=after - before - 1)
+
+
+def current_xid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id()::text::bigint")
+        return int(cursor.fetchone()[0])
+
+
+def other_writers_per_s(seconds: float = 1.0) -> float:
+    """Transaction ids consumed while the bench does nothing: other writers on the cluster
+    (ids are cluster-wide), which would inflate the commit counts."""
+    before = current_xid()
+    time.sleep(seconds)
+    return (current_xid() - before - 1) / seconds

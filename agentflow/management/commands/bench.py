@@ -1,0 +1,97 @@
+"""`manage.py bench [--json]`: agentflow against a plain Celery chain (SPEC §7)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from agentflow.benchmark.runner import BenchOptions, run_bench
+from agentflow.benchmark.throughput import BenchError
+
+
+class Command(BaseCommand):
+    help = (
+        "Measure agentflow against a plain Celery chain on the configured Postgres and Redis: "
+        "steps/s, commits per step, per-step overhead, and the sweeper's query at scale."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("--runs", type=_positive, default=1000, help="runs and chains")
+        parser.add_argument(
+            "--commit-runs", type=_positive, default=100, help="runs per commit-counting phase"
+        )
+        parser.add_argument(
+            "--history", type=_positive, default=1_000_000, help="finished runs for the sweeper"
+        )
+        parser.add_argument("--stale", type=_positive, default=1000, help="due runs to sweep")
+        parser.add_argument("--skip-sweep", action="store_true", help="no sweeper figure")
+        parser.add_argument("--concurrency", type=_positive, default=2, help="worker processes")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        bench = BenchOptions(
+            runs=options["runs"],
+            commit_runs=options["commit_runs"],
+            history=options["history"],
+            stale=options["stale"],
+            skip_sweep=options["skip_sweep"],
+            concurrency=options["concurrency"],
+        )
+        try:
+            report = run_bench(bench, progress=lambda line: self.stderr.write(f"bench: {line}"))
+        except BenchError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(json.dumps(report) if options["json"] else render(report))
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as a readable table."""
+    flow, plain, sweep, env = (
+        report["agentflow"],
+        report["celery_chain"],
+        report["sweep"],
+        report["environment"],
+    )
+    rows = [
+        ("agentflow steps/s", f"{flow['steps_per_s']:,.1f}"),
+        ("agentflow workflows/s", f"{flow['workflows_per_s']:,.2f}"),
+        ("plain Celery chain steps/s", f"{plain['steps_per_s']:,.1f}"),
+        ("ratio (agentflow / chain)", f"{report['ratio']:.3f}"),
+        ("step overhead per process (ms)", f"{flow['step_overhead_ms']:.3f}"),
+        ("commits per read step", f"{flow['commits_per_read_step']:.3f}"),
+        ("commits per effect step", f"{flow['commits_per_effect_step']:.3f}"),
+    ]
+    if sweep is not None:
+        rows += [
+            (
+                f"sweeper query (ms) at {sweep['finished_runs']:,} finished, "
+                f"{sweep['stale_runs']:,} due",
+                f"{sweep['query_ms']:.3f}",
+            ),
+            ("sweeper uses run_sweep_due", "yes" if sweep["uses_partial_index"] else "NO"),
+        ]
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{label:<{width}}  {value:>12}" for label, value in rows]
+    lines.append("")
+    lines.append(
+        f"{flow['runs']} runs x {flow['steps'] // flow['runs']} steps; 1 worker, "
+        f"{env['processes']} processes; {env['database']}; broker {env['broker']}; "
+        f"Python {env['python']}, Celery {env['celery']}"
+    )
+    if flow["commit_phases"]["other_writers_xids_per_s"]:
+        lines.append(
+            f"note: other writers consumed {flow['commit_phases']['other_writers_xids_per_s']} "
+            "transaction ids/s meanwhile; commits per step include them"
+        )
+    if sweep is not None:
+        lines += ["", "sweeper plan:", sweep["plan"]]
+    return "\n".join(lines)

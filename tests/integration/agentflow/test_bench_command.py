@@ -1,0 +1,48 @@
+"""`manage.py bench --json` end to end at toy sizes: the report's shape, never its speed."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+
+from agentflow.benchmark import workload
+from agentflow.models import WorkflowRun
+from agentflow.states import RunStatus
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
+    out = io.StringIO()
+    call_command(
+        "bench",
+        "--json",
+        *("--runs", "4", "--commit-runs", "2", "--history", "300", "--stale", "5"),
+        stdout=out,
+        stderr=io.StringIO(),
+    )
+    report = json.loads(out.getvalue())
+
+    flow, chain, sweep = report["agentflow"], report["celery_chain"], report["sweep"]
+    for figure in ("steps_per_s", "workflows_per_s", "step_overhead_ms"):
+        assert isinstance(flow[figure], int | float), figure
+    assert flow["steps_per_s"] > 0 and flow["workflows_per_s"] > 0
+    assert chain["steps_per_s"] > 0 and report["ratio"] > 0
+    # Counted from Postgres transaction ids, which other writers on the cluster also consume.
+    assert flow["commits_per_read_step"] >= 1.0
+    assert flow["commits_per_effect_step"] >= 2.0
+    assert sweep["finished_runs"] >= 300 and sweep["stale_runs"] == 5 and sweep["due_found"] == 5
+    assert sweep["query_ms"] > 0
+    assert "run_sweep_due" in sweep["plan"]
+    assert report["environment"]["processes"] == 2
+
+    left = WorkflowRun.objects.exclude(workflow=workload.HISTORY)
+    assert list(left.values_list("workflow", "status")) == []
+    assert (
+        WorkflowRun.objects.filter(
+            workflow=workload.HISTORY, status=RunStatus.COMPLETED, wake_at__isnull=True
+        ).count()
+        == 300
+    )
