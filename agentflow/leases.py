@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections
 
 logger = logging.getLogger(__name__)
 
@@ -59,41 +61,71 @@ def owner_is_dead(owner: str) -> bool:
     return state in (b"Z", b"X")  # a zombie never finishes its step
 
 
-class LeaseKeeper:
-    """Renews a step's lease from a background thread while the step runs.
+class _Renewer:
+    """One background thread per process renews the leases of the steps running in it.
 
-    Short steps finish before the first renewal and cost no extra commit. When a renewal finds
-    the step taken over, `on_lost` is called so the step can stop early; its completion would be
-    fenced out anyway.
+    A step registers on start and leaves on finish: two dict operations, no thread start, and
+    no commit at all for a step shorter than a third of the lease. A renewal that finds the step
+    taken over calls the step's `on_lost`; its completion would be fenced out anyway.
     """
 
-    def __init__(self, renew: Callable[[], bool], on_lost: Callable[[], None]) -> None:
-        self._renew = renew
-        self._on_lost = on_lost
-        self._stop = threading.Event()
-        self._interval = max(settings.AGENTFLOW_LEASE_SECONDS / 3, 0.2)
-        self._thread = threading.Thread(target=self._loop, name="lease-keeper", daemon=True)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._leases: dict[int, tuple[float, Callable[[], bool], Callable[[], None]]] = {}
+        self._pid: int | None = None
+        self._wake = threading.Event()
 
-    def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
+    @staticmethod
+    def interval() -> float:
+        return max(settings.AGENTFLOW_LEASE_SECONDS / 3, 0.2)
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def track(self, token: int, renew: Callable[[], bool], on_lost: Callable[[], None]) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this (forked) process
+                self._pid = os.getpid()
+                self._leases = {}
+                threading.Thread(target=self._loop, name="lease-renewer", daemon=True).start()
+            self._leases[token] = (time.monotonic() + self.interval(), renew, on_lost)
+
+    def untrack(self, token: int) -> None:
+        with self._lock:
+            self._leases.pop(token, None)
 
     def _loop(self) -> None:
-        used_db = False
-        try:
-            while not self._stop.wait(self._interval):
-                used_db = True
-                close_old_connections()
+        while True:
+            self._wake.wait(min(self.interval(), 0.5))
+            now = time.monotonic()
+            with self._lock:
+                due = [(token, entry) for token, entry in self._leases.items() if entry[0] <= now]
+            if not due:
+                continue
+            close_old_connections()
+            for token, (_, renew, on_lost) in due:
                 try:
-                    if not self._renew():
-                        self._on_lost()
-                        return
+                    kept = renew()
                 except Exception:
                     logger.exception("lease renewal failed; will try again")
-        finally:
-            if used_db:
-                connection.close()
+                    kept = True
+                with self._lock:
+                    if token not in self._leases:
+                        continue  # the step finished meanwhile
+                    if kept:
+                        self._leases[token] = (now + self.interval(), renew, on_lost)
+                    else:
+                        del self._leases[token]
+                if not kept:
+                    on_lost()
+
+
+_renewer = _Renewer()
+
+
+@contextmanager
+def kept_alive(renew: Callable[[], bool], on_lost: Callable[[], None]) -> Iterator[None]:
+    """Renew a step's lease for as long as the block runs."""
+    token = id(renew)
+    _renewer.track(token, renew, on_lost)
+    try:
+        yield
+    finally:
+        _renewer.untrack(token)

@@ -61,7 +61,13 @@ class WorkflowRun(models.Model):
                 condition=Q(status__in=ACTIVE_RUN_STATUSES),
                 name="run_sweep_due",
             ),
-            models.Index(fields=["status", "-updated_at"], name="run_status_updated"),
+            # Parked runs for the operator dashboard; a partial index is not touched by the
+            # updates of every other step.
+            models.Index(
+                fields=["-updated_at"],
+                condition=Q(status=RunStatus.NEEDS_ATTENTION),
+                name="run_needs_attention",
+            ),
             models.Index(fields=["-created_at"], name="run_created"),
         ]
 
@@ -70,13 +76,16 @@ class WorkflowRun(models.Model):
 
 
 class StepCheckpoint(models.Model):
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    # No separate index: the (run, seq) unique constraint leads with run.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="steps", db_index=False
+    )
     seq = models.PositiveIntegerField()
     name = models.CharField(max_length=100)
     kind = models.CharField(max_length=10, choices=StepKind.choices)
     status = models.CharField(max_length=20, choices=StepStatus.choices)
     attempts = models.PositiveIntegerField(default=1)
-    idempotency_key = models.CharField(max_length=120, unique=True)
+    idempotency_key = models.CharField(max_length=120)
     arguments = models.JSONField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -90,9 +99,10 @@ class StepCheckpoint(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["run", "seq"]
+        ordering = ["run_id", "seq"]  # "run" would join the run table to order by its ordering
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="step_unique_run_seq"),
+            models.UniqueConstraint(fields=["idempotency_key"], name="step_unique_key"),
             models.CheckConstraint(
                 condition=Q(status__in=StepStatus.values), name="step_status_valid"
             ),
@@ -123,14 +133,16 @@ class RunEvent(models.Model):
         COMPENSATION = "compensation", "Compensation started"
         RECONCILED = "reconciled", "Outcome adopted from the partner"
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events")
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False
+    )
     at = models.DateTimeField(auto_now_add=True)
     kind = models.CharField(max_length=30, choices=Kind.choices)
     actor = models.CharField(max_length=150, blank=True)
     detail = models.TextField(blank=True)
 
     class Meta:
-        ordering = ["run", "at", "id"]
+        ordering = ["run_id", "at", "id"]
         indexes = [models.Index(fields=["run", "at"], name="event_run_at")]
 
     def __str__(self) -> str:

@@ -8,13 +8,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, close_old_connections, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from agentflow import dispatch, faults, leases, registry, store
 from agentflow.context import StepContext
 from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableStepError
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
 from agentflow.states import ACTIVE_RUN_STATUSES, StepKind, StepStatus
@@ -24,8 +24,8 @@ logger = logging.getLogger(__name__)
 
 def run_step(run_id: str, seq: int) -> None:
     """Handle one `run_step` message. Safe to call any number of times for the same step."""
-    close_old_connections()
-    run = store.run_load(run_id)
+    _drop_broken_connection()
+    run = store.state_load(run_id, seq)
     if run is None:
         logger.warning("run %s does not exist; dropping its message", run_id)
         return
@@ -49,7 +49,7 @@ def run_step(run_id: str, seq: int) -> None:
             kind=RunEvent.Kind.VERSION_MISMATCH,
         )
         return
-    seen = store.checkpoint_load(run.id, seq)
+    seen = run.checkpoint
     if seen is not None and seen.name != step.name:
         store.run_park(
             run.id,
@@ -64,7 +64,20 @@ def run_step(run_id: str, seq: int) -> None:
         _run_unclaimed(run, workflow, step, seq, seen)
 
 
-def _context(run: WorkflowRun, step: StepDef, seq: int, attempt: int) -> StepContext:
+def _drop_broken_connection() -> None:
+    """Close the connection only if an error left it unusable.
+
+    Unlike close_old_connections(), this does not re-arm Django's health check, which would
+    cost a `SELECT 1` round trip on every step.
+    """
+    if connection.connection is not None and connection.errors_occurred:
+        if connection.is_usable():
+            connection.errors_occurred = False
+        else:
+            connection.close()
+
+
+def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> StepContext:
     return StepContext(
         run_id=run.id,
         workflow=run.workflow,
@@ -77,7 +90,11 @@ def _context(run: WorkflowRun, step: StepDef, seq: int, attempt: int) -> StepCon
 
 
 def _run_claimed(
-    run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, seen: StepCheckpoint | None
+    run: store.StepState,
+    workflow: Workflow,
+    step: StepDef,
+    seq: int,
+    seen: store.CheckpointRow | None,
 ) -> None:
     """effect / llm: claim committed, then the call, then the fenced completion."""
     if (
@@ -99,7 +116,7 @@ def _run_claimed(
     ctx = _context(run, step, seq, claim.attempt)
     faults.crash_point(step.name, "after_claim", claim.attempt)
     try:
-        with leases.LeaseKeeper(
+        with leases.kept_alive(
             renew=lambda: store.lease_renew(run.id, seq, claim.attempt),
             on_lost=ctx.mark_lease_lost,
         ):
@@ -161,7 +178,11 @@ def _produce(step: StepDef, ctx: StepContext, claim: store.Claim) -> Any:
 
 
 def _run_unclaimed(
-    run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, seen: StepCheckpoint | None
+    run: store.StepState,
+    workflow: Workflow,
+    step: StepDef,
+    seq: int,
+    seen: store.CheckpointRow | None,
 ) -> None:
     """read: run, then one commit. db: run and commit together, under the run's row lock."""
     attempt = seen.attempts + 1 if seen else 1
@@ -173,10 +194,9 @@ def _run_unclaimed(
         output = to_json(step.fn(ctx), f"output of step {step.name}")
         faults.crash_point(step.name, "after_effect", attempt)
         try:
-            with transaction.atomic():
-                store.unclaimed_complete_txn(run, workflow, step, seq, seen, output)
+            store.unclaimed_complete(run, workflow, step, seq, seen, output)
         except IntegrityError:
-            return  # only our own rows are in this transaction: another worker recorded it first
+            return  # only our own rows are written here: another worker recorded it first
     except store.Fenced:
         return
     except Exception as exc:
@@ -184,30 +204,27 @@ def _run_unclaimed(
 
 
 def _run_db_step(
-    run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, ctx: StepContext
+    run: store.StepState, workflow: Workflow, step: StepDef, seq: int, ctx: StepContext
 ) -> None:
     """The step's writes and its COMPLETED checkpoint commit together, so they happen once.
 
     The run row stays locked meanwhile: a racing duplicate waits, then finds the step done.
     """
     with transaction.atomic():
-        locked = (
-            WorkflowRun.objects.select_for_update()
-            .filter(pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES)
-            .exists()
-        )
-        if not locked:
+        locked = store.state_load(run.id, seq, lock=True)
+        if locked is None or locked.status not in ACTIVE_RUN_STATUSES or locked.current_seq != seq:
             return
-        seen = store.checkpoint_load(run.id, seq)
+        seen = locked.checkpoint
         if seen is not None and seen.status == StepStatus.COMPLETED:
             return
         output = to_json(step.fn(ctx), f"output of step {step.name}")
         faults.crash_point(step.name, "after_effect", ctx.attempt)
-        store.unclaimed_complete_txn(run, workflow, step, seq, seen, output)
+        if not store.unclaimed_complete(run, workflow, step, seq, seen, output):
+            raise store.Fenced  # rolls the step's own writes back too
 
 
 def _record_failure(
-    run: WorkflowRun,
+    run: store.StepState,
     workflow: Workflow,
     step: StepDef,
     seq: int,
@@ -245,7 +262,7 @@ def _record_failure(
     )
 
 
-def _park_for_version(run: WorkflowRun) -> None:
+def _park_for_version(run: store.StepState) -> None:
     try:
         deployed = f"this code has v{registry.latest(run.workflow).version}"
     except Exception:

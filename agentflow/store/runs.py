@@ -1,49 +1,51 @@
-"""The only code that writes or locks engine rows: create, claim, complete, fail, advance, park.
-
-Every claim and completion is a compare-and-set whose row count decides; nothing here calls a
-partner. Step messages are published only from on-commit hooks.
-"""
+"""Run-level writes off the hot path: create, park, events, failure, operator actions (ORM)."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from agentflow import dispatch, faults, leases
+from agentflow import dispatch
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef, Workflow
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 logger = logging.getLogger(__name__)
 
-RUN_FIELDS = (
-    "id", "workflow", "version", "input", "status", "current_step", "current_seq",
-    "compensations", "wake_at", "error",
-)  # fmt: skip
+
+class RunLike(Protocol):
+    """What the failure path needs of a run: a model instance or the hot path's StepState."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def compensations(self) -> Sequence[str]: ...
 
 
 class Fenced(Exception):
     """Raised inside a transaction to roll it back: someone else owns this step or run now."""
 
 
-def _seconds(value: float) -> timedelta:
-    return timedelta(seconds=value)
+class ActionRefused(Exception):
+    """The run is not in a state where this action is safe."""
 
 
 def enqueue_grace() -> timedelta:
     """How long a queued step may wait for a worker before the sweeper publishes it again."""
-    return _seconds(settings.AGENTFLOW_LEASE_SECONDS)
+    return timedelta(seconds=settings.AGENTFLOW_LEASE_SECONDS)
 
 
-# --- runs ---------------------------------------------------------------------------------------
 def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> tuple[str, bool]:
     """Create a run (or find the one with this business key) and publish its first step."""
     if business_key is not None:
@@ -83,7 +85,8 @@ def _run_id_by_key(workflow: str, business_key: str) -> str | None:
 
 
 def run_load(run_id: str) -> WorkflowRun | None:
-    return WorkflowRun.objects.only(*RUN_FIELDS).filter(pk=run_id).first()
+    """The whole run row, for callers off the hot path."""
+    return WorkflowRun.objects.filter(pk=run_id).first()
 
 
 def checkpoint_load(run_id: str, seq: int) -> StepCheckpoint | None:
@@ -91,9 +94,13 @@ def checkpoint_load(run_id: str, seq: int) -> StepCheckpoint | None:
 
 
 def outputs_load(run_id: str, before_seq: int) -> dict[str, Any]:
-    rows = StepCheckpoint.objects.filter(
-        run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
-    ).values_list("name", "output")
+    rows = (
+        StepCheckpoint.objects.filter(
+            run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
+        )
+        .order_by("seq")
+        .values_list("name", "output")
+    )
     return dict(rows)
 
 
@@ -113,218 +120,8 @@ def run_park(run_id: str, reason: str, *, kind: str = RunEvent.Kind.NEEDS_ATTENT
         logger.warning("run %s needs attention: %s", run_id, reason)
 
 
-# --- claims -------------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class Claim:
-    attempt: int
-    #: The step was IN_PROGRESS under a lost lease: its effect may or may not have happened.
-    outcome_unknown: bool
-    first_started_at: datetime
-
-
-def claim_blocker(cp: StepCheckpoint | None, now: datetime) -> str | None:
-    """Why `cp` cannot be claimed now, or None when it can (SPEC §3.3 step 3). Pure."""
-    if cp is None:
-        return None
-    if cp.status == StepStatus.COMPLETED:
-        return "completed"
-    if cp.status == StepStatus.FAILED:
-        return None if cp.retryable else "failed"
-    assert cp.lease_expires_at is not None
-    if cp.lease_expires_at <= now or leases.owner_is_dead(cp.lease_owner):
-        return None
-    return "leased"
-
-
-def step_claim(
-    run: WorkflowRun, step: StepDef, seq: int, seen: StepCheckpoint | None
-) -> Claim | None:
-    """Commit IN_PROGRESS with attempt + 1 and a fresh lease, or return None if we lost.
-
-    `seen` is the checkpoint as read just before; the UPDATE is fenced on its status and
-    attempt count, so exactly one of any number of racing workers wins.
-    """
-    now = timezone.now()
-    if claim_blocker(seen, now) is not None:
-        return None
-    expires = now + _seconds(settings.AGENTFLOW_LEASE_SECONDS)
-    owner = leases.current_owner()
-    try:
-        with transaction.atomic():
-            if seen is None:
-                StepCheckpoint.objects.create(
-                    run_id=run.id,
-                    seq=seq,
-                    name=step.name,
-                    kind=step.kind,
-                    status=StepStatus.IN_PROGRESS,
-                    attempts=1,
-                    idempotency_key=idempotency_key(run.id, seq),
-                    lease_owner=owner,
-                    lease_expires_at=expires,
-                    first_started_at=now,
-                    started_at=now,
-                )
-                attempt, first_started = 1, now
-            else:
-                attempt, first_started = seen.attempts + 1, seen.first_started_at
-                won = StepCheckpoint.objects.filter(
-                    pk=seen.pk, status=seen.status, attempts=seen.attempts
-                ).update(
-                    status=StepStatus.IN_PROGRESS,
-                    attempts=attempt,
-                    lease_owner=owner,
-                    lease_expires_at=expires,
-                    started_at=now,
-                    error="",
-                )
-                if not won:
-                    raise Fenced
-            moved = WorkflowRun.objects.filter(
-                pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES
-            ).update(status=RunStatus.RUNNING, wake_at=expires, updated_at=now)
-            if not moved:
-                raise Fenced
-    except (Fenced, IntegrityError):
-        return None
-    return Claim(
-        attempt=attempt,
-        outcome_unknown=seen is not None and seen.status == StepStatus.IN_PROGRESS,
-        first_started_at=first_started,
-    )
-
-
-def lease_renew(run_id: str, seq: int, attempt: int) -> bool:
-    """Extend our lease; False when another worker has taken the step over."""
-    now = timezone.now()
-    expires = now + _seconds(settings.AGENTFLOW_LEASE_SECONDS)
-    with transaction.atomic():
-        kept = StepCheckpoint.objects.filter(
-            run_id=run_id, seq=seq, status=StepStatus.IN_PROGRESS, attempts=attempt
-        ).update(lease_expires_at=expires)
-        if kept:
-            WorkflowRun.objects.filter(
-                pk=run_id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES
-            ).update(wake_at=expires, updated_at=now)
-    return bool(kept)
-
-
-# --- completion ---------------------------------------------------------------------------------
-def step_complete(
-    run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, attempt: int, output: Any
-) -> bool:
-    """One commit: COMPLETED + output, fenced on our attempt, and the run advances."""
-    now = timezone.now()
-    try:
-        with transaction.atomic():
-            done = StepCheckpoint.objects.filter(
-                run_id=run.id, seq=seq, status=StepStatus.IN_PROGRESS, attempts=attempt
-            ).update(
-                status=StepStatus.COMPLETED,
-                output=output,
-                finished_at=now,
-                lease_expires_at=None,
-                lease_owner="",
-            )
-            if not done:
-                raise Fenced
-            _advance_txn(run, workflow, step, seq, attempt, output, now)
-    except Fenced:
-        return False
-    return True
-
-
-def unclaimed_complete_txn(
-    run: WorkflowRun,
-    workflow: Workflow,
-    step: StepDef,
-    seq: int,
-    seen: StepCheckpoint | None,
-    output: Any,
-) -> None:
-    """Record a `read` or `db` step as COMPLETED without a prior claim (its one commit).
-
-    Must run inside the caller's transaction; raises Fenced (or IntegrityError) if another
-    worker recorded it first, which rolls the caller's writes back with it.
-    """
-    now = timezone.now()
-    if seen is None:
-        StepCheckpoint.objects.create(
-            run_id=run.id,
-            seq=seq,
-            name=step.name,
-            kind=step.kind,
-            status=StepStatus.COMPLETED,
-            attempts=1,
-            idempotency_key=idempotency_key(run.id, seq),
-            output=output,
-            first_started_at=now,
-            started_at=now,
-            finished_at=now,
-        )
-        attempt = 1
-    else:
-        attempt = seen.attempts + 1
-        won = StepCheckpoint.objects.filter(
-            pk=seen.pk, status=seen.status, attempts=seen.attempts
-        ).update(
-            status=StepStatus.COMPLETED,
-            attempts=attempt,
-            output=output,
-            error="",
-            started_at=now,
-            finished_at=now,
-            lease_expires_at=None,
-            lease_owner="",
-        )
-        if not won:
-            raise Fenced
-    _advance_txn(run, workflow, step, seq, attempt, output, now)
-
-
-def _advance_txn(
-    run: WorkflowRun,
-    workflow: Workflow,
-    step: StepDef,
-    seq: int,
-    attempt: int,
-    output: Any,
-    now: datetime,
-) -> None:
-    changes: dict[str, Any] = {"current_seq": seq + 1, "updated_at": now}
-    if step.compensation_only:
-        remaining = list(run.compensations)
-        next_step = remaining.pop(0) if remaining else None
-        changes["compensations"] = remaining
-        if next_step is None:
-            changes.update(status=RunStatus.FAILED, wake_at=None)
-    else:
-        next_step = workflow.next_step(step.name, output)
-        if next_step is None:
-            changes.update(status=RunStatus.COMPLETED, output=output, wake_at=None)
-    if next_step is not None:
-        changes.update(
-            status=RunStatus.RUNNING, current_step=next_step, wake_at=now + enqueue_grace()
-        )
-    moved = WorkflowRun.objects.filter(
-        pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES
-    ).update(**changes)
-    if not moved:
-        raise Fenced
-    transaction.on_commit(
-        partial(_after_complete, run.id, step.name, attempt, seq + 1 if next_step else None)
-    )
-
-
-def _after_complete(run_id: str, step_name: str, attempt: int, next_seq: int | None) -> None:
-    faults.crash_point(step_name, "after_complete", attempt)
-    if next_seq is not None:
-        dispatch.send_step(run_id, next_seq)
-
-
-# --- failure ------------------------------------------------------------------------------------
 def step_fail(
-    run: WorkflowRun,
+    run: RunLike,
     workflow: Workflow,
     step: StepDef,
     seq: int,
@@ -378,10 +175,10 @@ def step_fail(
         logger.info("failure of %s step %s was fenced out", run.id, seq)
 
 
-def _wait_txn(run: WorkflowRun, seq: int, now: datetime, delay: float) -> None:
+def _wait_txn(run: RunLike, seq: int, now: datetime, delay: float) -> None:
     countdown = delay if delay <= dispatch.MAX_COUNTDOWN_SECONDS else None
     # With a countdown message out, the sweeper only steps in if that message is lost.
-    wake_at = now + _seconds(delay) + (enqueue_grace() if countdown else timedelta())
+    wake_at = now + timedelta(seconds=delay) + (enqueue_grace() if countdown else timedelta())
     moved = WorkflowRun.objects.filter(
         pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES
     ).update(status=RunStatus.WAITING, wake_at=wake_at, updated_at=now)
@@ -392,7 +189,7 @@ def _wait_txn(run: WorkflowRun, seq: int, now: datetime, delay: float) -> None:
 
 
 def _fail_run_txn(
-    run: WorkflowRun, workflow: Workflow, step: StepDef, seq: int, error: str, now: datetime
+    run: RunLike, workflow: Workflow, step: StepDef, seq: int, error: str, now: datetime
 ) -> None:
     reason = f"{step.name}: {error}"
     active = WorkflowRun.objects.filter(pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES)
@@ -447,11 +244,6 @@ def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[
     if workflow.on_failure:
         plan.append(workflow.on_failure)
     return plan
-
-
-# --- operator actions ---------------------------------------------------------------------------
-class ActionRefused(Exception):
-    """The run is not in a state where this action is safe."""
 
 
 def run_retry(run_id: str, *, actor: str, reason: str) -> None:

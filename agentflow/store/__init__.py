@@ -1,0 +1,59 @@
+"""The only code that writes or locks engine rows: create, claim, complete, fail, advance, park.
+
+Every claim and completion is a compare-and-set whose row count decides; nothing here calls a
+partner. Step messages are published only from on-commit hooks.
+"""
+
+from __future__ import annotations
+
+from agentflow.store.runs import (
+    ActionRefused,
+    Fenced,
+    checkpoint_load,
+    compensation_plan,
+    enqueue_grace,
+    event_add,
+    outputs_load,
+    run_cancel,
+    run_create,
+    run_load,
+    run_park,
+    run_retry,
+    step_fail,
+)
+from agentflow.store.steps import (
+    CheckpointRow,
+    Claim,
+    StepState,
+    claim_blocker,
+    lease_renew,
+    state_load,
+    step_claim,
+    step_complete,
+    unclaimed_complete,
+)
+
+__all__ = [
+    "ActionRefused",
+    "CheckpointRow",
+    "Claim",
+    "Fenced",
+    "StepState",
+    "checkpoint_load",
+    "claim_blocker",
+    "compensation_plan",
+    "enqueue_grace",
+    "event_add",
+    "lease_renew",
+    "outputs_load",
+    "run_cancel",
+    "run_create",
+    "run_load",
+    "run_park",
+    "run_retry",
+    "state_load",
+    "step_claim",
+    "step_complete",
+    "step_fail",
+    "unclaimed_complete",
+]
