@@ -61,10 +61,10 @@ class WorkflowRun(models.Model):
                 condition=Q(status__in=ACTIVE_RUN_STATUSES),
                 name="run_sweep_due",
             ),
-            # Parked runs for the operator dashboard; a partial index is not touched by the
-            # updates of every other step.
+            # Parked runs for the operator dashboard. Partial, and not on updated_at, so the
+            # updates of every other step leave it alone (and can be HOT updates).
             models.Index(
-                fields=["-updated_at"],
+                fields=["-created_at"],
                 condition=Q(status=RunStatus.NEEDS_ATTENTION),
                 name="run_needs_attention",
             ),

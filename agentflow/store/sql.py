@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +36,31 @@ def cursor() -> Iterator[Any]:
     connection.ensure_connection()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as raw:
         yield raw
+
+
+@dataclass(frozen=True)
+class KeepIfLater:
+    """Leave a timestamp column alone when it is already at least `threshold`, else set `value`.
+
+    Re-arming `wake_at` only when it is close keeps most step updates of a moving run away from
+    the indexed columns, so Postgres can make them HOT updates (no index writes at all).
+    """
+
+    threshold: datetime
+    value: datetime
+
+
+def set_clause(changes: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """`col = %s, …` and its parameters, adapted for this connection."""
+    parts, params = [], []
+    for column, value in changes.items():
+        if isinstance(value, KeepIfLater):
+            parts.append(f"{column} = CASE WHEN {column} >= %s THEN {column} ELSE %s END")
+            params += [adapt(column, value.threshold), adapt(column, value.value)]
+        else:
+            parts.append(f"{column} = %s")
+            params.append(adapt(column, value))
+    return ", ".join(parts), params
 
 
 def adapt(column: str, value: Any) -> Any:
@@ -67,8 +93,7 @@ def placeholders(values: Iterable[Any]) -> str:
 
 def update(table: str, changes: Mapping[str, Any], where: str, params: list[Any]) -> int:
     """UPDATE … SET changes WHERE where; the row count decides compare-and-set races."""
-    assignments = ", ".join(f"{column} = %s" for column in changes)
-    values = [adapt(column, value) for column, value in changes.items()]
+    assignments, values = set_clause(changes)
     with cursor() as cur:
         cur.execute(f"UPDATE {table} SET {assignments} WHERE {where}", [*values, *params])
         return cur.rowcount
@@ -152,8 +177,7 @@ def _move_one_statement(
     step_fence: tuple[str, int] | None,
     step_changes: Mapping[str, Any] | None,
 ) -> bool:
-    run_set = ", ".join(f"{column} = %s" for column in run_changes)
-    run_values = [adapt(column, value) for column, value in run_changes.items()]
+    run_set, run_values = set_clause(run_changes)
     statuses = placeholders(active)
     if step_insert is not None:
         # NULLs are left to the column default: an untyped NULL in a SELECT list is text.
@@ -176,7 +200,7 @@ def _move_one_statement(
         ]
     else:
         assert step_fence is not None and step_changes is not None
-        step_set = ", ".join(f"{column} = %s" for column in step_changes)
+        step_set, step_values = set_clause(step_changes)
         # `ok` locks both rows and checks both fences (re-checked after any lock wait), so the
         # two updates happen together or not at all.
         query = f"""
@@ -196,7 +220,7 @@ def _move_one_statement(
             *active,
             seq,
             *step_fence,
-            *(adapt(column, value) for column, value in step_changes.items()),
+            *step_values,
             *run_values,
             run_id,
         ]

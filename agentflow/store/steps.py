@@ -297,7 +297,9 @@ def _advance(
             changes.update(status=RunStatus.COMPLETED, output=output, wake_at=None)
     if next_step is None:
         return changes, None
-    changes.update(status=RunStatus.RUNNING, current_step=next_step, wake_at=now + enqueue_grace())
+    grace = enqueue_grace()
+    wake_at = sql.KeepIfLater(threshold=now + grace / 2, value=now + grace)
+    changes.update(status=RunStatus.RUNNING, current_step=next_step, wake_at=wake_at)
     return changes, seq + 1
 
 
