@@ -49,6 +49,7 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "agentflow.urls"
+CSRF_FAILURE_VIEW = "refunds.views.csrf_failure"  # a friendly page, not Django's debug text
 WSGI_APPLICATION = "agentflow.wsgi.application"
 TEMPLATES = [
     {

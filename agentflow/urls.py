@@ -7,6 +7,10 @@ from django.urls import include, path
 
 from agentflow import views
 
+# Django's stock 400 page re-reads a body it could not decode and fails again (a 500); the
+# refunds app renders a friendly one without touching the body.
+handler400 = "refunds.views.bad_request"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),

@@ -1,9 +1,11 @@
 """What the customer asked for. Progress lives in the workflow run, looked up by its id."""
+
 from __future__ import annotations
 
 import secrets
 
 from django.db import models
+from django.db.models.functions import Lower
 
 
 def new_public_id() -> str:
@@ -26,7 +28,8 @@ class RefundRequest(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [
-            models.Index(fields=["email", "created_at"], name="refund_email_created"),
+            # Serves the per-e-mail submission limit, which ignores case.
+            models.Index(Lower("email"), "created_at", name="refund_email_ci_created"),
             models.Index(fields=["client_ip", "created_at"], name="refund_ip_created"),
         ]
 

@@ -1,4 +1,5 @@
 """Customer words for a refund run's progress: engine statuses in, plain sentences out."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,11 @@ STEP_LABELS: Mapping[str, str] = {
     "refund_fee": "Refunding the {fee} fee",
     "notify_failure": "Letting you know",
 }
+#: Fares that change for free (flex) have nothing to charge or refund.
+NO_FEE_LABELS: Mapping[str, str] = {
+    "charge_customer": "No change fee for your fare",
+    "refund_fee": "Refunding the fee",
+}
 #: A step added later without a label must not show its internal name to customers.
 GENERIC_LABEL = "Working on your request"
 
@@ -37,9 +43,12 @@ REFUND_STEP = "refund_fee"
 class StepLike(Protocol):
     """What `durable.StepSnapshot` offers; tests pass plain stand-ins."""
 
-    seq: int
-    name: str
-    status: str
+    @property
+    def seq(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> str: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +67,8 @@ STATE_LABELS: Mapping[str, str] = {
     "retrying": "Taking longer than usual, still trying",
     "failed": "Could not be completed",
     "pending": "Waiting",
-    "skipped": "Not needed",
+    "held": "On hold for our team",
+    "skipped": "Not done",
 }
 
 
@@ -97,6 +107,8 @@ def format_fee(cents: int) -> str:
 
 
 def step_label(name: str, *, fee_cents: int = DEFAULT_FEE_CENTS) -> str:
+    if fee_cents <= 0 and name in NO_FEE_LABELS:
+        return NO_FEE_LABELS[name]
     return STEP_LABELS.get(name, GENERIC_LABEL).format(fee=format_fee(fee_cents))
 
 
@@ -107,19 +119,19 @@ def describe(
     steps: Sequence[StepLike],
     planned: Sequence[str],
     fee_cents: int | None = None,
+    reason: str = "",
 ) -> Progress:
     """Turn a run's status and checkpoints into what the status page says.
 
     `planned` is the workflow's forward path, so steps not reached yet still show as rows;
-    compensation steps appear only once they have a checkpoint.
+    compensation steps appear only once they have a checkpoint. `fee_cents` is the fee the
+    run worked out (None until it has); `reason` a failure explanation already written for
+    customers, shown when the change could not be made.
     """
     fee = DEFAULT_FEE_CENTS if fee_cents is None else fee_cents
     latest = _latest_by_name(steps)
-    forward_failed = any(
-        cp.status == StepStatus.FAILED and cp.name in planned for cp in latest.values()
-    )
-    # A forward step that failed for good while the run still moves means it is undoing.
-    undoing = status == RunStatus.RUNNING and forward_failed and current_step not in planned
+    # An active run whose current step is off the forward path is running compensations.
+    undoing = not _is_finished(status) and bool(current_step) and current_step not in planned
     rows = [
         _row(name, latest.get(name), status=status, current_step=current_step,
              stopped=undoing or _is_finished(status), fee=fee)
@@ -133,6 +145,8 @@ def describe(
         for cp in extra
     ]
     outcome, headline, message = _summary(status, latest, undoing=undoing, fee=fee)
+    if reason and outcome in ("failed", "refunded"):
+        message = f"{reason.strip()} {message}"
     return Progress(
         outcome=outcome,
         headline=headline,
@@ -150,6 +164,7 @@ def _latest_by_name(steps: Sequence[StepLike]) -> dict[str, StepLike]:
 
 
 def _is_finished(status: str) -> bool:
+    """Finished or parked: the run will not move by itself."""
     return status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
 
 
@@ -162,21 +177,7 @@ def _row(
     stopped: bool,
     fee: int,
 ) -> StepView:
-    if cp is None:
-        if stopped:
-            state = "skipped"
-        elif name == current_step:
-            state = "active"
-        else:
-            state = "pending"
-    elif cp.status == StepStatus.COMPLETED:
-        state = "done"
-    elif cp.status == StepStatus.IN_PROGRESS:
-        state = "failed" if _is_finished(status) else "active"
-    elif name == current_step and status in (RunStatus.WAITING, RunStatus.RUNNING):
-        state = "retrying"
-    else:
-        state = "failed"
+    state = _row_state(name, cp, status, current_step, stopped)
     return StepView(
         name=name,
         label=step_label(name, fee_cents=fee),
@@ -185,11 +186,31 @@ def _row(
     )
 
 
+def _row_state(
+    name: str, cp: StepLike | None, status: str, current_step: str, stopped: bool
+) -> str:
+    if cp is not None and cp.status == StepStatus.COMPLETED:
+        return "done"
+    if status == RunStatus.NEEDS_ATTENTION:
+        # Parked, not over: an operator may resume it, so nothing is "not done" yet.
+        return "pending" if cp is None else "held"
+    if cp is None:
+        if stopped:
+            return "skipped"
+        return "active" if name == current_step else "pending"
+    if _is_finished(status):
+        return "failed"  # failed, or stopped mid-step by a cancel
+    if cp.status == StepStatus.IN_PROGRESS:
+        return "active"
+    # FAILED while the run is still active: a retry is scheduled unless it is being undone.
+    return "retrying" if name == current_step else "failed"
+
+
 def _summary(
     status: str, latest: Mapping[str, StepLike], *, undoing: bool, fee: int
 ) -> tuple[str, str, str]:
-    charged = _done(latest, CHARGE_STEP)
-    refunded = _done(latest, REFUND_STEP)
+    charged = _done(latest, CHARGE_STEP) and fee > 0
+    refunded = charged and _done(latest, REFUND_STEP)
     amount = format_fee(fee)
     if status == RunStatus.COMPLETED:
         return (

@@ -1,5 +1,20 @@
-"""Customer-facing refund URLs."""
+"""Customer-facing refund URLs (SPEC §6)."""
+
 from __future__ import annotations
 
+from django.urls import path, re_path
+from django.views.generic import RedirectView
+
+from refunds import views
+
 app_name = "refunds"
-urlpatterns: list = []
+
+#: `rf_` + 22 URL-safe characters today; a little slack, and nothing else reaches the database.
+_PUBLIC_ID = r"(?P<public_id>rf_[A-Za-z0-9_-]{8,37})"
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="refunds:new", permanent=False), name="index"),
+    path("new/", views.refund_new, name="new"),
+    re_path(rf"^{_PUBLIC_ID}/$", views.refund_status, name="status"),
+    re_path(rf"^{_PUBLIC_ID}/status\.json$", views.refund_status_json, name="status_json"),
+]

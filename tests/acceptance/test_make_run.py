@@ -1,4 +1,4 @@
-"""`make run` on the embedded default (SQLite + filesystem broker, no server) runs work to the end."""
+"""`make run` on the embedded default (SQLite, filesystem broker, no server) finishes work."""
 
 from __future__ import annotations
 
@@ -107,14 +107,14 @@ def test_make_run__drives_demo_workflow_to_completed_and_stops_on_ctrl_c(stack) 
     run_id = started.stdout.strip().splitlines()[-1]
     assert run_id.startswith("wf_")
 
-    status, output = wait_for(
+    _, output = wait_for(
         lambda: (result := _run_status(stack["var"], run_id))[0] == "COMPLETED" and result,
         timeout=60,
         what=f"run {run_id} to complete",
     )
     assert json.loads(output)["greeting"] == "hello, make run"
 
-    status_code, body = _get(f"{stack['base']}/admin/login/")
+    status_code, _ = _get(f"{stack['base']}/admin/login/")
     assert status_code == 200
 
     proc = stack["proc"]

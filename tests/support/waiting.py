@@ -1,4 +1,5 @@
 """Polling with a deadline: tests wait for an observed event, never for a guessed sleep."""
+
 from __future__ import annotations
 
 import time

@@ -1,0 +1,116 @@
+"""The customer's rebooking form and its signed one-time submission token."""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from django import forms
+from django.core import signing
+from django.core.validators import RegexValidator
+
+#: Long enough to fill in a form at leisure, short enough that an old tab is not replayed.
+TOKEN_MAX_AGE_SECONDS = 2 * 3600
+TOKEN_SALT = "refunds.submission-token"
+#: What a nonce looks like once unsigned: 32 URL-safe characters (192 random bits).
+_NONCE_RE = re.compile(r"^[A-Za-z0-9_-]{32}$")
+MESSAGE_MAX_CHARS = 5000
+
+
+def new_submission_token() -> str:
+    """A fresh signed token for one rendering of the form."""
+    return signing.TimestampSigner(salt=TOKEN_SALT).sign(secrets.token_urlsafe(24))
+
+
+def unsign_submission_token(value: str) -> str | None:
+    """The nonce inside a genuine, unexpired token, else None (tampered, expired, missing).
+
+    The nonce, not the signed text, is stored: one form rendering maps to one refund.
+    """
+    if not value or len(value) > 200:
+        return None
+    try:
+        nonce = signing.TimestampSigner(salt=TOKEN_SALT).unsign(
+            value, max_age=TOKEN_MAX_AGE_SECONDS
+        )
+    except signing.BadSignature:  # SignatureExpired is a subclass
+        return None
+    return nonce if _NONCE_RE.match(nonce) else None
+
+
+class BookingReferenceField(forms.CharField):
+    """Upper-cased before validation, so 'abc123' is as good as 'ABC123'."""
+
+    def to_python(self, value: object) -> str:
+        return (super().to_python(value) or "").upper()
+
+
+class MessageField(forms.CharField):
+    """Browsers send line breaks as CRLF but count them as one character; so do we."""
+
+    def to_python(self, value: object) -> str:
+        return (super().to_python(value) or "").replace("\r\n", "\n")
+
+    def widget_attrs(self, widget: forms.Widget) -> dict[str, str]:
+        """No `maxlength`: it silently cuts pasted text; a counter and our error say it instead."""
+        attrs = super().widget_attrs(widget)
+        attrs.pop("maxlength", None)
+        attrs["data-max-chars"] = str(self.max_length)
+        return attrs
+
+
+class RefundRequestForm(forms.Form):
+    email = forms.EmailField(
+        label="Email address",
+        max_length=254,
+        help_text="We'll send your confirmation and new boarding pass here.",
+        error_messages={
+            "required": "Enter your email address.",
+            "invalid": "Enter an email address like name@example.com.",
+            "max_length": "That email address is too long to be real; please check it.",
+        },
+        widget=forms.EmailInput(attrs={"autocomplete": "email", "spellcheck": "false"}),
+    )
+    booking_reference = BookingReferenceField(
+        label="Booking reference",
+        max_length=40,  # longer input still gets the friendly shape message below
+        help_text="6 letters and numbers, on your booking confirmation (for example ABC123).",
+        validators=[
+            RegexValidator(
+                r"^[A-Z0-9]{6}\Z",
+                message="A booking reference is exactly 6 letters and numbers, like ABC123.",
+            )
+        ],
+        error_messages={
+            "required": "Enter your booking reference.",
+            "max_length": "A booking reference is exactly 6 letters and numbers, like ABC123.",
+        },
+        widget=forms.TextInput(
+            attrs={
+                "autocomplete": "off",
+                "autocapitalize": "characters",
+                "spellcheck": "false",
+                "size": "8",
+            }
+        ),
+    )
+    message = MessageField(
+        label="What would you like to change?",
+        max_length=MESSAGE_MAX_CHARS,
+        help_text="In your own words: the flight you'd like instead, dates, anything we should "
+        "know. Up to 5,000 characters.",
+        error_messages={
+            "required": "Tell us what you'd like to change.",
+            "max_length": "Please keep your message to 5,000 characters or fewer "
+            "(it has %(show_value)d).",
+        },
+        widget=forms.Textarea(attrs={"rows": 7}),
+    )
+    submission_token = forms.CharField(
+        widget=forms.HiddenInput, required=False, max_length=200, strip=True
+    )
+
+    def clean_email(self) -> str:
+        """Lower-case the domain only: the part before @ is the mailbox owner's business."""
+        local, _, domain = self.cleaned_data["email"].rpartition("@")
+        return f"{local}@{domain.lower()}"

@@ -1,0 +1,201 @@
+"""Customer pages: the rebooking form, the status page and its JSON, friendly error pages."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.cache import patch_cache_control
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods, require_safe
+
+from agentflow import durable
+from refunds import progress, services
+from refunds.forms import RefundRequestForm, new_submission_token, unsign_submission_token
+from refunds.models import RefundRequest
+from refunds.workflows import refund as refund_workflow
+
+#: Step outputs the page may read: the fee worked out, and the failure explanation that
+#: `notify_failure` wrote for the customer (never a raw step error).
+_FEE_STEP = "calculate_penalty_fee"
+_NOTICE_STEP = "notify_failure"
+
+
+@require_http_methods(["GET", "HEAD", "POST"])
+def refund_new(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        form = RefundRequestForm(initial={"submission_token": new_submission_token()})
+        response = _form_page(request, form)
+        # A new visit fetches a new token (max-age=0), but the back button may show the page
+        # it left, token and all (no `no-store`, which would also bar the back/forward
+        # cache), so sending it again finds the same refund.
+        patch_cache_control(response, private=True, max_age=0)
+        return response
+    form = RefundRequestForm(request.POST)
+    # The token decides first: a form sent again goes to its refund even if its fields would
+    # no longer validate.
+    signed = str(form["submission_token"].value() or "")
+    nonce = unsign_submission_token(signed)
+    if nonce is None:
+        return _stale_form_page(request)
+    earlier = services.refund_request_by_token(nonce)
+    if earlier is not None:
+        # Double click, back button or replay: the one refund this form rendering made.
+        if form.is_valid() and not _same_request(earlier, form.cleaned_data):
+            messages.info(
+                request,
+                "You had already sent this form, so we kept your first request. "
+                "To ask for something else, start a new request.",
+            )
+        return _see_status(earlier)
+    if not form.is_valid():
+        return _form_page(request, form, status=400)
+    data = form.cleaned_data
+    ip = services.client_ip_of(request.META.get("REMOTE_ADDR"))
+    allowed, retry_after = services.submissions_allowed(data["email"], ip)
+    if not allowed:
+        response = render(
+            request,
+            "refunds/too_many.html",
+            {"retry_minutes": max(1, math.ceil(retry_after / 60))},
+            status=429,
+        )
+        response["Retry-After"] = str(retry_after)
+        return response
+    refund = services.refund_request_create(
+        email=data["email"],
+        booking_reference=data["booking_reference"],
+        message=data["message"],
+        submission_token=nonce,
+        client_ip=ip,
+    )
+    return _see_status(refund)
+
+
+@never_cache
+@require_safe
+def refund_status(request: HttpRequest, public_id: str) -> HttpResponse:
+    refund = _refund_or_404(public_id)
+    return render(
+        request,
+        "refunds/status.html",
+        {
+            "refund": refund,
+            "progress": _progress(_snapshot(refund)),
+            "status_url": reverse("refunds:status_json", args=[refund.public_id]),
+        },
+    )
+
+
+@never_cache
+@require_safe
+def refund_status_json(request: HttpRequest, public_id: str) -> JsonResponse:
+    refund = _refund_or_404(public_id)
+    run = _snapshot(refund)
+    return JsonResponse(
+        {
+            "id": refund.public_id,
+            "status": run.status if run else durable.RunStatus.PENDING.value,
+            "workflow_id": refund.workflow_id,
+            "steps": [
+                {"seq": s.seq, "name": s.name, "status": s.status, "attempts": s.attempts}
+                for s in (run.steps if run else [])
+            ],
+            "customer": _progress(run).as_json(),
+        }
+    )
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """CSRF_FAILURE_VIEW: an expired or missing cookie gets words, not Django's debug page."""
+    return render(request, "refunds/csrf_failure.html", status=403)
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """handler400 without Django's CSRF re-check: the stock view re-reads the body that just
+    failed (e.g. a non-UTF-8 form charset) and turns a 400 into a 500."""
+    return HttpResponseBadRequest(render_to_string("400.html"))
+
+
+# --- helpers ------------------------------------------------------------------------------------
+def _form_page(
+    request: HttpRequest, form: RefundRequestForm, *, status: int = 200, stale: bool = False
+) -> HttpResponse:
+    return render(request, "refunds/new.html", {"form": form, "stale": stale}, status=status)
+
+
+def _stale_form_page(request: HttpRequest) -> HttpResponse:
+    """Tampered, expired or missing token: nothing is created, and what they typed stays,
+    under a fresh token they can submit once they have checked it."""
+    data = request.POST.copy()
+    data["submission_token"] = new_submission_token()
+    form = RefundRequestForm(data)
+    form.is_valid()  # field errors show next to the kept input too
+    return _form_page(request, form, status=400, stale=True)
+
+
+def _see_status(refund: RefundRequest) -> HttpResponse:
+    response = redirect("refunds:status", public_id=refund.public_id)
+    response.status_code = 303  # POST-redirect-GET: the browser must not re-POST
+    return response
+
+
+def _refund_or_404(public_id: str) -> RefundRequest:
+    refund = RefundRequest.objects.filter(public_id=public_id).first()
+    if refund is None:
+        raise Http404("no such refund request")
+    return refund
+
+
+def _same_request(refund: RefundRequest, data: dict[str, Any]) -> bool:
+    return (refund.email, refund.booking_reference, refund.message) == (
+        data["email"],
+        data["booking_reference"],
+        data["message"],
+    )
+
+
+def _snapshot(refund: RefundRequest) -> durable.RunSnapshot | None:
+    return durable.snapshot(refund.workflow_id) if refund.workflow_id else None
+
+
+def _progress(run: durable.RunSnapshot | None) -> progress.Progress:
+    if run is None:  # not expected (the run is created with the request), but never a 500
+        return progress.describe(
+            status=durable.RunStatus.PENDING, current_step="", steps=[], planned=_planned()
+        )
+    return progress.describe(
+        status=run.status,
+        current_step=run.current_step,
+        steps=run.steps,
+        planned=_planned(),
+        fee_cents=_fee_cents(run),
+        reason=_customer_reason(run),
+    )
+
+
+def _planned() -> list[str]:
+    return refund_workflow.forward_steps
+
+
+def _fee_cents(run: durable.RunSnapshot) -> int | None:
+    """The fee the run worked out, once it has; the page says $45 until then."""
+    value = _output(run, _FEE_STEP).get("amount_cents")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _customer_reason(run: durable.RunSnapshot) -> str:
+    value = _output(run, _NOTICE_STEP).get("reason")
+    return value[:500] if isinstance(value, str) and _output(run, _NOTICE_STEP).get("sent") else ""
+
+
+def _output(run: durable.RunSnapshot, name: str) -> dict[str, Any]:
+    for step in run.steps:
+        if step.name == name and step.status == durable.StepStatus.COMPLETED:
+            return step.output if isinstance(step.output, dict) else {}
+    return {}

@@ -1,0 +1,260 @@
+"""A person in a real Chromium asks for a rebooking and watches it finish, end to end.
+
+Real pieces: the web app (pytest-django's live server), Celery worker processes, a Redis
+broker, Postgres, and the partner sandbox (Stripe, airline, CRM, SMTP). Screenshots of the form
+and of the finished status page, at desktop and phone width, go to $PAGES_SHOTS_DIR (default
+/tmp/pages-shots/) for a person to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from django.db import connection, connections, transaction
+
+from refunds.models import RefundRequest
+from tests.support.processes import Workers
+from tests.support.sandbox import SandboxProcess
+from tests.support.waiting import wait_for
+
+T = TypeVar("T")
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SHOTS = Path(os.environ.get("PAGES_SHOTS_DIR", "/tmp/pages-shots"))
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
+DONE = "All done — your new boarding pass is on its way"
+STATUS_URL = re.compile(r"/refunds/rf_[A-Za-z0-9_-]+/$")
+#: Generous: two cold worker processes on two shared cores, ten steps, four partners.
+RUN_SECONDS = 90
+
+
+@pytest.fixture
+def page(live_server: Any, settings: Any) -> Iterator[Any]:
+    """A fresh Chromium tab on the live web app.
+
+    Started after the database and server fixtures and closed before they are torn down:
+    Playwright's sync API keeps an event loop in this thread, next to which Django refuses
+    blocking database calls, such as creating or flushing the test database. The test's own
+    reads go through `db()` for the same reason.
+    """
+    if not CHROMIUM.exists():
+        reason = f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    settings.REFUNDS_SUBMIT_LIMIT = 0  # every submission here comes from 127.0.0.1
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=CHROMIUM_ARGS,
+            # Playwright turns the back/forward cache off; a person's browser has it on, and it
+            # is what brings back the very form (and token) that was sent.
+            ignore_default_args=["--disable-back-forward-cache"],
+        )
+        try:
+            context = browser.new_context(viewport=DESKTOP, base_url=live_server.url)
+            yield context.new_page()
+        finally:
+            browser.close()
+    # The live server answers each kept-alive connection in a thread holding a database
+    # connection until the socket closes; the test database cannot be flushed or dropped
+    # while one is still winding down.
+    wait_for(_no_request_threads, timeout=30, what="live server request threads to finish")
+
+
+def _no_request_threads() -> bool:
+    return not any("process_request_thread" in t.name for t in threading.enumerate())
+
+
+@pytest.fixture
+def running(workers: Workers, clean_sandbox: SandboxProcess) -> Iterator[SandboxProcess]:
+    """A real worker (two pool processes) doing the steps against the sandbox."""
+    workers.start(
+        concurrency=2,
+        SANDBOX_URL=clean_sandbox.url,
+        SANDBOX_SMTP_PORT=str(clean_sandbox.smtp_port),
+        STRIPE_API_BASE=clean_sandbox.url,
+        EMAIL_HOST="127.0.0.1",
+        EMAIL_PORT=str(clean_sandbox.smtp_port),
+    )
+    yield clean_sandbox
+    workers.kill_all()  # before the test database is flushed
+
+
+def fill_form(page: Any, *, reference: str = "abc123") -> None:
+    page.get_by_label("Email address").fill("ana.lopez@example.com")
+    page.get_by_label("Booking reference").fill(reference)
+    page.get_by_label("What would you like to change?").fill(
+        "Hi! Could you move me to the evening flight on the same day, please? Thanks, Ana"
+    )
+
+
+def shoot(page: Any, name: str) -> None:
+    """Desktop and phone-width screenshots of the page as it is now."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.set_viewport_size(DESKTOP)
+    page.screenshot(path=str(SHOTS / f"{name}-desktop.png"), full_page=True)
+    page.set_viewport_size(PHONE)
+    page.screenshot(path=str(SHOTS / f"{name}-phone.png"), full_page=True)
+    page.set_viewport_size(DESKTOP)
+
+
+def db(read: Callable[[], T]) -> T:
+    """Run a database read in a thread of its own, away from Playwright's event loop (its
+    context would get a connection of its own that nobody closes), closing it after."""
+
+    def run() -> T:
+        try:
+            return read()
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result()
+
+
+def refunds() -> int:
+    return db(RefundRequest.objects.count)
+
+
+def refund_of(url: str) -> RefundRequest:
+    public_id = url.rstrip("/").split("/")[-1]
+    return db(lambda: RefundRequest.objects.get(public_id=public_id))
+
+
+def test_customer__submits_the_form_and_watches_it_finish_without_reloading(
+    running: SandboxProcess, page: Any
+) -> None:
+    page.goto("/refunds/new/")
+    shoot(page, "form")
+    fill_form(page)
+    page.get_by_role("button", name="Send my request").click()
+    page.wait_for_url("**/refunds/rf_*/")
+    status_url = page.url
+    assert page.get_by_role("heading", name="Your rebooking request").is_visible()
+
+    # Mark this document: a reload or a navigation would lose the mark.
+    page.evaluate("window.__stillSamePage = true")
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    page.get_by_text(DONE).wait_for(timeout=RUN_SECONDS * 1000)
+    assert page.evaluate("window.__stillSamePage") is True
+    assert navigations == []
+    assert page.url == status_url
+
+    assert page.locator('[aria-live="polite"]').inner_text().startswith(DONE)
+    assert page.locator(".step--done").count() == 10
+    assert page.get_by_text("Charging the $45 change fee").is_visible()
+    shoot(page, "completed")
+
+    refund = refund_of(status_url)
+    ledger = running.ledger(workflow_id=refund.workflow_id)
+    assert len(ledger["payments"]) == 1
+    assert len(ledger["boarding_passes"]) == 1
+    assert len(ledger["emails"]) == 1
+
+
+def test_customer__double_click_on_send_makes_one_refund(page: Any) -> None:
+    """Two clicks while the first is still on its way: both reach the server with the same
+    form, and race to create the refund.
+
+    The requests table is locked against inserts while the person clicks, as a slow database
+    would; both requests wait on it, then race to insert one token once it is released.
+    """
+    page.goto("/refunds/new/")
+    fill_form(page)
+    posts: list[str] = []
+    page.on("request", lambda request: request.method == "POST" and posts.append(request.url))
+    box = page.get_by_role("button", name="Send my request").bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    with inserts_held(RefundRequest._meta.db_table) as release:
+        page.mouse.click(x, y)
+        wait_for(lambda: waiting_on_locks() >= 1, timeout=3, what="the first click's insert")
+        page.mouse.click(x, y)  # the mouse does not wait for the first page to load
+        wait_for(lambda: waiting_on_locks() >= 2, timeout=3, what="the second click's insert")
+        release()
+    from playwright.sync_api import expect
+
+    # Polled, not tied to one navigation: the first click's navigation ends aborted.
+    expect(page).to_have_url(STATUS_URL, timeout=30_000)
+    assert len(posts) == 2
+    assert refunds() == 1
+    assert refund_of(page.url).booking_reference == "ABC123"
+
+
+@contextmanager
+def inserts_held(table: str) -> Iterator[Callable[[], None]]:
+    """Lock `table` against writes from another connection until `release()` is called.
+
+    Readers still pass, so a request gets as far as its insert and waits there. Kept well
+    under the connections' lock_timeout (5 s), after which a waiting insert would give up.
+    """
+    locked, released = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f'LOCK TABLE "{table}" IN SHARE ROW EXCLUSIVE MODE')
+                locked.set()
+                released.wait(timeout=10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold, name="insert-lock-holder")
+    holder.start()
+    assert locked.wait(timeout=10)
+    try:
+        yield released.set
+    finally:
+        released.set()
+        holder.join(timeout=15)
+
+
+def waiting_on_locks() -> int:
+    def count() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            return int(cursor.fetchone()[0])
+
+    return db(count)
+
+
+def test_customer__back_button_and_send_again_lands_on_the_same_refund(page: Any) -> None:
+    page.goto("/refunds/new/")
+    fill_form(page)
+    page.get_by_role("button", name="Send my request").click()
+    page.wait_for_url("**/refunds/rf_*/")
+    first_url = page.url
+
+    page.go_back(wait_until="commit")  # a page restored from the cache fires no new "load"
+    page.wait_for_url("**/refunds/new/", wait_until="commit")
+    assert page.get_by_label("Booking reference").input_value() == "abc123"  # as they left it
+    page.get_by_role("button", name="Send my request").click()
+    page.wait_for_url("**/refunds/rf_*/")
+    assert page.url == first_url
+    assert refunds() == 1
