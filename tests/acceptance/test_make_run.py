@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -82,6 +86,38 @@ def stack(tmp_path: Path):
                 proc.wait()
 
 
+def _submit_refund_form(base: str) -> str:
+    """What a customer does: open the form, fill it in, send it; returns the status page URL."""
+    cookies = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(cookies), _NoRedirect())
+    form = opener.open(f"{base}/refunds/new/", timeout=10).read().decode()
+    hidden = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form))
+    data = urllib.parse.urlencode(
+        {
+            **hidden,
+            "email": "make.run@example.com",
+            "booking_reference": "MKR123",
+            "message": "Please move me to the evening flight on the same day.",
+        }
+    ).encode()
+    try:
+        opener.open(f"{base}/refunds/new/", data=data, timeout=10)
+    except urllib.error.HTTPError as redirect:
+        assert redirect.code == 303, redirect.read()[:500]
+        return urllib.parse.urljoin(base, redirect.headers["Location"])
+    raise AssertionError("the form did not answer 303")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def _get_json(url: str) -> dict:
+    status, body = _get(url)
+    return json.loads(body) if status == 200 else {"status": f"http {status}"}
+
+
 def _run_status(var: Path, run_id: str) -> tuple[str, str | None]:
     with sqlite3.connect(var / "agentflow.sqlite3", timeout=30) as db:
         row = db.execute(
@@ -90,7 +126,7 @@ def _run_status(var: Path, run_id: str) -> tuple[str, str | None]:
     return row if row else ("", None)
 
 
-def test_make_run__drives_demo_workflow_to_completed_and_stops_on_ctrl_c(stack) -> None:
+def test_make_run__completes_a_demo_run_and_a_refund_then_stops_on_ctrl_c(stack) -> None:
     log = stack["log"].read_text()
     assert "Admin login: admin / " in log
     assert f"{stack['base']}/refunds/new/" in log or "/refunds/new/" in log
@@ -116,6 +152,14 @@ def test_make_run__drives_demo_workflow_to_completed_and_stops_on_ctrl_c(stack) 
 
     status_code, _ = _get(f"{stack['base']}/admin/login/")
     assert status_code == 200
+
+    status_url = _submit_refund_form(stack["base"])
+    final = wait_for(
+        lambda: (state := _get_json(f"{status_url}status.json"))["status"] == "COMPLETED" and state,
+        timeout=90,
+        what="the refund submitted through the form to complete",
+    )
+    assert [step["status"] for step in final["steps"]] == ["COMPLETED"] * 10
 
     proc = stack["proc"]
     os.killpg(proc.pid, signal.SIGINT)
