@@ -6,6 +6,8 @@ import os
 
 from celery import Celery
 
+from agentflow import broker  # noqa: F401  registers the embedded default's transport
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentflow.settings")
 
 app = Celery("agentflow")

@@ -17,13 +17,16 @@ from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableSt
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
-from agentflow.states import ACTIVE_RUN_STATUSES, StepKind, StepStatus
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 
 logger = logging.getLogger(__name__)
 
 
-def run_step(run_id: str, seq: int) -> None:
-    """Handle one `run_step` message. Safe to call any number of times for the same step."""
+def run_step(run_id: str, seq: int, *, redelivered: bool = False) -> None:
+    """Handle one `run_step` message. Safe to call any number of times for the same step.
+
+    `redelivered`: the broker gave this message back because its consumer died.
+    """
     _drop_broken_connection()
     run = store.state_load(run_id, seq)
     if run is None:
@@ -32,11 +35,18 @@ def run_step(run_id: str, seq: int) -> None:
     if run.status not in ACTIVE_RUN_STATUSES:
         return  # terminal, cancelled or parked: nothing to do
     if seq < run.current_seq:
-        # This step is done; its successor's message may be the one a crash lost.
-        dispatch.send_step(run.id, run.current_seq)
+        # Done already. A crash right after the completion commit loses the successor's
+        # message: republish it for that crash's redelivery, or when the run is overdue. A plain
+        # duplicate must not, or it rides along to the run's end, one extra message per step.
+        if redelivered or (run.wake_at is not None and run.wake_at <= timezone.now()):
+            dispatch.send_step(run.id, run.current_seq)
         return
     if seq > run.current_seq:
         return
+    if run.status == RunStatus.WAITING and run.wake_at is not None:
+        retry_at = run.wake_at - store.enqueue_grace()  # see store.runs._wait_txn
+        if retry_at > timezone.now() + timedelta(seconds=0.5):
+            return  # an early duplicate during back-off; the retry's own message comes later
     workflow = registry.lookup(run.workflow, run.version)
     if workflow is None:
         _park_for_version(run)
@@ -60,8 +70,15 @@ def run_step(run_id: str, seq: int) -> None:
         return
     if step.kind in (StepKind.EFFECT, StepKind.LLM):
         _run_claimed(run, workflow, step, seq, seen)
-    else:
-        _run_unclaimed(run, workflow, step, seq, seen)
+        return
+    if redelivered:
+        if seen is not None and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS:
+            store.run_park(run.id, f"{step.name} killed its worker {seen.attempts} times")
+            return
+        store.attempt_lost(run.id, step, seq, seen)
+        run = store.state_load(run_id, seq) or run
+        seen = run.checkpoint
+    _run_unclaimed(run, workflow, step, seq, seen)
 
 
 def _drop_broken_connection() -> None:

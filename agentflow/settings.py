@@ -100,8 +100,9 @@ else:
 
 # --- Celery (read through config_from_object(namespace="CELERY")) ----------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://localhost//")
-_BROKER_IS_FILESYSTEM = CELERY_BROKER_URL.startswith("filesystem")
+# Default: kombu's filesystem transport (agentflow.broker makes its files atomic), no server.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "agentflowfs://localhost//")
+_BROKER_IS_FILESYSTEM = CELERY_BROKER_URL.startswith(("filesystem", "agentflowfs"))
 CELERY_RESULT_BACKEND = None  # Postgres is the state of record; a result backend adds failure modes
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"

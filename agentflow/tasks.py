@@ -11,9 +11,11 @@ from agentflow import dispatch, recovery, runtime
 from agentflow.celery import app
 
 
-@shared_task(name=dispatch.RUN_STEP_TASK, acks_late=True, reject_on_worker_lost=True)
-def run_step_task(run_id: str, seq: int) -> None:
-    runtime.run_step(run_id, seq)
+@shared_task(bind=True, name=dispatch.RUN_STEP_TASK, acks_late=True, reject_on_worker_lost=True)
+def run_step_task(self: Any, run_id: str, seq: int) -> None:
+    # Redelivered: the process that had this message died, maybe just after completing the step.
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    runtime.run_step(run_id, seq, redelivered=redelivered)
 
 
 @shared_task(name="agentflow.sweep", acks_late=False)

@@ -1,6 +1,9 @@
 """Shared test set-up. Fixture modules live in tests/support and are listed here."""
+
 from __future__ import annotations
 
 pytest_plugins: list[str] = [
     "tests.support.waiting",
+    "tests.support.sandbox",
+    "tests.support.processes",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from agentflow.store.runs import (
     ActionRefused,
     Fenced,
+    attempt_lost,
     checkpoint_load,
     compensation_plan,
     enqueue_grace,
@@ -39,6 +40,7 @@ __all__ = [
     "Claim",
     "Fenced",
     "StepState",
+    "attempt_lost",
     "checkpoint_load",
     "claim_blocker",
     "compensation_plan",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -175,10 +176,41 @@ def step_fail(
         logger.info("failure of %s step %s was fenced out", run.id, seq)
 
 
+def attempt_lost(run_id: str, step: StepDef, seq: int, seen: Any) -> None:
+    """Count an attempt of a `read` or `db` step whose worker died mid-step (its message came
+    back). Those steps write nothing before they finish, so without this a step that kills its
+    worker every time would be redelivered for ever; counted, it meets the retry bound."""
+    now = timezone.now()
+    lost = {
+        "status": StepStatus.FAILED,
+        "retryable": True,
+        "error": "the worker died while running this step",
+        "finished_at": now,
+    }
+    if seen is None:
+        with contextlib.suppress(IntegrityError), transaction.atomic():
+            StepCheckpoint.objects.create(
+                run_id=run_id,
+                seq=seq,
+                name=step.name,
+                kind=step.kind,
+                attempts=1,
+                idempotency_key=idempotency_key(run_id, seq),
+                first_started_at=now,
+                started_at=now,
+                **lost,
+            )
+        return
+    StepCheckpoint.objects.filter(pk=seen.id, status=seen.status, attempts=seen.attempts).exclude(
+        status=StepStatus.COMPLETED
+    ).update(attempts=seen.attempts + 1, **lost)
+
+
 def _wait_txn(run: RunLike, seq: int, now: datetime, delay: float) -> None:
     countdown = delay if delay <= dispatch.MAX_COUNTDOWN_SECONDS else None
-    # With a countdown message out, the sweeper only steps in if that message is lost.
-    wake_at = now + timedelta(seconds=delay) + (enqueue_grace() if countdown else timedelta())
+    # Always the retry time plus the enqueue grace: the runtime drops any message before the
+    # retry time as an early duplicate, and the sweeper steps in only if the retry is lost.
+    wake_at = now + timedelta(seconds=delay) + enqueue_grace()
     moved = WorkflowRun.objects.filter(
         pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES
     ).update(status=RunStatus.WAITING, wake_at=wake_at, updated_at=now)

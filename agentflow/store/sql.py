@@ -78,10 +78,11 @@ def read_json(value: Any) -> Any:
 
 
 def read_datetime(value: Any) -> datetime | None:
-    """SQLite hands back text; Postgres hands back aware datetimes."""
-    if value is None or isinstance(value, datetime):
-        return value
-    parsed = parse_datetime(value)
+    """SQLite hands back naive UTC (a datetime through Django's converters, or text);
+    Postgres hands back aware datetimes."""
+    if value is None:
+        return None
+    parsed = value if isinstance(value, datetime) else parse_datetime(value)
     if parsed is not None and parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed

@@ -57,6 +57,8 @@ class StepState:
     current_seq: int
     compensations: list[str]
     error: str
+    #: When the sweeper looks again: lease expiry, retry time + grace, or enqueue grace.
+    wake_at: datetime | None
     checkpoint: CheckpointRow | None
 
 
@@ -64,7 +66,7 @@ _STATE_QUERY = f"""
     SELECT r.workflow, r.version, r.input, r.status, r.current_step, r.current_seq,
            r.compensations, r.error,
            c.id, c.name, c.status, c.attempts, c.retryable, c.lease_owner, c.lease_expires_at,
-           c.first_started_at
+           c.first_started_at, r.wake_at
     FROM {sql.RUNS} r
     LEFT JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = %s
     WHERE r.id = %s
@@ -102,6 +104,7 @@ def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None
         current_seq=row[5],
         compensations=sql.read_json(row[6]) or [],
         error=row[7],
+        wake_at=sql.read_datetime(row[16]),
         checkpoint=checkpoint,
     )
 

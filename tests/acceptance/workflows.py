@@ -1,0 +1,117 @@
+"""Workflow definitions the engine tests run, in the test process and in worker processes.
+
+Workers import this module through `AGENTFLOW_WORKFLOW_MODULES=tests.acceptance.workflows`.
+Every step body records its execution at the partner stand-in first; effect steps then call the
+partner with the step's idempotency key, so tests count executions and effects outside Postgres.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agentflow import durable
+from tests.support import partner
+
+
+def _record(ctx: durable.StepContext) -> None:
+    partner.record_execution(ctx.run_id, ctx.seq, ctx.step, ctx.attempt)
+
+
+def read(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return {"step": ctx.step, "seq": ctx.seq}
+
+
+def effect(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return partner.apply(ctx.idempotency_key)
+
+
+def held_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Blocks until the test releases the run, then calls the partner.
+
+    It deliberately ignores `ctx.lease_lost`, so a worker that was paused past its lease goes on
+    to complete late: the fencing, not the step's manners, must keep that harmless.
+    """
+    _record(ctx)
+    partner.wait_for_release(ctx.run_id)
+    return partner.apply(ctx.idempotency_key)
+
+
+def _finish(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return {"seen": sorted(ctx.outputs)}
+
+
+#: read -> effect -> read: the fault-injection target is `charge`.
+chain = durable.Workflow("crash_chain", version=1)
+chain.step("prepare", kind="read")(read)
+chain.step("charge", kind="effect")(effect)
+chain.step("finish", kind="read")(_finish)
+
+#: read -> blocking effect -> read: the test kills or pauses whoever runs `hold`.
+held = durable.Workflow("crash_held", version=1)
+held.step("prepare", kind="read")(read)
+held.step("hold", kind="effect")(held_effect)
+held.step("finish", kind="read")(_finish)
+
+#: The blocking effect first, so two copies of the first message can race for it.
+race = durable.Workflow("crash_race", version=1)
+race.step("hold", kind="effect")(held_effect)
+race.step("finish", kind="read")(_finish)
+
+#: Ten steps, alternating read and effect: the load test.
+ten = durable.Workflow("crash_ten", version=1)
+for _index in range(10):
+    ten.step(f"s{_index}", kind="read" if _index % 2 == 0 else "effect")(
+        read if _index % 2 == 0 else effect
+    )
+
+
+# --- failures -----------------------------------------------------------------------------------
+def flaky_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Fails like a 503 on the first attempt; the retry uses the same idempotency key."""
+    _record(ctx)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("partner said 503")
+    return partner.apply(ctx.idempotency_key)
+
+
+def declined_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    raise durable.PermanentStepError("card declined")
+
+
+def not_json(ctx: durable.StepContext) -> Any:
+    _record(ctx)
+    return {"tags": {"a", "b"}}  # a set: not JSON
+
+
+flaky = durable.Workflow("crash_flaky", version=1)
+flaky.step("charge", kind="effect", retry=durable.RetryPolicy(base_seconds=2.0))(flaky_effect)
+flaky.step("finish", kind="read")(_finish)
+
+declined = durable.Workflow("crash_declined", version=1)
+declined.step("prepare", kind="read")(read)
+declined.step("charge", kind="effect")(declined_effect)
+
+bad_output = durable.Workflow("crash_bad_output", version=1)
+bad_output.step("prepare", kind="read")(read)
+bad_output.step("summarise", kind="read")(not_json)
+bad_output.step("finish", kind="read")(_finish)
+
+#: Two effects with compensations, then a permanent failure: undo latest first, then notify.
+undo = durable.Workflow("crash_undo", version=1, on_failure="notify")
+undo.step("book", kind="effect", compensate="unbook")(effect)
+undo.step("charge", kind="effect", compensate="refund")(effect)
+undo.step("confirm", kind="effect")(declined_effect)
+undo.compensation("unbook")(effect)
+undo.compensation("refund")(effect)
+undo.compensation("notify")(effect)
+
+#: A deploy under a running run: a worker started with TEST_WORKFLOWS_DEPLOY=2 has only v2.
+DEPLOYED_VERSION = int(os.environ.get("TEST_WORKFLOWS_DEPLOY", "1"))
+deployed = durable.Workflow("crash_deployed", version=DEPLOYED_VERSION)
+deployed.step("prepare", kind="read")(read)
+deployed.step("charge" if DEPLOYED_VERSION == 1 else "charge_v2", kind="effect")(effect)

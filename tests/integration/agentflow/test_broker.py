@@ -1,0 +1,64 @@
+"""The embedded broker: every message is read whole and by exactly one consumer."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from kombu import Connection
+
+from agentflow import broker
+
+
+def _connection(folder: Path) -> Connection:
+    for sub in ("queue", "processed"):
+        (folder / sub).mkdir(exist_ok=True)
+    return Connection(
+        f"{broker.SCHEME}://localhost//",
+        transport_options={
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "polling_interval": 0.01,
+        },
+    )
+
+
+def test_filesystem_broker__concurrent_consumers_each_get_every_message_once(
+    tmp_path: Path,
+) -> None:
+    total = 400
+    received: list[int] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def consume() -> None:
+        with _connection(tmp_path) as conn:
+            queue = conn.SimpleQueue("jobs")
+            while not done.is_set():
+                try:
+                    message = queue.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                with lock:
+                    received.append(message.payload["n"])
+                    if len(received) == total:
+                        done.set()
+                message.ack()
+            queue.close()
+
+    consumers = [threading.Thread(target=consume) for _ in range(3)]
+    for thread in consumers:
+        thread.start()
+    with _connection(tmp_path) as conn:
+        queue = conn.SimpleQueue("jobs")
+        for n in range(total):
+            queue.put({"n": n})  # published while the consumers poll: the race kombu loses
+        queue.close()
+    assert done.wait(timeout=30), f"only {len(received)} of {total} messages arrived"
+    for thread in consumers:
+        thread.join(timeout=5)
+
+    assert sorted(received) == list(range(total))
+    assert not list((tmp_path / "queue").iterdir())
+    assert not list((tmp_path / "processed").iterdir())

@@ -1,0 +1,294 @@
+"""The store's compare-and-set writes against real Postgres: claims, fencing, failures, undo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from base64 import b64decode
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import pytest
+from django.conf import settings
+from django.db import connection, connections
+from django.utils import timezone
+
+from agentflow import durable, leases, runtime, store
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.registry import StepDef
+from agentflow.states import RunStatus, StepStatus
+from tests.acceptance import workflows
+from tests.support import partner
+from tests.support.processes import RedisServer
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
+
+T = TypeVar("T")
+
+
+def race(contender: Callable[[], T], *, threads: int = 2) -> list[T]:
+    """Run `contender` in `threads` threads released together, each with its own connection."""
+    barrier = threading.Barrier(threads)
+
+    def one() -> T:
+        try:
+            barrier.wait(timeout=10)
+            return contender()
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda _: one(), range(threads)))
+
+
+def race_run() -> tuple[WorkflowRun, StepDef]:
+    """A fresh run whose first step is an effect, loaded the way the runtime loads it."""
+    run_id = durable.start(workflows.race.name)
+    run = store.run_load(run_id)
+    assert run is not None
+    return run, workflows.race.steps["hold"]
+
+
+def expire_lease(run_id: str, seq: int = 1) -> StepCheckpoint:
+    StepCheckpoint.objects.filter(run_id=run_id, seq=seq).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    return StepCheckpoint.objects.get(run_id=run_id, seq=seq)
+
+
+def rows(run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    steps = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values())
+    return steps, WorkflowRun.objects.filter(pk=run_id).values().get()
+
+
+# --- claims -------------------------------------------------------------------------------------
+def test_claim__two_threads_race_for_a_new_step__exactly_one_wins() -> None:
+    run, step = race_run()
+
+    claims = race(lambda: store.step_claim(run, step, 1, None))
+
+    assert sum(claim is not None for claim in claims) == 1
+    cp = StepCheckpoint.objects.get(run_id=run.id, seq=1)
+    assert (cp.status, cp.attempts) == (StepStatus.IN_PROGRESS, 1)
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.RUNNING
+
+
+def test_claim__two_threads_race_to_take_over_an_expired_lease__exactly_one_wins() -> None:
+    run, step = race_run()
+    assert store.step_claim(run, step, 1, None) is not None
+    seen = expire_lease(run.id)
+
+    claims = race(lambda: store.step_claim(run, step, 1, seen))
+
+    winners = [claim for claim in claims if claim is not None]
+    assert len(winners) == 1
+    assert winners[0].attempt == 2
+    assert winners[0].outcome_unknown  # the first attempt may have made its effect
+    assert StepCheckpoint.objects.get(run_id=run.id, seq=1).attempts == 2
+
+
+def test_claim__loses_to_a_live_lease() -> None:
+    run, step = race_run()
+    assert store.step_claim(run, step, 1, None) is not None
+    seen = StepCheckpoint.objects.get(run_id=run.id, seq=1)
+
+    assert store.step_claim(run, step, 1, seen) is None
+    assert StepCheckpoint.objects.get(run_id=run.id, seq=1).attempts == 1
+
+
+def test_completion__fenced_after_takeover__changes_nothing() -> None:
+    run, step = race_run()
+    first = store.step_claim(run, step, 1, None)
+    assert first is not None
+    second = store.step_claim(run, step, 1, expire_lease(run.id))
+    assert second is not None
+    before = rows(run.id)
+
+    assert not store.step_complete(run, workflows.race, step, 1, first.attempt, {"late": True})
+    assert not store.lease_renew(run.id, 1, first.attempt)
+    store.step_fail(
+        run, workflows.race, step, 1, attempt=first.attempt, claimed=True,
+        error="late failure", retry_in_seconds=None,
+    )  # fmt: skip
+    assert rows(run.id) == before
+
+    assert store.step_complete(run, workflows.race, step, 1, second.attempt, {"ok": True})
+    after = WorkflowRun.objects.get(pk=run.id)
+    assert (after.current_seq, after.current_step) == (2, "finish")
+    assert StepCheckpoint.objects.get(run_id=run.id, seq=1).output == {"ok": True}
+
+
+# --- claim_blocker (pure) -----------------------------------------------------------------------
+def _cp(status: str, *, lease_in: float = 10.0, owner: str = "", retryable: bool = False):  # type: ignore[no-untyped-def]
+    now = timezone.now()
+    return StepCheckpoint(
+        status=status,
+        retryable=retryable,
+        lease_owner=owner or leases.current_owner(),
+        lease_expires_at=now + timedelta(seconds=lease_in),
+        attempts=1,
+        first_started_at=now,
+        started_at=now,
+    )
+
+
+def _dead_owner() -> str:
+    """The owner string of a process that has exited and been reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    with open(f"/proc/{child.pid}/stat", "rb") as stat:
+        ticks = stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    owner = f"{settings.AGENTFLOW_HOSTNAME}/{child.pid}/{ticks}"
+    assert child.stdin is not None
+    child.stdin.close()
+    child.wait(timeout=10)
+    return owner
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("absent", None),
+        ("completed", "completed"),
+        ("failed_retryable", None),
+        ("failed_permanent", "failed"),
+        ("live_lease", "leased"),
+        ("expired_lease", None),
+        ("dead_owner", None),
+        ("other_host_owner", "leased"),
+    ],
+)
+def test_claim_blocker(case: str, expected: str | None) -> None:
+    cp = {
+        "absent": lambda: None,
+        "completed": lambda: _cp(StepStatus.COMPLETED),
+        "failed_retryable": lambda: _cp(StepStatus.FAILED, retryable=True),
+        "failed_permanent": lambda: _cp(StepStatus.FAILED),
+        "live_lease": lambda: _cp(StepStatus.IN_PROGRESS),
+        "expired_lease": lambda: _cp(StepStatus.IN_PROGRESS, lease_in=-1),
+        "dead_owner": lambda: _cp(StepStatus.IN_PROGRESS, owner=_dead_owner()),
+        "other_host_owner": lambda: _cp(StepStatus.IN_PROGRESS, owner="elsewhere/1/1"),
+    }[case]()
+    assert store.claim_blocker(cp, timezone.now()) == expected
+
+
+# --- errors -------------------------------------------------------------------------------------
+def _retry_eta(broker: RedisServer, run_id: str) -> datetime:
+    """The ETA of the back-off message the failure published (Celery protocol 2 headers)."""
+    for raw in broker.queued_messages():
+        message = json.loads(raw)
+        args = json.loads(b64decode(message["body"]))[0]
+        if args == [run_id, 1] and message["headers"].get("eta"):
+            return datetime.fromisoformat(message["headers"]["eta"])
+    raise AssertionError(f"no retry message for {run_id} in the broker")
+
+
+def test_retryable_error__waits_with_backoff_then_completes_under_the_same_key(
+    engine: RedisServer, drive: Callable[[str], WorkflowRun]
+) -> None:
+    run_id = durable.start(workflows.flaky.name)
+    engine.client().flushall()  # the first step's message: this test plays the worker
+    failed_at = timezone.now()
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.WAITING
+    assert run.wake_at is not None and run.wake_at > timezone.now()
+    cp = StepCheckpoint.objects.get(run_id=run_id, seq=1)
+    assert (cp.status, cp.retryable, cp.error) == (StepStatus.FAILED, True, "partner said 503")
+    eta = _retry_eta(engine, run_id)
+    policy = workflows.flaky.steps["charge"].retry
+    backoff = (eta - failed_at).total_seconds()
+    assert policy.base_seconds / 2 <= backoff <= policy.base_seconds + 1.0
+
+    wait_for(lambda: timezone.now() >= eta, what="the retry's ETA")
+    runtime.run_step(run_id, 1)  # what the worker does when the ETA message comes due
+    run = drive(run_id)
+
+    assert run.status == RunStatus.COMPLETED
+    assert StepCheckpoint.objects.get(run_id=run_id, seq=1).attempts == 2
+    key = durable.idempotency_key(run_id, 1)
+    assert partner.effects() == {key: 1}
+    assert partner.requests() == {key: 1}  # the failed attempt never reached the effect
+
+
+def test_early_duplicate_during_backoff__does_not_retry_before_the_delay(
+    engine: RedisServer, drive: Callable[[str], WorkflowRun]
+) -> None:
+    run_id = durable.start(workflows.flaky.name)
+    engine.client().flushall()
+    assert drive(run_id).status == RunStatus.WAITING
+    eta = _retry_eta(engine, run_id)
+
+    runtime.run_step(run_id, 1)  # a stray duplicate, long before the back-off is over
+
+    assert timezone.now() < eta
+    assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.WAITING
+    assert [r["attempt"] for r in partner.executions(run_id)] == [1]
+
+
+def test_permanent_error__fails_the_run_with_a_readable_reason(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.declined.name)
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.FAILED
+    assert run.error == "charge: card declined"
+    assert run.wake_at is None
+    cp = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    assert (cp.status, cp.retryable) == (StepStatus.FAILED, False)
+    assert partner.effects() == {}
+
+
+def test_permanent_error_after_effects__compensates_latest_first_then_on_failure(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.undo.name)
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.FAILED
+    assert run.error == "confirm: card declined"
+    steps = StepCheckpoint.objects.filter(run_id=run_id).order_by("seq")
+    assert [(cp.name, cp.status) for cp in steps] == [
+        ("book", StepStatus.COMPLETED),
+        ("charge", StepStatus.COMPLETED),
+        ("confirm", StepStatus.FAILED),
+        ("refund", StepStatus.COMPLETED),
+        ("unbook", StepStatus.COMPLETED),
+        ("notify", StepStatus.COMPLETED),
+    ]
+    assert partner.effects() == {durable.idempotency_key(run_id, seq): 1 for seq in (1, 2, 4, 5, 6)}
+    event = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.COMPENSATION)
+    assert "refund, unbook, notify" in event.detail
+
+
+def test_lease_keeper__renews_a_long_step_in_the_background(settings: Any) -> None:
+    settings.AGENTFLOW_LEASE_SECONDS = 1  # renewals every 0.33 s
+    run, step = race_run()
+    claim = store.step_claim(run, step, 1, None)
+    assert claim is not None
+    first_expiry = StepCheckpoint.objects.get(run_id=run.id, seq=1).lease_expires_at
+    lost = threading.Event()
+
+    def renew() -> bool:
+        try:
+            return store.lease_renew(run.id, 1, claim.attempt)
+        finally:
+            connection.close()  # the renewer thread's own connection: none left open after
+
+    with leases.kept_alive(renew, lost.set):
+        wait_for(
+            lambda: (
+                StepCheckpoint.objects.get(run_id=run.id, seq=1).lease_expires_at > first_expiry
+            ),
+            what="a renewal",
+        )
+    assert not lost.is_set()

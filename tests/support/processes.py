@@ -1,0 +1,228 @@
+"""Real processes for engine tests: a private Redis, the partner file, and worker factories.
+
+Fixtures:
+- `redis_server` (session): a private `redis-server` on a free port, without persistence, that
+  a test may stop, kill or restart (everything in it is lost, like a broker restart in prod).
+- `broker`: points this process's Celery app at that Redis for one test, empties it first.
+- `partner_db`: a fresh partner file; `TEST_PARTNER_DB` names it for this process and workers.
+- `worker_env`: builds a worker's environment (test database, private broker, test workflows).
+- `workers`: starts `agentflow.workers.WorkerProcess`es and SIGKILLs every one at teardown,
+  before the test database is flushed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kombu.pools
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from agentflow.celery import app
+from agentflow.workers import WorkerProcess
+from tests.support import partner
+from tests.support.waiting import wait_for
+
+WORKFLOW_MODULES = "tests.acceptance.workflows"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """One `redis-server` process that keeps nothing across a restart (`--save ''`, no AOF)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed (apt-get install redis-server)")
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
+                "--logfile", str(self.workdir / "redis.log")]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        wait_for(self._pong, timeout=15, what=f"redis-server on port {self.port}")
+
+    def _pong(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited: see {self.workdir / 'redis.log'}")
+        try:
+            return bool(self.client().ping())
+        except redis.ConnectionError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: nothing is saved, whatever was queued is gone."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        """Kill and start again on the same port, empty: every message is lost."""
+        self.kill()
+        self.start()
+
+    def queue_length(self, queue: str = "celery") -> int:
+        return int(self.client().llen(queue))
+
+    def queued_messages(self, queue: str = "celery") -> list[bytes]:
+        return list(self.client().lrange(queue, 0, -1))
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.kill()
+
+
+def _point_app_at(url: str) -> None:
+    """Make this process publish to `url`; the cached connection and producer pools go.
+
+    Celery resolves `broker_write_url`/`broker_read_url` from the Django setting once, so
+    those are what must change (setting `broker_url` alone is not seen after that).
+    """
+    app.conf.broker_url = app.conf.broker_write_url = app.conf.broker_read_url = url
+    kombu.pools.reset()  # kombu caches pools per URL, process-wide: close and forget them all
+    app._pool = None
+    amqp = app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None
+
+
+@pytest.fixture
+def broker(redis_server: RedisServer) -> Iterator[RedisServer]:
+    """This test publishes to the private Redis, emptied first; the old broker comes back after."""
+    if redis_server.proc is None or redis_server.proc.poll() is not None:
+        redis_server.start()
+    redis_server.client().flushall()
+    previous = app.conf.broker_write_url
+    _point_app_at(redis_server.url)
+    yield redis_server
+    _point_app_at(previous)
+
+
+@pytest.fixture
+def partner_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "partner.sqlite3"
+    partner.create(path)
+    monkeypatch.setenv("TEST_PARTNER_DB", str(path))
+    return path
+
+
+def worker_database_url() -> str:
+    """The database pytest-django created (it renames NAME), as a URL a worker can use."""
+    db = connection.settings_dict
+    if db["ENGINE"] != "django.db.backends.postgresql":
+        pytest.skip("worker tests need Postgres (set DATABASE_URL)")
+    user = db.get("USER") or "postgres"
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or "5432"
+    return f"postgres://{user}{password}@{host}:{port}/{db['NAME']}"
+
+
+EnvBuilder = Callable[..., dict[str, str]]
+
+
+@pytest.fixture
+def worker_env(broker: RedisServer, partner_db: Path, transactional_db: None) -> EnvBuilder:
+    """`worker_env(AGENTFLOW_LEASE_SECONDS="2", ...)`: a worker's environment, overrides last."""
+
+    def build(**overrides: str) -> dict[str, str]:
+        env = {
+            "DATABASE_URL": worker_database_url(),
+            "CELERY_BROKER_URL": broker.url,
+            "REDIS_URL": broker.url,
+            "AGENTFLOW_WORKFLOW_MODULES": WORKFLOW_MODULES,
+            "AGENTFLOW_VAR_DIR": str(settings.VAR_DIR),
+            "TEST_PARTNER_DB": str(partner_db),
+            "AGENTFLOW_FAULTS": "0",
+            "AGENTFLOW_CRASH_AT": "",
+            "AGENTFLOW_LEASE_SECONDS": "10",
+            "AGENTFLOW_SWEEP_INTERVAL": "5",
+            "LOG_LEVEL": "INFO",
+        }
+        env.update(overrides)
+        return env
+
+    return build
+
+
+class Workers:
+    """Starts workers for one test and guarantees none outlives it."""
+
+    def __init__(self, build_env: EnvBuilder, prefix: str) -> None:
+        self._build_env = build_env
+        self._prefix = prefix
+        self.started: list[WorkerProcess] = []
+
+    def start(
+        self,
+        *,
+        concurrency: int = 1,
+        beat: bool = False,
+        env: dict[str, str] | None = None,
+        **overrides: Any,
+    ) -> WorkerProcess:
+        """Start one worker and wait until it is ready; `overrides` go into its env."""
+        full_env = env if env is not None else self._build_env(**overrides)
+        name = f"{self._prefix}{len(self.started) + 1}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+        worker = WorkerProcess(concurrency=concurrency, env=full_env, name=name, beat=beat)
+        self.started.append(worker)
+        return worker.start(timeout=60)
+
+    def signal(self, worker: WorkerProcess, sig: signal.Signals) -> None:
+        """Send `sig` to the worker's whole process group (parent, pool, beat)."""
+        os.killpg(worker.pid, sig)
+
+    def kill_all(self) -> None:
+        for worker in self.started:
+            if worker.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(worker.pid, signal.SIGCONT)  # a stopped group dies cleaner awake
+            worker.kill()
+
+
+@pytest.fixture
+def workers(worker_env: EnvBuilder, request: pytest.FixtureRequest) -> Iterator[Workers]:
+    pool = Workers(worker_env, prefix="crash")
+    yield pool
+    pool.kill_all()
+
+
+def log_has(worker: WorkerProcess, text: str) -> bool:
+    try:
+        return text in worker.log_path.read_text(errors="replace")
+    except OSError:
+        return False
