@@ -140,10 +140,15 @@ def _run_claimed(
             output = _produce(step, ctx, claim)
     except _Parked:
         return
+    except NotJSONError as exc:
+        # The call returned, so its effect may stand: failing the run would skip the step's
+        # compensation (it never completed). An operator decides instead.
+        store.run_park(
+            run.id, f"{step.name} ran but its result cannot be recorded ({exc}); check the partner"
+        )
+        return
     except Exception as exc:
         _record_failure(run, workflow, step, seq, claim.attempt, exc, claimed=True)
-        return
-    if output is _PARK:
         return
     faults.crash_point(step.name, "after_effect", claim.attempt)
     if not store.step_complete(run, workflow, step, seq, claim.attempt, output):
@@ -151,10 +156,7 @@ def _run_claimed(
 
 
 class _Parked(Exception):
-    pass
-
-
-_PARK = object()
+    """The run was parked for an operator; nothing more to do for this message."""
 
 
 def _produce(step: StepDef, ctx: StepContext, claim: store.Claim) -> Any:

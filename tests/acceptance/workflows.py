@@ -101,6 +101,18 @@ bad_output.step("prepare", kind="read")(read)
 bad_output.step("summarise", kind="read")(not_json)
 bad_output.step("finish", kind="read")(_finish)
 
+#: An effect whose result cannot be stored: it happened, so the run must not just fail.
+bad_effect_output = durable.Workflow("crash_bad_effect_output", version=1)
+
+
+@bad_effect_output.step("charge", kind="effect", compensate="refund")
+def effect_then_not_json(ctx: durable.StepContext) -> Any:
+    effect(ctx)
+    return {"charged": {"a", "set"}}
+
+
+bad_effect_output.compensation("refund")(effect)
+
 #: Two effects with compensations, then a permanent failure: undo latest first, then notify.
 undo = durable.Workflow("crash_undo", version=1, on_failure="notify")
 undo.step("book", kind="effect", compensate="unbook")(effect)

@@ -17,6 +17,7 @@ from agentflow import durable
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
 from tests.acceptance import workflows
+from tests.support import partner
 from tests.support.processes import RedisServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
@@ -77,6 +78,20 @@ def test_step_output_not_json__run_failed_naming_the_step_nothing_half_written(
         ("summarise", StepStatus.FAILED),
     ]
     assert steps[1].output is None
+
+
+def test_effect_output_not_json__run_parked_for_an_operator_effect_made_once(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """Failing would skip the compensation of an effect that happened; parking does not."""
+    run_id = durable.start(workflows.bad_effect_output.name)
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.NEEDS_ATTENTION
+    assert run.error.startswith("charge ran but its result cannot be recorded")
+    assert partner.effects() == {durable.idempotency_key(run_id, 1): 1}
+    assert run.events.filter(kind="needs_attention").count() == 1
 
 
 def test_start__same_business_key__same_run() -> None:
