@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import connection
 from kombu.utils.url import maybe_sanitize_url
 
-from agentflow.benchmark import workload
+from agentflow.benchmark import recovery, workload
 from agentflow.benchmark.sweep_scale import sweep_at_scale
 from agentflow.benchmark.throughput import (
     BenchError,
@@ -44,6 +44,9 @@ class BenchOptions:
     stale: int = 1000
     skip_sweep: bool = False
     concurrency: int = 2
+    #: Kills per recovery figure (child: quick; whole worker: lease + sweep each).
+    child_kills: int = 5
+    worker_kills: int = 3
 
 
 def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict:
@@ -54,7 +57,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         progress(f"sweeper query at {options.history:,} finished runs")
         figure = sweep_at_scale(history=options.history, stale=options.stale, progress=progress)
         report["sweep"] = asdict(figure)
-    chain, mixed, reads, effects, others = _on_worker(options, progress)
+    chain, mixed, reads, effects, others, child = _on_worker(options, progress)
     report["agentflow"] = {
         **_rates(mixed),
         "commits_per_read_step": round(reads.per_step, 3),
@@ -74,12 +77,24 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     }
     report["celery_chain"] = _rates(chain)
     report["ratio"] = round(mixed.steps_per_s / chain.steps_per_s, 3)
+    report["recovery"] = {"bound_s": recovery.bound_seconds()}
+    if child is not None:
+        report["recovery"]["child_kill"] = child.as_dict()
+    if options.worker_kills:
+        progress(f"recovery: {options.worker_kills} whole-worker kills, fresh worker with beat")
+        try:
+            whole = recovery.worker_kill_recovery(
+                samples=options.worker_kills, concurrency=options.concurrency
+            )
+        finally:
+            _delete_bench_runs()
+        report["recovery"]["worker_kill"] = whole.as_dict()
     return report
 
 
 def _on_worker(
     options: BenchOptions, progress: Callable[[str], None]
-) -> tuple[Throughput, Throughput, Commits, Commits, float]:
+) -> tuple[Throughput, Throughput, Commits, Commits, float, recovery.Recovery | None]:
     """The phases that need a worker, on one worker, from a clean queue and table."""
     _delete_bench_runs()
     purged = app.control.purge()
@@ -102,13 +117,17 @@ def _on_worker(
         reads = commits_per_step(workload.READ_ONLY, options.commit_runs)
         effects = commits_per_step(workload.EFFECT_ONLY, options.commit_runs)
         others = (idle_before + other_writers_per_s()) / 2
+        child = None
+        if options.child_kills:
+            progress(f"recovery: {options.child_kills} pool-child kills")
+            child = recovery.child_kill_recovery(worker, samples=options.child_kills)
     except (BenchError, WorkerStartError) as exc:
         raise BenchError(f"{exc}\nworker log ({worker.log_path}):\n{worker.log_tail()}") from None
     finally:
         worker.kill()
         _delete_bench_runs()
     worker.log_path.unlink(missing_ok=True)  # kept only when something went wrong
-    return chain, mixed, reads, effects, others
+    return chain, mixed, reads, effects, others, child
 
 
 def _rates(throughput: Throughput) -> dict[str, Any]:

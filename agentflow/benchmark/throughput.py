@@ -76,10 +76,10 @@ def database_url() -> str:
     return f"postgres://{auth}@{host}{port}/{quote(db['NAME'], safe='')}"
 
 
-def bench_worker(concurrency: int) -> WorkerProcess:
+def bench_worker(concurrency: int, *, beat: bool = False) -> WorkerProcess:
     """One worker, `-c concurrency` prefork processes, the project's Celery settings
-    (prefetch 1, late acks), on this process's database and broker; no beat, no faults:
-    nothing but the workload writes meanwhile."""
+    (prefetch 1, late acks), on this process's database and broker; no faults, and no beat
+    unless asked (the recovery figures need the sweeper; throughput must not have it)."""
     modules = [*settings.AGENTFLOW_WORKFLOW_MODULES, "agentflow.benchmark"]
     return WorkerProcess(
         concurrency=concurrency,
@@ -91,6 +91,7 @@ def bench_worker(concurrency: int) -> WorkerProcess:
             "AGENTFLOW_FAULTS": "0",
             "AGENTFLOW_CRASH_AT": "",
         },
+        beat=beat,
     )
 
 

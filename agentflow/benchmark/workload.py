@@ -22,8 +22,11 @@ EFFECT_ONLY = "bench_effect"
 HISTORY = "bench_history"
 #: Runs the sweeper would find due; inserted for one measurement, then deleted.
 STALE = "bench_stale"
+#: One effect step that holds until released, then a read: the recovery figures kill workers
+#: while it holds.
+HOLD = "bench_hold"
 #: Runs the bench creates and deletes again (HISTORY is kept on purpose).
-DISPOSABLE = (MIXED, READ_ONLY, EFFECT_ONLY, STALE)
+DISPOSABLE = (MIXED, READ_ONLY, EFFECT_ONLY, STALE, HOLD)
 
 
 def broker_url() -> str:
@@ -67,3 +70,22 @@ effect_only = durable.Workflow(EFFECT_ONLY, version=1)
 for _index in range(STEPS):
     read_only.step(f"step_{_index}", kind="read")(_noop_step)
     effect_only.step(f"step_{_index}", kind="effect")(_noop_step)
+
+
+def release_key(run_id: str) -> str:
+    return f"bench:release:{run_id}"
+
+
+#: Holds at its effect step until the bench sets the release key: an event, not a sleep.
+hold = durable.Workflow(HOLD, version=1)
+
+
+@hold.step("held", kind="effect")
+def _held(ctx: durable.StepContext) -> None:
+    client = redis_client()
+    deadline = time.monotonic() + 120
+    while not client.exists(release_key(ctx.run_id)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+hold.step("after", kind="read")(_noop_step)

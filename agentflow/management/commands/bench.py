@@ -29,6 +29,12 @@ class Command(BaseCommand):
         parser.add_argument("--stale", type=_positive, default=1000, help="due runs to sweep")
         parser.add_argument("--skip-sweep", action="store_true", help="no sweeper figure")
         parser.add_argument("--concurrency", type=_positive, default=2, help="worker processes")
+        parser.add_argument(
+            "--child-kills", type=_count, default=5, help="pool-child kills (0: skip)"
+        )
+        parser.add_argument(
+            "--worker-kills", type=_count, default=3, help="whole-worker kills (0: skip)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         bench = BenchOptions(
@@ -38,6 +44,8 @@ class Command(BaseCommand):
             stale=options["stale"],
             skip_sweep=options["skip_sweep"],
             concurrency=options["concurrency"],
+            child_kills=options["child_kills"],
+            worker_kills=options["worker_kills"],
         )
         try:
             report = run_bench(bench, progress=lambda line: self.stderr.write(f"bench: {line}"))
@@ -49,6 +57,13 @@ class Command(BaseCommand):
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
         raise ValueError(text)
     return value
 
@@ -79,6 +94,15 @@ def render(report: dict[str, Any]) -> str:
             ),
             ("sweeper uses run_sweep_due", "yes" if sweep["uses_partial_index"] else "NO"),
         ]
+    for kind, label in (("child_kill", "pool child"), ("worker_kill", "whole worker")):
+        figure = report["recovery"].get(kind)
+        if figure:
+            rows.append(
+                (
+                    f"recovery after SIGKILL of a {label} (s), p50 / max of {figure['samples']}",
+                    f"{figure['p50_s']:.2f} / {figure['max_s']:.2f}",
+                )
+            )
     width = max(len(label) for label, _ in rows)
     lines = [f"{label:<{width}}  {value:>12}" for label, value in rows]
     lines.append("")

@@ -20,6 +20,7 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
         "bench",
         "--json",
         *("--runs", "4", "--commit-runs", "2", "--history", "300", "--stale", "5"),
+        *("--child-kills", "1", "--worker-kills", "0"),
         stdout=out,
         stderr=io.StringIO(),
     )
@@ -37,6 +38,8 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     assert sweep["query_ms"] > 0
     assert "run_sweep_due" in sweep["plan"]
     assert report["environment"]["processes"] == 2
+    child = report["recovery"]["child_kill"]
+    assert child["samples"] == 1 and 0 < child["p50_s"] < report["recovery"]["bound_s"]
 
     left = WorkflowRun.objects.exclude(workflow=workload.HISTORY)
     assert list(left.values_list("workflow", "status")) == []
