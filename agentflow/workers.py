@@ -15,12 +15,35 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import quote
 
+import dj_database_url
 from django.conf import settings
+from django.db import connection
 
 
 class WorkerStartError(RuntimeError):
     pass
+
+
+def current_database_url() -> str:
+    """This process's effective Postgres database as a URL a worker can use.
+
+    Under pytest that is the test database (pytest-django renames it), not the one
+    DATABASE_URL names. Raises ValueError on other databases: several worker processes
+    writing at once need Postgres.
+    """
+    db = connection.settings_dict
+    if db["ENGINE"] != "django.db.backends.postgresql":
+        raise ValueError(f"worker processes need Postgres, not {db['ENGINE'].rsplit('.', 1)[-1]}")
+    configured = os.environ.get("DATABASE_URL", "")
+    if configured and dj_database_url.parse(configured).get("NAME") == db["NAME"]:
+        return configured  # unchanged, with any options it carries
+    auth = quote(db["USER"] or "", safe="")
+    if db["PASSWORD"]:
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    port = f":{db['PORT']}" if db["PORT"] else ""
+    return f"postgres://{auth}@{db['HOST'] or 'localhost'}{port}/{quote(db['NAME'], safe='')}"
 
 
 class WorkerProcess:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import quote
 
-import dj_database_url
 from celery import chain
 from django.conf import settings
 from django.db import connection
@@ -21,7 +18,7 @@ from agentflow import durable
 from agentflow.benchmark import workload
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
-from agentflow.workers import WorkerProcess
+from agentflow.workers import WorkerProcess, current_database_url
 
 T = TypeVar("T")
 #: How often the coordinator looks for the end of a phase. The end itself is stamped by the
@@ -61,21 +58,6 @@ class Commits:
         return (self.xids - self.throughput.runs) / self.throughput.steps
 
 
-def database_url() -> str:
-    """This process's effective database as a URL, so workers use the same one (under pytest
-    that is the test database, not the one DATABASE_URL names)."""
-    db = connection.settings_dict
-    configured = os.environ.get("DATABASE_URL", "")
-    if configured and dj_database_url.parse(configured).get("NAME") == db["NAME"]:
-        return configured  # unchanged, with any options it carries
-    auth = quote(db["USER"] or "", safe="")
-    if db["PASSWORD"]:
-        auth += ":" + quote(db["PASSWORD"], safe="")
-    host = db["HOST"] or "localhost"
-    port = f":{db['PORT']}" if db["PORT"] else ""
-    return f"postgres://{auth}@{host}{port}/{quote(db['NAME'], safe='')}"
-
-
 def bench_worker(concurrency: int, *, beat: bool = False) -> WorkerProcess:
     """One worker, `-c concurrency` prefork processes, the project's Celery settings
     (prefetch 1, late acks), on this process's database and broker; no faults, and no beat
@@ -85,7 +67,7 @@ def bench_worker(concurrency: int, *, beat: bool = False) -> WorkerProcess:
         concurrency=concurrency,
         name=f"bench-{uuid.uuid4().hex[:6]}",
         env={
-            "DATABASE_URL": database_url(),
+            "DATABASE_URL": current_database_url(),
             "CELERY_BROKER_URL": workload.broker_url(),
             "AGENTFLOW_WORKFLOW_MODULES": ",".join(modules),
             "AGENTFLOW_FAULTS": "0",

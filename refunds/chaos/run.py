@@ -15,15 +15,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from django.conf import settings
-from django.db import connection
 from django.test.utils import override_settings
 
 from agentflow import durable
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES
+from agentflow.workers import current_database_url
 from refunds.chaos import evidence as evidence_mod
 from refunds.chaos import report, traffic
 from refunds.chaos.kills import Monkey, WorkerPool
@@ -74,19 +73,13 @@ class ChaosConfig:
 
 
 def database_url() -> str:
-    """This process's effective database as a URL, so workers use the same one (under pytest
-    that is the test database, not the one DATABASE_URL names)."""
-    db = connection.settings_dict
-    if db["ENGINE"] != "django.db.backends.postgresql":
+    try:
+        return current_database_url()
+    except ValueError:
         raise ChaosError(
             "chaos needs Postgres: several worker processes write at once, and SQLite is the "
             "single-machine default only. Set DATABASE_URL=postgres://user@host:5432/name."
-        )
-    auth = quote(db["USER"] or "", safe="")
-    if db["PASSWORD"]:
-        auth += ":" + quote(db["PASSWORD"], safe="")
-    port = f":{db['PORT']}" if db["PORT"] else ""
-    return f"postgres://{auth}@{db['HOST'] or 'localhost'}{port}/{quote(db['NAME'], safe='')}"
+        ) from None
 
 
 def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from agentflow import durable
 from agentflow.celery import app
 from agentflow.models import RunEvent
 from agentflow.workers import WorkerProcess
 from refunds.models import RefundRequest
+from tests.support.processes import worker_database_url
 from tests.support.sandbox import SandboxProcess
 from tests.support.waiting import wait_for
 
@@ -27,16 +28,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 CRASH_AT = "charge_customer:after_effect"
 EFFECT_LISTS = ("payments", "refunds", "seat_cancellations", "boarding_passes", "crm_updates")
-
-
-def worker_database_url() -> str:
-    """The database pytest-django created (it renames NAME), for the workers."""
-    db = connection.settings_dict
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        pytest.skip("worker tests need Postgres (set DATABASE_URL)")
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or "5432"
-    return f"postgres://{db.get('USER') or 'postgres'}{password}@{host}:{port}/{db['NAME']}"
 
 
 @pytest.fixture

@@ -27,10 +27,9 @@ import kombu.pools
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection
 
 from agentflow.celery import app
-from agentflow.workers import WorkerProcess
+from agentflow.workers import WorkerProcess, current_database_url
 from tests.support import partner
 from tests.support.waiting import wait_for
 
@@ -142,14 +141,10 @@ def partner_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def worker_database_url() -> str:
     """The database pytest-django created (it renames NAME), as a URL a worker can use."""
-    db = connection.settings_dict
-    if db["ENGINE"] != "django.db.backends.postgresql":
+    try:
+        return current_database_url()
+    except ValueError:
         pytest.skip("worker tests need Postgres (set DATABASE_URL)")
-    user = db.get("USER") or "postgres"
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    host = db.get("HOST") or "127.0.0.1"
-    port = db.get("PORT") or "5432"
-    return f"postgres://{user}{password}@{host}:{port}/{db['NAME']}"
 
 
 EnvBuilder = Callable[..., dict[str, str]]
