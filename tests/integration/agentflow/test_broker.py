@@ -11,7 +11,7 @@ from agentflow import broker
 
 
 def _connection(folder: Path) -> Connection:
-    for sub in ("queue", "processed"):
+    for sub in ("queue", "processed", "control"):
         (folder / sub).mkdir(exist_ok=True)
     return Connection(
         f"{broker.SCHEME}://localhost//",
@@ -19,6 +19,7 @@ def _connection(folder: Path) -> Connection:
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
             "polling_interval": 0.01,
         },
     )
