@@ -1,4 +1,5 @@
-"""Real Celery worker processes on demand, for `bench`, `chaos` and the crash tests.
+"""Real processes on demand for `bench`, `chaos` and the crash tests: Celery workers and a
+private Redis.
 
 Each worker is a separate `celery -A agentflow worker` process group that can be killed whole
 or one prefork child at a time, exactly as an OOM killer or `kill -9` would.
@@ -8,22 +9,104 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Self
 from urllib.parse import quote
 
 import dj_database_url
+import redis
 from django.conf import settings
 from django.db import connection
 
 
-class WorkerStartError(RuntimeError):
+class ProcessStartError(RuntimeError):
     pass
+
+
+def free_port(*, pair: bool = False) -> int:
+    """A free TCP port on 127.0.0.1; with `pair`, one whose successor is free too (HTTP + SMTP)."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if not pair:
+            return port
+        with socket.socket() as neighbour:
+            try:
+                neighbour.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise ProcessStartError("no two neighbouring free ports")
+
+
+class RedisServer:
+    """A private `redis-server` that keeps nothing across a restart (`--save ''`, no AOF):
+    what a broker without persistence loses, a test or the chaos run can make it lose."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def start(self) -> Self:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise ProcessStartError("redis-server is not installed (apt-get install redis-server)")
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
+                "--logfile", str(self.workdir / "redis.log")]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 15
+        while not self._pong():
+            if time.monotonic() > deadline:
+                raise ProcessStartError(f"redis-server on port {self.port} not ready in 15 s")
+            time.sleep(0.05)
+        return self
+
+    def _pong(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ProcessStartError(f"redis-server exited: see {self.workdir / 'redis.log'}")
+        try:
+            return bool(self.client().ping())
+        except redis.ConnectionError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: nothing is saved, whatever was queued or unacknowledged is gone."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        """Kill and start again on the same port, empty: every message is lost."""
+        self.kill()
+        self.start()
+
+    def queue_length(self, queue: str = "celery") -> int:
+        return int(self.client().llen(queue))
+
+    def queued_messages(self, queue: str = "celery") -> list[Any]:
+        return list(self.client().lrange(queue, 0, -1))
 
 
 def current_database_url() -> str:
@@ -91,7 +174,7 @@ class WorkerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise WorkerStartError(f"worker {self.name} exited: {self.log_tail()}")
+                raise ProcessStartError(f"worker {self.name} exited: {self.log_tail()}")
             if (
                 b" ready." in self.log_path.read_bytes()
                 and len(self.children()) >= self.concurrency
@@ -99,7 +182,7 @@ class WorkerProcess:
                 return self
             time.sleep(0.05)
         self.kill()
-        raise WorkerStartError(f"worker {self.name} not ready in {timeout} s: {self.log_tail()}")
+        raise ProcessStartError(f"worker {self.name} not ready in {timeout} s: {self.log_tail()}")
 
     @property
     def pid(self) -> int:

@@ -30,7 +30,7 @@ from agentflow.benchmark.throughput import (
 )
 from agentflow.celery import app
 from agentflow.models import WorkflowRun
-from agentflow.workers import WorkerStartError
+from agentflow.workers import ProcessStartError
 
 #: Small runs before the timed phases: worker imports, DB connections and broker channels.
 WARMUP = 10
@@ -121,7 +121,7 @@ def _on_worker(
         if options.child_kills:
             progress(f"recovery: {options.child_kills} pool-child kills")
             child = recovery.child_kill_recovery(worker, samples=options.child_kills)
-    except (BenchError, WorkerStartError) as exc:
+    except (BenchError, ProcessStartError) as exc:
         raise BenchError(f"{exc}\nworker log ({worker.log_path}):\n{worker.log_tail()}") from None
     finally:
         worker.kill()

@@ -10,9 +10,7 @@ import base64
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,41 +20,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import redis
 from django.conf import settings
 
 from agentflow.celery import app
-
-
-class ProcessError(RuntimeError):
-    """A process the chaos run needs did not start."""
-
-
-def free_port(*, pair: bool = False) -> int:
-    """A free TCP port on 127.0.0.1; with `pair`, one whose successor is free too (HTTP + SMTP)."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if not pair or _is_free(port + 1):
-            return port
-    raise ProcessError("no free port pair found")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+from agentflow.workers import ProcessStartError, RedisServer, free_port
 
 
 def _wait(ready: Callable[[], bool], *, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if time.monotonic() > deadline:
-            raise ProcessError(f"{what} not ready in {timeout} s")
+            raise ProcessStartError(f"{what} not ready in {timeout} s")
         time.sleep(0.05)
 
 
@@ -82,48 +56,8 @@ def _kill_group(proc: subprocess.Popen | None) -> None:
         proc.wait(timeout=10)
 
 
-class RedisBroker:
-    """A private `redis-server` that keeps nothing across a restart (`--save ''`, no AOF)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
-
-    def start(self) -> RedisBroker:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise ProcessError("redis-server is not installed (it is the chaos run's broker)")
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no"]  # fmt: skip
-        self.proc = _spawn(args, self.workdir / "redis.log")
-        _wait(self._pong, timeout=15, what=f"redis-server on port {self.port}")
-        return self
-
-    def _pong(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise ProcessError(f"redis-server exited: see {self.workdir / 'redis.log'}")
-        try:
-            return bool(self.client().ping())
-        except redis.ConnectionError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL: nothing is saved, whatever was queued or unacknowledged is gone."""
-        _kill_group(self.proc)
-        self.proc = None
-
-    def restart(self) -> None:
-        """Kill and start again on the same port, empty."""
-        self.kill()
-        self.start()
+class RedisBroker(RedisServer):
+    """The chaos run's private broker, which can also tell what a restart would lose."""
 
     def queued_steps(self) -> list[tuple[str, int]]:
         """(run id, seq) of every step message in the queue or held unacknowledged by a worker:
@@ -175,7 +109,7 @@ class Sandbox:
 
     def _healthy(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            raise ProcessError(f"sandbox exited: see {self.workdir / 'sandbox.log'}")
+            raise ProcessStartError(f"sandbox exited: see {self.workdir / 'sandbox.log'}")
         try:
             return self.call("GET", "/_sandbox/health").get("status") == "ok"
         except (OSError, ValueError):
@@ -195,7 +129,7 @@ class Sandbox:
             try:
                 self.call("POST", "/_sandbox/faults", fault)
             except urllib.error.HTTPError as exc:
-                raise ProcessError(f"sandbox refused fault {fault}: {exc.read()!r}") from exc
+                raise ProcessStartError(f"sandbox refused fault {fault}: {exc.read()!r}") from exc
 
     def ledger(self) -> dict[str, Any]:
         return self.call("GET", "/_sandbox/ledger")

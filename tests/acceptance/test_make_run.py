@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,15 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from agentflow.workers import free_port
 from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -42,9 +36,9 @@ def _get(url: str) -> tuple[int, bytes]:
 @pytest.fixture
 def stack(tmp_path: Path):
     """`make run` in its own process group, on a private var dir and free ports."""
-    web_port, sandbox_port = _free_port(), _free_port()
+    web_port, sandbox_port = free_port(), free_port()
     while sandbox_port + 1 == web_port:
-        sandbox_port = _free_port()
+        sandbox_port = free_port()
     env = {
         key: value
         for key, value in os.environ.items()

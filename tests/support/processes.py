@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,76 +22,13 @@ from typing import Any
 
 import kombu.pools
 import pytest
-import redis
 from django.conf import settings
 
 from agentflow.celery import app
-from agentflow.workers import WorkerProcess, current_database_url
+from agentflow.workers import RedisServer, WorkerProcess, current_database_url
 from tests.support import partner
-from tests.support.waiting import wait_for
 
 WORKFLOW_MODULES = "tests.acceptance.workflows"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisServer:
-    """One `redis-server` process that keeps nothing across a restart (`--save ''`, no AOF)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
-
-    def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not installed (apt-get install redis-server)")
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
-                "--logfile", str(self.workdir / "redis.log")]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_for(self._pong, timeout=15, what=f"redis-server on port {self.port}")
-
-    def _pong(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited: see {self.workdir / 'redis.log'}")
-        try:
-            return bool(self.client().ping())
-        except redis.ConnectionError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL: nothing is saved, whatever was queued is gone."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-        self.proc = None
-
-    def restart(self) -> None:
-        """Kill and start again on the same port, empty: every message is lost."""
-        self.kill()
-        self.start()
-
-    def queue_length(self, queue: str = "celery") -> int:
-        return int(self.client().llen(queue))
-
-    def queued_messages(self, queue: str = "celery") -> list[bytes]:
-        return list(self.client().lrange(queue, 0, -1))
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -36,24 +35,10 @@ from urllib.parse import urlencode
 
 import pytest
 
+from agentflow.workers import free_port
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port_pair() -> int:
-    """A free port P whose neighbour P + 1 is free too (HTTP on P, SMTP on P + 1)."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port
-    raise RuntimeError("no two neighbouring free ports")
 
 
 class SandboxProcess:
@@ -62,7 +47,7 @@ class SandboxProcess:
     def __init__(
         self, *, state_path: Path, log_path: Path, key_window_seconds: float | None = None
     ) -> None:
-        self.port = free_port_pair()
+        self.port = free_port(pair=True)
         self.smtp_port = self.port + 1
         self.url = f"http://127.0.0.1:{self.port}"
         self.state_path = state_path

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from agentflow.workers import ProcessStartError
 from refunds.chaos.run import ChaosConfig, ChaosError, run
 
 
@@ -103,7 +104,7 @@ class Command(BaseCommand):
         previous = signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: clean up
         try:
             report = run(config, progress=progress)
-        except ChaosError as exc:
+        except (ChaosError, ProcessStartError) as exc:
             raise CommandError(str(exc)) from exc
         except KeyboardInterrupt:
             self.stderr.write("chaos: interrupted; every process it started is stopped")
