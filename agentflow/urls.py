@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from agentflow import views
 
@@ -12,6 +13,7 @@ from agentflow import views
 handler400 = "refunds.views.bad_request"
 
 urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="refunds:new", permanent=False)),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics, name="metrics"),

@@ -43,3 +43,9 @@ def test_metrics__counts_runs_by_status_and_the_sweepers_backlog(client: Client)
     assert 'agentflow_runs{status="COMPLETED"} 1' in lines
     assert 'agentflow_runs{status="FAILED"} 0' in lines
     assert "agentflow_runs_overdue 1" in lines
+
+
+def test_root__sends_a_visitor_to_the_refund_form(client: Client) -> None:
+    response = client.get("/")
+    assert response.status_code == 302
+    assert response["Location"] == "/refunds/new/"
