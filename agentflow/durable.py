@@ -31,7 +31,7 @@ from agentflow.exceptions import (
 from agentflow.registry import END, Workflow
 from agentflow.retry import RetryPolicy
 from agentflow.serialization import NotJSONError, to_json
-from agentflow.states import RunStatus, StepKind, StepStatus
+from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepKind, StepStatus
 
 ActionRefused = store.ActionRefused
 
@@ -128,7 +128,7 @@ class RunSnapshot:
 
     @property
     def finished(self) -> bool:
-        return self.status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+        return self.status in TERMINAL_RUN_STATUSES
 
 
 def snapshot(run_id: str) -> RunSnapshot | None:

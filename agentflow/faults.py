@@ -8,8 +8,6 @@ import signal
 
 logger = logging.getLogger(__name__)
 
-POINTS = ("after_claim", "after_effect", "after_complete")
-
 
 def crash_point(step: str, point: str, attempt: int) -> None:
     """SIGKILL this process at `step:point` on the step's first attempt.

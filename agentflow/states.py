@@ -40,7 +40,3 @@ class StepKind(models.TextChoices):
 
 ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
 TERMINAL_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
-
-
-def is_terminal(status: str) -> bool:
-    return status in TERMINAL_RUN_STATUSES

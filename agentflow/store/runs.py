@@ -85,15 +85,6 @@ def _run_id_by_key(workflow: str, business_key: str) -> str | None:
     )
 
 
-def run_load(run_id: str) -> WorkflowRun | None:
-    """The whole run row, for callers off the hot path."""
-    return WorkflowRun.objects.filter(pk=run_id).first()
-
-
-def checkpoint_load(run_id: str, seq: int) -> StepCheckpoint | None:
-    return StepCheckpoint.objects.filter(run_id=run_id, seq=seq).first()
-
-
 def outputs_load(run_id: str, before_seq: int) -> dict[str, Any]:
     rows = (
         StepCheckpoint.objects.filter(

@@ -138,12 +138,6 @@ def fetch_one(query: str, params: list[Any]) -> tuple[Any, ...] | None:
         return cur.fetchone()
 
 
-def fetch_all(query: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    with cursor() as cur:
-        cur.execute(query, params)
-        return cur.fetchall()
-
-
 class _Rollback(Exception):
     pass
 

@@ -39,10 +39,6 @@ class CheckpointRow:
     lease_expires_at: datetime | None
     first_started_at: datetime
 
-    @property
-    def pk(self) -> int:
-        return self.id
-
 
 @dataclass(slots=True, kw_only=True)
 class StepState:

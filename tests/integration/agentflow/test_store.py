@@ -46,10 +46,10 @@ def race(contender: Callable[[], T], *, threads: int = 2) -> list[T]:
         return list(pool.map(lambda _: one(), range(threads)))
 
 
-def race_run() -> tuple[WorkflowRun, StepDef]:
+def race_run() -> tuple[store.StepState, StepDef]:
     """A fresh run whose first step is an effect, loaded the way the runtime loads it."""
     run_id = durable.start(workflows.race.name)
-    run = store.run_load(run_id)
+    run = store.state_load(run_id, 1)
     assert run is not None
     return run, workflows.race.steps["hold"]
 
