@@ -32,11 +32,12 @@ def test_filesystem_broker__concurrent_consumers_each_get_every_message_once(
     received: list[int] = []
     lock = threading.Lock()
     done = threading.Event()
+    stop = threading.Event()  # set however the test ends, so no consumer outlives it
 
     def consume() -> None:
         with _connection(tmp_path) as conn:
             queue = conn.SimpleQueue("jobs")
-            while not done.is_set():
+            while not stop.is_set():
                 try:
                     message = queue.get(timeout=0.05)
                 except queue.Empty:
@@ -48,17 +49,20 @@ def test_filesystem_broker__concurrent_consumers_each_get_every_message_once(
                 message.ack()
             queue.close()
 
-    consumers = [threading.Thread(target=consume) for _ in range(3)]
+    consumers = [threading.Thread(target=consume, daemon=True) for _ in range(3)]
     for thread in consumers:
         thread.start()
-    with _connection(tmp_path) as conn:
-        queue = conn.SimpleQueue("jobs")
-        for n in range(total):
-            queue.put({"n": n})  # published while the consumers poll: the race kombu loses
-        queue.close()
-    assert done.wait(timeout=30), f"only {len(received)} of {total} messages arrived"
-    for thread in consumers:
-        thread.join(timeout=5)
+    try:
+        with _connection(tmp_path) as conn:
+            queue = conn.SimpleQueue("jobs")
+            for n in range(total):
+                queue.put({"n": n})  # published while the consumers poll: the race kombu loses
+            queue.close()
+        assert done.wait(timeout=30), f"only {len(received)} of {total} messages arrived"
+    finally:
+        stop.set()
+        for thread in consumers:
+            thread.join(timeout=5)
 
     assert sorted(received) == list(range(total))
     assert not list((tmp_path / "queue").iterdir())
