@@ -7,6 +7,8 @@ import logging
 from django.db import transaction
 
 from agentflow.celery import app
+from agentflow.registry import Workflow
+from agentflow.states import CLAIMED_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -17,16 +19,45 @@ RUN_STEP_TASK = "agentflow.run_step"
 MAX_COUNTDOWN_SECONDS = 30.0
 
 
-def send_step(run_id: str, seq: int, *, countdown: float | None = None) -> bool:
+#: `[workflow, version, step]`: the publisher has just moved the run onto this claimed step.
+Fresh = list[str | int]
+
+
+def fresh(workflow: Workflow, step: str) -> Fresh | None:
+    """The hint that lets the worker claim `step` while it loads the run (see
+    `store.state_load_claiming`); None for steps that take no claim."""
+    if workflow.steps[step].kind in CLAIMED_KINDS:
+        return [workflow.name, workflow.version, step]
+    return None
+
+
+def send_step(
+    run_id: str, seq: int, *, countdown: float | None = None, fresh: Fresh | None = None
+) -> bool:
     """Publish now. A broker error is logged, not raised: the run's `wake_at` lets the sweeper
-    publish it again, so a lost doorbell costs latency, never the run."""
+    publish it again, so a lost doorbell costs latency, never the run. `fresh` is only a hint:
+    a stale or wrong one costs the worker nothing but the round trip it was meant to save."""
+    args = (run_id, seq)
+    kwargs = {"fresh": fresh} if fresh is not None else {}
     try:
-        app.send_task(RUN_STEP_TASK, args=(run_id, seq), countdown=countdown)
+        app.send_task(
+            RUN_STEP_TASK,
+            args=args,
+            kwargs=kwargs,
+            countdown=countdown,
+            # Plain reprs of our own small arguments: Celery's default `saferepr` costs more
+            # than the rest of building the message. Not a child of the running task either.
+            argsrepr=repr(args),
+            kwargsrepr=repr(kwargs),
+            add_to_parent=False,
+        )
     except Exception as exc:  # kombu raises OperationalError and friends
         logger.warning("could not enqueue %s step %s (%s); the sweeper will", run_id, seq, exc)
         return False
     return True
 
 
-def send_step_on_commit(run_id: str, seq: int, *, countdown: float | None = None) -> None:
-    transaction.on_commit(lambda: send_step(run_id, seq, countdown=countdown))
+def send_step_on_commit(
+    run_id: str, seq: int, *, countdown: float | None = None, fresh: Fresh | None = None
+) -> None:
+    transaction.on_commit(lambda: send_step(run_id, seq, countdown=countdown, fresh=fresh))

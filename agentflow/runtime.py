@@ -17,18 +17,21 @@ from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableSt
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
+from agentflow.states import ACTIVE_RUN_STATUSES, CLAIMED_KINDS, RunStatus, StepKind, StepStatus
 
 logger = logging.getLogger(__name__)
 
 
-def run_step(run_id: str, seq: int, *, redelivered: bool = False) -> None:
+def run_step(
+    run_id: str, seq: int, *, redelivered: bool = False, fresh: dispatch.Fresh | None = None
+) -> None:
     """Handle one `run_step` message. Safe to call any number of times for the same step.
 
     `redelivered`: the broker gave this message back because its consumer died.
+    `fresh`: the publisher's hint that the run was just moved onto this (claimed) step.
     """
     _drop_broken_connection()
-    run = store.state_load(run_id, seq)
+    run, claim = _load(run_id, seq, fresh)
     if run is None:
         logger.warning("run %s does not exist; dropping its message", run_id)
         return
@@ -68,8 +71,8 @@ def run_step(run_id: str, seq: int, *, redelivered: bool = False) -> None:
             kind=RunEvent.Kind.VERSION_MISMATCH,
         )
         return
-    if step.kind in (StepKind.EFFECT, StepKind.LLM):
-        _run_claimed(run, workflow, step, seq, seen)
+    if step.kind in CLAIMED_KINDS:
+        _run_claimed(run, workflow, step, seq, seen, claim)
         return
     if redelivered:
         if seen is not None and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS:
@@ -79,6 +82,21 @@ def run_step(run_id: str, seq: int, *, redelivered: bool = False) -> None:
         run = store.state_load(run_id, seq) or run
         seen = run.checkpoint
     _run_unclaimed(run, workflow, step, seq, seen)
+
+
+def _load(
+    run_id: str, seq: int, fresh: dispatch.Fresh | None
+) -> tuple[store.StepState | None, store.Claim | None]:
+    """The run's state at `seq`; for a fresh effect step also its claim, in the same statement:
+    exactly the claim `store.step_claim` would commit after the checks in `run_step`, which
+    then hold by construction."""
+    if fresh is not None:
+        name, version, step_name = fresh
+        workflow = registry.lookup(str(name), int(version))
+        step = workflow.steps.get(str(step_name)) if workflow is not None else None
+        if workflow is not None and step is not None and step.kind in CLAIMED_KINDS:
+            return store.state_load_claiming(run_id, seq, workflow, step)
+    return store.state_load(run_id, seq), None
 
 
 def _drop_broken_connection() -> None:
@@ -112,24 +130,13 @@ def _run_claimed(
     step: StepDef,
     seq: int,
     seen: store.CheckpointRow | None,
+    claim: store.Claim | None,
 ) -> None:
     """effect / llm: claim committed, then the call, then the fenced completion."""
-    if (
-        seen is not None
-        and seen.status == StepStatus.IN_PROGRESS
-        and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS
-    ):
-        # Bounds the redelivery loop of a step that kills its worker every time.
-        if store.claim_blocker(seen, timezone.now()) is None:
-            store.run_park(
-                run.id,
-                f"{step.name} was attempted {seen.attempts} times without finishing "
-                "(the worker kept dying); check the partner before retrying",
-            )
-        return
-    claim = store.step_claim(run, step, seq, seen)
     if claim is None:
-        return  # lost the race, or someone holds a live lease
+        claim = _claim(run, step, seq, seen)
+    if claim is None:
+        return  # lost the race, someone holds a live lease, or the run was parked
     ctx = _context(run, step, seq, claim.attempt)
     faults.crash_point(step.name, "after_claim", claim.attempt)
     try:
@@ -153,6 +160,25 @@ def _run_claimed(
     faults.crash_point(step.name, "after_effect", claim.attempt)
     if not store.step_complete(run, workflow, step, seq, claim.attempt, output):
         logger.warning("%s step %s: fenced out, result discarded", run.id, seq)
+
+
+def _claim(
+    run: store.StepState, step: StepDef, seq: int, seen: store.CheckpointRow | None
+) -> store.Claim | None:
+    if (
+        seen is not None
+        and seen.status == StepStatus.IN_PROGRESS
+        and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS
+    ):
+        # Bounds the redelivery loop of a step that kills its worker every time.
+        if store.claim_blocker(seen, timezone.now()) is None:
+            store.run_park(
+                run.id,
+                f"{step.name} was attempted {seen.attempts} times without finishing "
+                "(the worker kept dying); check the partner before retrying",
+            )
+        return None
+    return store.step_claim(run, step, seq, seen)
 
 
 class _Parked(Exception):

@@ -38,5 +38,8 @@ class StepKind(models.TextChoices):
     LLM = "llm", "llm"
 
 
+#: Kinds whose claim commits before the step runs (SPEC §3.3).
+CLAIMED_KINDS = (StepKind.EFFECT, StepKind.LLM)
+
 ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
 TERMINAL_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)

@@ -13,10 +13,10 @@ from agentflow.celery import app
 
 
 @shared_task(bind=True, name=dispatch.RUN_STEP_TASK, acks_late=True, reject_on_worker_lost=True)
-def run_step_task(self: Any, run_id: str, seq: int) -> None:
+def run_step_task(self: Any, run_id: str, seq: int, fresh: dispatch.Fresh | None = None) -> None:
     # Redelivered: the process that had this message died, maybe just after completing the step.
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    runtime.run_step(run_id, seq, redelivered=redelivered)
+    runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
 
 
 @shared_task(name="agentflow.sweep", acks_late=False)

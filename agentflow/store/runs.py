@@ -66,7 +66,8 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
                 current_seq=1,
                 wake_at=now + enqueue_grace(),
             )
-            dispatch.send_step_on_commit(run.id, 1)
+            hint = dispatch.fresh(workflow, run.current_step)
+            dispatch.send_step_on_commit(run.id, 1, fresh=hint)
     except IntegrityError:
         if business_key is None:
             raise
@@ -250,7 +251,7 @@ def _fail_run_txn(
         actor="engine",
         detail=f"{reason}; undoing with {', '.join(plan)}",
     )
-    dispatch.send_step_on_commit(run.id, seq + 1)
+    dispatch.send_step_on_commit(run.id, seq + 1, fresh=dispatch.fresh(workflow, plan[0]))
 
 
 def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[str]:

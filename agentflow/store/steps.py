@@ -58,15 +58,17 @@ class StepState:
     checkpoint: CheckpointRow | None
 
 
-_STATE_QUERY = f"""
-    SELECT r.workflow, r.version, r.input, r.status, r.current_step, r.current_seq,
-           r.compensations, r.error,
-           c.id, c.name, c.status, c.attempts, c.retryable, c.lease_owner, c.lease_expires_at,
-           c.first_started_at, r.wake_at
+_STATE_COLUMNS = """
+    r.workflow, r.version, r.input, r.status, r.current_step, r.current_seq, r.compensations,
+    r.error, c.id, c.name, c.status, c.attempts, c.retryable, c.lease_owner, c.lease_expires_at,
+    c.first_started_at, r.wake_at
+"""
+_STATE_FROM = f"""
     FROM {sql.RUNS} r
     LEFT JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = %s
     WHERE r.id = %s
 """
+_STATE_QUERY = f"SELECT {_STATE_COLUMNS} {_STATE_FROM}"
 
 
 def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None:
@@ -75,7 +77,10 @@ def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None
     query = _STATE_QUERY
     if lock and connection.features.has_select_for_update_of:
         query += " FOR UPDATE OF r"  # SQLite needs none: IMMEDIATE transactions serialise
-    row = sql.fetch_one(query, [seq, run_id])
+    return _state_from_row(run_id, sql.fetch_one(query, [seq, run_id]))
+
+
+def _state_from_row(run_id: str, row: tuple[Any, ...] | None) -> StepState | None:
     if row is None:
         return None
     checkpoint = None
@@ -103,6 +108,59 @@ def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None
         wake_at=sql.read_datetime(row[16]),
         checkpoint=checkpoint,
     )
+
+
+#: Claims the step at `seq` when it is still fresh (run PENDING or RUNNING at that seq and step,
+#: on the expected definition, no checkpoint), then reads the state as it was before the claim:
+#: the sub-statements of one statement share a snapshot. A racing claimer makes the INSERT fail
+#: on unique (run, seq), so the whole statement changes nothing.
+_LOAD_AND_CLAIM_QUERY = f"""
+    WITH claimed_run AS (
+        UPDATE {sql.RUNS} r SET status = %s, wake_at = %s, updated_at = %s
+        WHERE r.id = %s AND r.current_seq = %s AND r.status IN (%s, %s)
+          AND r.workflow = %s AND r.version = %s AND r.current_step = %s
+          AND NOT EXISTS (SELECT 1 FROM {sql.STEPS} c WHERE c.run_id = r.id AND c.seq = %s)
+        RETURNING r.id
+    ), claimed AS (
+        INSERT INTO {sql.STEPS} (run_id, seq, name, kind, idempotency_key, status, attempts,
+                                 retryable, error, lease_owner, lease_expires_at, started_at,
+                                 first_started_at)
+        SELECT id, %s, %s, %s, %s, %s, 1, false, '', %s, %s, %s, %s FROM claimed_run
+        RETURNING id
+    )
+    SELECT {_STATE_COLUMNS}, (SELECT id FROM claimed) {_STATE_FROM}
+"""
+
+
+def state_load_claiming(
+    run_id: str, seq: int, workflow: Workflow, step: StepDef
+) -> tuple[StepState | None, Claim | None]:
+    """`state_load`, and the claim of `step` (an effect or llm step of `workflow`) in the same
+    statement when the run has just been moved onto it: one round trip fewer for a fresh
+    effect step. The claim is exactly the one `step_claim` would commit after the caller's
+    checks, which hold by the statement's fences; in any other case (a checkpoint exists,
+    another definition, a race) nothing is claimed and the caller decides as usual."""
+    if connection.vendor != "postgresql":
+        return state_load(run_id, seq), None
+    now = timezone.now()
+    expires = now + timedelta(seconds=settings.AGENTFLOW_LEASE_SECONDS)
+    params = [
+        RunStatus.RUNNING, expires, now,
+        run_id, seq, RunStatus.PENDING, RunStatus.RUNNING,
+        workflow.name, workflow.version, step.name,
+        seq,
+        seq, step.name, step.kind, idempotency_key(run_id, seq), StepStatus.IN_PROGRESS,
+        leases.current_owner(), expires, now, now,
+        seq, run_id,
+    ]  # fmt: skip
+    try:
+        row = sql.fetch_one(_LOAD_AND_CLAIM_QUERY, params)
+    except IntegrityError:
+        return state_load(run_id, seq), None  # another worker claimed it first
+    state = _state_from_row(run_id, row)
+    if row is None or row[17] is None:
+        return state, None
+    return state, Claim(attempt=1, outcome_unknown=False, first_started_at=now)
 
 
 # --- claims -------------------------------------------------------------------------------------
@@ -208,7 +266,8 @@ def step_complete(
         },
     )
     if done:
-        transaction.on_commit(partial(_after_complete, run.id, step.name, attempt, next_seq))
+        hint = _fresh(workflow, changes)
+        transaction.on_commit(partial(_after_complete, run.id, step.name, attempt, next_seq, hint))
     return done
 
 
@@ -248,7 +307,8 @@ def unclaimed_complete(
         ),
     )
     if done:
-        transaction.on_commit(partial(_after_complete, run.id, step.name, attempt, next_seq))
+        hint = _fresh(workflow, changes)
+        transaction.on_commit(partial(_after_complete, run.id, step.name, attempt, next_seq, hint))
     return done
 
 
@@ -302,7 +362,14 @@ def _advance(
     return changes, seq + 1
 
 
-def _after_complete(run_id: str, step_name: str, attempt: int, next_seq: int | None) -> None:
+def _fresh(workflow: Workflow, changes: dict[str, Any]) -> dispatch.Fresh | None:
+    next_step = changes.get("current_step")
+    return dispatch.fresh(workflow, next_step) if next_step is not None else None
+
+
+def _after_complete(
+    run_id: str, step_name: str, attempt: int, next_seq: int | None, fresh: dispatch.Fresh | None
+) -> None:
     faults.crash_point(step_name, "after_complete", attempt)
     if next_seq is not None:
-        dispatch.send_step(run_id, next_seq)
+        dispatch.send_step(run_id, next_seq, fresh=fresh)

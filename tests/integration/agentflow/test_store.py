@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import connection, connections
 from django.utils import timezone
 
-from agentflow import durable, leases, runtime, store
+from agentflow import durable, leases, registry, runtime, store
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef
 from agentflow.states import RunStatus, StepStatus
@@ -99,6 +99,68 @@ def test_claim__loses_to_a_live_lease() -> None:
 
     assert store.step_claim(run, step, 1, seen) is None
     assert StepCheckpoint.objects.get(run_id=run.id, seq=1).attempts == 1
+
+
+def test_claiming_load__claims_a_fresh_effect_step_as_step_claim_would() -> None:
+    run_id = durable.start(workflows.race.name)
+    step = workflows.race.steps["hold"]
+
+    run, claim = store.state_load_claiming(run_id, 1, workflows.race, step)
+
+    assert run is not None and run.checkpoint is None  # the state as it was before the claim
+    assert claim is not None
+    assert (claim.attempt, claim.outcome_unknown) == (1, False)
+    cp = StepCheckpoint.objects.get(run_id=run_id, seq=1)
+    assert (cp.status, cp.attempts, cp.kind, cp.name) == (
+        StepStatus.IN_PROGRESS,
+        1,
+        "effect",
+        "hold",
+    )
+    assert cp.lease_owner == leases.current_owner()
+    assert cp.idempotency_key == durable.idempotency_key(run_id, 1)
+    after = WorkflowRun.objects.get(pk=run_id)
+    assert (after.status, after.wake_at) == (RunStatus.RUNNING, cp.lease_expires_at)
+
+
+def test_claiming_load__two_threads_race__exactly_one_claims() -> None:
+    run_id = durable.start(workflows.race.name)
+    step = workflows.race.steps["hold"]
+
+    results = race(lambda: store.state_load_claiming(run_id, 1, workflows.race, step))
+
+    assert all(run is not None for run, _ in results)
+    assert sum(claim is not None for _, claim in results) == 1
+    assert StepCheckpoint.objects.get(run_id=run_id, seq=1).attempts == 1
+
+
+@pytest.mark.parametrize("case", ["checkpoint exists", "other step", "cancelled", "other version"])
+def test_claiming_load__claims_nothing_unless_the_step_is_fresh(case: str) -> None:
+    run_id = durable.start(workflows.race.name)
+    step = workflows.race.steps["hold"]
+    definition = workflows.race
+    if case == "checkpoint exists":
+        run = store.state_load(run_id, 1)
+        assert store.step_claim(run, step, 1, None) is not None
+        StepCheckpoint.objects.filter(run_id=run_id).update(
+            status=StepStatus.FAILED, retryable=True, lease_expires_at=None
+        )
+    elif case == "other step":
+        step = workflows.chain.steps["charge"]
+    elif case == "cancelled":
+        durable.cancel(run_id, reason="test", actor="test")
+    else:
+        definition = durable.Workflow(workflows.race.name, version=99)
+        try:
+            definition.step("hold", kind="effect")(lambda ctx: None)
+        finally:
+            registry.unregister(definition)
+    before = rows(run_id)
+
+    run, claim = store.state_load_claiming(run_id, 1, definition, step)
+
+    assert run is not None and claim is None
+    assert rows(run_id) == before
 
 
 def test_completion__fenced_after_takeover__changes_nothing() -> None:
