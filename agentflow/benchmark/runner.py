@@ -29,7 +29,7 @@ from agentflow.benchmark.throughput import (
     workflow_throughput,
 )
 from agentflow.celery import app
-from agentflow.models import WorkflowRun
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.workers import ProcessStartError
 
 #: Small runs before the timed phases: worker imports, DB connections and broker channels.
@@ -44,6 +44,9 @@ class BenchOptions:
     stale: int = 1000
     skip_sweep: bool = False
     concurrency: int = 2
+    #: The chain and agentflow take turns this many times (each turn runs/rounds runs), so
+    #: a slow spell of a shared machine slows both alike instead of skewing the ratio.
+    rounds: int = 5
     #: Kills per recovery figure (child: quick; whole worker: lease + sweep each).
     child_kills: int = 5
     worker_kills: int = 3
@@ -57,7 +60,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         progress(f"sweeper query at {options.history:,} finished runs")
         figure = sweep_at_scale(history=options.history, stale=options.stale, progress=progress)
         report["sweep"] = asdict(figure)
-    chain, mixed, reads, effects, others, child = _on_worker(options, progress)
+    chain, mixed, rounds, reads, effects, others, child = _on_worker(options, progress)
     report["agentflow"] = {
         **_rates(mixed),
         "commits_per_read_step": round(reads.per_step, 3),
@@ -77,6 +80,9 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     }
     report["celery_chain"] = _rates(chain)
     report["ratio"] = round(mixed.steps_per_s / chain.steps_per_s, 3)
+    report["ratio_per_round"] = [
+        round(flow.steps_per_s / plain.steps_per_s, 3) for plain, flow in rounds
+    ]
     report["recovery"] = {"bound_s": recovery.bound_seconds()}
     if child is not None:
         report["recovery"]["child_kill"] = child.as_dict()
@@ -94,9 +100,18 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
 
 def _on_worker(
     options: BenchOptions, progress: Callable[[str], None]
-) -> tuple[Throughput, Throughput, Commits, Commits, float, recovery.Recovery | None]:
+) -> tuple[
+    Throughput,
+    Throughput,
+    list[tuple[Throughput, Throughput]],
+    Commits,
+    Commits,
+    float,
+    recovery.Recovery | None,
+]:
     """The phases that need a worker, on one worker, from a clean queue and table."""
     _delete_bench_runs()
+    _vacuum()
     purged = app.control.purge()
     if purged:
         progress(f"purged {purged} leftover messages")
@@ -107,10 +122,16 @@ def _on_worker(
         progress("warming up")
         chain_throughput(WARMUP)
         workflow_throughput(workload.MIXED, WARMUP)
-        progress(f"plain Celery chain: {options.runs} chains x {workload.STEPS} tasks")
-        chain = chain_throughput(options.runs)
-        progress(f"agentflow: {options.runs} runs x {workload.STEPS} steps")
-        mixed = workflow_throughput(workload.MIXED, options.runs)
+        rounds = []
+        for number, size in enumerate(_split(options.runs, options.rounds), start=1):
+            progress(
+                f"round {number}: plain Celery chain, {size} chains x {workload.STEPS} tasks; "
+                f"agentflow, {size} runs x {workload.STEPS} steps"
+            )
+            rounds.append((chain_throughput(size), workflow_throughput(workload.MIXED, size)))
+            _delete_bench_runs()
+        chain = Throughput.total(plain for plain, _ in rounds)
+        mixed = Throughput.total(flow for _, flow in rounds)
         wait_until(_queue_empty, timeout=30, what=lambda: "the broker queue to drain")
         idle_before = other_writers_per_s()
         progress(f"commits: {options.commit_runs} read-only and effect-only runs")
@@ -127,7 +148,13 @@ def _on_worker(
         worker.kill()
         _delete_bench_runs()
     worker.log_path.unlink(missing_ok=True)  # kept only when something went wrong
-    return chain, mixed, reads, effects, others, child
+    return chain, mixed, rounds, reads, effects, others, child
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """`total` in at most `parts` near-equal positive sizes."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (1 if index < total % parts else 0) for index in range(parts)]
 
 
 def _rates(throughput: Throughput) -> dict[str, Any]:
@@ -176,6 +203,7 @@ def environment(options: BenchOptions) -> dict[str, Any]:
         "synchronous_commit": synchronous_commit,
         "workers": 1,
         "processes": options.concurrency,
+        "rounds": options.rounds,
         "prefetch_multiplier": settings.CELERY_WORKER_PREFETCH_MULTIPLIER,
         "acks_late": settings.CELERY_TASK_ACKS_LATE,
         "cpus": os.cpu_count(),
@@ -191,6 +219,14 @@ def _queue_empty() -> bool | None:
         # Not passive: kombu's Redis transport has no key for an empty queue.
         _, messages, _ = conn.default_channel.queue_declare(app.conf.task_default_queue)
     return True if messages == 0 else None
+
+
+def _vacuum() -> None:
+    """Start from tables without dead rows: autovacuum may be off or behind (it is off on
+    some CI machines), and the rows of earlier bench runs would slow every index probe."""
+    tables = ", ".join(model._meta.db_table for model in (WorkflowRun, StepCheckpoint, RunEvent))
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM (ANALYZE) {tables}")
 
 
 def _delete_bench_runs() -> None:

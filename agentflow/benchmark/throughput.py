@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -43,6 +43,15 @@ class Throughput:
     @property
     def workflows_per_s(self) -> float:
         return self.runs / self.seconds
+
+    @classmethod
+    def total(cls, phases: Iterable[Throughput]) -> Throughput:
+        phases = list(phases)
+        return cls(
+            runs=sum(p.runs for p in phases),
+            steps=sum(p.steps for p in phases),
+            seconds=sum(p.seconds for p in phases),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

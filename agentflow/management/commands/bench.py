@@ -30,6 +30,9 @@ class Command(BaseCommand):
         parser.add_argument("--skip-sweep", action="store_true", help="no sweeper figure")
         parser.add_argument("--concurrency", type=_positive, default=2, help="worker processes")
         parser.add_argument(
+            "--rounds", type=_positive, default=5, help="turns the chain and agentflow take"
+        )
+        parser.add_argument(
             "--child-kills", type=_count, default=5, help="pool-child kills (0: skip)"
         )
         parser.add_argument(
@@ -44,6 +47,7 @@ class Command(BaseCommand):
             stale=options["stale"],
             skip_sweep=options["skip_sweep"],
             concurrency=options["concurrency"],
+            rounds=options["rounds"],
             child_kills=options["child_kills"],
             worker_kills=options["worker_kills"],
         )
@@ -81,6 +85,7 @@ def render(report: dict[str, Any]) -> str:
         ("agentflow workflows/s", f"{flow['workflows_per_s']:,.2f}"),
         ("plain Celery chain steps/s", f"{plain['steps_per_s']:,.1f}"),
         ("ratio (agentflow / chain)", f"{report['ratio']:.3f}"),
+        ("ratio per round", " ".join(f"{ratio:.2f}" for ratio in report["ratio_per_round"])),
         ("step overhead per process (ms)", f"{flow['step_overhead_ms']:.3f}"),
         ("commits per read step", f"{flow['commits_per_read_step']:.3f}"),
         ("commits per effect step", f"{flow['commits_per_effect_step']:.3f}"),

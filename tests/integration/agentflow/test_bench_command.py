@@ -31,6 +31,8 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
         assert isinstance(flow[figure], int | float), figure
     assert flow["steps_per_s"] > 0 and flow["workflows_per_s"] > 0
     assert chain["steps_per_s"] > 0 and report["ratio"] > 0
+    assert chain["runs"] == flow["runs"] == 4  # in turns: 4 rounds of one run each
+    assert len(report["ratio_per_round"]) == 4 and all(r > 0 for r in report["ratio_per_round"])
     # Counted from Postgres transaction ids, which other writers on the cluster also consume.
     assert flow["commits_per_read_step"] >= 1.0
     assert flow["commits_per_effect_step"] >= 2.0
