@@ -60,7 +60,6 @@ class Channel(filesystem.Channel):
             return loads(bytes_to_str(payload))
         raise filesystem.Empty()
 
-
     def queue_bind(self, *args: Any, **kwargs: Any) -> Any:
         with _binding:
             return super().queue_bind(*args, **kwargs)
