@@ -23,7 +23,7 @@ MAX_COUNTDOWN_SECONDS = 30.0
 Fresh = list[str | int]
 
 
-def fresh(workflow: Workflow, step: str) -> Fresh | None:
+def fresh_hint(workflow: Workflow, step: str) -> Fresh | None:
     """The hint that lets the worker claim `step` while it loads the run (see
     `store.state_load_claiming`); None for steps that take no claim."""
     if workflow.steps[step].kind in CLAIMED_KINDS:

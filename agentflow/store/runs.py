@@ -66,7 +66,7 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
                 current_seq=1,
                 wake_at=now + enqueue_grace(),
             )
-            hint = dispatch.fresh(workflow, run.current_step)
+            hint = dispatch.fresh_hint(workflow, run.current_step)
             dispatch.send_step_on_commit(run.id, 1, fresh=hint)
     except IntegrityError:
         if business_key is None:
@@ -251,7 +251,7 @@ def _fail_run_txn(
         actor="engine",
         detail=f"{reason}; undoing with {', '.join(plan)}",
     )
-    dispatch.send_step_on_commit(run.id, seq + 1, fresh=dispatch.fresh(workflow, plan[0]))
+    dispatch.send_step_on_commit(run.id, seq + 1, fresh=dispatch.fresh_hint(workflow, plan[0]))
 
 
 def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[str]:

@@ -110,6 +110,10 @@ def _state_from_row(run_id: str, row: tuple[Any, ...] | None) -> StepState | Non
     )
 
 
+def _lease_expiry(now: datetime) -> datetime:
+    return now + timedelta(seconds=settings.AGENTFLOW_LEASE_SECONDS)
+
+
 #: Claims the step at `seq` when it is still fresh (run PENDING or RUNNING at that seq and step,
 #: on the expected definition, no checkpoint), then reads the state as it was before the claim:
 #: the sub-statements of one statement share a snapshot. A racing claimer makes the INSERT fail
@@ -143,7 +147,7 @@ def state_load_claiming(
     if connection.vendor != "postgresql":
         return state_load(run_id, seq), None
     now = timezone.now()
-    expires = now + timedelta(seconds=settings.AGENTFLOW_LEASE_SECONDS)
+    expires = _lease_expiry(now)
     params = [
         RunStatus.RUNNING, expires, now,
         run_id, seq, RunStatus.PENDING, RunStatus.RUNNING,
@@ -164,6 +168,8 @@ def state_load_claiming(
 
 
 # --- claims -------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, kw_only=True)
 class Claim:
     attempt: int
@@ -195,7 +201,7 @@ def step_claim(run: Any, step: StepDef, seq: int, seen: Any) -> Claim | None:
     now = timezone.now()
     if claim_blocker(seen, now) is not None:
         return None
-    expires = now + timedelta(seconds=settings.AGENTFLOW_LEASE_SECONDS)
+    expires = _lease_expiry(now)
     owner = leases.current_owner()
     attempt = seen.attempts + 1 if seen is not None else 1
     first_started = seen.first_started_at if seen is not None else now
@@ -229,7 +235,7 @@ def step_claim(run: Any, step: StepDef, seq: int, seen: Any) -> Claim | None:
 def lease_renew(run_id: str, seq: int, attempt: int) -> bool:
     """Extend our lease; False when another worker has taken the step over."""
     now = timezone.now()
-    expires = now + timedelta(seconds=settings.AGENTFLOW_LEASE_SECONDS)
+    expires = _lease_expiry(now)
     with transaction.atomic():
         kept = sql.update(
             sql.STEPS,
@@ -364,7 +370,7 @@ def _advance(
 
 def _fresh(workflow: Workflow, changes: dict[str, Any]) -> dispatch.Fresh | None:
     next_step = changes.get("current_step")
-    return dispatch.fresh(workflow, next_step) if next_step is not None else None
+    return dispatch.fresh_hint(workflow, next_step) if next_step is not None else None
 
 
 def _after_complete(

@@ -163,6 +163,29 @@ def test_claiming_load__claims_nothing_unless_the_step_is_fresh(case: str) -> No
     assert rows(run_id) == before
 
 
+def _step_messages(broker: RedisServer) -> list[tuple[list[Any], dict[str, Any]]]:
+    """(args, kwargs) of every step message waiting in the broker, oldest first."""
+    bodies = [json.loads(b64decode(json.loads(raw)["body"])) for raw in broker.queued_messages()]
+    return [(args, kwargs) for args, kwargs, _ in reversed(bodies)]
+
+
+def test_step_messages__carry_the_claim_hint_for_effect_steps_only(engine: RedisServer) -> None:
+    run_id = durable.start(workflows.chain.name)  # prepare (read) -> charge (effect) -> finish
+    [(args, kwargs)] = _step_messages(engine)
+    assert (args, kwargs) == ([run_id, 1], {})
+    engine.client().flushall()  # this test plays the worker
+
+    runtime.run_step(run_id, 1)
+    [(args, kwargs)] = _step_messages(engine)
+    assert (args, kwargs) == ([run_id, 2], {"fresh": [workflows.chain.name, 1, "charge"]})
+    engine.client().flushall()
+
+    runtime.run_step(*args, **kwargs)  # claimed by its load, then completed
+    cp = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    assert (cp.status, cp.attempts) == (StepStatus.COMPLETED, 1)
+    assert _step_messages(engine) == [([run_id, 3], {})]
+
+
 def test_completion__fenced_after_takeover__changes_nothing() -> None:
     run, step = race_run()
     first = store.step_claim(run, step, 1, None)
