@@ -93,6 +93,10 @@ else:
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             "connect_timeout": 5,
+            # Server-side prepared statements (Django turns them off by default). Without them
+            # Postgres plans every step statement again, which costs more than running it.
+            # Behind PgBouncer in transaction mode this needs max_prepared_statements (>= 1.21).
+            "prepare_threshold": 5,
             # A stuck step must not hold claim locks for ever.
             "options": "-c lock_timeout=5000 -c idle_in_transaction_session_timeout=60000",
         }

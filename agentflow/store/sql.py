@@ -24,43 +24,22 @@ STEPS = StepCheckpoint._meta.db_table
 JSON_COLUMNS = frozenset({"input", "output", "compensations", "arguments"})
 
 
-class _PreparedCursor:
-    """Executes every statement as a server-side prepared statement.
-
-    Django turns psycopg's automatic preparation off (prepare_threshold=None), so each step
-    would make Postgres plan its statements again: for the step writes that planning costs more
-    than running them. The hot path has a handful of statement shapes, each prepared once per
-    connection. (Behind PgBouncer in transaction mode this needs max_prepared_statements.)
-    """
-
-    def __init__(self, raw: psycopg.Cursor[Any]) -> None:
-        self._raw = raw
-
-    def execute(self, query: str, params: list[Any]) -> None:
-        self._raw.execute(query, params, prepare=True)
-
-    @property
-    def rowcount(self) -> int:
-        return self._raw.rowcount
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        return self._raw.fetchone()
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        return self._raw.fetchall()
-
-
 @contextmanager
 def cursor() -> Iterator[Any]:
-    """A cursor for the hot path: on Postgres, server-side binding and prepared statements;
-    errors still surface as Django's (IntegrityError, OperationalError)."""
+    """A cursor for the hot path; errors still surface as Django's (IntegrityError, ...).
+
+    On Postgres it is psycopg's own server-binding cursor, not Django's client-binding one, so
+    the hot path's handful of statement shapes become prepared statements (the connection's
+    `prepare_threshold`, set in settings): planning a step write costs Postgres more than
+    running it.
+    """
     if connection.vendor != "postgresql":
         with connection.cursor() as django_cursor:
             yield django_cursor
         return
     connection.ensure_connection()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as raw:
-        yield _PreparedCursor(raw)
+        yield raw
 
 
 @dataclass(frozen=True)

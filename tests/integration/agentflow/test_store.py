@@ -101,6 +101,21 @@ def test_claim__loses_to_a_live_lease() -> None:
     assert StepCheckpoint.objects.get(run_id=run.id, seq=1).attempts == 1
 
 
+def test_hot_path__statements_are_prepared_and_planned_once_per_connection() -> None:
+    """Planning a step statement costs Postgres more than running it, so the hot path's
+    statements must be server-side prepared statements that Postgres reuses a plan for."""
+    run_id = durable.start(workflows.race.name)
+    for _ in range(20):
+        store.state_load(run_id, 1)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+        prepared = cursor.fetchall()
+    loads = [row for row in prepared if "LEFT JOIN" in row[0] and "WHERE r.id" in row[0]]
+    assert loads, f"the run load is not a prepared statement: {prepared}"
+    _, generic, custom = loads[0]
+    assert generic >= 10 and custom <= 5, (generic, custom)
+
+
 def test_claiming_load__claims_a_fresh_effect_step_as_step_claim_would() -> None:
     run_id = durable.start(workflows.race.name)
     step = workflows.race.steps["hold"]
