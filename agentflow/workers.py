@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,20 +33,35 @@ class ProcessStartError(RuntimeError):
 
 
 def free_port(*, pair: bool = False) -> int:
-    """A free TCP port on 127.0.0.1; with `pair`, one whose successor is free too (HTTP + SMTP)."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if not pair:
+    """A free TCP port on 127.0.0.1; with `pair`, one whose successor is free too (HTTP + SMTP).
+
+    Chosen below the kernel's ephemeral range: the server that will bind it starts seconds
+    later, and meanwhile any outgoing connection (to Postgres, Redis, ...) may take an
+    ephemeral port, which made a sandbox fail with "address already in use".
+    """
+    low, _ = _ephemeral_range()
+    for _ in range(200):
+        port = random.randrange(10_000, max(10_002, low - 1))
+        if _bindable(port) and (not pair or _bindable(port + 1)):
             return port
-        with socket.socket() as neighbour:
-            try:
-                neighbour.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise ProcessStartError("no two neighbouring free ports")
+    raise ProcessStartError("no free port (pair)" if pair else "no free port")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class RedisServer:

@@ -36,9 +36,9 @@ def _get(url: str) -> tuple[int, bytes]:
 @pytest.fixture
 def stack(tmp_path: Path):
     """`make run` in its own process group, on a private var dir and free ports."""
-    web_port, sandbox_port = free_port(), free_port()
-    while sandbox_port + 1 == web_port:
-        sandbox_port = free_port()
+    web_port, sandbox_port = free_port(), free_port(pair=True)  # the sandbox's SMTP is + 1
+    while web_port in (sandbox_port, sandbox_port + 1):
+        web_port = free_port()
     env = {
         key: value
         for key, value in os.environ.items()
