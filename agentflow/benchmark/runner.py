@@ -130,6 +130,7 @@ def _on_worker(
             )
             rounds.append((chain_throughput(size), workflow_throughput(workload.MIXED, size)))
             _delete_bench_runs()
+            _vacuum()  # each turn starts from the same clean tables, as autovacuum would keep them
         chain = Throughput.total(plain for plain, _ in rounds)
         mixed = Throughput.total(flow for _, flow in rounds)
         wait_until(_queue_empty, timeout=30, what=lambda: "the broker queue to drain")
