@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from agentflow import dispatch
@@ -54,8 +54,11 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
         if existing:
             return existing, False
     now = timezone.now()
+    # Inside the caller's transaction a savepoint keeps a lost business-key race from aborting
+    # it; alone, the INSERT is its own commit: one round trip instead of BEGIN/INSERT/COMMIT.
+    own = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
     try:
-        with transaction.atomic():
+        with own:
             run = WorkflowRun.objects.create(
                 workflow=workflow.name,
                 version=workflow.version,
