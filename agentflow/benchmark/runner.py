@@ -24,6 +24,7 @@ from agentflow.benchmark.throughput import (
     bench_worker,
     chain_throughput,
     commits_per_step,
+    naive_chain_throughput,
     other_writers_per_s,
     wait_until,
     workflow_throughput,
@@ -60,7 +61,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         progress(f"sweeper query at {options.history:,} finished runs")
         figure = sweep_at_scale(history=options.history, stale=options.stale, progress=progress)
         report["sweep"] = asdict(figure)
-    chain, mixed, rounds, reads, effects, others, child = _on_worker(options, progress)
+    chain, mixed, naive, rounds, reads, effects, others, child = _on_worker(options, progress)
     report["agentflow"] = {
         **_rates(mixed),
         "commits_per_read_step": round(reads.per_step, 3),
@@ -81,8 +82,10 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     report["celery_chain"] = _rates(chain)
     report["ratio"] = round(mixed.steps_per_s / chain.steps_per_s, 3)
     report["ratio_per_round"] = [
-        round(flow.steps_per_s / plain.steps_per_s, 3) for plain, flow in rounds
+        round(flow.steps_per_s / plain.steps_per_s, 3) for plain, flow, _ in rounds
     ]
+    report["naive_durable_chain"] = _rates(naive)
+    report["ratio_to_naive"] = round(mixed.steps_per_s / naive.steps_per_s, 3)
     report["recovery"] = {"bound_s": recovery.bound_seconds()}
     if child is not None:
         report["recovery"]["child_kill"] = child.as_dict()
@@ -103,7 +106,8 @@ def _on_worker(
 ) -> tuple[
     Throughput,
     Throughput,
-    list[tuple[Throughput, Throughput]],
+    Throughput,
+    list[tuple[Throughput, Throughput, Throughput]],
     Commits,
     Commits,
     float,
@@ -122,17 +126,25 @@ def _on_worker(
         progress("warming up")
         chain_throughput(WARMUP)
         workflow_throughput(workload.MIXED, WARMUP)
+        naive_chain_throughput(WARMUP)
         rounds = []
         for number, size in enumerate(_split(options.runs, options.rounds), start=1):
             progress(
                 f"round {number}: plain Celery chain, {size} chains x {workload.STEPS} tasks; "
-                f"agentflow, {size} runs x {workload.STEPS} steps"
+                f"agentflow, {size} runs x {workload.STEPS} steps; hand-written durable chain"
             )
-            rounds.append((chain_throughput(size), workflow_throughput(workload.MIXED, size)))
+            rounds.append(
+                (
+                    chain_throughput(size),
+                    workflow_throughput(workload.MIXED, size),
+                    naive_chain_throughput(size),
+                )
+            )
             _delete_bench_runs()
             _vacuum()  # each turn starts from the same clean tables, as autovacuum would keep them
-        chain = Throughput.total(plain for plain, _ in rounds)
-        mixed = Throughput.total(flow for _, flow in rounds)
+        chain = Throughput.total(plain for plain, _, _ in rounds)
+        mixed = Throughput.total(flow for _, flow, _ in rounds)
+        naive = Throughput.total(hand for _, _, hand in rounds)
         wait_until(_queue_empty, timeout=30, what=lambda: "the broker queue to drain")
         idle_before = other_writers_per_s()
         progress(f"commits: {options.commit_runs} read-only and effect-only runs")
@@ -149,7 +161,7 @@ def _on_worker(
         worker.kill()
         _delete_bench_runs()
     worker.log_path.unlink(missing_ok=True)  # kept only when something went wrong
-    return chain, mixed, rounds, reads, effects, others, child
+    return chain, mixed, naive, rounds, reads, effects, others, child
 
 
 def _split(total: int, parts: int) -> list[int]:

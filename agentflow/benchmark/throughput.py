@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from celery import chain
+from celery import Signature, chain
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Max
@@ -103,17 +103,44 @@ def phase_timeout(steps: int) -> float:
     return 60.0 + steps / 20
 
 
-# --- plain Celery chain -------------------------------------------------------------------------
+# --- plain Celery chains -----------------------------------------------------------------------
 def chain_throughput(chains: int) -> Throughput:
     """`chains` chains of STEPS no-op tasks, all published at once; the worker stamps the end."""
+
+    def links(done_key: str) -> list[Signature]:
+        return [
+            *(workload.noop.si() for _ in range(workload.STEPS - 1)),
+            workload.noop.si(done_key, chains),
+        ]
+
+    return _timed_chains(chains, links)
+
+
+def naive_chain_throughput(chains: int) -> Throughput:
+    """The yardstick: chains of STEPS tasks that each make two plain ORM commits, each chain on
+    a run row created (by the ORM, one commit) just before it is published, as `durable.start`
+    does for agentflow inside its timed phase."""
+
+    def links(done_key: str) -> list[Signature]:
+        run = WorkflowRun.objects.create(
+            workflow=workload.NAIVE, version=1, status=RunStatus.COMPLETED, current_seq=0
+        )
+        last = workload.STEPS
+        return [
+            workload.naive_link.si(run.pk, seq, *((done_key, chains) if seq == last else ()))
+            for seq in range(1, last + 1)
+        ]
+
+    return _timed_chains(chains, links)
+
+
+def _timed_chains(chains: int, links: Callable[[str], list[Signature]]) -> Throughput:
     client = workload.redis_client()
     done_key = f"agentflow:bench:chains:{uuid.uuid4().hex}"
-    noop = workload.noop
     try:
         started = time.time()
         for _ in range(chains):
-            links = [noop.si() for _ in range(workload.STEPS - 1)]
-            chain(*links, noop.si(done_key, chains)).apply_async()
+            chain(*links(done_key)).apply_async()
 
         def finished() -> float | None:
             stamp = client.get(workload.done_at_key(done_key))

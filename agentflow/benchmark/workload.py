@@ -1,4 +1,5 @@
-"""What the benchmark runs: a no-op Celery task for the plain chain, and no-op workflows."""
+"""What the benchmark runs: no-op Celery tasks for the plain and the hand-written durable chain,
+and no-op workflows."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ from functools import cache
 
 import redis
 from celery import shared_task
+from django.utils import timezone
 
 from agentflow import durable
 from agentflow.celery import app
+from agentflow.models import StepCheckpoint, WorkflowRun
+from agentflow.states import StepKind, StepStatus
 
 #: Every workflow of the benchmark has this many steps; the plain chain has as many links.
 STEPS = 10
@@ -25,8 +29,11 @@ STALE = "bench_stale"
 #: One effect step that holds until released, then a read: the recovery figures kill workers
 #: while it holds.
 HOLD = "bench_hold"
+#: The hand-written durable chain's runs: a row per chain, a checkpoint row per link.
+NAIVE = "bench_naive"
+NAIVE_TASK = "agentflow.bench_naive"
 #: Runs the bench creates and deletes again (HISTORY is kept on purpose).
-DISPOSABLE = (MIXED, READ_ONLY, EFFECT_ONLY, STALE, HOLD)
+DISPOSABLE = (MIXED, READ_ONLY, EFFECT_ONLY, STALE, HOLD, NAIVE)
 
 
 def broker_url() -> str:
@@ -50,13 +57,39 @@ def done_at_key(done_key: str) -> str:
 
 @shared_task(name=NOOP_TASK, acks_late=True, ignore_result=True)
 def noop(done_key: str | None = None, total: int = 0) -> None:
-    """One link of a plain chain. The last link counts its chain as done; the link that finishes
-    the last chain stamps the time, so the end is measured where it happens, not by a poller."""
-    if done_key is None:
-        return
+    """One link of a plain chain; the last link counts its chain as done."""
+    if done_key is not None:
+        _count_chain_done(done_key, total)
+
+
+def _count_chain_done(done_key: str, total: int) -> None:
+    """The link that finishes the last chain stamps the time, so the end is measured where it
+    happens, not by a poller."""
     client = redis_client()
     if client.incr(done_key) == total:
         client.set(done_at_key(done_key), repr(time.time()))
+
+
+@shared_task(name=NAIVE_TASK, acks_late=True, ignore_result=True)
+def naive_link(run_id: str, seq: int, done_key: str | None = None, total: int = 0) -> None:
+    """One link of a durable chain written by hand, the yardstick agentflow should not be slower
+    than: two plain ORM commits per task (record the step, then advance the run), and none of
+    the claim, fencing, lease, retry or recovery that make agentflow safe."""
+    now = timezone.now()
+    StepCheckpoint.objects.create(
+        run_id=run_id,
+        seq=seq,
+        name=f"step_{seq}",
+        kind=StepKind.READ,
+        status=StepStatus.COMPLETED,
+        idempotency_key=f"{run_id}_{seq}",
+        first_started_at=now,
+        started_at=now,
+        finished_at=now,
+    )
+    WorkflowRun.objects.filter(pk=run_id).update(current_seq=seq + 1, updated_at=now)
+    if done_key is not None:
+        _count_chain_done(done_key, total)
 
 
 def _noop_step(ctx: durable.StepContext) -> None:

@@ -86,6 +86,11 @@ def render(report: dict[str, Any]) -> str:
         ("plain Celery chain steps/s", f"{plain['steps_per_s']:,.1f}"),
         ("ratio (agentflow / chain)", f"{report['ratio']:.3f}"),
         ("ratio per round", " ".join(f"{ratio:.2f}" for ratio in report["ratio_per_round"])),
+        (
+            "hand-written durable chain steps/s",
+            f"{report['naive_durable_chain']['steps_per_s']:,.1f}",
+        ),
+        ("ratio (agentflow / hand-written)", f"{report['ratio_to_naive']:.3f}"),
         ("step overhead per process (ms)", f"{flow['step_overhead_ms']:.3f}"),
         ("commits per read step", f"{flow['commits_per_read_step']:.3f}"),
         ("commits per effect step", f"{flow['commits_per_effect_step']:.3f}"),

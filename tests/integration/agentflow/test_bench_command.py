@@ -33,6 +33,7 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     assert chain["steps_per_s"] > 0 and report["ratio"] > 0
     assert chain["runs"] == flow["runs"] == 4  # in turns: 4 rounds of one run each
     assert len(report["ratio_per_round"]) == 4 and all(r > 0 for r in report["ratio_per_round"])
+    assert report["naive_durable_chain"]["runs"] == 4 and report["ratio_to_naive"] > 0
     # Counted from Postgres transaction ids, which other writers on the cluster also consume.
     assert flow["commits_per_read_step"] >= 1.0
     assert flow["commits_per_effect_step"] >= 2.0
