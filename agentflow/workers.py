@@ -39,7 +39,7 @@ def free_port(*, pair: bool = False) -> int:
     later, and meanwhile any outgoing connection (to Postgres, Redis, ...) may take an
     ephemeral port, which made a sandbox fail with "address already in use".
     """
-    low, _ = _ephemeral_range()
+    low = _ephemeral_low()
     for _ in range(200):
         port = random.randrange(10_000, max(10_002, low - 1))
         if _bindable(port) and (not pair or _bindable(port + 1)):
@@ -47,12 +47,12 @@ def free_port(*, pair: bool = False) -> int:
     raise ProcessStartError("no free port (pair)" if pair else "no free port")
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections."""
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def _bindable(port: int) -> bool:

@@ -45,8 +45,9 @@ class BenchOptions:
     stale: int = 1000
     skip_sweep: bool = False
     concurrency: int = 2
-    #: The chain and agentflow take turns this many times (each turn runs/rounds runs), so
-    #: a slow spell of a shared machine slows both alike instead of skewing the ratio.
+    #: The plain chain, agentflow and the hand-written chain take turns this many times (each
+    #: turn runs/rounds runs), so a slow spell of a shared machine slows all alike instead of
+    #: skewing the ratios.
     rounds: int = 5
     #: Kills per recovery figure (child: quick; whole worker: lease + sweep each).
     child_kills: int = 5

@@ -30,7 +30,7 @@ class Command(BaseCommand):
         parser.add_argument("--skip-sweep", action="store_true", help="no sweeper figure")
         parser.add_argument("--concurrency", type=_positive, default=2, help="worker processes")
         parser.add_argument(
-            "--rounds", type=_positive, default=5, help="turns the chain and agentflow take"
+            "--rounds", type=_positive, default=5, help="turns the chains and agentflow take"
         )
         parser.add_argument(
             "--child-kills", type=_count, default=5, help="pool-child kills (0: skip)"

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 from django.conf import settings
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from agentflow import durable, leases, registry, runtime, store
@@ -114,6 +114,23 @@ def test_hot_path__statements_are_prepared_and_planned_once_per_connection() -> 
     assert loads, f"the run load is not a prepared statement: {prepared}"
     _, generic, custom = loads[0]
     assert generic >= 10 and custom <= 5, (generic, custom)
+
+
+def test_start__alone_commits_and_publishes_at_once__inside_a_transaction_on_its_commit(
+    engine: RedisServer,
+) -> None:
+    run_id = durable.start(workflows.chain.name)
+    assert WorkflowRun.objects.filter(pk=run_id).exists() and engine.queue_length() == 1
+
+    with transaction.atomic():
+        durable.start(workflows.chain.name)
+        assert engine.queue_length() == 1  # the doorbell waits for the caller's commit
+    assert engine.queue_length() == 2
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        durable.start(workflows.chain.name)
+        raise RuntimeError("the caller's transaction rolls back")
+    assert WorkflowRun.objects.count() == 2 and engine.queue_length() == 2
 
 
 def test_claiming_load__claims_a_fresh_effect_step_as_step_claim_would() -> None:
