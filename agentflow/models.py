@@ -84,7 +84,11 @@ class StepCheckpoint(models.Model):
     name = models.CharField(max_length=100)
     kind = models.CharField(max_length=10, choices=StepKind.choices)
     status = models.CharField(max_length=20, choices=StepStatus.choices)
+    #: The retry budget used: attempts since the last operator retry (which resets it).
     attempts = models.PositiveIntegerField(default=1)
+    #: Grows by one with every claim, takeover and operator action on this checkpoint and is
+    #: never reset: every write of a worker is fenced on the number its claim got (SPEC 3.3).
+    fence = models.PositiveBigIntegerField(default=1)
     idempotency_key = models.CharField(max_length=120)
     arguments = models.JSONField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
@@ -93,6 +97,11 @@ class StepCheckpoint(models.Model):
     retryable = models.BooleanField(default=False)
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    #: The owner process's advisory lock (SPEC 3.7): free means the owner is gone, on any host.
+    #: NULL when the owner holds none (SQLite, or its liveness connection was down): lease only.
+    lease_lock = models.BigIntegerField(null=True, blank=True)
+    #: For a retryable FAILED attempt: the earliest database time the next one may be claimed.
+    retry_at = models.DateTimeField(null=True, blank=True)
     #: When the first attempt began: the partner-key age guard measures from here.
     first_started_at = models.DateTimeField()
     started_at = models.DateTimeField()
@@ -130,8 +139,17 @@ class RunEvent(models.Model):
         OPERATOR_CANCEL = "operator_cancel", "Cancelled by an operator"
         VERSION_MISMATCH = "version_mismatch", "Definition version changed"
         NEEDS_ATTENTION = "needs_attention", "Parked for an operator"
+        OPERATOR_RESUME = "operator_resume", "Resumed now by an operator"
         COMPENSATION = "compensation", "Compensation started"
         RECONCILED = "reconciled", "Outcome adopted from the partner"
+        #: A step's attempt failed and another will run (its times and error are in `data`).
+        ATTEMPT_FAILED = "attempt_failed", "Attempt failed"
+        #: A checkpoint left IN_PROGRESS by a lost owner was claimed by another worker.
+        TAKEOVER = "takeover", "Taken over from a lost owner"
+        #: An effect may or may not have happened and nothing could tell: parked for a human.
+        OUTCOME_UNKNOWN = "outcome_unknown", "Outcome unknown"
+        #: A fenced-out worker finished anyway: its output is kept here for audit.
+        LATE_COMPLETION = "late_completion", "Late completion fenced out"
 
     run = models.ForeignKey(
         WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False
@@ -140,6 +158,10 @@ class RunEvent(models.Model):
     kind = models.CharField(max_length=30, choices=Kind.choices)
     actor = models.CharField(max_length=150, blank=True)
     detail = models.TextField(blank=True)
+    #: The step the event is about, if any.
+    seq = models.PositiveIntegerField(null=True, blank=True)
+    #: Structured facts (attempt, fence, times, owner, output) for the timeline and audits.
+    data = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["run_id", "at", "id"]
