@@ -169,3 +169,17 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} {self.kind}"
+
+
+class SweeperHeartbeat(models.Model):
+    """When the recovery sweeper last ran (one row per sweeper name): recovery stands on it, so
+    /healthz, /metrics and the admin dashboard watch its age."""
+
+    name = models.CharField(primary_key=True, max_length=50)
+    #: Database time of the last completed sweep.
+    swept_at = models.DateTimeField()
+    requeued = models.PositiveIntegerField(default=0)
+    query_ms = models.FloatField(default=0.0)
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.swept_at}"

@@ -80,6 +80,7 @@ def sweep(*, limit: int | None = None) -> SweepReport:
                 report.errors.append(f"{run_id}: {exc}")
     for run_id, seq in to_publish:
         dispatch.send_step(run_id, seq)
+    store.heartbeat_record(requeued=len(report.requeued), query_ms=report.query_ms)
     if report.requeued or report.parked:
         logger.info(
             "sweep: re-enqueued %d, parked %d, query %.1f ms",

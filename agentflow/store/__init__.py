@@ -32,18 +32,22 @@ from agentflow.store.steps import (
     step_complete,
     unclaimed_complete,
 )
+from agentflow.store.sweeps import Heartbeat, heartbeat_read, heartbeat_record
 
 __all__ = [
     "ActionRefused",
     "CheckpointRow",
     "Claim",
     "Fenced",
+    "Heartbeat",
     "StepState",
     "attempt_lost",
     "claim_blocker",
     "compensation_plan",
     "enqueue_grace",
     "event_add",
+    "heartbeat_read",
+    "heartbeat_record",
     "lease_renew",
     "outputs_load",
     "run_cancel",

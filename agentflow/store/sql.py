@@ -17,10 +17,37 @@ import psycopg
 from django.db import connection, transaction
 from django.utils.dateparse import parse_datetime
 
-from agentflow.models import StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, StepCheckpoint, SweeperHeartbeat, WorkflowRun
 
 RUNS = WorkflowRun._meta.db_table
 STEPS = StepCheckpoint._meta.db_table
+EVENTS = RunEvent._meta.db_table
+HEARTBEATS = SweeperHeartbeat._meta.db_table
+
+
+def now() -> str:
+    """The database's clock as SQL: every time comparison is made with it, never with a
+    worker's (SPEC 3.3). SQLite has no server, so there it is this host's clock, in the text
+    form Django stores datetimes in."""
+    if connection.vendor == "postgresql":
+        return "now()"
+    return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+
+def now_plus() -> str:
+    """The database's clock plus a parameter of seconds (a float), as SQL."""
+    if connection.vendor == "postgresql":
+        return "(now() + %s * interval '1 second')"
+    return "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', %s))"
+
+
+def seconds_since(column: str) -> str:
+    """Seconds from `column` to the database's clock, as SQL (a float)."""
+    if connection.vendor == "postgresql":
+        return f"EXTRACT(EPOCH FROM (now() - {column}))"
+    return f"((julianday('now') - julianday({column})) * 86400.0)"
+
+
 JSON_COLUMNS = frozenset({"input", "output", "compensations", "arguments"})
 
 
