@@ -183,9 +183,7 @@ def patient_effect(ctx: durable.StepContext) -> dict[str, Any]:
 
 
 patient = durable.Workflow("crash_patient", version=1)
-patient.step("charge", kind="effect", retry=durable.RetryPolicy(base_seconds=0.1))(
-    patient_effect
-)
+patient.step("charge", kind="effect", retry=durable.RetryPolicy(base_seconds=0.1))(patient_effect)
 patient.step("finish", kind="read")(_finish)
 
 
