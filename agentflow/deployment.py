@@ -53,8 +53,7 @@ def proxy_ssl_header(raw: str) -> tuple[str, str] | None:
     name, sep, value = raw.partition(":")
     if not sep or not name.strip() or not value.strip():
         raise ImproperlyConfigured(
-            f"DJANGO_SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto: https', "
-            f"got {raw!r}"
+            f"DJANGO_SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto: https', got {raw!r}"
         )
     meta_name = "HTTP_" + name.strip().upper().replace("-", "_")
     return meta_name, value.strip()
