@@ -20,6 +20,7 @@ from agentflow.celery import app
 from agentflow.models import RunEvent
 from agentflow.workers import WorkerProcess
 from refunds.models import RefundRequest
+from refunds.sandbox.airline import owner_of
 from tests.support.processes import worker_database_url
 from tests.support.sandbox import SandboxProcess
 from tests.support.waiting import wait_for
@@ -65,8 +66,10 @@ def worker(clean_sandbox: SandboxProcess, transactional_db: None) -> Iterator[Wo
 def submit(reference: str) -> str:
     """What the form's service does: the request row and its run, in one transaction."""
     with transaction.atomic():
+        owner = owner_of(reference)
         request = RefundRequest.objects.create(
-            email="ada@example.com",
+            email=owner.email,
+            last_name=owner.last_name,
             booking_reference=reference,
             message="Hi, please move me to SK1240 on 2027-03-16. Thanks!",
             submission_token=f"token-{reference}",
