@@ -173,6 +173,8 @@ CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 # Celery >= 5.6 closes DB connections around every task; reusing them saves a connect per step.
 # Broken connections are still dropped by close_old_connections() at the start of each step.
 CELERY_DB_REUSE_MAX = 1000
+# Workers keep Django's LOGGING (below), so their lines are masked like the web's.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 if _BROKER_IS_FILESYSTEM:
     _BROKER_DIR = VAR_DIR / "broker"
     for _sub in ("queue", "control", "processed"):
@@ -246,4 +248,3 @@ LOGGING = {
     "loggers": {"gunicorn.access": {"handlers": ["console"], "propagate": False}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
-CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -174,6 +174,10 @@ def test_make_run__completes_a_demo_run_and_a_refund_then_stops_on_ctrl_c(stack)
         what="the refund submitted through the form to complete",
     )
     assert [step["status"] for step in final["steps"]] == ["COMPLETED"] * 10
+    # The access log saw every poll of the status page, yet names neither it nor the customer.
+    log = stack["log"].read_text()
+    assert "gunicorn.access" in log and "/status.json" in log
+    assert final["id"] not in log and owner_of("MKR123").email not in log
 
     proc = stack["proc"]
     os.killpg(proc.pid, signal.SIGINT)

@@ -58,3 +58,13 @@ def test_trusted_proxies__bad_value_refuses_naming_the_variable() -> None:
     assert deployment.trusted_proxies(" 1 ") == "1"
     with pytest.raises(ImproperlyConfigured, match="AGENTFLOW_TRUSTED_PROXIES: 'proxy'"):
         deployment.trusted_proxies("proxy")
+
+
+@pytest.mark.parametrize("weak", ["password", "12345678", "short"])
+def test_password_validators__refuse_weak_admin_passwords(weak: str) -> None:
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError):
+        validate_password(weak)
+    validate_password("a-long-operator-passphrase")
