@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
 from agentflow.durable import PermanentStepError, RetryableStepError
+from refunds.addresses import smtp_problem
 
 #: Connect and read timeouts for partner HTTP calls: a hung partner must not hold a worker
 #: (and its lease) for ever; the engine retries under the same key instead.
@@ -50,6 +51,9 @@ class Refund:
 class Booking:
     reference: str
     passenger_name: str
+    passenger_last_name: str
+    #: The contact on file: the only address the refund ever writes to.
+    contact_email: str
     flight: str
     date: str
     origin: str
@@ -215,9 +219,23 @@ def _stripe_errors(action: str) -> Iterator[None]:
         ) from exc
 
 
+#: Decline codes that tell the holder something useful to fix. Every other one, above all
+#: those revealing the card's state to whoever holds it (lost, stolen, fraudulent, pick up),
+#: reaches the customer as the generic decline, as Stripe advises.
+_TELLABLE_DECLINES = frozenset(
+    {
+        "insufficient_funds",
+        "expired_card",
+        "incorrect_cvc",
+        "incorrect_number",
+        "card_velocity_exceeded",
+    }
+)
+
+
 def _decline_message(exc: stripe.CardError) -> str:
     reason = getattr(exc.error, "decline_code", None) if exc.error else None
-    if reason and reason != "generic_decline":
+    if reason in _TELLABLE_DECLINES:
         return f"Your card was declined ({reason.replace('_', ' ')})."
     return "Your card was declined."
 
@@ -249,7 +267,7 @@ class _PartnerHttp:
         key: str | None = None,
         body: dict[str, Any] | None = None,
         query: dict[str, str] | None = None,
-        not_found: str | None = None,
+        not_found: PermanentStepError | None = None,
     ) -> dict[str, Any]:
         headers = {"Idempotency-Key": key} if key else {}
         try:
@@ -269,8 +287,8 @@ class _PartnerHttp:
                 f"could not reach {self.partner}: {type(exc).__name__}"
             ) from exc
         status = response.status_code
-        if status == 404 and not_found:
-            raise PermanentStepError(not_found)
+        if status == 404 and not_found is not None:
+            raise not_found
         if status in (408, 409, 425, 429) or status >= 500:
             raise RetryableStepError(
                 f"{self.partner} answered HTTP {status}",
@@ -306,11 +324,17 @@ class AirlineGateway:
         return cls(settings.SANDBOX_URL)
 
     def booking(self, reference: str) -> Booking:
+        """The booking, or BookingNotFound (permanent)."""
         data = self._http.call(
-            "GET", f"/bookings/{reference}", not_found=_not_found_message(reference)
+            "GET", f"/bookings/{reference}", not_found=BookingNotFound(_not_found(reference))
         )
         fields = {name: data[name] for name in _BOOKING_FIELDS}
-        return Booking(passenger_name=data["passenger"]["name"], **fields)
+        passenger = data["passenger"]
+        return Booking(
+            passenger_name=passenger["name"],
+            passenger_last_name=passenger["last_name"],
+            **fields,
+        )
 
     def cancel_seat(self, reference: str, *, key: str, workflow_id: str) -> SeatCancellation:
         data = self._http.call(
@@ -318,7 +342,7 @@ class AirlineGateway:
             f"/bookings/{reference}/cancel-seat",
             key=key,
             body={"workflow_id": workflow_id},
-            not_found=_not_found_message(reference),
+            not_found=PermanentStepError(_not_found(reference)),
         )
         return _seat_cancellation(data)
 
@@ -348,7 +372,7 @@ class AirlineGateway:
                 "date": date,
                 "workflow_id": workflow_id,
             },
-            not_found=_not_found_message(reference),
+            not_found=PermanentStepError(_not_found(reference)),
         )
         return _boarding_pass(data, reference, flight, date)
 
@@ -374,12 +398,16 @@ def _boarding_pass(data: dict[str, Any], reference: str, flight: str, date: str)
 
 
 _BOOKING_FIELDS = (
-    "reference", "flight", "date", "origin", "destination", "seat", "fare_class",
-    "payment_method", "status",
+    "reference", "contact_email", "flight", "date", "origin", "destination", "seat",
+    "fare_class", "payment_method", "status",
 )  # fmt: skip
 
 
-def _not_found_message(reference: str) -> str:
+class BookingNotFound(PermanentStepError):
+    """The airline has no booking under that reference."""
+
+
+def _not_found(reference: str) -> str:
     return f"We couldn't find booking {reference}."
 
 
@@ -453,8 +481,14 @@ class Mailer:
         )
 
     def send(self, *, to: str, subject: str, body: str, key: str, workflow_id: str) -> str:
-        """Send one plain-text message; returns its Message-ID."""
+        """Send one plain-text message; returns its Message-ID.
+
+        An address or header that cannot be encoded is refused before connecting, as a
+        permanent error: nothing was sent, and no retry could encode it.
+        """
         message_id = message_id_for(key)
+        if smtp_problem(to):
+            raise PermanentStepError("We can't send email to the address on the booking.")
         connection = get_connection(
             self.backend, host=self.host, port=self.port, timeout=self.timeout_seconds
         )
@@ -467,9 +501,12 @@ class Mailer:
             connection=connection,
         )
         try:
+            message.message()  # encodes every header now, before any connection
             message.send(fail_silently=False)
+        except (UnicodeError, ValueError) as exc:  # raised while encoding, before sending
+            raise PermanentStepError("The message could not be encoded for email.") from exc
         except smtplib.SMTPRecipientsRefused as exc:
-            raise PermanentStepError(f"The mail server refused the address {to}.") from exc
+            raise PermanentStepError("The mail server refused the address on the booking.") from exc
         except smtplib.SMTPResponseException as exc:
             if 500 <= exc.smtp_code < 600 and not isinstance(exc, smtplib.SMTPConnectError):
                 raise PermanentStepError(
