@@ -310,6 +310,8 @@ _READABLE_PREFIXES = ("We ", "Your ", "Basic fares ", "These details ")
 
 def _failure_reason(ctx: StepContext) -> str:
     run = durable.snapshot(ctx.run_id)
+    if run is not None and run.cancel_requested:
+        return "Our team stopped this change before it was finished."
     failed = next(
         (s for s in reversed(run.steps) if s.status == durable.StepStatus.FAILED), None
     ) if run else None  # fmt: skip

@@ -197,3 +197,13 @@ def greedy_effect(ctx: durable.StepContext) -> dict[str, Any]:
 
 greedy = durable.Workflow("crash_greedy", version=1)
 greedy.step("charge", kind="effect")(greedy_effect)
+
+
+#: Two effects with compensations, then a partner that asks to wait: what an operator cancels.
+cancellable = durable.Workflow("crash_cancellable", version=1, on_failure="notify")
+cancellable.step("book", kind="effect", compensate="unbook")(effect)
+cancellable.step("charge", kind="effect", compensate="refund")(effect)
+cancellable.step("confirm", kind="effect", retry=durable.RetryPolicy(base_seconds=30))(flaky_effect)
+cancellable.compensation("unbook")(effect)
+cancellable.compensation("refund")(effect)
+cancellable.compensation("notify")(effect)

@@ -173,3 +173,66 @@ def test_renewer__its_connection_terminated__reconnects_relocks_and_keeps_renewi
 
     assert not lost.is_set()
     assert leases.current_owner() == (token, key)
+
+
+# --- cancel keeps no money (I8) -----------------------------------------------------------------
+def test_cancel__a_waiting_run__undoes_its_effects_then_ends_cancelled(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.cancellable.name)
+    assert drive(run_id).status == RunStatus.WAITING  # book and charge made; confirm backs off
+
+    outcome = durable.cancel(run_id, actor="ops", reason="customer withdrew")
+    run = drive(run_id)
+
+    assert outcome == "cancelling: undoing with refund, unbook, notify first"
+    assert run.status == RunStatus.CANCELLED and run.wake_at is None
+    names = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list(
+        "name", "status"))  # fmt: skip
+    assert names == [
+        ("book", StepStatus.COMPLETED),
+        ("charge", StepStatus.COMPLETED),
+        ("confirm", StepStatus.FAILED),
+        ("refund", StepStatus.COMPLETED),
+        ("unbook", StepStatus.COMPLETED),
+        ("notify", StepStatus.COMPLETED),
+    ]
+    assert set(partner.effects()) == {durable.idempotency_key(run_id, s) for s in (1, 2, 4, 5, 6)}
+    assert durable.snapshot(run_id).cancel_requested  # type: ignore[union-attr]
+
+
+def test_cancel__a_step_in_flight__it_finishes_first_and_is_undone_too(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """Undoing while the charge is in flight would miss it: the cancel waits for it."""
+    run_id = durable.start(workflows.cancellable.name)
+    runtime.run_step(run_id, 1)  # book
+    state = store.state_load(run_id, 2)
+    assert state is not None
+    charge = workflows.cancellable.steps["charge"]
+    claim = store.step_claim(state, charge, 2, None)  # the charge is in flight...
+    assert claim is not None
+
+    outcome = durable.cancel(run_id, actor="ops", reason="customer withdrew")
+    assert outcome is not None and outcome.startswith("cancel requested: charge is running")
+    assert store.step_complete(state, workflows.cancellable, charge, 2, claim, {"paid": True})
+    run = drive(run_id)  # ...finishes, and the next step boundary carries the cancel out
+
+    assert run.status == RunStatus.CANCELLED
+    names = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list(
+        "name", flat=True))  # fmt: skip
+    assert names == ["book", "charge", "refund", "unbook", "notify"]
+
+
+def test_cancel__refused_while_an_outcome_is_unknown(drive: Callable[[str], WorkflowRun]) -> None:
+    run_id = durable.start(workflows.cancellable.name)
+    runtime.run_step(run_id, 1)
+    state = store.state_load(run_id, 2)
+    assert state is not None
+    claim = store.step_claim(state, workflows.cancellable.steps["charge"], 2, None)
+    assert claim is not None
+    assert store.run_park(run_id, 2, "outcome unknown: test", fence=claim.fence, claimed=True)
+
+    with pytest.raises(durable.ActionRefused, match="whether charge took effect is unknown"):
+        durable.cancel(run_id, actor="ops", reason="stop it")
+    assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.NEEDS_ATTENTION
