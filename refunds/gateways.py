@@ -201,7 +201,9 @@ def _stripe_errors(action: str) -> Iterator[None]:
         ) from exc
     except stripe.APIConnectionError as exc:
         # The outcome is unknown; only the same key may ask again.
-        raise RetryableStepError(f"could not reach Stripe ({action}): {exc.user_message}") from exc
+        raise RetryableStepError(
+            f"could not reach Stripe ({action}): {_first_line(exc.user_message)}"
+        ) from exc
     except stripe.APIError as exc:
         status = exc.http_status
         if status is None or status == 409 or status >= 500:
@@ -238,6 +240,11 @@ def _decline_message(exc: stripe.CardError) -> str:
     if reason in _TELLABLE_DECLINES:
         return f"Your card was declined ({reason.replace('_', ' ')})."
     return "Your card was declined."
+
+
+def _first_line(text: str | None) -> str:
+    """The library's messages run on with support advice; the first sentence says it."""
+    return (text or "").strip().split("\n", 1)[0].split("  ", 1)[0].strip()
 
 
 def _retry_after(headers: Any) -> float | None:
