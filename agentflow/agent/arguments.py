@@ -143,5 +143,7 @@ def _path(location: tuple[int | str, ...]) -> str:
 
 
 def _kind(value: Any) -> str:
-    names = {str: "a string", list: "an array", bool: "a boolean", type(None): "null"}
+    # A string is either JSON text holding a string or text that is not JSON at all.
+    names = {str: "a string or text that is not JSON", list: "an array", bool: "a boolean"}
+    names[type(None)] = "null"
     return names.get(type(value), "a number")

@@ -156,8 +156,9 @@ class LLMServer:
         return found
 
     def _record(self, body: dict[str, Any], headers: dict[str, str]) -> SeenRequest:
-        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
-        turn = 1 + sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        messages = body.get("messages")
+        said = messages if isinstance(messages, list) else []
+        turn = 1 + sum(isinstance(m, dict) and m.get("role") == "assistant" for m in said)
         with self._lock:
             seen = SeenRequest(
                 number=len(self._requests) + 1, turn=turn, body=body, headers=headers

@@ -364,3 +364,19 @@ def test_request_log__readable_over_http_from_any_process(llm_server: LLMServer)
 )
 def test_retry_after_seconds(headers: dict[str, str], expected: float | None) -> None:
     assert retry_after_seconds(headers) == expected
+
+
+def test_scripts__by_turn_dict_or_function_of_the_request(llm_server: LLMServer) -> None:
+    model = client(llm_server)
+    second_turn = ModelRequest(
+        model="test-model",
+        messages=(*FIRST.messages, {"role": "assistant", "content": "Which flight?"}),
+    )
+
+    llm_server.script({2: reply("second turn")})
+    assert model.complete(second_turn).text == "second turn"
+    with pytest.raises(PermanentStepError, match="no answer for turn 1"):
+        model.complete(FIRST)
+
+    llm_server.script(lambda seen: reply(f"turn {seen.turn}, {len(seen.messages)} messages"))
+    assert model.complete(second_turn).text == "turn 2, 3 messages"

@@ -271,7 +271,13 @@ def test_valid_call__json_dates_become_dates_and_defaults_apply(box: Toolbox) ->
         ),
         (
             "{refund_id: rf_1",
-            [{"field": "", "problem": "arguments must be a JSON object, got a string"}],
+            [
+                {
+                    "field": "",
+                    "problem": "arguments must be a JSON object, "
+                    "got a string or text that is not JSON",
+                }
+            ],
         ),
     ],
 )
