@@ -6,6 +6,7 @@ partner. Step messages are published only from on-commit hooks.
 
 from __future__ import annotations
 
+from agentflow.store.operator import run_resume
 from agentflow.store.runs import (
     ActionRefused,
     Fenced,
@@ -53,6 +54,7 @@ __all__ = [
     "run_cancel",
     "run_create",
     "run_park",
+    "run_resume",
     "run_retry",
     "state_load",
     "state_load_claiming",
