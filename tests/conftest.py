@@ -6,4 +6,5 @@ pytest_plugins: list[str] = [
     "tests.support.waiting",
     "tests.support.sandbox",
     "tests.support.processes",
+    "tests.support.admin",
 ]
