@@ -73,10 +73,13 @@ class Rows:
             },
         )
 
-    def takeover(self, seq: int, *, claimed: float, taken: float, reason: str) -> None:
+    def takeover(
+        self, seq: int, *, claimed: float, taken: float, reason: str, recorded: float | None = None
+    ) -> None:
+        """`recorded`: when the row was written, if later than the takeover it tells of."""
         self.event(
             RunEvent.Kind.TAKEOVER,
-            when=taken,
+            when=taken if recorded is None else recorded,
             seq=seq,
             data={
                 "attempt": 2,

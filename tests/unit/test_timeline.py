@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agentflow import store
 from agentflow.admin import timeline, timeline_svg
 from agentflow.admin.timeline import MarkKind, Outcome
 from agentflow.models import RunEvent
@@ -79,7 +80,7 @@ def test_takeover__lost_claim_then_crash_gap_then_the_next_attempt() -> None:
     rows.step(1, "prepare", start=0.01, end=0.02)
     rows.step(2, "hold", start=10.1, end=None, attempts=2, fence=2, first_started_at=at(0.05),
               lease_owner="celery@w2:99:def")  # fmt: skip
-    rows.takeover(2, claimed=0.05, taken=10.1, reason="lease_expired")
+    rows.takeover(2, claimed=0.05, taken=10.1, reason="lease_expired", recorded=10.3)
 
     svg = draw(rows, now=14)
 
@@ -194,3 +195,18 @@ def test_axis__round_ticks_whatever_the_length(seconds: float, ticks: str) -> No
     labels = " ".join(t.findtext(f"{SVG}text") or "" for t in elements(svg, "af-tl-tick"))
     assert labels.startswith(ticks)
     assert len(elements(svg, "af-tl-tick")) <= timeline_svg.TICKS_AT_MOST + 1
+
+
+def test_waiting_run_without_a_recorded_retry_time__wait_ends_at_its_wake_up() -> None:
+    """Rows from before checkpoints kept `retry_at`: the run wakes one enqueue grace after the
+    retry time, as the runtime reads it."""
+    rows = new_run("wf_waiting", "WAITING")
+    rows.step(1, "charge", start=1.0, end=1.2, status="FAILED", retryable=True)
+    rows.run.wake_at = at(60)
+
+    drawn = timeline.build(rows.run, rows.steps, rows.events, now=at(5))
+
+    [wait] = drawn.lanes[0].waits
+    assert wait.start == at(1.2)
+    assert wait.end == at(60) - store.enqueue_grace()
+    assert drawn.lanes[0].summary == "↻ retry due"
