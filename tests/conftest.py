@@ -7,4 +7,5 @@ pytest_plugins: list[str] = [
     "tests.support.sandbox",
     "tests.support.processes",
     "tests.support.admin",
+    "tests.support.browser",
 ]
