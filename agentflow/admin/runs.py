@@ -19,7 +19,6 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
 
 from agentflow import links, registry
 from agentflow.admin import operator, timeline, timeline_svg
@@ -31,6 +30,7 @@ from agentflow.admin.filters import WakeFilter, WorkflowFilter
 from agentflow.admin.inlines import EventInline, StepInline
 from agentflow.forms import ReasonForm
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.states import RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,9 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="current step")
     def current(self, run: WorkflowRun) -> str:
-        return f"#{run.current_seq} {run.current_step}" if run.current_step else "—"
+        if not run.current_step or run.status == RunStatus.COMPLETED:
+            return "—"  # a completed run's counter has moved past its last step
+        return f"#{run.current_seq} {run.current_step}"
 
     @admin.display(description="attempts")
     def current_attempts(self, run: WorkflowRun) -> Any:
@@ -310,9 +312,9 @@ def run_ref(run: WorkflowRun) -> links.RunRef:
     )
 
 
-def run_timeline(run: WorkflowRun) -> SafeString | None:
-    """The run's timeline as inline SVG (two queries), or None, logged, if it cannot be drawn:
-    the picture is a convenience, and the tables below it still tell everything."""
+def run_timeline(run: WorkflowRun) -> dict[str, Any] | None:
+    """The run's timeline as inline SVG with a one-line caption (two queries), or None, logged,
+    if it cannot be drawn: the picture is a convenience, the tables below still tell all."""
     try:
         steps = list(StepCheckpoint.objects.filter(run=run).order_by("seq"))
         newest = list(RunEvent.objects.filter(run=run).order_by("-at", "-id")[:TIMELINE_EVENTS])
@@ -323,7 +325,7 @@ def run_timeline(run: WorkflowRun) -> SafeString | None:
             now=timezone.now(),
             events_cut=len(newest) >= TIMELINE_EVENTS,
         )
-        return timeline_svg.render(drawn)
+        return {"svg": timeline_svg.render(drawn), "caption": timeline_svg.describe(drawn)}
     except Exception:
         logger.exception("the timeline of run %s could not be drawn", run.pk)
         return None

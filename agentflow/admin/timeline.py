@@ -108,16 +108,24 @@ class Lane:
     marks: list[Mark] = field(default_factory=list)
 
     @property
+    def attempt_count(self) -> int:
+        """Attempts drawn, or more if the checkpoint counts some its events do not describe."""
+        last = self.attempts[-1].number if self.attempts else None
+        return max(len(self.attempts), last or 0)
+
+    @property
     def summary(self) -> str:
         """The lane's outcome in words, so the picture never relies on colour alone."""
-        tries = len(self.attempts)
-        count = f"{tries} attempts · " if tries > 1 else ""
         last = self.attempts[-1] if self.attempts else None
         if last is None:
             return "no attempt recorded"
+        tries = self.attempt_count
+        count = f"{tries} attempts · " if tries > 1 else ""
         if last.outcome == Outcome.COMPLETED:
-            took = "" if count else f" · {seconds_text(last.end - last.start)}"
-            return f"✓ {count}completed{took}"
+            # A step without a claim records only its end: its duration is unknown.
+            took = last.end - last.start
+            shown = f" · {seconds_text(took)}" if took and not count else ""
+            return f"✓ {count}completed{shown}"
         if last.outcome == Outcome.RUNNING:
             return f"▶ {count}running"
         if last.outcome == Outcome.RETRIED:

@@ -126,8 +126,7 @@ def render(timeline: Timeline) -> SafeString:
 
 def describe(timeline: Timeline) -> str:
     """One sentence for screen readers and for the page's caption."""
-    attempts = sum(len(lane.attempts) for lane in timeline.lanes)
-    retries = attempts - len(timeline.lanes)
+    attempts = sum(lane.attempt_count for lane in timeline.lanes)
     gaps = sum(len(lane.gaps) for lane in timeline.lanes)
     sweeps = sum(
         1 for lane in timeline.lanes for m in lane.marks if m.kind == MarkKind.SWEEP
@@ -137,15 +136,14 @@ def describe(timeline: Timeline) -> str:
         f"{steps} step{'s' if steps != 1 else ''}",
         f"{attempts} attempt{'s' if attempts != 1 else ''}",
     ]
-    if retries:
-        words.append(f"{retries} more than one per step")
     if gaps:
         words.append(f"{gaps} crash gap{'s' if gaps != 1 else ''}")
     if sweeps:
         words.append(f"{sweeps} sweep{'s' if sweeps != 1 else ''}")
-    until = "until now" if timeline.open_ended else f"until {_clock(timeline.end)}"
     length = span_text(timeline.end - timeline.start)
-    return f"{', '.join(words)}; from {_clock(timeline.start)} {until} ({length})."
+    if timeline.open_ended:
+        return f"{', '.join(words)}; running for {length} since {_clock(timeline.start)}."
+    return f"{', '.join(words)}; {length} from {_clock(timeline.start)} to {_clock(timeline.end)}."
 
 
 # --- pieces -------------------------------------------------------------------------------------
