@@ -15,7 +15,7 @@ export AGENTFLOW_VAR_DIR ?= $(CURDIR)/var
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test lint typecheck bench chaos clean
+.PHONY: run test lint typecheck bench chaos clean screenshots
 
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,3 +47,12 @@ typecheck: $(INSTALLED)
 
 clean:
 	rm -rf var/ .pytest_cache .mypy_cache .ruff_cache
+
+# The README's pictures (static/readme/*.png), taken by the browser tests' Chromium from a real
+# refund: run it again after changing the refund pages or the admin.
+screenshots: $(INSTALLED)
+	bash .ci/services
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+	  REDIS_URL=$(TEST_BROKER_URL) AGENTFLOW_VAR_DIR=$(CURDIR)/var/test \
+	  README_SHOTS_DIR=$(CURDIR)/static/readme \
+	  $(VENV)/bin/pytest -q tests/acceptance/test_readme_screenshots.py

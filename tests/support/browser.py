@@ -80,9 +80,11 @@ def _no_request_threads() -> bool:
 
 @pytest.fixture
 def running(workers: Workers, clean_sandbox: SandboxProcess) -> Iterator[SandboxProcess]:
-    """A real worker (two pool processes) doing the steps against the sandbox."""
+    """A real worker (two pool processes) doing the steps against the sandbox, with its embedded
+    beat running the sweeper, as `make run` has it."""
     workers.start(
         concurrency=2,
+        beat=True,
         SANDBOX_URL=clean_sandbox.url,
         SANDBOX_SMTP_PORT=str(clean_sandbox.smtp_port),
         STRIPE_API_BASE=clean_sandbox.url,
