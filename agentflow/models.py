@@ -28,6 +28,9 @@ class WorkflowRun(models.Model):
     business_key = models.CharField(max_length=200, null=True, blank=True)
     #: Compensation steps still to run, in order, once a permanent failure started undoing.
     compensations = models.JSONField(default=list, blank=True)
+    #: An operator asked to cancel: the step in flight finishes, then the run undoes its
+    #: effects and ends CANCELLED (not FAILED), so no money is kept (I8).
+    cancel_requested = models.BooleanField(default=False, db_default=False)
     #: When the sweeper should look again if nothing moved: a lease expiry, a retry time,
     #: or an enqueue grace. NULL exactly when the run needs no sweeper (terminal or parked).
     wake_at = models.DateTimeField(null=True, blank=True)
@@ -88,7 +91,7 @@ class StepCheckpoint(models.Model):
     attempts = models.PositiveIntegerField(default=1)
     #: Grows by one with every claim, takeover and operator action on this checkpoint and is
     #: never reset: every write of a worker is fenced on the number its claim got (SPEC 3.3).
-    fence = models.PositiveBigIntegerField(default=1)
+    fence = models.PositiveBigIntegerField(default=1, db_default=1)
     idempotency_key = models.CharField(max_length=120)
     arguments = models.JSONField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
 from kombu import Queue
 
+from agentflow import deployment
 from agentflow.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -23,7 +25,8 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 # --- Django core -----------------------------------------------------------------------------
 DEBUG = env_bool("DJANGO_DEBUG", False)
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
+# Refuses to start with DEBUG off and no key (or a published one): see agentflow.deployment.
+SECRET_KEY = deployment.secret_key(debug=DEBUG)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 
 INSTALLED_APPS = [
@@ -33,6 +36,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",  # admin login attempts limited per client address (see Admin login below)
     "agentflow.apps.AgentflowConfig",
     "refunds.apps.RefundsConfig",
 ]
@@ -46,6 +50,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as axes asks: turns a lockout into its page
 ]
 
 ROOT_URLCONF = "agentflow.urls"
@@ -65,6 +70,50 @@ TEMPLATES = [
         },
     },
 ]
+
+# --- HTTPS, behind a TLS-terminating proxy or not (all off for `make run` on plain http) -----
+# DJANGO_HTTPS=1 says every browser reaches the site over https: cookies are sent over https
+# only, http is redirected (health probes excepted) and browsers are told to stay on https.
+_HTTPS = env_bool("DJANGO_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = _HTTPS
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]  # probes inside the network speak http
+# A year, subdomains and preload once HTTPS is on (what `check --deploy` asks); shorten the
+# seconds for a first rollout. 0 turns HSTS off.
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000 if _HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", _HTTPS)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", _HTTPS)
+# The header a TLS-terminating proxy sets, e.g. "X-Forwarded-Proto: https". Set it only when
+# that proxy always overwrites the header: a client could otherwise claim https itself.
+SECURE_PROXY_SSL_HEADER = deployment.proxy_ssl_header(env_str("DJANGO_SECURE_PROXY_SSL_HEADER", ""))
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+X_FRAME_OPTIONS = "DENY"
+# The client's address: REMOTE_ADDR, or behind proxies (a count of hops, or their CIDRs) the
+# first X-Forwarded-For hop that is not one of them. Every per-address limit counts by it.
+AGENTFLOW_TRUSTED_PROXIES = deployment.trusted_proxies(env_str("AGENTFLOW_TRUSTED_PROXIES", ""))
+
+# --- Admin login ----------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in (
+        "UserAttributeSimilarityValidator",
+        "MinimumLengthValidator",
+        "CommonPasswordValidator",
+        "NumericPasswordValidator",
+    )
+]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out client before the rest
+    "django.contrib.auth.backends.ModelBackend",
+]
+# After AGENTFLOW_ADMIN_LOGIN_ATTEMPTS failed logins from one client address (IPv6: its /64)
+# it is refused for AGENTFLOW_ADMIN_LOCKOUT_MINUTES. Counted per address, not per username,
+# so nobody can lock an operator out from elsewhere; a successful login clears the count.
+AXES_FAILURE_LIMIT = env_int("AGENTFLOW_ADMIN_LOGIN_ATTEMPTS", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AGENTFLOW_ADMIN_LOCKOUT_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = ["ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "agentflow.proxies.client_key"
+AXES_LOCKOUT_TEMPLATE = "admin/locked_out.html"
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
@@ -118,12 +167,18 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # workers never give up on a restarting broker
-CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# A broker blip must not turn every step in flight into an unknown outcome: the running step
+# finishes and commits; the copy of its message the broker gives back on reconnect finds the
+# step claimed (live lease and owner) or completed and does nothing. Fences, not cancellation,
+# keep the two copies from both acting.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 20.0  # below compose's stop_grace_period (30 s)
 CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 # Celery >= 5.6 closes DB connections around every task; reusing them saves a connect per step.
 # Broken connections are still dropped by close_old_connections() at the start of each step.
 CELERY_DB_REUSE_MAX = 1000
+# Workers keep Django's LOGGING (below), so their lines are masked like the web's.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 if _BROKER_IS_FILESYSTEM:
     _BROKER_DIR = VAR_DIR / "broker"
     for _sub in ("queue", "control", "processed"):
@@ -152,23 +207,40 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- Engine -----------------------------------------------------------------------------------
 AGENTFLOW_LEASE_SECONDS = env_int("AGENTFLOW_LEASE_SECONDS", 10, minimum=1)
-AGENTFLOW_SWEEP_INTERVAL = env_int("AGENTFLOW_SWEEP_INTERVAL", 5, minimum=1)
+# Every second: a whole worker's death is noticed through its freed advisory lock at the next
+# sweep, so this is what recovery takes (the query reads only active runs: ~1-6 ms).
+AGENTFLOW_SWEEP_INTERVAL = env_int("AGENTFLOW_SWEEP_INTERVAL", 1, minimum=1)
 AGENTFLOW_SWEEP_BATCH = env_int("AGENTFLOW_SWEEP_BATCH", 1000, minimum=1)
 AGENTFLOW_MAX_ATTEMPTS = env_int("AGENTFLOW_MAX_ATTEMPTS", 8, minimum=1)
 AGENTFLOW_FAULTS = env_bool("AGENTFLOW_FAULTS", False)
 AGENTFLOW_CRASH_AT = env_str("AGENTFLOW_CRASH_AT", "")
 AGENTFLOW_WORKFLOW_MODULES = env_list("AGENTFLOW_WORKFLOW_MODULES", [])
 AGENTFLOW_HOSTNAME = env_str("AGENTFLOW_HOSTNAME", socket.gethostname())
+# Where each worker process holds its liveness lock (SPEC 3.7); empty: the default database;
+# "off": leases alone. Behind PgBouncer in transaction mode, a direct URL to Postgres.
+AGENTFLOW_LIVENESS_DATABASE_URL = env_str("AGENTFLOW_LIVENESS_DATABASE_URL", "")
+# The longest back-off a partner's Retry-After can ask for.
+AGENTFLOW_MAX_BACKOFF = env_float("AGENTFLOW_MAX_BACKOFF", 300.0, minimum=1.0)
+# How long partners keep idempotency keys unless a step declares its own window (Stripe: 24 h):
+# an effect first attempted longer ago is never retried blindly (SPEC 3.3b).
+AGENTFLOW_KEY_WINDOW_SECONDS = env_float("AGENTFLOW_KEY_WINDOW_SECONDS", 24 * 3600.0)
+# Tests only (ignored unless AGENTFLOW_FAULTS=1): this process's clock runs this far ahead.
+AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0, minimum=None)
 
 # --- Partners and refunds -------------------------------------------------------------------
 SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8765")
 SANDBOX_SMTP_PORT = env_int("SANDBOX_SMTP_PORT", (urlsplit(SANDBOX_URL).port or 8765) + 1)
+# Set explicitly, it wins over `sandbox --port N`'s N + 1 (workers send to this port).
+SANDBOX_SMTP_PORT_IS_SET = bool(os.environ.get("SANDBOX_SMTP_PORT", "").strip())
 STRIPE_API_KEY = env_str("STRIPE_API_KEY", "sk_test_agentflow_sandbox")
 # Set (even empty) wins; unset with a real key means real Stripe (test mode); else the sandbox.
 STRIPE_API_BASE = os.environ.get(
     "STRIPE_API_BASE", "" if os.environ.get("STRIPE_API_KEY") else SANDBOX_URL
 )
 REFUNDS_SUBMIT_LIMIT = env_int("REFUNDS_SUBMIT_LIMIT", 5)
+# Requests per booking reference per day, whoever sends them: bounds guessing a passenger's
+# name and e-mail for one booking. 0 turns it off.
+REFUNDS_BOOKING_LIMIT = env_int("REFUNDS_BOOKING_LIMIT", 3)
 REFUNDS_PARTNER_MAX_ATTEMPTS = env_int("REFUNDS_PARTNER_MAX_ATTEMPTS", 8, minimum=1)
 REFUNDS_PARTNER_RETRY_BASE_SECONDS = env_float("REFUNDS_PARTNER_RETRY_BASE_SECONDS", 1.0)
 
@@ -178,10 +250,17 @@ EMAIL_PORT = env_int("EMAIL_PORT", SANDBOX_SMTP_PORT)
 EMAIL_TIMEOUT = 10  # Django's default (None) can block a worker for ever
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Skyways Rebooking <rebooking@agentflow.test>")
 
+# Every handler masks customer e-mail addresses and status-page ids (refunds.redaction).
+# gunicorn's access log is routed here too (its lines hold status-page URLs), and Celery keeps
+# this configuration instead of installing handlers of its own.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "refunds.redaction.RedactPersonalData"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}
+    },
+    "loggers": {"gunicorn.access": {"handlers": ["console"], "propagate": False}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }

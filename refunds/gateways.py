@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
 from agentflow.durable import PermanentStepError, RetryableStepError
+from refunds.addresses import smtp_problem
 
 #: Connect and read timeouts for partner HTTP calls: a hung partner must not hold a worker
 #: (and its lease) for ever; the engine retries under the same key instead.
@@ -50,6 +51,9 @@ class Refund:
 class Booking:
     reference: str
     passenger_name: str
+    passenger_last_name: str
+    #: The contact on file: the only address the refund ever writes to.
+    contact_email: str
     flight: str
     date: str
     origin: str
@@ -135,6 +139,16 @@ class PaymentGateway:
         intents = [i for i in found.data if i.metadata.to_dict().get("idempotency_key") == key]
         return _payment(intents[0]) if intents else None
 
+    def find_refund_by_key(self, *, payment_intent_id: str, key: str) -> Refund | None:
+        """The refund made under `key` for this payment, if any: Stripe's refund list is
+        consistent (a refund shows the moment it exists), so an absence is an answer."""
+        with _stripe_errors("refund lookup"):
+            found = self._client.v1.refunds.list({"payment_intent": payment_intent_id})
+        for refund in found.data:
+            if (refund.metadata or {}).get("idempotency_key") == key:
+                return _refund(refund, payment_intent_id)
+        return None
+
     def refund(
         self, *, payment_intent_id: str, amount_cents: int, key: str, workflow_id: str
     ) -> Refund:
@@ -145,12 +159,16 @@ class PaymentGateway:
         }
         with _stripe_errors("refund"):
             refund = self._client.v1.refunds.create(params, options={"idempotency_key": key})
-        return Refund(
-            id=refund.id,
-            payment_intent_id=payment_intent_id,
-            amount_cents=refund.amount,
-            status=refund.status or "",
-        )
+        return _refund(refund, payment_intent_id)
+
+
+def _refund(refund: Any, payment_intent_id: str) -> Refund:
+    return Refund(
+        id=refund.id,
+        payment_intent_id=payment_intent_id,
+        amount_cents=refund.amount,
+        status=refund.status or "",
+    )
 
 
 def _payment(intent: Any) -> Payment:
@@ -183,7 +201,9 @@ def _stripe_errors(action: str) -> Iterator[None]:
         ) from exc
     except stripe.APIConnectionError as exc:
         # The outcome is unknown; only the same key may ask again.
-        raise RetryableStepError(f"could not reach Stripe ({action}): {exc.user_message}") from exc
+        raise RetryableStepError(
+            f"could not reach Stripe ({action}): {_first_line(exc.user_message)}"
+        ) from exc
     except stripe.APIError as exc:
         status = exc.http_status
         if status is None or status == 409 or status >= 500:
@@ -201,11 +221,30 @@ def _stripe_errors(action: str) -> Iterator[None]:
         ) from exc
 
 
+#: Decline codes that tell the holder something useful to fix. Every other one, above all
+#: those revealing the card's state to whoever holds it (lost, stolen, fraudulent, pick up),
+#: reaches the customer as the generic decline, as Stripe advises.
+_TELLABLE_DECLINES = frozenset(
+    {
+        "insufficient_funds",
+        "expired_card",
+        "incorrect_cvc",
+        "incorrect_number",
+        "card_velocity_exceeded",
+    }
+)
+
+
 def _decline_message(exc: stripe.CardError) -> str:
     reason = getattr(exc.error, "decline_code", None) if exc.error else None
-    if reason and reason != "generic_decline":
+    if reason in _TELLABLE_DECLINES:
         return f"Your card was declined ({reason.replace('_', ' ')})."
     return "Your card was declined."
+
+
+def _first_line(text: str | None) -> str:
+    """The library's messages run on with support advice; the first sentence says it."""
+    return (text or "").strip().split("\n", 1)[0].split("  ", 1)[0].strip()
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -234,7 +273,8 @@ class _PartnerHttp:
         *,
         key: str | None = None,
         body: dict[str, Any] | None = None,
-        not_found: str | None = None,
+        query: dict[str, str] | None = None,
+        not_found: PermanentStepError | None = None,
     ) -> dict[str, Any]:
         headers = {"Idempotency-Key": key} if key else {}
         try:
@@ -242,6 +282,7 @@ class _PartnerHttp:
                 method,
                 f"{self.base_url}{path}",
                 json=body,
+                params=query,
                 headers=headers,
                 timeout=self.timeout,
             )
@@ -253,8 +294,8 @@ class _PartnerHttp:
                 f"could not reach {self.partner}: {type(exc).__name__}"
             ) from exc
         status = response.status_code
-        if status == 404 and not_found:
-            raise PermanentStepError(not_found)
+        if status == 404 and not_found is not None:
+            raise not_found
         if status in (408, 409, 425, 429) or status >= 500:
             raise RetryableStepError(
                 f"{self.partner} answered HTTP {status}",
@@ -290,11 +331,17 @@ class AirlineGateway:
         return cls(settings.SANDBOX_URL)
 
     def booking(self, reference: str) -> Booking:
+        """The booking, or BookingNotFound (permanent)."""
         data = self._http.call(
-            "GET", f"/bookings/{reference}", not_found=_not_found_message(reference)
+            "GET", f"/bookings/{reference}", not_found=BookingNotFound(_not_found(reference))
         )
         fields = {name: data[name] for name in _BOOKING_FIELDS}
-        return Booking(passenger_name=data["passenger"]["name"], **fields)
+        passenger = data["passenger"]
+        return Booking(
+            passenger_name=passenger["name"],
+            passenger_last_name=passenger["last_name"],
+            **fields,
+        )
 
     def cancel_seat(self, reference: str, *, key: str, workflow_id: str) -> SeatCancellation:
         data = self._http.call(
@@ -302,14 +349,22 @@ class AirlineGateway:
             f"/bookings/{reference}/cancel-seat",
             key=key,
             body={"workflow_id": workflow_id},
-            not_found=_not_found_message(reference),
+            not_found=PermanentStepError(_not_found(reference)),
         )
-        return SeatCancellation(
-            cancellation_id=data["cancellation_id"],
-            reference=data["reference"],
-            seat=data["seat"],
-            status=data["status"],
-        )
+        return _seat_cancellation(data)
+
+    def find_seat_cancellation(self, *, key: str) -> SeatCancellation | None:
+        """The seat cancellation made under `key`, if any (a consistent read: none means none)."""
+        found = self._http.call("GET", "/seat-cancellations", query={"idempotency_key": key})
+        return _seat_cancellation(found["data"][0]) if found.get("data") else None
+
+    def find_boarding_pass(self, *, key: str) -> BoardingPass | None:
+        """The boarding pass issued under `key`, if any (a consistent read: none means none)."""
+        found = self._http.call("GET", "/boarding-passes", query={"idempotency_key": key})
+        if not found.get("data"):
+            return None
+        data = found["data"][0]
+        return _boarding_pass(data, data["reference"], data["flight"], data["date"])
 
     def issue_boarding_pass(
         self, reference: str, *, flight: str, date: str, key: str, workflow_id: str
@@ -324,25 +379,42 @@ class AirlineGateway:
                 "date": date,
                 "workflow_id": workflow_id,
             },
-            not_found=_not_found_message(reference),
+            not_found=PermanentStepError(_not_found(reference)),
         )
-        return BoardingPass(
-            boarding_pass_id=data["boarding_pass_id"],
-            reference=data.get("reference", reference),
-            flight=data.get("flight", flight),
-            date=data.get("date", date),
-            seat=data["seat"],
-            barcode=data["barcode"],
-        )
+        return _boarding_pass(data, reference, flight, date)
+
+
+def _seat_cancellation(data: dict[str, Any]) -> SeatCancellation:
+    return SeatCancellation(
+        cancellation_id=data["cancellation_id"],
+        reference=data["reference"],
+        seat=data["seat"],
+        status=data["status"],
+    )
+
+
+def _boarding_pass(data: dict[str, Any], reference: str, flight: str, date: str) -> BoardingPass:
+    return BoardingPass(
+        boarding_pass_id=data["boarding_pass_id"],
+        reference=data.get("reference", reference),
+        flight=data.get("flight", flight),
+        date=data.get("date", date),
+        seat=data["seat"],
+        barcode=data["barcode"],
+    )
 
 
 _BOOKING_FIELDS = (
-    "reference", "flight", "date", "origin", "destination", "seat", "fare_class",
-    "payment_method", "status",
+    "reference", "contact_email", "flight", "date", "origin", "destination", "seat",
+    "fare_class", "payment_method", "status",
 )  # fmt: skip
 
 
-def _not_found_message(reference: str) -> str:
+class BookingNotFound(PermanentStepError):
+    """The airline has no booking under that reference."""
+
+
+def _not_found(reference: str) -> str:
     return f"We couldn't find booking {reference}."
 
 
@@ -372,6 +444,11 @@ class CrmGateway:
             },
         )
         return data["update_id"]
+
+    def find_update(self, *, key: str) -> str | None:
+        """The id of the update recorded under `key`, if any (none means none)."""
+        found = self._http.call("GET", "/updates", query={"idempotency_key": key})
+        return found["data"][0]["update_id"] if found.get("data") else None
 
 
 # --- email ----------------------------------------------------------------------------------
@@ -411,8 +488,14 @@ class Mailer:
         )
 
     def send(self, *, to: str, subject: str, body: str, key: str, workflow_id: str) -> str:
-        """Send one plain-text message; returns its Message-ID."""
+        """Send one plain-text message; returns its Message-ID.
+
+        An address or header that cannot be encoded is refused before connecting, as a
+        permanent error: nothing was sent, and no retry could encode it.
+        """
         message_id = message_id_for(key)
+        if smtp_problem(to):
+            raise PermanentStepError("We can't send email to the address on the booking.")
         connection = get_connection(
             self.backend, host=self.host, port=self.port, timeout=self.timeout_seconds
         )
@@ -425,9 +508,12 @@ class Mailer:
             connection=connection,
         )
         try:
+            message.message()  # encodes every header now, before any connection
             message.send(fail_silently=False)
+        except (UnicodeError, ValueError) as exc:  # raised while encoding, before sending
+            raise PermanentStepError("The message could not be encoded for email.") from exc
         except smtplib.SMTPRecipientsRefused as exc:
-            raise PermanentStepError(f"The mail server refused the address {to}.") from exc
+            raise PermanentStepError("The mail server refused the address on the booking.") from exc
         except smtplib.SMTPResponseException as exc:
             if 500 <= exc.smtp_code < 600 and not isinstance(exc, smtplib.SMTPConnectError):
                 raise PermanentStepError(

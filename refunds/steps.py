@@ -1,8 +1,9 @@
 """The refund workflow's steps: one side effect each, carrying the step's idempotency key.
 
 Outputs are small JSON dicts holding what later steps and the status page need (ids, seat,
-amounts). The customer's email address and message stay in their RefundRequest row and are read
-from it when needed, so checkpoints do not copy them.
+amounts). The customer's words and the address they typed stay in their RefundRequest row;
+mail goes to the booking's contact e-mail on file (in `fetch_booking`'s output), and only once
+`fetch_booking` has found the request to come from the booking's owner.
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ from django.template.loader import render_to_string
 
 from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
-from refunds import policy
-from refunds.gateways import AirlineGateway, CrmGateway, Mailer, Payment, PaymentGateway
+from refunds import ownership, policy, progress
+from refunds.gateways import (
+    AirlineGateway,
+    BookingNotFound,
+    CrmGateway,
+    Mailer,
+    Payment,
+    PaymentGateway,
+    Refund,
+    SeatCancellation,
+)
 from refunds.models import RefundRequest
 from refunds.parsing import parse_request
 
@@ -43,7 +53,25 @@ def parse_flight_details(ctx: StepContext) -> dict[str, Any]:
 
 
 def fetch_booking(ctx: StepContext) -> dict[str, Any]:
-    return asdict(AirlineGateway.from_settings().booking(_reference(ctx)))
+    """The booking, once the request is found to come from its owner (refunds.ownership).
+
+    Before any effect, and in the same step as the lookup so that nothing of someone else's
+    booking is ever checkpointed. An unknown reference fails exactly like a wrong name or
+    e-mail, so the form cannot be used to learn which references exist.
+    """
+    request = _request(ctx)
+    try:
+        booking = AirlineGateway.from_settings().booking(_reference(ctx))
+    except BookingNotFound:
+        raise PermanentStepError(ownership.MISMATCH) from None
+    if not ownership.is_owner(
+        last_name=request.last_name,
+        email=request.email,
+        passenger_last_name=booking.passenger_last_name,
+        contact_email=booking.contact_email,
+    ):
+        raise PermanentStepError(ownership.MISMATCH)
+    return asdict(booking)
 
 
 def check_cancellation_policy(ctx: StepContext) -> dict[str, Any]:
@@ -62,6 +90,17 @@ def cancel_seat(ctx: StepContext) -> dict[str, Any]:
     released = AirlineGateway.from_settings().cancel_seat(
         _reference(ctx), key=ctx.idempotency_key, workflow_id=ctx.run_id
     )
+    return _cancellation_output(released)
+
+
+def find_seat_cancellation(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `cancel_seat`: the airline's cancellation under this step's key, or None
+    when it has none (its lookup is consistent, so that proves the seat was not released)."""
+    found = AirlineGateway.from_settings().find_seat_cancellation(key=ctx.idempotency_key)
+    return _cancellation_output(found) if found is not None else None
+
+
+def _cancellation_output(released: SeatCancellation) -> dict[str, Any]:
     return {
         "cancellation_id": released.cancellation_id,
         "seat": released.seat,
@@ -98,16 +137,21 @@ def charge_customer(ctx: StepContext) -> dict[str, Any]:
 def find_fee_payment(ctx: StepContext) -> dict[str, Any] | None:
     """Reconcile for `charge_customer` (SPEC §3.3a): the payment made under this step's key.
 
-    Stripe's search index can lag a freshly made payment by up to a minute; None then leads to
-    a retry under the same key, which Stripe answers with the stored result, so the customer
-    is still charged once. Past Stripe's 24-hour key window the index has long caught up.
+    Finding none proves nothing: Stripe's search index can lag a fresh payment by up to a
+    minute, so "not found" is `OutcomeUnknown`. Inside Stripe's 24-hour key window the engine
+    then retries under the same key (Stripe replays a payment that exists); after the retries,
+    or past the window, it parks the run for an operator rather than guess with money.
     """
     fee = ctx.output_of("calculate_penalty_fee")
     if not fee or fee["amount_cents"] <= 0:
         return None  # nothing is ever sent for a free change: running the step again is safe
     payment = PaymentGateway.from_settings().find_payment_by_key(ctx.idempotency_key)
-    if payment is None or payment.status not in CHARGED_STATUSES:
-        return None
+    if payment is None:
+        raise durable.OutcomeUnknown(
+            "Stripe's search shows no payment under this key yet (it can lag a minute)"
+        )
+    if payment.status not in CHARGED_STATUSES:
+        return None  # it exists but took no money (declined, needs action): nothing to keep
     return _charge_output(payment)
 
 
@@ -129,6 +173,13 @@ def issue_boarding_pass(ctx: StepContext) -> dict[str, Any]:
     return asdict(issued)
 
 
+def find_boarding_pass(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `issue_boarding_pass`: the pass issued under this step's key, or None
+    (a consistent lookup: none was issued)."""
+    found = AirlineGateway.from_settings().find_boarding_pass(key=ctx.idempotency_key)
+    return asdict(found) if found is not None else None
+
+
 def update_crm(ctx: StepContext) -> dict[str, Any]:
     issued = ctx.output_of("issue_boarding_pass")
     charge = ctx.output_of("charge_customer")
@@ -139,13 +190,19 @@ def update_crm(ctx: StepContext) -> dict[str, Any]:
         f"Customer asked: {ctx.output_of('parse_flight_details')['summary']}."
     )
     update_id = CrmGateway.from_settings().update(
-        customer_email=_request(ctx).email,
+        customer_email=ctx.output_of("fetch_booking")["contact_email"],
         reference=_reference(ctx),
         note=note,
         key=ctx.idempotency_key,
         workflow_id=ctx.run_id,
     )
     return {"update_id": update_id}
+
+
+def find_crm_update(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `update_crm`: the note recorded under this step's key, or None."""
+    update_id = CrmGateway.from_settings().find_update(key=ctx.idempotency_key)
+    return {"update_id": update_id} if update_id is not None else None
 
 
 def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
@@ -159,11 +216,15 @@ def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
         "origin": booking["origin"],
         "destination": booking["destination"],
         "fare_class": booking["fare_class"],
+        "date_words": progress.date_in_words(issued["date"]),
+        "old_flight": booking["flight"],
+        "old_date_words": progress.date_in_words(booking["date"]),
+        "old_seat": booking["seat"],
         "fee_charged": charge["charged"],
         "fee": _fee_text(charge),
         "payment_intent_id": charge.get("payment_intent_id", ""),
     }
-    message_id = _send(ctx, _request(ctx), "confirmation", context)
+    message_id = _send(ctx, booking["contact_email"], "confirmation", context)
     return {"message_id": message_id}
 
 
@@ -179,6 +240,23 @@ def refund_fee(ctx: StepContext) -> dict[str, Any]:
         key=ctx.idempotency_key,
         workflow_id=ctx.run_id,
     )
+    return _refund_output(refund, charge)
+
+
+def find_fee_refund(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `refund_fee`: the refund made under this step's key, found in the
+    payment's refund list (consistent, unlike search), so a retry days later, past Stripe's key
+    window, finishes instead of parking for ever. None: no refund was made."""
+    charge = ctx.output_of("charge_customer")
+    if not charge or not charge.get("charged"):
+        return {"refunded": False, "amount_cents": 0}
+    refund = PaymentGateway.from_settings().find_refund_by_key(
+        payment_intent_id=charge["payment_intent_id"], key=ctx.idempotency_key
+    )
+    return _refund_output(refund, charge) if refund is not None else None
+
+
+def _refund_output(refund: Refund, charge: dict[str, Any]) -> dict[str, Any]:
     return {
         "refunded": True,
         "refund_id": refund.id,
@@ -188,28 +266,34 @@ def refund_fee(ctx: StepContext) -> dict[str, Any]:
 
 
 def notify_failure(ctx: StepContext) -> dict[str, Any]:
-    """Tell the customer the change could not be made, why, and what happened to the fee."""
-    refund_id = (ctx.input or {}).get("refund_id")
-    request = RefundRequest.objects.filter(public_id=refund_id).first() if refund_id else None
-    if request is None:
-        return {"sent": False, "reason": "no request to reply to"}
+    """Tell the customer the change could not be made, why, and what happened to the fee.
+
+    Only a request found to come from the booking's owner gets mail, at the contact e-mail on
+    file; for any other nothing is sent (the address typed is unverified), and the status page
+    alone gives the reason.
+    """
     booking = ctx.output_of("fetch_booking") or {}
     charge = ctx.output_of("charge_customer") or {"charged": False, "amount_cents": 0}
     refund = ctx.output_of("refund_fee") or {"refunded": False}
     released = ctx.output_of("cancel_seat") or {}
     reason = _failure_reason(ctx)
+    contact = booking.get("contact_email", "")
+    if not contact:
+        return {"sent": False, "reason": reason}
     context = {
         "passenger_name": booking.get("passenger_name", ""),
-        "reference": request.booking_reference.upper(),
+        "reference": booking.get("reference", ""),
+        "old_flight": booking.get("flight", ""),
+        "old_date_words": progress.date_in_words(booking.get("date", "")),
         "reason": reason,
         "fee_charged": charge.get("charged", False),
         "fee_refunded": refund.get("refunded", False),
         "fee": _fee_text(charge),
         "refund_id": refund.get("refund_id", ""),
         "seat_released": bool(released),
-        "seat": released.get("seat", ""),
+        "seat": released.get("seat", "") or booking.get("seat", ""),
     }
-    message_id = _send(ctx, request, "failure", context)
+    message_id = _send(ctx, contact, "failure", context)
     return {"sent": True, "message_id": message_id, "reason": reason}
 
 
@@ -221,11 +305,13 @@ _STEP_TROUBLE = {
     "charge_customer": "We couldn't reach our payment provider to take the change fee.",
     "issue_boarding_pass": "The airline couldn't issue your new boarding pass.",
 }
-_READABLE_PREFIXES = ("We ", "Your ", "Basic fares ")
+_READABLE_PREFIXES = ("We ", "Your ", "Basic fares ", "These details ")
 
 
 def _failure_reason(ctx: StepContext) -> str:
     run = durable.snapshot(ctx.run_id)
+    if run is not None and run.cancel_requested:
+        return "Our team stopped this change before it was finished."
     failed = next(
         (s for s in reversed(run.steps) if s.status == durable.StepStatus.FAILED), None
     ) if run else None  # fmt: skip
@@ -262,11 +348,12 @@ def _fee_text(charge: dict[str, Any] | None) -> str:
     return policy.format_amount(charge["amount_cents"], charge.get("currency", policy.CURRENCY))
 
 
-def _send(ctx: StepContext, request: RefundRequest, template: str, context: dict[str, Any]) -> str:
+def _send(ctx: StepContext, to: str, template: str, context: dict[str, Any]) -> str:
+    """Mail `to`, which is always the booking's contact e-mail on file."""
     subject = render_to_string(f"refunds/email/{template}_subject.txt", context)
     body = render_to_string(f"refunds/email/{template}.txt", context)
     return Mailer.from_settings().send(
-        to=request.email,
+        to=to,
         subject=" ".join(subject.split()),
         body=body.strip() + "\n",
         key=ctx.idempotency_key,

@@ -103,9 +103,12 @@ def test_crash_point__child_kills_itself__redelivered_step_takes_over(
     assert partner.requests()[key_of(run_id)] == requests
     charge = checkpoint(run_id)
     assert charge.attempts == attempts
-    # No beat runs here: the redelivered message alone recovered the run (the dead-owner check
-    # let it claim at once, or it found the step done and published the next one).
-    assert not RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SWEEP_REQUEUE).exists()
+    # The redelivered message alone recovered the run: after a claim, its owner's freed lock
+    # let it take over at once (not the lease); after the completion, it found the step done
+    # and published the next one (no takeover at all).
+    takeovers = RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.TAKEOVER)
+    expected = [] if point == "after_complete" else [(HELD_SEQ, "owner_gone", 2)]
+    assert [(e.seq, e.data["reason"], e.data["attempt"]) for e in takeovers] == expected
     # Wall clock of this host throughout: the partner's rows and the claim's start time.
     rows = partner.executions(run_id)
     first_charge = next(row["at"] for row in rows if row["step"] == "charge")
@@ -225,14 +228,20 @@ def test_paused_worker_resumes_after_takeover__its_late_completion_is_fenced_out
     wait_for(lambda: partner.requests()[key_of(run_id)] == 2, what="the late partner call")
     wait_for(lambda: log_has(paused, "fenced out, result discarded"), what="the fenced completion")
 
-    assert _rows(run_id) == before  # I5: the fenced-out worker changed nothing
+    steps, run, events = _rows(run_id)
+    assert (steps, run) == before[:2]  # I5: the fenced-out worker changed nothing
+    late = [e for e in events if e not in before[2]]  # ... but what it did is kept, for audit
+    assert [(e["kind"], e["seq"], e["data"]["attempt"]) for e in late] == [
+        (RunEvent.Kind.LATE_COMPLETION, HELD_SEQ, 1)
+    ]
+    assert late[0]["data"]["output"] == {"key": key_of(run_id), "replayed": True}
     assert_completed_once(run_id, reexecuted={"hold": 2})
 
 
-def _rows(run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+def _rows(run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
     steps = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values())
     run = WorkflowRun.objects.filter(pk=run_id).values().get()
-    return steps, run, RunEvent.objects.filter(run_id=run_id).count()
+    return steps, run, list(RunEvent.objects.filter(run_id=run_id).values())
 
 
 # --- a deploy changed the definition under a queued run -----------------------------------------

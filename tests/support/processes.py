@@ -24,11 +24,20 @@ import kombu.pools
 import pytest
 from django.conf import settings
 
+from agentflow import leases
 from agentflow.celery import app
 from agentflow.workers import RedisServer, WorkerProcess, current_database_url
 from tests.support import partner
 
 WORKFLOW_MODULES = "tests.acceptance.workflows"
+
+
+@pytest.fixture(autouse=True)
+def _liveness_released() -> Iterator[None]:
+    """A test that claimed a step in this process took a liveness connection to the test
+    database; it is closed after the test, so the database can be dropped at the end."""
+    yield
+    leases.release()
 
 
 @pytest.fixture(scope="session")
@@ -122,12 +131,21 @@ class Workers:
         concurrency: int = 1,
         beat: bool = False,
         env: dict[str, str] | None = None,
+        wrapper: list[str] | None = None,
+        queues: str | None = None,
         **overrides: Any,
     ) -> WorkerProcess:
         """Start one worker and wait until it is ready; `overrides` go into its env."""
         full_env = env if env is not None else self._build_env(**overrides)
         name = f"{self._prefix}{len(self.started) + 1}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-        worker = WorkerProcess(concurrency=concurrency, env=full_env, name=name, beat=beat)
+        worker = WorkerProcess(
+            concurrency=concurrency,
+            env=full_env,
+            name=name,
+            beat=beat,
+            wrapper=wrapper,
+            extra_args=["-Q", queues] if queues else None,
+        )
         self.started.append(worker)
         return worker.start(timeout=60)
 
