@@ -261,8 +261,6 @@ def _add_events(lane: Lane, events: list[RunEvent]) -> None:
         data = event.data if isinstance(event.data, dict) else {}
         if event.kind == RunEvent.Kind.ATTEMPT_FAILED:
             attempt = _failed_attempt(data, event.at)
-            if attempt is None:
-                continue
             retry_at = _time(data.get("retry_at"))
             if retry_at is not None and retry_at > attempt.end:
                 lane.waits.append(Interval(start=attempt.end, end=retry_at, note="back-off"))
@@ -280,7 +278,7 @@ def _add_events(lane: Lane, events: list[RunEvent]) -> None:
         elif event.kind in MARK_KINDS:
             lane.marks.append(_mark(event))
     lane.attempts = sorted([*earlier, last], key=lambda a: a.start)
-    lane.waits = _unique(lane.waits)
+    lane.waits = _cut_short(_unique(lane.waits), lane.attempts)
     first_known = lane.attempts[0].start
     first = lane.first_started_at
     if first is not None and first_known - first > SAME_INSTANT:
@@ -289,11 +287,10 @@ def _add_events(lane: Lane, events: list[RunEvent]) -> None:
         )
 
 
-def _failed_attempt(data: Mapping[str, Any], at: datetime) -> Attempt | None:
-    start = _time(data.get("started_at"))
+def _failed_attempt(data: Mapping[str, Any], at: datetime) -> Attempt:
     end = _time(data.get("ended_at")) or at
-    if start is None:
-        return None
+    # A step without a claim (read, db) records no start: its attempt is drawn at its end.
+    start = _time(data.get("started_at")) or end
     retried = data.get("retry_at") is not None
     return Attempt(
         number=_int(data.get("attempt")),
@@ -325,10 +322,28 @@ def _lost_attempt(data: Mapping[str, Any], at: datetime) -> Attempt | None:
     )
 
 
-def _same(a: Attempt, b: Attempt) -> bool:
-    if a.fence is not None and b.fence is not None:
-        return a.fence == b.fence
-    return abs(a.start - b.start) <= SAME_INSTANT
+def _same(told: Attempt, checkpoint: Attempt) -> bool:
+    """Is the failed attempt an event tells of the one the checkpoint holds? Fences cannot say
+    (a failure moves the checkpoint's fence on); both are stamped by the same database clock in
+    the same transaction, so their times can."""
+    if checkpoint.outcome not in (Outcome.RETRIED, Outcome.FAILED):
+        return False
+    return (
+        abs(told.end - checkpoint.end) <= SAME_INSTANT
+        or abs(told.start - checkpoint.start) <= SAME_INSTANT
+    )
+
+
+def _cut_short(waits: list[Interval], attempts: list[Attempt]) -> list[Interval]:
+    """A wait ends when the next attempt starts, if that came before the planned retry time
+    (an operator's Resume now, a retry made due early)."""
+    cut = []
+    for wait in waits:
+        following = next((a.start for a in attempts if a.start >= wait.start), None)
+        if following is not None and following < wait.end:
+            wait = Interval(start=wait.start, end=following, note="back-off, cut short")
+        cut.append(wait)
+    return cut
 
 
 def _unique(intervals: list[Interval]) -> list[Interval]:

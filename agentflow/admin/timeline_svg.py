@@ -186,10 +186,14 @@ def _lane(lane: Lane, scale: Scale, top: int) -> Iterator[str]:
         yield _interval(lane, gap, scale, top, "af-tl-gap")
     for wait in lane.waits:
         x0, x1 = scale.x(wait.start), scale.x(wait.end)
+        cut = wait.note != "back-off"
+        text = (
+            f"{wait.note}, {span_text(wait.end - wait.start)}: from {_clock(wait.start)}, "
+            f"next attempt {'began early' if cut else 'due'} at {_clock(wait.end)}"
+        )
         yield (
-            f'<g class="af-tl-wait" data-seq="{lane.seq}"><title>back-off wait '
-            f"{span_text(wait.end - wait.start)}: from {_clock(wait.start)}, next attempt due "
-            f'{_clock(wait.end)}</title><line x1="{x0:.1f}" y1="{mid}" x2="{max(x1, x0 + 1):.1f}" '
+            f'<g class="af-tl-wait" data-seq="{lane.seq}"><title>{escape(text)}</title>'
+            f'<line x1="{x0:.1f}" y1="{mid}" x2="{max(x1, x0 + 1):.1f}" '
             f'y2="{mid}" stroke="{WAIT_COLOUR}" stroke-width="2" stroke-dasharray="4 3"/>'
             f'<line x1="{x1:.1f}" y1="{mid - 4}" x2="{x1:.1f}" y2="{mid + 4}" '
             f'stroke="{WAIT_COLOUR}" stroke-width="1.5"/></g>'

@@ -44,7 +44,6 @@ def finished(run_id: str) -> WorkflowRun:
     return wait_for(done, timeout=30, interval=0.05, what=f"{run_id} to finish")
 
 
-@pytest.mark.xfail(strict=True, reason="needs the lead's takeover event")
 def test_timeline__worker_killed_mid_step__two_attempts_and_the_gap_between(
     workers: Workers, admin_client: Client
 ) -> None:

@@ -97,8 +97,8 @@ def gated_effect(ctx: durable.StepContext) -> dict[str, Any]:
     return partner.apply(ctx.idempotency_key)
 
 
-def patient_effect(ctx: durable.StepContext) -> dict[str, Any]:
-    """Fails like a 503 on the first attempt, asking for a retry an hour later."""
+def dormant_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Fails like a 503 on the first attempt, with a back-off of about an hour."""
     _record(ctx)
     if ctx.attempt == 1:
         raise durable.RetryableStepError("partner said 503, retry in an hour")
@@ -116,11 +116,11 @@ gated.step("charge", kind="effect")(gated_effect)
 gated.step("finish", kind="read")(_finish)
 
 #: Backs off for an hour after its first attempt: only the sweeper (or Resume now) wakes it.
-patient = durable.Workflow("crash_patient", version=1)
-patient.step(
+dormant = durable.Workflow("crash_dormant", version=1)
+dormant.step(
     "charge", kind="effect", retry=durable.RetryPolicy(base_seconds=3600, max_seconds=3600)
-)(patient_effect)
-patient.step("finish", kind="read")(_finish)
+)(dormant_effect)
+dormant.step("finish", kind="read")(_finish)
 
 declined = durable.Workflow("crash_declined", version=1)
 declined.step("prepare", kind="read")(read)

@@ -64,7 +64,9 @@ def test_eight_retries__nine_bars_eight_waits_and_the_sweep_between_them() -> No
         assert float(line.get("x1")) == pytest.approx(box(failed)[1] - 0, abs=3.1)
         assert float(line.get("x2")) <= box(following)[0] + 0.1
     assert "partner said 503" in title(charge[0])
-    assert "next attempt due 12:00:00.650" in title(waits[0])
+    assert "back-off, 500 ms: from 12:00:00.150, next attempt due at 12:00:00.650" in title(
+        waits[0]
+    )
     [sweep] = elements(svg, "af-tl-mark")
     assert sweep.get("data-kind") == "sweep" and sweep.get("data-seq") == "2"
     assert "Re-enqueued by the sweeper" in title(sweep)
@@ -210,3 +212,49 @@ def test_waiting_run_without_a_recorded_retry_time__wait_ends_at_its_wake_up() -
     assert wait.start == at(1.2)
     assert wait.end == at(60) - store.enqueue_grace()
     assert drawn.lanes[0].summary == "↻ retry due"
+
+
+def test_resumed_early__the_wait_ends_where_the_next_attempt_began() -> None:
+    rows = new_run("wf_resumed")
+    rows.failed_attempt(1, 1, start=1.0, end=1.1, retry_in=3600)
+    rows.step(1, "charge", start=5.0, end=5.2, attempts=2, first_started_at=at(1.0))
+    rows.event(RunEvent.Kind.OPERATOR_RESUME, when=4.9, seq=1, actor="ops", detail="now")
+
+    drawn = timeline.build(rows.run, rows.steps, rows.events, now=at(6))
+
+    [wait] = drawn.lanes[0].waits
+    assert (wait.start, wait.end, wait.note) == (at(1.1), at(5.0), "back-off, cut short")
+    assert drawn.end < at(60)  # the axis is not stretched to the planned retry an hour out
+
+
+def test_failed_checkpoint_told_by_its_event_too__drawn_once() -> None:
+    """The engine writes an event for every failed attempt, the last one included, and moves
+    the checkpoint's fence on: the two are matched by their database times, not fences."""
+    rows = new_run("wf_failedonce", "FAILED")
+    rows.failed_attempt(1, 1, start=1.0, end=1.2, retry_in=0.5)
+    rows.failed_attempt(1, 2, start=1.8, end=2.0, retry_in=None)
+    rows.step(1, "charge", start=1.8, end=2.0, status="FAILED", attempts=2, fence=3,
+              first_started_at=at(1.0), error="card declined")  # fmt: skip
+
+    drawn = timeline.build(rows.run, rows.steps, rows.events, now=at(3))
+
+    assert [a.outcome for a in drawn.lanes[0].attempts] == [Outcome.RETRIED, Outcome.FAILED]
+    assert drawn.lanes[0].summary == "✕ 2 attempts · failed"
+
+
+def test_failed_read_step__its_event_has_no_start_and_is_drawn_at_its_end() -> None:
+    rows = new_run("wf_readfail")
+    rows.event(
+        RunEvent.Kind.ATTEMPT_FAILED,
+        when=1.0,
+        seq=1,
+        data={"attempt": 1, "fence": None, "started_at": None, "ended_at": iso(1.0),
+              "error": "timeout", "retry_at": iso(1.5), "owner": ""},
+    )  # fmt: skip
+    rows.step(1, "lookup", start=1.6, end=1.6, kind="read", attempts=2, fence=2)
+
+    drawn = timeline.build(rows.run, rows.steps, rows.events, now=at(2))
+
+    first, second = drawn.lanes[0].attempts
+    assert (first.start, first.end, first.outcome) == (at(1.0), at(1.0), Outcome.RETRIED)
+    assert second.outcome == Outcome.COMPLETED
