@@ -16,9 +16,8 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from agentflow import store
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
+from agentflow.states import ACTIVE_RUN_STATUSES, StepStatus
 
 #: Two attempt records closer than this are the same attempt told twice (event and checkpoint).
 SAME_INSTANT = timedelta(milliseconds=1)
@@ -224,9 +223,8 @@ def _lane_from_checkpoint(
         outcome = Outcome.COMPLETED
     elif cp.status == StepStatus.FAILED:
         outcome = Outcome.RETRIED if cp.retryable else Outcome.FAILED
-        retry_at = cp.retry_at or _retry_from_wake_up(run)
-        if cp.retryable and retry_at is not None and active and retry_at > end:
-            lane.waits.append(Interval(start=end, end=retry_at, note="back-off"))
+        if cp.retryable and cp.retry_at is not None and active and cp.retry_at > end:
+            lane.waits.append(Interval(start=end, end=cp.retry_at, note="back-off"))
     elif active:
         outcome, end = Outcome.RUNNING, max(now, cp.started_at)
     else:  # parked or cancelled under it: it stopped when the run did
@@ -243,14 +241,6 @@ def _lane_from_checkpoint(
         )
     )
     return lane
-
-
-def _retry_from_wake_up(run: WorkflowRun) -> datetime | None:
-    """A waiting run's retry time when its checkpoint has none recorded (rows written before
-    checkpoints kept `retry_at`): the run wakes one enqueue grace after it."""
-    if run.status != RunStatus.WAITING or run.wake_at is None:
-        return None
-    return run.wake_at - store.enqueue_grace()
 
 
 def _add_events(lane: Lane, events: list[RunEvent]) -> None:

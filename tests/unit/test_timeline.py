@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from agentflow import store
 from agentflow.admin import timeline, timeline_svg
 from agentflow.admin.timeline import MarkKind, Outcome
 from agentflow.models import RunEvent
@@ -199,21 +198,6 @@ def test_axis__round_ticks_whatever_the_length(seconds: float, ticks: str) -> No
     assert len(elements(svg, "af-tl-tick")) <= timeline_svg.TICKS_AT_MOST + 1
 
 
-def test_waiting_run_without_a_recorded_retry_time__wait_ends_at_its_wake_up() -> None:
-    """Rows from before checkpoints kept `retry_at`: the run wakes one enqueue grace after the
-    retry time, as the runtime reads it."""
-    rows = new_run("wf_waiting", "WAITING")
-    rows.step(1, "charge", start=1.0, end=1.2, status="FAILED", retryable=True)
-    rows.run.wake_at = at(60)
-
-    drawn = timeline.build(rows.run, rows.steps, rows.events, now=at(5))
-
-    [wait] = drawn.lanes[0].waits
-    assert wait.start == at(1.2)
-    assert wait.end == at(60) - store.enqueue_grace()
-    assert drawn.lanes[0].summary == "↻ retry due"
-
-
 def test_resumed_early__the_wait_ends_where_the_next_attempt_began() -> None:
     rows = new_run("wf_resumed")
     rows.failed_attempt(1, 1, start=1.0, end=1.1, retry_in=3600)
@@ -258,3 +242,15 @@ def test_failed_read_step__its_event_has_no_start_and_is_drawn_at_its_end() -> N
     first, second = drawn.lanes[0].attempts
     assert (first.start, first.end, first.outcome) == (at(1.0), at(1.0), Outcome.RETRIED)
     assert second.outcome == Outcome.COMPLETED
+
+
+def test_waiting_run__its_checkpoint_retry_time_is_the_wait() -> None:
+    rows = new_run("wf_waiting", "WAITING")
+    rows.step(1, "charge", start=1.0, end=1.2, status="FAILED", retryable=True, retry_at=at(9))
+
+    drawn = timeline.build(rows.run, rows.steps, rows.events, now=at(5))
+
+    [wait] = drawn.lanes[0].waits
+    assert (wait.start, wait.end) == (at(1.2), at(9))
+    assert drawn.lanes[0].summary == "↻ retry due"
+    assert drawn.open_ended and drawn.end == at(9)
