@@ -28,6 +28,8 @@ from agentflow.exceptions import (
     RetryableStepError,
     UnknownWorkflowError,
 )
+from agentflow.links import Link, RunRef, StepRef
+from agentflow.links import register as register_links
 from agentflow.registry import END, Workflow
 from agentflow.retry import RetryPolicy
 from agentflow.serialization import NotJSONError, to_json
@@ -40,20 +42,24 @@ __all__ = [
     "ActionRefused",
     "AgentflowError",
     "InvalidInputError",
+    "Link",
     "OutcomeUnknown",
     "PermanentStepError",
     "RetryPolicy",
     "RetryableStepError",
+    "RunRef",
     "RunSnapshot",
     "RunStatus",
     "StepContext",
     "StepKind",
+    "StepRef",
     "StepSnapshot",
     "StepStatus",
     "UnknownWorkflowError",
     "Workflow",
     "cancel",
     "idempotency_key",
+    "register_links",
     "retry",
     "snapshot",
     "start",

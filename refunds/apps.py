@@ -9,3 +9,11 @@ class RefundsConfig(AppConfig):
     name = "refunds"
     verbose_name = "Refunds"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # The run's admin page links to the refund and to the Stripe objects its steps made.
+        from agentflow import durable
+        from refunds import links
+        from refunds.services import WORKFLOW
+
+        durable.register_links(WORKFLOW, run=links.refund_links, step=links.stripe_links)

@@ -7,4 +7,6 @@ pytest_plugins: list[str] = [
     "tests.support.sandbox",
     "tests.support.processes",
     "tests.support.llm_server",
+    "tests.support.admin",
+    "tests.support.browser",
 ]

@@ -7,7 +7,7 @@ partner. Step messages are published only from on-commit hooks.
 from __future__ import annotations
 
 from agentflow.store.events import event_add
-from agentflow.store.operator import cancel_begin, run_cancel, run_retry
+from agentflow.store.operator import cancel_begin, run_cancel, run_resume, run_retry
 from agentflow.store.runs import (
     ActionRefused,
     Fenced,
@@ -62,6 +62,7 @@ __all__ = [
     "run_cancel",
     "run_create",
     "run_park",
+    "run_resume",
     "run_retry",
     "state_load",
     "state_load_claiming",

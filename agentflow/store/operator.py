@@ -1,4 +1,5 @@
-"""What operators do to runs (retry, cancel) and the cancellation a worker carries out.
+"""What operators do to runs (retry, resume now, cancel) and the cancellation a worker carries
+out.
 
 Each action takes the run's row lock, checks that it is safe, and moves the checkpoint's fence
 on, so a worker still holding an older claim changes nothing afterwards (I5). Each is recorded
@@ -16,7 +17,7 @@ from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import Workflow
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow.store import sql
-from agentflow.store.events import event_add
+from agentflow.store.events import event_add, event_time
 from agentflow.store.runs import ActionRefused, Fenced, begin_undo, enqueue_grace
 
 
@@ -134,6 +135,47 @@ def _resume_failed(run: WorkflowRun) -> tuple[int, str]:
         [run.id],
     )
     return (last_seq.seq if last_seq else failed.seq) + 1, failed.name
+
+
+# --- resume now ---------------------------------------------------------------------------------
+def run_resume(run_id: str, *, actor: str, reason: str) -> None:
+    """Publish an active run's current step now, instead of at its wake-up time.
+
+    A run backing off (WAITING) has its retry made due now, so the claim takes it at once.
+    Nothing else changes and no fence moves: a step a live worker holds stays with it (the new
+    message finds the lease held and does nothing), and publishing twice is harmless, as for
+    the sweeper. The message goes out only once the event is committed.
+    """
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.status not in ACTIVE_RUN_STATUSES:
+            raise ActionRefused(
+                f"only active runs can be resumed now (this one is {run.status}); "
+                "a failed or parked run needs Retry"
+            )
+        seq = run.current_seq
+        if run.status == RunStatus.WAITING:
+            sql.update(
+                sql.STEPS,
+                {"retry_at": sql.at_now()},
+                "run_id = %s AND seq = %s AND status = %s AND retryable",
+                [run_id, seq, StepStatus.FAILED],
+            )
+            sql.update(
+                sql.RUNS,
+                {"wake_at": _wake_soon(), "updated_at": sql.at_now()},
+                "id = %s",
+                [run_id],
+            )
+        event_add(
+            run_id,
+            RunEvent.Kind.OPERATOR_RESUME,
+            reason or "(no reason given)",
+            actor=actor,
+            seq=seq,
+            data={"status": run.status, "wake_at": event_time(run.wake_at)},
+        )
+        dispatch.send_step_on_commit(run_id, seq)
 
 
 # --- cancel -------------------------------------------------------------------------------------

@@ -89,9 +89,38 @@ def not_json(ctx: durable.StepContext) -> Any:
     return {"tags": {"a", "b"}}  # a set: not JSON
 
 
+def gated_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Refused for good until the test releases the run (an operator fixed the account)."""
+    _record(ctx)
+    if not partner.is_released(ctx.run_id):
+        raise durable.PermanentStepError("partner refused: account locked")
+    return partner.apply(ctx.idempotency_key)
+
+
+def dormant_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Fails like a 503 on the first attempt, with a back-off of about an hour."""
+    _record(ctx)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("partner said 503, retry in an hour")
+    return partner.apply(ctx.idempotency_key)
+
+
 flaky = durable.Workflow("crash_flaky", version=1)
 flaky.step("charge", kind="effect", retry=durable.RetryPolicy(base_seconds=2.0))(flaky_effect)
 flaky.step("finish", kind="read")(_finish)
+
+#: Fails permanently until released: the operator's Retry then completes it.
+gated = durable.Workflow("crash_gated", version=1)
+gated.step("prepare", kind="read")(read)
+gated.step("charge", kind="effect")(gated_effect)
+gated.step("finish", kind="read")(_finish)
+
+#: Backs off for an hour after its first attempt: only the sweeper (or Resume now) wakes it.
+dormant = durable.Workflow("crash_dormant", version=1)
+dormant.step(
+    "charge", kind="effect", retry=durable.RetryPolicy(base_seconds=3600, max_seconds=3600)
+)(dormant_effect)
+dormant.step("finish", kind="read")(_finish)
 
 declined = durable.Workflow("crash_declined", version=1)
 declined.step("prepare", kind="read")(read)
