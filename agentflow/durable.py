@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from agentflow import registry, store
+from agentflow.codefirst import AgentContext, CodeWorkflow
 from agentflow.context import StepContext, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,
@@ -40,7 +41,9 @@ ActionRefused = store.ActionRefused
 __all__ = [
     "END",
     "ActionRefused",
+    "AgentContext",
     "AgentflowError",
+    "CodeWorkflow",
     "InvalidInputError",
     "Link",
     "OutcomeUnknown",
