@@ -66,6 +66,7 @@ __all__ = [
     "retry",
     "snapshot",
     "start",
+    "workflow_steps",
 ]
 
 
@@ -90,6 +91,12 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
         workflow=definition, input=payload, business_key=business_key
     )
     return run_id
+
+
+def workflow_steps(workflow: str) -> list[str]:
+    """The forward steps of the latest version of a graph workflow, in order (for pages that
+    list what a run will do before it does it)."""
+    return list(registry.latest(workflow).forward_steps)
 
 
 def cancel(run_id: str, *, actor: str, reason: str) -> str | None:

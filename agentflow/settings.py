@@ -260,6 +260,10 @@ REFUNDS_SUBMIT_LIMIT = env_int("REFUNDS_SUBMIT_LIMIT", 5)
 # Requests per booking reference per day, whoever sends them: bounds guessing a passenger's
 # name and e-mail for one booking. 0 turns it off.
 REFUNDS_BOOKING_LIMIT = env_int("REFUNDS_BOOKING_LIMIT", 3)
+# Which engine handles new refunds: the graph workflow, or the same refund as an agent run.
+REFUNDS_ENGINE = env_str("REFUNDS_ENGINE", "graph").strip().lower()
+if REFUNDS_ENGINE not in ("graph", "agent"):
+    raise ImproperlyConfigured(f"REFUNDS_ENGINE must be graph or agent, got {REFUNDS_ENGINE!r}")
 REFUNDS_PARTNER_MAX_ATTEMPTS = env_int("REFUNDS_PARTNER_MAX_ATTEMPTS", 8, minimum=1)
 REFUNDS_PARTNER_RETRY_BASE_SECONDS = env_float("REFUNDS_PARTNER_RETRY_BASE_SECONDS", 1.0)
 

@@ -13,7 +13,7 @@ class RefundsConfig(AppConfig):
     def ready(self) -> None:
         # The run's admin page links to the refund and to the Stripe objects its steps made.
         from agentflow import durable
-        from refunds import links
-        from refunds.services import WORKFLOW
+        from refunds import engines, links
 
-        durable.register_links(WORKFLOW, run=links.refund_links, step=links.stripe_links)
+        for workflow in (engines.GRAPH, engines.AGENT):
+            durable.register_links(workflow, run=links.refund_links, step=links.stripe_links)

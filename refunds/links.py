@@ -40,8 +40,10 @@ def refund_links(run: durable.RunRef) -> list[durable.Link]:
 
 def stripe_links(run: durable.RunRef, step: durable.StepRef) -> list[durable.Link]:
     """The payment (or refund) a step made, by its Stripe id, from the step's recorded output."""
-    field = STRIPE_OBJECTS.get(step.name)
+    field = STRIPE_OBJECTS.get(step.name.split("@", 1)[0])  # an agent's refund_fee@7 too
     output = step.output if isinstance(step.output, dict) else {}
+    if isinstance(output.get("result"), dict):  # an agent run's tool call: {"ok", "result"}
+        output = output["result"]
     object_id = output.get(field) if field else None
     if not isinstance(object_id, str) or not object_id:
         return []

@@ -35,7 +35,7 @@ CHARGED_STATUSES = ("succeeded", "processing", "requires_capture")
 
 # --- reads ----------------------------------------------------------------------------------
 def load_request(ctx: StepContext) -> dict[str, Any]:
-    request = _request(ctx)
+    request = request_of(ctx)
     return {
         "refund_id": request.public_id,
         "booking_reference": request.booking_reference.strip().upper(),
@@ -44,7 +44,7 @@ def load_request(ctx: StepContext) -> dict[str, Any]:
 
 
 def parse_flight_details(ctx: StepContext) -> dict[str, Any]:
-    request = _request(ctx)
+    request = request_of(ctx)
     # Anchored on the submission date, so a retry next week reads "tomorrow" the same way.
     parsed = parse_request(
         request.message, request.booking_reference, today=request.created_at.date()
@@ -59,7 +59,7 @@ def fetch_booking(ctx: StepContext) -> dict[str, Any]:
     booking is ever checkpointed. An unknown reference fails exactly like a wrong name or
     e-mail, so the form cannot be used to learn which references exist.
     """
-    request = _request(ctx)
+    request = request_of(ctx)
     try:
         booking = AirlineGateway.from_settings().booking(_reference(ctx))
     except BookingNotFound:
@@ -352,8 +352,12 @@ def _failure_reason(ctx: StepContext) -> str:
 
 
 # --- helpers --------------------------------------------------------------------------------
-def _request(ctx: StepContext) -> RefundRequest:
-    refund_id = (ctx.input or {}).get("refund_id")
+def request_of(ctx: StepContext) -> RefundRequest:
+    """The customer's request this run works on (the run's input names it)."""
+    return request_of_refund_id((ctx.input or {}).get("refund_id"))
+
+
+def request_of_refund_id(refund_id: str | None) -> RefundRequest:
     request = RefundRequest.objects.filter(public_id=refund_id).first() if refund_id else None
     if request is None:
         raise PermanentStepError(f"We couldn't find your request {refund_id or ''}".strip() + ".")

@@ -18,9 +18,8 @@ from agentflow.agent import Toolbox, ToolContext
 from agentflow.durable import PermanentStepError
 from refunds import policy, steps
 from refunds.agent import guardrails
-from refunds.gateways import AirlineGateway, CrmGateway
+from refunds.gateways import STRIPE_KEY_WINDOW_SECONDS, AirlineGateway, CrmGateway
 from refunds.models import RefundRequest
-from refunds.workflows import STRIPE_KEY_WINDOW_SECONDS
 
 toolbox = Toolbox("refund_agent")
 
@@ -177,9 +176,10 @@ def issue_boarding_pass(
 def update_crm(ctx: ToolContext, refund_id: RefundId, note: Note) -> dict[str, Any]:
     guardrails.check_own_refund(refund_id, _refund_id(ctx))
     request = _request(ctx)
+    reference = guardrails.normalise_reference(request.booking_reference)
     update_id = CrmGateway.from_settings().update(
-        customer_email=request.email,
-        reference=guardrails.normalise_reference(request.booking_reference),
+        customer_email=_booking(ctx, reference)["contact_email"],  # the address on file
+        reference=reference,
         note=note,
         key=ctx.idempotency_key,
         workflow_id=ctx.run_id,

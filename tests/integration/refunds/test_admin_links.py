@@ -13,8 +13,8 @@ from django.utils import timezone
 from agentflow import links
 from agentflow.models import StepCheckpoint, WorkflowRun
 from refunds import links as refund_links
+from refunds.engines import GRAPH as WORKFLOW
 from refunds.models import RefundRequest
-from refunds.services import WORKFLOW
 
 pytestmark = pytest.mark.django_db
 

@@ -32,22 +32,12 @@ from refunds.agent.tools import toolbox
 from refunds.models import RefundRequest
 from refunds.sandbox.airline import owner_of
 from tests.support.llm_server import Answer, LLMServer, SeenRequest, reply, tool_calls
-from tests.support.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.django_db
 
 WORDS = "Please move me to SK1240 on 2027-03-16, thanks!"
 
 
-@pytest.fixture
-def partners(settings: Any, clean_sandbox: SandboxProcess) -> SandboxProcess:
-    """Point this process's partner settings at the session sandbox (real SMTP, not locmem)."""
-    settings.SANDBOX_URL = clean_sandbox.url
-    settings.STRIPE_API_BASE = clean_sandbox.url
-    settings.EMAIL_HOST = "127.0.0.1"
-    settings.EMAIL_PORT = clean_sandbox.smtp_port
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    return clean_sandbox
 
 
 class AgentRun:

@@ -1,7 +1,7 @@
-"""Fixtures for engine integration tests: real Postgres, a private Redis, steps run here.
+"""Fixtures for tests that play the worker in this process: real Postgres, a private Redis.
 
-Nothing is autouse (other modules share this folder): engine tests opt in with
-`pytest.mark.usefixtures("engine")`.
+Nothing is autouse: engine tests opt in with `pytest.mark.usefixtures("engine")`; `drive`
+runs a run's steps here until it stops moving.
 """
 
 from __future__ import annotations
