@@ -61,6 +61,7 @@ __all__ = [
     "UnknownWorkflowError",
     "Workflow",
     "cancel",
+    "fork",
     "idempotency_key",
     "register_links",
     "retry",
@@ -91,6 +92,17 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
         workflow=definition, input=payload, business_key=business_key
     )
     return run_id
+
+
+def fork(run_id: str, *, position: int, actor: str, reason: str) -> None:
+    """Continue a diverged, parked or failed code-first run from `position` on a new branch
+    (see `store.run_fork`).
+
+    Raises:
+        ActionRefused: not a code-first run, not stopped, or an effect after `position` has an
+            unknown outcome.
+    """
+    store.run_fork(run_id, position=position, actor=actor, reason=reason)
 
 
 def workflow_steps(workflow: str) -> list[str]:

@@ -63,3 +63,16 @@ def read_first_user_message(text: str) -> tuple[str, str]:
         raise ValueError("not a refund agent's first message")
     words = text[start + len(_FENCE) + 2 : -len(_FENCE) - 1]
     return found.group("refund_id"), words
+
+
+#: Fields of a tool's result the model never needs: the card on file is the payment partner's
+#: business, not the model's (the charge tool reads it from the booking itself).
+_HIDDEN = {"fetch_booking": ("payment_method",)}
+
+
+def shown_to_model(tool: str, result: object) -> object:
+    """What the model is shown of a tool's result (the full result stays in the checkpoint)."""
+    hidden = _HIDDEN.get(tool, ())
+    if isinstance(result, dict) and hidden:
+        return {key: value for key, value in result.items() if key not in hidden}
+    return result

@@ -59,5 +59,6 @@ def rebook(ctx: durable.AgentContext) -> str:
     while not (turn := ctx.llm(messages)).is_final:
         messages.append(turn.message)
         for call in turn.tool_calls:
-            messages.append(tool_result_message(call.id, ctx.tool(call).result))
+            shown = prompts.shown_to_model(call.name, ctx.tool(call).result)
+            messages.append(tool_result_message(call.id, shown))
     return turn.text

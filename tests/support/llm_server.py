@@ -323,3 +323,23 @@ def llm_server() -> Iterator[LLMServer]:
         yield server
     finally:
         server.stop()
+
+
+def planned_by(planner: Callable[[Any], Any]) -> Callable[[SeenRequest], Answer]:
+    """A script that answers as an offline planner would (`agentflow.agent.ScriptedModel`'s
+    planner: a function of the request returning a Plan), so a run served over HTTP by the
+    real SDK takes the same turns as one that uses the scripted model in process."""
+    from agentflow.agent.conversation import ModelRequest
+
+    def answer(seen: SeenRequest) -> Answer:
+        request = ModelRequest(
+            model=str(seen.body.get("model", "")),
+            messages=tuple(seen.messages),
+            tools=tuple(seen.body.get("tools", [])),
+        )
+        plan = planner(request)
+        if plan.answer is not None:
+            return reply(plan.answer)
+        return tool_calls(*((planned.name, planned.arguments) for planned in plan.calls))
+
+    return answer

@@ -38,8 +38,6 @@ pytestmark = pytest.mark.django_db
 WORDS = "Please move me to SK1240 on 2027-03-16, thanks!"
 
 
-
-
 class AgentRun:
     """One refund agent run, its positions and history kept in memory."""
 

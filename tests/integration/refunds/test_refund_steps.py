@@ -28,8 +28,6 @@ SEQ = {name: seq for seq, name in enumerate(refund.forward_steps, start=1)}
 pytestmark = pytest.mark.django_db
 
 
-
-
 class Flow:
     """One refund's steps run in order by hand, feeding each the outputs before it."""
 
