@@ -183,6 +183,11 @@ class Failed:
 @dataclass(frozen=True, kw_only=True)
 class NextCall:
     step: StepDef
+    #: What the replay returned from checkpoints on the way: calls, model turns, and the
+    #: recorded tokens of those turns (what asking the model again would have cost).
+    replayed: int = 0
+    replayed_turns: int = 0
+    tokens_saved: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -407,7 +412,12 @@ def replay(
     try:
         result = workflow.fn(ctx)
     except Suspend as suspended:
-        return NextCall(step=suspended.step)
+        return NextCall(
+            step=suspended.step,
+            replayed=ctx._position - 1,
+            replayed_turns=ctx._turns,
+            tokens_saved=ctx._tokens,
+        )
     except Diverged as diverged:
         return Divergent(divergence=diverged.divergence)
     except PermanentStepError as exc:

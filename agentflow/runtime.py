@@ -179,6 +179,12 @@ def _next_call(
         logger.exception("%s: the function of %s raised", run.id, workflow.name)
         outcome = codefirst.Failed(reason=f"unexpected {type(exc).__name__}: {exc}")
     if isinstance(outcome, codefirst.NextCall):
+        logger.info(
+            "%s position %d %s: replayed %d calls from checkpoints (%d model turns, %d tokens "
+            "not spent again)",
+            run.id, seq, outcome.step.name, outcome.replayed, outcome.replayed_turns,
+            outcome.tokens_saved,
+        )  # fmt: skip
         return outcome.step
     if isinstance(outcome, codefirst.Finished):
         store.run_finish(run.id, seq, outcome.output)
@@ -210,6 +216,11 @@ def _run_claimed(
         claim = _claim(run, step, seq, seen)
     if claim is None:
         return  # lost the race, someone holds a live lease, not due yet, or the run was parked
+    if claim.outcome_unknown:
+        logger.info(
+            "%s step %d %s: attempt %d takes over from a lost owner; asks the partner first",
+            run.id, seq, step.name, claim.attempt,
+        )  # fmt: skip
     ctx = _context(run, step, seq, claim.attempt)
     faults.crash_point(step.name, "after_claim", claim.attempt)
     attempt = _Attempt(run, workflow, step, seq, claim, ctx)
@@ -330,6 +341,10 @@ class _Attempt:
 
     def _adopt(self, found: Any) -> Any:
         output = to_json(found, f"reconcile of {self.step.name}")
+        logger.info(
+            "%s step %d %s: the partner already has it; adopted, not repeated",
+            self.ctx.run_id, self.seq, self.step.name,
+        )  # fmt: skip
         store.event_add(
             self.ctx.run_id,
             RunEvent.Kind.RECONCILED,
