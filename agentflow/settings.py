@@ -227,6 +227,8 @@ AGENTFLOW_MAX_BACKOFF = env_float("AGENTFLOW_MAX_BACKOFF", 300.0, minimum=1.0)
 AGENTFLOW_KEY_WINDOW_SECONDS = env_float("AGENTFLOW_KEY_WINDOW_SECONDS", 24 * 3600.0)
 # Tests only (ignored unless AGENTFLOW_FAULTS=1): this process's clock runs this far ahead.
 AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0, minimum=None)
+#: Finished runs older than this are deleted by the beat task (SPEC §3.8); 0 keeps everything.
+AGENTFLOW_RETENTION_DAYS = env_int("AGENTFLOW_RETENTION_DAYS", 30)
 
 # --- Agent mode (SPEC §4 B) -------------------------------------------------------------------
 # Unset base URL: agent runs use their workflow's scripted planner, so everything works offline.

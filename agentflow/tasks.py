@@ -1,15 +1,25 @@
-"""Thin Celery tasks: take ids, call one function. The sweeper's beat schedule lives here."""
+"""Thin Celery tasks: take ids, call one function. The beat schedules (sweeper, retention)
+live here."""
 
 from __future__ import annotations
 
+import logging
+from datetime import timedelta
 from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from agentflow import dispatch, recovery, runtime
+from agentflow import dispatch, recovery, runtime, store
 from agentflow.celery import app
+
+logger = logging.getLogger(__name__)
+
+#: Retention runs hourly, at most this many batches (of 1,000 runs) a tick: a tick stays well
+#: inside the task time limit however large the backlog, and the next tick goes on from there.
+RETENTION_INTERVAL_SECONDS = 3600
+RETENTION_BATCHES_PER_TICK = 100
 
 
 @shared_task(bind=True, name=dispatch.RUN_STEP_TASK, acks_late=True, reject_on_worker_lost=True)
@@ -23,6 +33,19 @@ def run_step_task(self: Any, run_id: str, seq: int, fresh: dispatch.Fresh | None
 def sweep_task() -> None:
     # Early ack: a lost sweep is replaced by the next tick, and a redelivered one is pointless.
     recovery.sweep()
+
+
+@shared_task(name="agentflow.purge", acks_late=False)
+def purge_task() -> None:
+    # Early ack: a lost tick is made up by the next one; a repeated one finds less to delete.
+    days = settings.AGENTFLOW_RETENTION_DAYS
+    if not days:
+        return  # 0 keeps everything (a tick scheduled before the setting changed)
+    deleted = store.runs_purge(
+        older_than=timedelta(days=days), max_batches=RETENTION_BATCHES_PER_TICK
+    )
+    if deleted.runs:
+        logger.info("retention: deleted %s (older than %d days)", deleted.describe(), days)
 
 
 @worker_ready.connect
@@ -47,3 +70,14 @@ def _schedule_sweeper(sender: Any, **kwargs: Any) -> None:
     sender.add_periodic_task(
         float(interval), sweep_task.s(), name="agentflow-sweeper", expires=interval * 0.9
     )
+
+
+@app.on_after_finalize.connect
+def _schedule_retention(sender: Any, **kwargs: Any) -> None:
+    if settings.AGENTFLOW_RETENTION_DAYS:
+        sender.add_periodic_task(
+            float(RETENTION_INTERVAL_SECONDS),
+            purge_task.s(),
+            name="agentflow-retention",
+            expires=RETENTION_INTERVAL_SECONDS * 0.9,
+        )

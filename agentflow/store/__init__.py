@@ -1,4 +1,5 @@
-"""The only code that writes or locks engine rows: create, claim, complete, fail, advance, park.
+"""The only code that writes or locks engine rows: create, claim, complete, fail, advance, park,
+delete.
 
 Every claim and completion is a compare-and-set whose row count decides; nothing here calls a
 partner. Step messages are published only from on-commit hooks.
@@ -22,6 +23,7 @@ from agentflow.store.operator import (
     run_resume,
     run_retry,
 )
+from agentflow.store.retention import Deleted, runs_delete, runs_purge
 from agentflow.store.runs import (
     ActionRefused,
     Fenced,
@@ -59,6 +61,7 @@ __all__ = [
     "ActionRefused",
     "CheckpointRow",
     "Claim",
+    "Deleted",
     "DueRun",
     "Fenced",
     "Heartbeat",
@@ -84,6 +87,8 @@ __all__ = [
     "run_park",
     "run_resume",
     "run_retry",
+    "runs_delete",
+    "runs_purge",
     "state_load",
     "state_load_claiming",
     "step_claim",
