@@ -75,7 +75,7 @@ STATE_LABELS: Mapping[str, str] = {
 
 @dataclass(frozen=True, kw_only=True)
 class Progress:
-    #: working, completed, refunded, failed, needs_attention, cancelled.
+    #: working, completed, refunded, failed, needs_attention, cancelled, archived.
     outcome: str
     headline: str
     message: str
@@ -213,6 +213,19 @@ def outcome_details(status: str, outputs: Mapping[str, Mapping[str, Any]]) -> tu
     if (outputs.get("notify_failure") or {}).get("sent"):
         lines.append("We've emailed the details to the address on your booking.")
     return tuple(lines)
+
+
+def archived() -> Progress:
+    """A request whose run retention deleted (SPEC §3.8). Only finished runs are deleted, so it
+    is over; which way it ended went to the customer by e-mail at the time, and is not kept."""
+    return Progress(
+        outcome="archived",
+        headline="This request is closed",
+        message="It was finished a while ago, so its step-by-step progress is no longer kept. "
+        "The e-mail we sent you then has the outcome; contact us if you need anything else.",
+        final=True,
+        steps=(),
+    )
 
 
 def _latest_by_name(steps: Sequence[StepLike]) -> dict[str, StepLike]:

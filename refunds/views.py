@@ -83,7 +83,7 @@ def refund_status(request: HttpRequest, public_id: str) -> HttpResponse:
         "refunds/status.html",
         {
             "refund": refund,
-            "progress": _progress(_snapshot(refund)),
+            "progress": _progress(refund, _snapshot(refund)),
             "status_url": reverse("refunds:status_json", args=[refund.public_id]),
         },
     )
@@ -94,16 +94,20 @@ def refund_status(request: HttpRequest, public_id: str) -> HttpResponse:
 def refund_status_json(request: HttpRequest, public_id: str) -> JsonResponse:
     refund = _refund_or_404(public_id)
     run = _snapshot(refund)
+    if run is not None:
+        status: str | None = run.status
+    else:  # null: the run was deleted by retention (see _progress)
+        status = None if _purged(refund, run) else durable.RunStatus.PENDING.value
     return JsonResponse(
         {
             "id": refund.public_id,
-            "status": run.status if run else durable.RunStatus.PENDING.value,
+            "status": status,
             "workflow_id": refund.workflow_id,
             "steps": [
                 {"seq": s.seq, "name": s.name, "status": s.status, "attempts": s.attempts}
                 for s in (run.steps if run else [])
             ],
-            "customer": _progress(run).as_json(),
+            "customer": _progress(refund, run).as_json(),
         }
     )
 
@@ -169,7 +173,15 @@ def _snapshot(refund: RefundRequest) -> durable.RunSnapshot | None:
     return durable.snapshot(refund.workflow_id) if refund.workflow_id else None
 
 
-def _progress(run: durable.RunSnapshot | None) -> progress.Progress:
+def _purged(refund: RefundRequest, run: durable.RunSnapshot | None) -> bool:
+    """The request names a run that no longer exists. The two are created in one transaction,
+    so its run was finished and then deleted by retention (`manage.py purge`, SPEC §3.8)."""
+    return run is None and bool(refund.workflow_id)
+
+
+def _progress(refund: RefundRequest, run: durable.RunSnapshot | None) -> progress.Progress:
+    if _purged(refund, run):
+        return progress.archived()
     if run is None:  # not expected (the run is created with the request), but never a 500
         return progress.describe(
             status=durable.RunStatus.PENDING,
