@@ -14,6 +14,7 @@ Domain apps import only this module:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -61,6 +62,7 @@ __all__ = [
     "UnknownWorkflowError",
     "Workflow",
     "cancel",
+    "delete_runs",
     "fork",
     "idempotency_key",
     "register_links",
@@ -129,6 +131,13 @@ def retry(run_id: str, *, actor: str, reason: str) -> None:
         ActionRefused: the run is not in a state where resuming is safe.
     """
     store.run_retry(run_id, actor=actor, reason=reason)
+
+
+def delete_runs(run_ids: Iterable[str]) -> int:
+    """Delete these runs, whatever their status, with their checkpoints and events; return how
+    many runs were deleted. For clean-ups after tests and chaos runs, once no worker can run
+    them any more; finished runs age out by themselves (`manage.py purge`, SPEC §3.8)."""
+    return store.runs_delete(ids=run_ids).runs
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import connection
 from kombu.utils.url import maybe_sanitize_url
 
+from agentflow import store
 from agentflow.benchmark import recovery, workload
 from agentflow.benchmark.sweep_scale import sweep_at_scale
 from agentflow.benchmark.throughput import (
@@ -243,4 +244,4 @@ def _vacuum() -> None:
 
 def _delete_bench_runs() -> None:
     """Runs of an earlier, interrupted bench, or of this one; the reusable history stays."""
-    WorkflowRun.objects.filter(workflow__in=workload.DISPOSABLE).delete()
+    store.runs_delete(workflows=workload.DISPOSABLE)

@@ -75,7 +75,7 @@ def sweep_at_scale(
                 transaction.set_rollback(True)
         plan = _explain(limit)
     finally:
-        WorkflowRun.objects.filter(workflow=workload.STALE).delete()
+        store.runs_delete(workflows=[workload.STALE])
     finished = WorkflowRun.objects.filter(status__in=TERMINAL_RUN_STATUSES).count()
     return SweepFigure(
         finished_runs=finished,

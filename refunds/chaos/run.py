@@ -287,7 +287,5 @@ def _active(workflow_ids: list[str]) -> int:
 
 
 def _delete(submissions: list[traffic.Submission]) -> None:
-    WorkflowRun.objects.filter(
-        id__in=[s.workflow_id for s in submissions if s.workflow_id]
-    ).delete()
+    durable.delete_runs(s.workflow_id for s in submissions if s.workflow_id)
     RefundRequest.objects.filter(public_id__in=[s.public_id for s in submissions]).delete()
