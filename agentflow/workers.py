@@ -1,5 +1,5 @@
-"""Real processes on demand for `bench`, `chaos` and the crash tests: Celery workers and a
-private Redis.
+"""Real processes on demand for `bench`, `chaos` and the crash tests: Celery workers, and a
+private Redis and PostgreSQL that can be crashed without touching the machine's own.
 
 Each worker is a separate `celery -A agentflow worker` process group that can be killed whole
 or one prefork child at a time, exactly as an OOM killer or `kill -9` would.
@@ -9,23 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
 
 import dj_database_url
+import psycopg
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 
 
 class ProcessStartError(RuntimeError):
@@ -123,6 +126,168 @@ class RedisServer:
 
     def queued_messages(self, queue: str = "celery") -> list[Any]:
         return list(self.client().lrange(queue, 0, -1))
+
+
+class PostgresServer:
+    """A private PostgreSQL server that a test or chaos run may crash and restart at will.
+
+    The machine's binaries (`/usr/lib/postgresql/*/bin`, else PATH) initdb a data directory
+    in a temporary directory; it serves 127.0.0.1 on a free port with trust auth. The shared
+    server that other test runs use is never touched. Run as the `postgres` user when this
+    process is root (initdb refuses root). fsync is off: `crash()` kills processes, not the
+    machine, so the OS still holds every write; crash recovery replays the WAL as after a
+    real crash.
+    """
+
+    def __init__(self, workdir: Path, *, dbname: str = "agentflow") -> None:
+        self.port = free_port()
+        self.workdir, self.dbname = workdir, dbname
+        self.log_path = workdir / "postgres.log"
+        self.base: Path | None = None  # the temporary directory: data and socket
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{self.dbname}"
+
+    @property
+    def postmaster_pid(self) -> int:
+        assert self.proc is not None, "postgres is not running"
+        return self.proc.pid
+
+    def start(self, *, timeout: float = 60.0) -> Self:
+        """initdb on first use (and create the database), then start and wait until it
+        accepts connections, crash recovery included."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        fresh = self.base is None
+        if fresh:
+            self.base = Path(tempfile.mkdtemp(prefix="agentflow-pg-"))
+            self._run_as_owner([_pg_binary("initdb"), "-D", str(self.base / "data"),
+                                "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale",
+                                "--no-sync"], wait=True)  # fmt: skip
+        assert self.base is not None
+        self.proc = self._run_as_owner([_pg_binary("postgres"), "-D", str(self.base / "data"),
+            "-p", str(self.port), "-c", "listen_addresses=127.0.0.1",
+            "-c", f"unix_socket_directories={self.base}", "-c", "fsync=off",
+            "-c", "full_page_writes=off", "-c", "max_connections=200"])  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while not self._accepts():
+            if time.monotonic() > deadline:
+                raise ProcessStartError(f"postgres on port {self.port} not ready in {timeout} s")
+            time.sleep(0.05)
+        if fresh:
+            with self.connect("postgres") as conn:
+                conn.execute(f'CREATE DATABASE "{self.dbname}"')
+        return self
+
+    def connect(self, dbname: str | None = None) -> psycopg.Connection:
+        return psycopg.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname=dbname or self.dbname,
+            connect_timeout=5, autocommit=True,
+        )  # fmt: skip
+
+    @contextlib.contextmanager
+    def serving_django(self) -> Iterator[None]:
+        """This process's default database is this server until exit, for every thread's next
+        connection: the settings dict is shared by the alias's connection objects (as when
+        pytest-django renames the database). Options (timeouts, prepared statements) stay."""
+        db = connection.settings_dict
+        saved = {key: db[key] for key in ("NAME", "HOST", "PORT", "USER", "PASSWORD")}
+        connections.close_all()
+        db.update(NAME=self.dbname, HOST="127.0.0.1", PORT=str(self.port), USER="postgres")
+        db["PASSWORD"] = ""
+        try:
+            yield
+        finally:
+            connections.close_all()
+            db.update(saved)
+
+    def crash(self) -> None:
+        """SIGKILL the postmaster and every backend at once: no shutdown checkpoint, clients
+        see their connections reset, and the next start runs crash recovery."""
+        if self.proc is None:
+            return
+        postmaster = self.proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(postmaster, signal.SIGSTOP)  # no new backend forks while we look
+            children = _children_of(postmaster)
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            os.kill(postmaster, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+        # A backend still attached to shared memory would make the next start refuse.
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def restart(self) -> None:
+        """Crash, then start again on the same port and data directory."""
+        self.crash()
+        self.start()
+
+    def stop(self) -> None:
+        """Stop (fast shutdown, SIGKILL if slow) and remove the data directory."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.crash()
+            self.proc = None
+        if self.base is not None:
+            shutil.rmtree(self.base, ignore_errors=True)
+            self.base = None
+
+    def _accepts(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ProcessStartError(f"postgres exited: see {self.log_path}")
+        try:
+            self.connect("postgres").close()
+        except psycopg.OperationalError:
+            return False
+        return True
+
+    def _run_as_owner(self, args: list[str], *, wait: bool = False) -> subprocess.Popen[bytes]:
+        """Run a server binary as `postgres` if we are root (initdb refuses root)."""
+        assert self.base is not None
+        owner: dict[str, Any] = {}
+        if os.geteuid() == 0:
+            account = pwd.getpwnam("postgres")
+            owner = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+            os.chown(self.base, account.pw_uid, account.pw_gid)
+        with open(self.log_path, "ab") as log:
+            proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=self.base, **owner,
+            )  # fmt: skip
+        if wait and proc.wait(timeout=120) != 0:
+            raise ProcessStartError(f"{Path(args[0]).name} failed: see {self.log_path}")
+        return proc
+
+
+def _pg_binary(name: str) -> str:
+    """The newest installed PostgreSQL's `name`, else the one on PATH."""
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+        key=lambda path: int(path.parts[-3]) if path.parts[-3].isdigit() else 0,
+    )
+    found = str(versions[-1]) if versions else shutil.which(name)
+    if found is None:
+        raise ProcessStartError(
+            f"PostgreSQL's {name} is not installed (apt-get install postgresql)"
+        )
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie holds no memory, so it blocks nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 def current_database_url() -> str:

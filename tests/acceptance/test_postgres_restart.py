@@ -1,0 +1,50 @@
+"""The database server crashes and comes back (SPEC §7 chaos, issue 8): on a private PostgreSQL,
+never the machine's shared one.
+
+The server really restarts (a new postmaster, crash recovery, committed rows still there); a
+worker whose pooled connection died with it goes on without waiting for the sweeper; and a
+small chaos run with one database restart loses nothing and doubles nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from agentflow.workers import PostgresServer, ProcessStartError
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def postgres(tmp_path: Path) -> Iterator[PostgresServer]:
+    server = PostgresServer(tmp_path, dbname="restart")
+    try:
+        server.start()
+    except ProcessStartError as exc:
+        pytest.skip(f"no private PostgreSQL here: {exc}")
+    yield server
+    server.stop()
+
+
+def test_private_postgres__restart_is_a_new_postmaster_after_crash_recovery_with_rows_kept(
+    postgres: PostgresServer,
+) -> None:
+    with postgres.connect() as conn:
+        conn.execute("CREATE TABLE kept (n int)")
+        conn.execute("INSERT INTO kept VALUES (1), (2)")
+    held = postgres.connect()
+    before = postgres.postmaster_pid
+
+    postgres.restart()
+
+    assert postgres.postmaster_pid != before
+    with pytest.raises(psycopg.OperationalError):
+        held.execute("SELECT 1")  # every connection of the old server is gone
+    with postgres.connect() as conn:
+        assert conn.execute("SELECT n FROM kept ORDER BY n").fetchall() == [(1,), (2,)]
+    log = postgres.log_path.read_text()
+    assert "database system was not properly shut down; automatic recovery in progress" in log
