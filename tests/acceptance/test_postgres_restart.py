@@ -13,8 +13,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from django.core.management import call_command
+from django.db import connections
 
+from agentflow import durable
 from agentflow.workers import PostgresServer, ProcessStartError
+from tests.acceptance import workflows
+from tests.acceptance.test_engine_crashes import assert_completed_once, wait_finished
+from tests.support.processes import Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,3 +54,23 @@ def test_private_postgres__restart_is_a_new_postmaster_after_crash_recovery_with
         assert conn.execute("SELECT n FROM kept ORDER BY n").fetchall() == [(1,), (2,)]
     log = postgres.log_path.read_text()
     assert "database system was not properly shut down; automatic recovery in progress" in log
+
+
+def test_worker__a_step_after_a_database_restart_runs_without_the_sweeper(
+    postgres: PostgresServer, workers: Workers
+) -> None:
+    """The worker's pooled connection died with the server. Its next step must reconnect
+    instead of failing on it: the message would be dropped and, with no sweeper running here,
+    the run would never move again."""
+    with postgres.serving_django():
+        call_command("migrate", verbosity=0, interactive=False)
+        workers.start(DATABASE_URL=postgres.url)  # no beat: no sweeper
+        first = durable.start(workflows.chain.name)
+        wait_finished(first)  # the worker's connection is now open, and pooled
+
+        postgres.restart()
+        connections.close_all()  # ours died too
+        second = durable.start(workflows.chain.name)
+
+        wait_finished(second, timeout=20)
+        assert_completed_once(second)
