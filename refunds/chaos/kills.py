@@ -1,8 +1,9 @@
-"""The chaos monkey: SIGKILLs pool children, whole workers and the broker, and says what it hit.
+"""The chaos monkey: SIGKILLs pool children, whole workers, the broker and the database server,
+and says what it hit.
 
 Every kill records the moment, the pids, and the steps that were IN_PROGRESS under a lease held
-by one of those pids (or, for the broker, the step messages it held), so the report can time
-how long the engine took to finish each of them.
+by one of those pids (for the database: every step IN_PROGRESS; for the broker, the step
+messages it held), so the report can time how long the engine took to finish each of them.
 """
 
 from __future__ import annotations
@@ -15,13 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError, connections
 
 from agentflow.models import StepCheckpoint
 from agentflow.states import StepStatus
-from agentflow.workers import WorkerProcess
+from agentflow.workers import PostgresServer, WorkerProcess
 from refunds.chaos.processes import RedisBroker
 
-CHILD, WORKER, BROKER = "child", "worker", "broker"
+CHILD, WORKER, BROKER, POSTGRES = "child", "worker", "broker", "postgres"
+#: How long the database stays down after each crash before it starts again (then crash
+#: recovery): long enough that workers meet refused connections, not only reset ones.
+POSTGRES_DOWN_SECONDS = 2.0
+POSTGRES_BUSY_WAIT_SECONDS = 10.0
 #: How long a kill may wait for a victim that is in the middle of a step: killing an idle
 #: process proves little, but the moment within the step stays random.
 BUSY_WAIT_SECONDS = 2.0
@@ -75,11 +81,17 @@ def owner_pid(owner: str) -> int | None:
 
 
 def leased_steps() -> dict[int, list[LeasedStep]]:
-    """IN_PROGRESS steps by the pid that holds their lease."""
+    """IN_PROGRESS steps by the pid that holds their lease (none while the database is down)."""
     found: dict[int, list[LeasedStep]] = {}
-    rows = StepCheckpoint.objects.filter(status=StepStatus.IN_PROGRESS).values_list(
-        "run_id", "seq", "name", "attempts", "lease_owner"
-    )
+    try:
+        rows = list(
+            StepCheckpoint.objects.filter(status=StepStatus.IN_PROGRESS).values_list(
+                "run_id", "seq", "name", "attempts", "lease_owner"
+            )
+        )
+    except DatabaseError:
+        connections.close_all()  # a restart killed our connection: the next call opens one
+        return found
     for run_id, seq, name, attempts, owner in rows:
         pid = owner_pid(owner)
         if pid is not None:
@@ -169,31 +181,44 @@ class WorkerPool:
 class Monkey:
     """Carries out kills chosen by a seeded RNG; the plan is shuffled once, up front."""
 
-    def __init__(self, *, rng: random.Random, pool: WorkerPool, broker: RedisBroker | None) -> None:
-        self.rng, self.pool, self.broker = rng, pool, broker
+    def __init__(
+        self,
+        *,
+        rng: random.Random,
+        pool: WorkerPool,
+        broker: RedisBroker | None,
+        postgres: PostgresServer | None = None,
+    ) -> None:
+        self.rng, self.pool, self.broker, self.postgres = rng, pool, broker, postgres
         self.kills: list[Kill] = []
 
-    def plan(self, *, children: int, workers: int, broker_restarts: int) -> list[str]:
-        """Shuffled, but with the broker restart and one worker kill in the first half, so a
-        run that drains early still shows them."""
+    def plan(
+        self, *, children: int, workers: int, broker_restarts: int, postgres_restarts: int = 0
+    ) -> list[str]:
+        """Shuffled, but with the broker and database restarts and one worker kill in the first
+        half, so a run that drains early still shows them."""
         rest = [CHILD] * children + [WORKER] * max(0, workers - 1)
         self.rng.shuffle(rest)
         early = [WORKER] * min(1, workers) + [BROKER] * broker_restarts
+        early += [POSTGRES] * postgres_restarts
         self.rng.shuffle(early)
         for kind in early:
             rest.insert(self.rng.randint(0, len(rest) // 2), kind)
         return rest
 
     def act(self, kind: str) -> Kill | None:
-        kill = {CHILD: self._kill_child, WORKER: self._kill_worker, BROKER: self._restart_broker}[
-            kind
-        ]()
+        kill = {
+            CHILD: self._kill_child,
+            WORKER: self._kill_worker,
+            BROKER: self._restart_broker,
+            POSTGRES: self._restart_postgres,
+        }[kind]()
         if kill is not None:
             self.kills.append(kill)
         return kill
 
-    def _busy_pids(self) -> dict[int, list[LeasedStep]]:
-        deadline = time.monotonic() + BUSY_WAIT_SECONDS
+    def _busy_pids(self, wait: float = BUSY_WAIT_SECONDS) -> dict[int, list[LeasedStep]]:
+        deadline = time.monotonic() + wait
         while True:
             leased = leased_steps()
             if leased or time.monotonic() > deadline:
@@ -241,3 +266,20 @@ class Monkey:
         at = time.time()
         self.broker.restart()
         return Kill(kind=BROKER, at=at, pids=[pid], lost_messages=lost)
+
+    def _restart_postgres(self) -> Kill | None:
+        """Crash the database server while steps are in flight, keep it down a moment, start
+        it again (crash recovery): every connection of every process dies at once."""
+        if self.postgres is None or self.postgres.proc is None:
+            return None
+        # Longer than for a process kill: a database restart while nothing is in flight proves
+        # little, and the run is still sending refunds when the first restart comes.
+        leased = self._busy_pids(wait=POSTGRES_BUSY_WAIT_SECONDS)
+        pid = self.postgres.postmaster_pid
+        at = time.time()
+        self.postgres.crash()
+        time.sleep(POSTGRES_DOWN_SECONDS)  # the outage itself, not a wait for an event
+        self.postgres.start()
+        return Kill(
+            kind=POSTGRES, at=at, pids=[pid], leased=[s for steps in leased.values() for s in steps]
+        )

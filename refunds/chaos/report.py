@@ -9,7 +9,7 @@ from typing import Any
 from agentflow.states import RunStatus, StepStatus
 from refunds.chaos import invariants
 from refunds.chaos.evidence import Evidence, attempts, duplicates, histogram
-from refunds.chaos.kills import BROKER, CHILD, WORKER, Kill
+from refunds.chaos.kills import BROKER, CHILD, POSTGRES, WORKER, Kill
 from refunds.chaos.traffic import Submission
 
 EMAIL_EXPLANATION = (
@@ -31,12 +31,13 @@ def recovery(evidence: Evidence, kills: list[Kill]) -> dict[str, Any]:
     """Seconds from each kill until the work it interrupted was done again.
 
     Child and worker kills: each step IN_PROGRESS under a killed pid's lease, until it was
-    COMPLETED. Broker restart: each run whose step message the broker held, until that run
-    recorded its next checkpoint (and, apart, until the sweeper re-enqueued it). A step that
-    finished before the kill landed is no sample. Every sample includes the wait behind the
+    COMPLETED; database restarts: each step IN_PROGRESS at the crash, likewise. Broker
+    restart: each run whose step message the broker held, until that run recorded its next
+    checkpoint (and, apart, until the sweeper re-enqueued it). A step that finished before
+    the kill landed is no sample. Every sample includes the wait behind the
     other queued work, which after a broker restart is every run at once.
     """
-    samples: dict[str, list[float]] = {CHILD: [], WORKER: [], BROKER: []}
+    samples: dict[str, list[float]] = {CHILD: [], WORKER: [], BROKER: [], POSTGRES: []}
     requeued: list[float] = []
     unrecovered = 0
     for kill in kills:
@@ -110,10 +111,13 @@ def build(
             1 for s in statuses if s in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
         ),
         "submission_errors": [s.error for s in submissions if s.error][:MAX_LISTED],
+        #: Customers' reloads and re-sent forms while the database was down (same token).
+        "submission_database_retries": sum(s.database_retries for s in submissions),
         "kills": {
             "children": sum(1 for k in kills if k.kind == CHILD),
             "workers": sum(1 for k in kills if k.kind == WORKER),
             "broker_restarts": sum(1 for k in kills if k.kind == BROKER),
+            "postgres_restarts": sum(1 for k in kills if k.kind == POSTGRES),
             "planned": planned_kills,
             "log": [kill.as_json(t0) for kill in kills],
         },

@@ -1,28 +1,33 @@
-"""One chaos run (SPEC §7): start its own broker, sandbox, beat and workers, send refunds
-through the form, kill things at random moments, wait for every run to finish, and report.
+"""One chaos run (SPEC §7): start its own broker, sandbox, beat and workers (and, to crash the
+database, its own PostgreSQL), send refunds through the form, kill things at random moments,
+wait for every run to finish, and report.
 
 Everything it starts it also stops, on success, error or Ctrl-C. The rows it created stay as
-evidence unless `cleanup` is set.
+evidence unless `cleanup` is set (on a private PostgreSQL they go with the server; its log
+stays with the others).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.management import call_command
+from django.db import DatabaseError, connections
 from django.test.utils import override_settings
 
 from agentflow import durable
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES
-from agentflow.workers import current_database_url
+from agentflow.workers import PostgresServer, current_database_url
 from refunds.chaos import evidence as evidence_mod
 from refunds.chaos import report, traffic
 from refunds.chaos.kills import Monkey, WorkerPool
@@ -70,6 +75,10 @@ class ChaosConfig:
     sweep_interval_seconds: int = 2
     faults: bool = True
     cleanup: bool = False
+    #: Crashes of the database server mid-run. When above 0 the whole run (this process, the
+    #: workers) uses a private PostgreSQL that is crashed and restarted, never the configured
+    #: one, which other users of the machine share.
+    postgres_restarts: int = 0
 
 
 def database_url() -> str:
@@ -85,7 +94,8 @@ def database_url() -> str:
 def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Run the whole experiment and return the report (see `refunds.chaos.report`)."""
     db_url = database_url()
-    _refuse_leftovers()
+    if not config.postgres_restarts:
+        _refuse_leftovers()
     seed = config.seed if config.seed is not None else random.randrange(2**31)
     workdir = Path(settings.VAR_DIR) / "chaos" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     workdir.mkdir(parents=True)
@@ -94,9 +104,22 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
     doubles = _double_submits(random.Random(f"{seed}-doubles"), config)
     submissions: list[traffic.Submission] = []
     planned = _planned_kills(config)
+    postgres: PostgresServer | None = None
     with contextlib.ExitStack() as stack:
-        # Registered first, so it runs last: unfinished runs are cancelled while nothing of
-        # ours runs any more, or a later worker on this database would resume them.
+        if config.postgres_restarts:
+            postgres = PostgresServer(workdir, dbname="chaos")
+            stack.callback(postgres.stop)
+            progress(f"chaos: private PostgreSQL on port {postgres.port} (log: postgres.log)")
+            postgres.start()
+            stack.enter_context(postgres.serving_django())
+            # While it is down, pages fail with a logged 500 and the customer sends again;
+            # the report counts those (submission_database_retries) instead.
+            stack.enter_context(_logger_level("django.request", logging.CRITICAL))
+            call_command("migrate", verbosity=0, interactive=False)
+            db_url = postgres.url
+        # Registered before anything that runs steps, so it runs after they stopped: unfinished
+        # runs are cancelled while nothing of ours runs any more, or a later worker on this
+        # database would resume them.
         stack.callback(
             _cancel_unfinished,
             submissions,
@@ -121,11 +144,14 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
         stack.enter_context(_settings_for(config, sandbox))
         if config.faults:
             sandbox.arm(FAULTS)
-        monkey = Monkey(rng=random.Random(f"{seed}-kills"), pool=pool, broker=broker)
+        monkey = Monkey(
+            rng=random.Random(f"{seed}-kills"), pool=pool, broker=broker, postgres=postgres
+        )
         plan = monkey.plan(
             children=planned["children"],
             workers=planned["workers"],
             broker_restarts=planned["broker_restarts"],
+            postgres_restarts=planned["postgres_restarts"],
         )
         t0 = time.time()
         finished = _drive(config, customers, doubles, submissions, monkey, plan, t0, progress)
@@ -143,7 +169,7 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
         seed=seed,
         config={**asdict(config), "seed": seed, "logs": str(workdir)},
     )
-    if config.cleanup:
+    if config.cleanup and postgres is None:  # a private server's rows went with it
         _delete(submissions)
     return result
 
@@ -156,6 +182,7 @@ def _planned_kills(config: ChaosConfig) -> dict[str, int]:
         "children": children,
         "workers": config.worker_kills,
         "broker_restarts": 1 if config.broker_restart else 0,
+        "postgres_restarts": config.postgres_restarts,
     }
 
 
@@ -180,6 +207,17 @@ def _cancel_unfinished(submissions: list[traffic.Submission], why: str) -> None:
         with contextlib.suppress(durable.ActionRefused):
             # The operator action the admin uses; durable.py has no cancel yet.
             durable.cancel(run_id, actor="chaos", reason=f"{why} while {status} at {step}")
+
+
+@contextlib.contextmanager
+def _logger_level(name: str, level: int) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    previous = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
 
 
 def _double_submits(rng: random.Random, config: ChaosConfig) -> dict[int, str]:
@@ -257,7 +295,8 @@ def _drive(
             now = time.time()
         sending = len(submissions) < len(customers)
         if now >= next_poll:
-            active = _active([s.workflow_id for s in submissions if s.workflow_id])
+            polled = _active([s.workflow_id for s in submissions if s.workflow_id])
+            active = active if polled is None else polled
             next_poll = now + POLL_SECONDS
         if not sending and active == 0:
             return now
@@ -282,8 +321,15 @@ def _drive(
         time.sleep(0.02 if sending else 0.1)
 
 
-def _active(workflow_ids: list[str]) -> int:
-    return WorkflowRun.objects.filter(id__in=workflow_ids, status__in=ACTIVE_RUN_STATUSES).count()
+def _active(workflow_ids: list[str]) -> int | None:
+    """Runs still active; None while the database does not answer (it is being restarted)."""
+    try:
+        return WorkflowRun.objects.filter(
+            id__in=workflow_ids, status__in=ACTIVE_RUN_STATUSES
+        ).count()
+    except DatabaseError:
+        connections.close_all()  # the dead connection goes; the next poll opens a new one
+        return None
 
 
 def _delete(submissions: list[traffic.Submission]) -> None:

@@ -3,6 +3,8 @@
 Each customer GETs `/refunds/new/` (CSRF cookie and one-time submission token), then POSTs it
 back and follows nothing: the 303's Location names the refund. Some customers double-submit the
 same rendered form, one click after the other or both at once, which must yield one refund.
+While the database is down (a chaos run restarts it) a page fails, and the customer loads it
+again or sends the same form again, token and all, until it goes through.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import random
 import re
 import string
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, timedelta
 from html.parser import HTMLParser
+from typing import TypeVar
 
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 from django.test import Client
 
 from refunds.models import RefundRequest
@@ -25,6 +30,9 @@ FORM_URL = "/refunds/new/"
 _STATUS_URL = re.compile(r"/refunds/(?P<public_id>rf_[A-Za-z0-9_-]+)/$")
 _FIRST = [c for c in string.ascii_uppercase if c not in "FBD"]  # F flex, B basic, DEC declines
 _REST = string.ascii_uppercase + string.digits
+T = TypeVar("T")
+#: How long a customer keeps trying while the database is down.
+DATABASE_PATIENCE_SECONDS = 60.0
 _MESSAGES = (
     "Hi, something came up at work. Could you move me to flight {flight} on {day}? Thanks!",
     "Please rebook me onto {flight} on {day} instead, my meeting moved.",
@@ -50,6 +58,8 @@ class Submission:
     #: None for a single submit; for a double submit, whether both landed on one refund.
     same_refund: bool | None = None
     error: str = ""
+    #: Page loads and form sends repeated because the database did not answer.
+    database_retries: int = 0
 
 
 def customers(rng: random.Random, count: int) -> list[Customer]:
@@ -95,7 +105,8 @@ class _HiddenInputs(HTMLParser):
 def submit(customer: Customer, *, double: str = "") -> Submission:
     """One customer's visit; `double` is "", "sequential" or "concurrent"."""
     client = Client(enforce_csrf_checks=True)
-    page = client.get(FORM_URL)
+    patiently = _Patience()
+    page = patiently(lambda: client.get(FORM_URL))
     if page.status_code != 200:
         return _failed(customer, f"GET {FORM_URL} answered {page.status_code}")
     hidden = _HiddenInputs()
@@ -108,33 +119,37 @@ def submit(customer: Customer, *, double: str = "") -> Submission:
         "message": customer.message,
     }
     if double == "concurrent":
-        locations = _post_concurrently(client, data)
+        locations = _post_concurrently(client, data, patiently)
     else:
-        locations = [_post(client, data) for _ in range(2 if double else 1)]
+        locations = [_post(client, data, patiently) for _ in range(2 if double else 1)]
     public_ids = {_public_id(location) for location in locations}
     if len(public_ids) != 1 or None in public_ids:
         return _failed(customer, f"POST answered {locations}", same=False if double else None)
     public_id = str(public_ids.pop())
-    rows = RefundRequest.objects.filter(email=customer.email).values_list(
-        "public_id", "workflow_id"
+    ids = patiently(
+        lambda: dict(
+            RefundRequest.objects.filter(email=customer.email).values_list(
+                "public_id", "workflow_id"
+            )
+        )
     )
-    ids = dict(rows)
     return Submission(
         customer=customer,
         public_id=public_id,
         workflow_id=ids.get(public_id) or "",
         same_refund=(len(ids) == 1) if double else None,
+        database_retries=patiently.retries,
     )
 
 
-def _post(client: Client, data: dict[str, str]) -> str:
-    response = client.post(FORM_URL, data)
+def _post(client: Client, data: dict[str, str], patiently: _Patience) -> str:
+    response = patiently(lambda: client.post(FORM_URL, data))
     if response.status_code != 303:
         return f"HTTP {response.status_code}"
     return str(response["Location"])
 
 
-def _post_concurrently(client: Client, data: dict[str, str]) -> list[str]:
+def _post_concurrently(client: Client, data: dict[str, str], patiently: _Patience) -> list[str]:
     """A double click that races: two requests of one browser (same cookies) at the same time."""
     results: list[str] = ["", ""]
     barrier = threading.Barrier(2)
@@ -144,7 +159,7 @@ def _post_concurrently(client: Client, data: dict[str, str]) -> list[str]:
         twin.cookies.update(client.cookies)  # the same browser: one session, one CSRF cookie
         try:
             barrier.wait(timeout=10)
-            results[slot] = _post(twin, data)
+            results[slot] = _post(twin, data, patiently)
         except Exception as exc:
             results[slot] = f"{type(exc).__name__}: {exc}"
         finally:
@@ -156,6 +171,26 @@ def _post_concurrently(client: Client, data: dict[str, str]) -> list[str]:
     for thread in threads:
         thread.join()
     return results
+
+
+class _Patience:
+    """Runs an action again while the database does not answer, as a customer would reload
+    the page or send the form again; counts how often it had to."""
+
+    def __init__(self) -> None:
+        self.retries = 0
+
+    def __call__(self, action: Callable[[], T]) -> T:
+        deadline = time.monotonic() + DATABASE_PATIENCE_SECONDS
+        while True:
+            try:
+                return action()
+            except (OperationalError, InterfaceError):
+                connections.close_all()  # this thread's dead connection; the next try opens one
+                if time.monotonic() > deadline:
+                    raise
+                self.retries += 1
+                time.sleep(0.2)  # a customer's reload, not a wait for an event
 
 
 def _public_id(location: str) -> str | None:

@@ -8,8 +8,12 @@ small chaos run with one database restart loses nothing and doubles nothing.
 
 from __future__ import annotations
 
+import io
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -74,3 +78,26 @@ def test_worker__a_step_after_a_database_restart_runs_without_the_sweeper(
 
         wait_finished(second, timeout=20)
         assert_completed_once(second)
+
+
+def test_chaos__one_postgres_restart_loses_nothing_and_doubles_nothing() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("chaos starts its own redis-server, which is not installed")
+    out = io.StringIO()
+    call_command(
+        "chaos", "--refunds", "8", "--seed", "5", "--postgres-restarts", "1",
+        "--child-kills", "0", "--worker-kills", "0", "--no-broker-restart",
+        "--double-submits", "1", "--timeout", "60", "--json",
+        stdout=out, stderr=io.StringIO(),
+    )  # fmt: skip
+    report: dict[str, Any] = json.loads(out.getvalue())
+
+    assert report["kills"]["postgres_restarts"] == 1
+    assert report["kills"]["log"][0]["kind"] == "postgres"
+    assert report["kills"]["log"][0]["in_progress_steps"], "the restart hit no step in flight"
+    assert (report["runs"], report["completed"], report["stuck"]) == (8, 8, 0)
+    assert report["submission_errors"] == []
+    assert report["payments_per_refund"] == {"min": 1, "max": 1, "histogram": {"1": 8}}
+    assert all(d == {"keys": 0, "refunds": 0} for d in report["duplicate_effects"].values())
+    assert report["recovery_seconds"]["unrecovered"] == 0
+    assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7"), True)

@@ -18,7 +18,14 @@ class Command(BaseCommand):
         "Send refunds through the real form while worker children, whole workers and the broker "
         "are SIGKILLed and partners misbehave; print one JSON report and exit non-zero if an "
         "invariant (SPEC 3.5) broke. Needs Postgres and redis-server; starts and stops its own "
-        "broker, sandbox, beat and workers."
+        "broker, sandbox, beat and workers. With --postgres-restarts N it also starts a private "
+        "PostgreSQL (the machine's PostgreSQL binaries, initdb in a temporary directory, a free "
+        "port; as the postgres user when run as root) and runs everything on it: migrate, the "
+        "form traffic of this process, workers and beat. It crashes that server N times "
+        "mid-run (SIGKILL of the postmaster and every backend at once), keeps it down 2 s, and "
+        "starts it again on the same port and data directory (crash recovery). The configured "
+        "database, which others may share, is never restarted; the private one is removed at "
+        "the end (its log stays with the run's logs)."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -68,6 +75,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--lease-seconds", type=int, default=d.lease_seconds)
         parser.add_argument("--sweep-interval", type=int, default=d.sweep_interval_seconds)
+        parser.add_argument(
+            "--postgres-restarts",
+            type=int,
+            default=d.postgres_restarts,
+            help="crash-restarts of a private PostgreSQL the whole run uses (see above)",
+        )
         parser.add_argument("--no-faults", action="store_true", help="no partner faults")
         parser.add_argument(
             "--cleanup",
@@ -92,9 +105,12 @@ class Command(BaseCommand):
             sweep_interval_seconds=options["sweep_interval"],
             faults=not options["no_faults"],
             cleanup=options["cleanup"],
+            postgres_restarts=options["postgres_restarts"],
         )
         if config.refunds < 1 or config.workers < 1:
             raise CommandError("--refunds and --workers must be at least 1")
+        if config.postgres_restarts < 0:
+            raise CommandError("--postgres-restarts must be 0 or more")
         quiet = options["verbosity"] == 0
 
         def progress(line: str) -> None:
@@ -140,7 +156,8 @@ def summary(report: dict[str, Any]) -> str:
             f"{report['completed']} completed, {report['failed']} failed, "
             f"{report['needs_attention']} need attention, {report['stuck']} stuck",
             f"kills: {kills['children']} children, {kills['workers']} whole workers, "
-            f"{kills['broker_restarts']} broker restarts",
+            f"{kills['broker_restarts']} broker restarts, "
+            f"{kills['postgres_restarts']} database restarts",
             f"payments per refund: {report['payments_per_refund']['min']}"
             f"..{report['payments_per_refund']['max']}; duplicate e-mail deliveries: "
             f"{report['emails']['duplicate_deliveries']}",
