@@ -17,6 +17,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from agentflow import store
 from agentflow.benchmark import recovery, workload
+from agentflow.benchmark.purge import PurgeFigure, purge_at_scale
 from agentflow.benchmark.sweep_scale import sweep_at_scale
 from agentflow.benchmark.throughput import (
     BenchError,
@@ -45,6 +46,9 @@ class BenchOptions:
     history: int = 1_000_000
     stale: int = 1000
     skip_sweep: bool = False
+    #: Aged finished runs (each with its checkpoints and an event) purged alone, then again
+    #: while agentflow runs; 0 skips the retention figures.
+    purge_runs: int = 50_000
     concurrency: int = 2
     #: The plain chain, agentflow and the hand-written chain take turns this many times (each
     #: turn runs/rounds runs), so a slow spell of a shared machine slows all alike instead of
@@ -63,7 +67,9 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         progress(f"sweeper query at {options.history:,} finished runs")
         figure = sweep_at_scale(history=options.history, stale=options.stale, progress=progress)
         report["sweep"] = asdict(figure)
-    chain, mixed, naive, rounds, reads, effects, others, child = _on_worker(options, progress)
+    chain, mixed, naive, rounds, reads, effects, others, child, purged = _on_worker(
+        options, progress
+    )
     report["agentflow"] = {
         **_rates(mixed),
         "commits_per_read_step": round(reads.per_step, 3),
@@ -88,6 +94,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     ]
     report["naive_durable_chain"] = _rates(naive)
     report["ratio_to_naive"] = round(mixed.steps_per_s / naive.steps_per_s, 3)
+    report["purge"] = purged.as_dict() if purged is not None else None
     report["recovery"] = {"bound_s": recovery.bound_seconds()}
     if child is not None:
         report["recovery"]["child_kill"] = child.as_dict()
@@ -112,6 +119,7 @@ def _on_worker(
     Commits,
     float,
     recovery.Recovery | None,
+    PurgeFigure | None,
 ]:
     """The phases that need a worker, on one worker, from a clean queue and table."""
     _delete_bench_runs()
@@ -151,6 +159,15 @@ def _on_worker(
         reads = commits_per_step(workload.READ_ONLY, options.commit_runs)
         effects = commits_per_step(workload.EFFECT_ONLY, options.commit_runs)
         others = (idle_before + other_writers_per_s()) / 2
+        purged = None
+        if options.purge_runs:
+            purged = purge_at_scale(
+                runs=options.purge_runs,
+                step_runs=_split(options.runs, options.rounds)[0],
+                progress=progress,
+            )
+            _delete_bench_runs()
+            _vacuum()
         child = None
         if options.child_kills:
             progress(f"recovery: {options.child_kills} pool-child kills")
@@ -161,7 +178,7 @@ def _on_worker(
         worker.kill()
         _delete_bench_runs()
     worker.log_path.unlink(missing_ok=True)  # kept only when something went wrong
-    return chain, mixed, naive, rounds, reads, effects, others, child
+    return chain, mixed, naive, rounds, reads, effects, others, child, purged
 
 
 def _split(total: int, parts: int) -> list[int]:

@@ -32,8 +32,10 @@ HOLD = "bench_hold"
 #: The hand-written durable chain's runs: a row per chain, a checkpoint row per link.
 NAIVE = "bench_naive"
 NAIVE_TASK = "agentflow.bench_naive"
+#: Finished runs dated long ago, with their checkpoints and events, for the purge to delete.
+AGED = "bench_aged"
 #: Runs the bench creates and deletes again (HISTORY is kept on purpose).
-DISPOSABLE = (MIXED, READ_ONLY, EFFECT_ONLY, STALE, HOLD, NAIVE)
+DISPOSABLE = (MIXED, READ_ONLY, EFFECT_ONLY, STALE, HOLD, NAIVE, AGED)
 
 
 def broker_url() -> str:

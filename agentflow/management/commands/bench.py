@@ -14,7 +14,8 @@ from agentflow.benchmark.throughput import BenchError
 class Command(BaseCommand):
     help = (
         "Measure agentflow against a plain Celery chain on the configured Postgres and Redis: "
-        "steps/s, commits per step, per-step overhead, and the sweeper's query at scale."
+        "steps/s, commits per step, per-step overhead, the sweeper's query and the retention "
+        "purge at scale."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -28,6 +29,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--stale", type=_positive, default=1000, help="due runs to sweep")
         parser.add_argument("--skip-sweep", action="store_true", help="no sweeper figure")
+        parser.add_argument(
+            "--purge-runs",
+            type=_count,
+            default=50_000,
+            help="aged finished runs to purge, alone and while agentflow runs (0: skip)",
+        )
         parser.add_argument("--concurrency", type=_positive, default=2, help="worker processes")
         parser.add_argument(
             "--rounds", type=_positive, default=5, help="turns the chains and agentflow take"
@@ -46,6 +53,7 @@ class Command(BaseCommand):
             history=options["history"],
             stale=options["stale"],
             skip_sweep=options["skip_sweep"],
+            purge_runs=options["purge_runs"],
             concurrency=options["concurrency"],
             rounds=options["rounds"],
             child_kills=options["child_kills"],
@@ -103,6 +111,20 @@ def render(report: dict[str, Any]) -> str:
                 f"{sweep['query_ms']:.3f}",
             ),
             ("sweeper uses run_sweep_due", "yes" if sweep["uses_partial_index"] else "NO"),
+        ]
+    purge = report.get("purge")
+    if purge is not None:
+        rows += [
+            (
+                f"purge rows/s ({purge['alone']['runs']:,} runs x {purge['rows_per_run']} rows "
+                f"beside {purge['finished_runs']:,} finished)",
+                f"{purge['alone']['rows_per_s']:,.0f}",
+            ),
+            ("purge rows/s while agentflow runs", f"{purge['during_steps']['rows_per_s']:,.0f}"),
+            (
+                "agentflow steps/s alone / during a purge",
+                f"{purge['steps_per_s_alone']:,.0f} / {purge['steps_per_s_during_purge']:,.0f}",
+            ),
         ]
     for kind, label in (("child_kill", "pool child"), ("worker_kill", "whole worker")):
         figure = report["recovery"].get(kind)

@@ -20,7 +20,7 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
         "bench",
         "--json",
         *("--runs", "4", "--commit-runs", "2", "--history", "300", "--stale", "5"),
-        *("--child-kills", "1", "--worker-kills", "0"),
+        *("--child-kills", "1", "--worker-kills", "0", "--purge-runs", "30"),
         stdout=out,
         stderr=io.StringIO(),
     )
@@ -41,6 +41,13 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     assert sweep["query_ms"] > 0
     assert "run_sweep_due" in sweep["plan"]
     assert report["environment"]["processes"] == 2
+    purge = report["purge"]
+    assert purge["finished_runs"] >= 300
+    for phase in ("alone", "during_steps"):  # each aged run: itself, 10 checkpoints, 1 event
+        assert (purge[phase]["runs"], purge[phase]["rows"]) == (30, 30 * 12), phase
+        assert purge[phase]["rows_per_s"] > 0 and purge[phase]["transactions"] == 1
+    assert purge["steps_per_s_alone"] > 0 and purge["steps_per_s_during_purge"] > 0
+    assert 0 <= purge["overlap"] <= 1
     child = report["recovery"]["child_kill"]
     assert child["samples"] == 1 and 0 < child["p50_s"] < report["recovery"]["bound_s"]
 

@@ -1,0 +1,207 @@
+"""Retention at scale (SPEC §3.8): purge rows/s beside the million-run history, and the step
+throughput of agentflow runs while a purge goes on, against the same without one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connection, connections
+from django.db.models import Model
+from django.utils import timezone
+
+from agentflow import store
+from agentflow.benchmark import workload
+from agentflow.benchmark.throughput import BenchError, Throughput, workflow_throughput
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.states import RunStatus, StepKind, StepStatus
+
+AGED_ID_PREFIX = "wf_benchaged_"
+#: Aged runs were created from here on, one a second: long before any history run (those are
+#: dated back from the moment they were inserted), so the purge never touches the history the
+#: next bench run reuses. The purge still finds them as retention would: the oldest first,
+#: through the created_at index.
+AGED_FROM = datetime(2000, 1, 1, tzinfo=UTC)
+#: Each aged run looks like a finished bench run: STEPS checkpoints and one event.
+EVENTS_PER_RUN = 1
+#: Runs per INSERT statement when cloning (their checkpoints: ten times as many rows).
+CLONE_BATCH = 5000
+
+
+@dataclass(frozen=True, kw_only=True)
+class PurgeRate:
+    runs: int
+    rows: int
+    transactions: int
+    seconds: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "rows": self.rows,
+            "transactions": self.transactions,
+            "seconds": round(self.seconds, 3),
+            "rows_per_s": round(self.rows_per_s, 1),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PurgeFigure:
+    #: Finished runs in the table while purging (the history, if the sweeper phase made it).
+    finished_runs: int
+    alone: PurgeRate
+    during_steps: PurgeRate
+    steps_alone: Throughput
+    steps_during_purge: Throughput
+    #: Share of the timed step phase during which the purge was still running (1.0: all of it).
+    overlap: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "finished_runs": self.finished_runs,
+            "rows_per_run": workload.STEPS + EVENTS_PER_RUN + 1,
+            "alone": self.alone.as_dict(),
+            "during_steps": self.during_steps.as_dict(),
+            "steps_per_s_alone": round(self.steps_alone.steps_per_s, 1),
+            "steps_per_s_during_purge": round(self.steps_during_purge.steps_per_s, 1),
+            "steps_ratio_during_purge": round(
+                self.steps_during_purge.steps_per_s / self.steps_alone.steps_per_s, 3
+            ),
+            "overlap": round(self.overlap, 3),
+        }
+
+
+def purge_at_scale(
+    *, runs: int, step_runs: int, progress: Callable[[str], None] = lambda _: None
+) -> PurgeFigure:
+    """Purge `runs` aged runs alone, time `step_runs` agentflow runs alone, then both at once
+    (a second batch of aged runs). Needs a bench worker running."""
+    finished = WorkflowRun.objects.filter(workflow=workload.HISTORY).count()
+    progress(f"retention: inserting {runs:,} aged finished runs with their rows")
+    insert_aged(runs)
+    progress("retention: purging them alone")
+    alone = _timed_purge(runs)
+    progress(f"retention: {step_runs} agentflow runs alone")
+    steps_alone = workflow_throughput(workload.MIXED, step_runs)
+    store.runs_delete(workflows=[workload.MIXED])
+    insert_aged(runs)
+    progress(f"retention: {step_runs} agentflow runs while {runs:,} aged runs are purged")
+    purged: list[tuple[PurgeRate, float]] = []
+    purger = threading.Thread(target=_purge_in_thread, args=(runs, purged), name="bench-purge")
+    purger.start()
+    try:
+        steps_during = workflow_throughput(workload.MIXED, step_runs)
+        steps_ended = time.time()
+    finally:
+        purger.join()
+    if not purged:
+        raise BenchError("the concurrent purge failed (see the log above)")
+    during, purge_ended = purged[0]
+    steps_started = steps_ended - steps_during.seconds
+    overlap = (min(purge_ended, steps_ended) - steps_started) / steps_during.seconds
+    return PurgeFigure(
+        finished_runs=finished,
+        alone=alone,
+        during_steps=during,
+        steps_alone=steps_alone,
+        steps_during_purge=steps_during,
+        overlap=max(0.0, min(1.0, overlap)),
+    )
+
+
+def _purge_in_thread(runs: int, result: list[tuple[PurgeRate, float]]) -> None:
+    try:
+        result.append((_timed_purge(runs), time.time()))
+    finally:
+        connections.close_all()  # this thread's own connection
+
+
+def _timed_purge(runs: int) -> PurgeRate:
+    """The store's retention function, with the age that reaches exactly the aged runs."""
+    newest_aged = AGED_FROM + timedelta(seconds=runs + 1)
+    started = time.perf_counter()
+    deleted = store.runs_purge(older_than=timezone.now() - newest_aged)
+    seconds = time.perf_counter() - started
+    if deleted.runs != runs:
+        raise BenchError(f"the purge deleted {deleted.runs} runs, expected the {runs} aged ones")
+    return PurgeRate(
+        runs=deleted.runs, rows=deleted.rows, transactions=len(deleted.batches), seconds=seconds
+    )
+
+
+def insert_aged(runs: int) -> None:
+    """`runs` finished runs created one second apart from AGED_FROM, each with STEPS
+    checkpoints and an event: one template written by the ORM (so every column gets its
+    model default, whatever columns are added later), cloned by SQL."""
+    template = _template()
+    try:
+        for first in range(1, runs + 1, CLONE_BATCH):
+            last = min(first + CLONE_BATCH - 1, runs)
+            run_id = "%(prefix)s || lpad(g::text, 12, '0')"
+            created = "%(epoch)s::timestamptz + g * interval '1 second'"
+            params = {"prefix": AGED_ID_PREFIX, "epoch": AGED_FROM, "first": first, "last": last}
+            _clone(WorkflowRun, "id", template, {"id": run_id, "created_at": created,
+                                                 "updated_at": created}, params)  # fmt: skip
+            key = f"{run_id} || '_step_' || t.seq"
+            _clone(StepCheckpoint, "run_id", template,
+                   {"run_id": run_id, "idempotency_key": key}, params)  # fmt: skip
+            _clone(RunEvent, "run_id", template, {"run_id": run_id}, params)
+    finally:
+        store.runs_delete(ids=[template])
+
+
+def _template() -> str:
+    now = timezone.now()
+    run = WorkflowRun.objects.create(
+        workflow=workload.AGED, version=1, status=RunStatus.COMPLETED,
+        current_step="", current_seq=workload.STEPS + 1, output={"done": True},
+    )  # fmt: skip
+    StepCheckpoint.objects.bulk_create(
+        StepCheckpoint(
+            run=run,
+            seq=seq,
+            name=f"step_{seq}",
+            kind=StepKind.READ,
+            status=StepStatus.COMPLETED,
+            idempotency_key=f"{run.id}_step_{seq}",
+            output={"step": f"step_{seq}", "seq": seq},
+            first_started_at=now,
+            started_at=now,
+            finished_at=now,
+        )
+        for seq in range(1, workload.STEPS + 1)
+    )
+    RunEvent.objects.bulk_create(
+        RunEvent(run=run, kind=RunEvent.Kind.SWEEP_REQUEUE, actor="sweeper", detail="aged")
+        for _ in range(EVENTS_PER_RUN)
+    )
+    return run.id
+
+
+def _clone(
+    model: type[Model], key: str, template: str, changed: dict[str, str], params: dict[str, Any]
+) -> None:
+    """INSERT … SELECT the template's rows of `model` once per g, with `changed` columns
+    computed; an auto-increment primary key is left to its sequence."""
+    columns = [
+        field.column
+        for field in model._meta.concrete_fields
+        if field.column in changed or not field.primary_key
+    ]
+    values = [changed.get(column, f"t.{column}") for column in columns]
+    table = model._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)} "
+            f"FROM {table} t, generate_series(%(first)s, %(last)s) g "
+            f"WHERE t.{key} = %(template)s",
+            {**params, "template": template},
+        )
