@@ -15,6 +15,7 @@ from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Model
 from django.utils import timezone
 
 from agentflow.models import WorkflowRun
@@ -175,20 +176,28 @@ def _child_tables() -> list[tuple[str, str]]:
     Only the engine's own tables: a domain app that pointed a foreign key at runs would make
     the delete fail loudly rather than have the engine delete its rows.
     """
-    found = []
-    for relation in WorkflowRun._meta.related_objects:
-        model = relation.related_model
-        if model._meta.app_label == WorkflowRun._meta.app_label:
-            found.append((model._meta.db_table, relation.field.column))
-    return sorted(found)
+    return sorted(
+        (model._meta.db_table, column)
+        for model, column in _referencing()
+        if model._meta.app_label == WorkflowRun._meta.app_label
+    )
 
 
 @cache
 def _child_names() -> dict[str, str]:
     return {
-        relation.related_model._meta.db_table: str(relation.related_model._meta.verbose_name_plural)
-        for relation in WorkflowRun._meta.related_objects
+        model._meta.db_table: str(model._meta.verbose_name_plural) for model, _ in _referencing()
     }
+
+
+def _referencing() -> list[tuple[type[Model], str]]:
+    """Models with a foreign key to runs, and that key's column."""
+    found = []
+    for relation in WorkflowRun._meta.related_objects:
+        model = relation.related_model
+        assert not isinstance(model, str)  # resolved once the app registry is ready
+        found.append((model, relation.field.column))
+    return found
 
 
 def _fetch(query: str, params: list[Any]) -> list[tuple[Any, ...]]:
