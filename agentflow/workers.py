@@ -207,7 +207,7 @@ class PostgresServer:
         see their connections reset, and the next start runs crash recovery."""
         if self.proc is None:
             return
-        postmaster = self.proc.pid
+        postmaster, children = self.proc.pid, []
         with contextlib.suppress(ProcessLookupError):
             os.kill(postmaster, signal.SIGSTOP)  # no new backend forks while we look
             children = _children_of(postmaster)
@@ -254,7 +254,12 @@ class PostgresServer:
         assert self.base is not None
         owner: dict[str, Any] = {}
         if os.geteuid() == 0:
-            account = pwd.getpwnam("postgres")
+            try:
+                account = pwd.getpwnam("postgres")
+            except KeyError:
+                raise ProcessStartError(
+                    "PostgreSQL refuses to run as root, and there is no postgres user"
+                ) from None
             owner = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
             os.chown(self.base, account.pw_uid, account.pw_gid)
         with open(self.log_path, "ab") as log:

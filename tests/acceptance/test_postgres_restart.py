@@ -35,6 +35,7 @@ def postgres(tmp_path: Path) -> Iterator[PostgresServer]:
     try:
         server.start()
     except ProcessStartError as exc:
+        server.stop()
         pytest.skip(f"no private PostgreSQL here: {exc}")
     yield server
     server.stop()
