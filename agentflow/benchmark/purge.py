@@ -60,9 +60,15 @@ class PurgeFigure:
     alone: PurgeRate
     during_steps: PurgeRate
     steps_alone: Throughput
-    steps_during_purge: Throughput
+    #: Steps completed while the purge ran, over how long both ran together.
+    steps_during_purge: int
+    during_seconds: float
     #: Share of the timed step phase during which the purge was still running (1.0: all of it).
     overlap: float
+
+    @property
+    def steps_per_s_during_purge(self) -> float:
+        return self.steps_during_purge / self.during_seconds if self.during_seconds else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -71,9 +77,9 @@ class PurgeFigure:
             "alone": self.alone.as_dict(),
             "during_steps": self.during_steps.as_dict(),
             "steps_per_s_alone": round(self.steps_alone.steps_per_s, 1),
-            "steps_per_s_during_purge": round(self.steps_during_purge.steps_per_s, 1),
+            "steps_per_s_during_purge": round(self.steps_per_s_during_purge, 1),
             "steps_ratio_during_purge": round(
-                self.steps_during_purge.steps_per_s / self.steps_alone.steps_per_s, 3
+                self.steps_per_s_during_purge / self.steps_alone.steps_per_s, 3
             ),
             "overlap": round(self.overlap, 3),
         }
@@ -83,7 +89,11 @@ def purge_at_scale(
     *, runs: int, step_runs: int, progress: Callable[[str], None] = lambda _: None
 ) -> PurgeFigure:
     """Purge `runs` aged runs alone, time `step_runs` agentflow runs alone, then both at once
-    (a second batch of aged runs). Needs a bench worker running."""
+    (a second batch of aged runs). Needs a bench worker running.
+
+    During the purge, steps/s counts the steps completed (by their checkpoints' finish times)
+    while both ran, so a purge that ends before the step phase does not dilute the figure.
+    """
     finished = WorkflowRun.objects.filter(workflow=workload.HISTORY).count()
     progress(f"retention: inserting {runs:,} aged finished runs with their rows")
     insert_aged(runs)
@@ -96,24 +106,30 @@ def purge_at_scale(
     progress(f"retention: {step_runs} agentflow runs while {runs:,} aged runs are purged")
     purged: list[tuple[PurgeRate, float]] = []
     purger = threading.Thread(target=_purge_in_thread, args=(runs, purged), name="bench-purge")
+    started = time.time()
     purger.start()
     try:
-        steps_during = workflow_throughput(workload.MIXED, step_runs)
-        steps_ended = time.time()
+        steps = workflow_throughput(workload.MIXED, step_runs)
     finally:
         purger.join()
     if not purged:
         raise BenchError("the concurrent purge failed (see the log above)")
     during, purge_ended = purged[0]
-    steps_started = steps_ended - steps_during.seconds
-    overlap = (min(purge_ended, steps_ended) - steps_started) / steps_during.seconds
+    together_until = min(purge_ended, started + steps.seconds)
+    completed = StepCheckpoint.objects.filter(
+        run__workflow=workload.MIXED,
+        status=StepStatus.COMPLETED,
+        finished_at__gte=datetime.fromtimestamp(started, UTC),
+        finished_at__lt=datetime.fromtimestamp(together_until, UTC),
+    ).count()
     return PurgeFigure(
         finished_runs=finished,
         alone=alone,
         during_steps=during,
         steps_alone=steps_alone,
-        steps_during_purge=steps_during,
-        overlap=max(0.0, min(1.0, overlap)),
+        steps_during_purge=completed,
+        during_seconds=together_until - started,
+        overlap=max(0.0, min(1.0, (together_until - started) / steps.seconds)),
     )
 
 

@@ -46,8 +46,9 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     for phase in ("alone", "during_steps"):  # each aged run: itself, 10 checkpoints, 1 event
         assert (purge[phase]["runs"], purge[phase]["rows"]) == (30, 30 * 12), phase
         assert purge[phase]["rows_per_s"] > 0 and purge[phase]["transactions"] == 1
-    assert purge["steps_per_s_alone"] > 0 and purge["steps_per_s_during_purge"] > 0
-    assert 0 <= purge["overlap"] <= 1
+    assert purge["steps_per_s_alone"] > 0
+    # A toy purge may end before any step does: only the shape is asserted here.
+    assert purge["steps_per_s_during_purge"] >= 0 and 0 <= purge["overlap"] <= 1
     child = report["recovery"]["child_kill"]
     assert child["samples"] == 1 and 0 < child["p50_s"] < report["recovery"]["bound_s"]
 
