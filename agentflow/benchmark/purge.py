@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from agentflow import store
 from agentflow.benchmark import workload
-from agentflow.benchmark.throughput import BenchError, Throughput, workflow_throughput
+from agentflow.benchmark.throughput import BenchError, workflow_throughput
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepKind, StepStatus
 
@@ -32,6 +32,11 @@ EVENTS_PER_RUN = 1
 CLONE_BATCH = 5000
 
 
+#: Steps alone and steps beside a purge take turns this many times, so a slow spell of a shared
+#: machine slows both alike (as the chain and agentflow take turns).
+TURNS = 3
+
+
 @dataclass(frozen=True, kw_only=True)
 class PurgeRate:
     runs: int
@@ -42,6 +47,15 @@ class PurgeRate:
     @property
     def rows_per_s(self) -> float:
         return self.rows / self.seconds if self.seconds else 0.0
+
+    @classmethod
+    def total(cls, rates: list[PurgeRate]) -> PurgeRate:
+        return cls(
+            runs=sum(r.runs for r in rates),
+            rows=sum(r.rows for r in rates),
+            transactions=sum(r.transactions for r in rates),
+            seconds=sum(r.seconds for r in rates),
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,58 +68,88 @@ class PurgeRate:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StepsWindow:
+    """Steps completed in a window of a step phase (by their checkpoints' finish times)."""
+
+    steps: int
+    seconds: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PurgeTurn:
+    purge: PurgeRate
+    #: While the purge ran, and over as long a window at the start of the phase before it.
+    during: StepsWindow
+    alone: StepsWindow
+
+
+@dataclass(frozen=True, kw_only=True)
 class PurgeFigure:
     #: Finished runs in the table while purging (the history, if the sweeper phase made it).
     finished_runs: int
     alone: PurgeRate
-    during_steps: PurgeRate
-    steps_alone: Throughput
-    #: Steps completed while the purge ran, over how long both ran together.
-    steps_during_purge: int
-    during_seconds: float
-    #: Share of the timed step phase during which the purge was still running (1.0: all of it).
-    overlap: float
-
-    @property
-    def steps_per_s_during_purge(self) -> float:
-        return self.steps_during_purge / self.during_seconds if self.during_seconds else 0.0
+    turns: list[PurgeTurn]
 
     def as_dict(self) -> dict[str, Any]:
+        alone = _steps_per_s([t.alone for t in self.turns])
+        during = _steps_per_s([t.during for t in self.turns])
         return {
             "finished_runs": self.finished_runs,
             "rows_per_run": workload.STEPS + EVENTS_PER_RUN + 1,
             "alone": self.alone.as_dict(),
-            "during_steps": self.during_steps.as_dict(),
-            "steps_per_s_alone": round(self.steps_alone.steps_per_s, 1),
-            "steps_per_s_during_purge": round(self.steps_per_s_during_purge, 1),
-            "steps_ratio_during_purge": round(
-                self.steps_per_s_during_purge / self.steps_alone.steps_per_s, 3
-            ),
-            "overlap": round(self.overlap, 3),
+            "during_steps": PurgeRate.total([t.purge for t in self.turns]).as_dict(),
+            "steps_per_s_alone": round(alone, 1),
+            "steps_per_s_during_purge": round(during, 1),
+            "steps_ratio_during_purge": round(during / alone, 3) if alone else None,
+            "steps_ratio_per_turn": [
+                round(t.during.steps_per_s / t.alone.steps_per_s, 3) if t.alone.steps else None
+                for t in self.turns
+            ],
+            "window_seconds": round(sum(t.during.seconds for t in self.turns), 3),
         }
+
+
+def _steps_per_s(windows: list[StepsWindow]) -> float:
+    seconds = sum(w.seconds for w in windows)
+    return sum(w.steps for w in windows) / seconds if seconds else 0.0
 
 
 def purge_at_scale(
     *, runs: int, step_runs: int, progress: Callable[[str], None] = lambda _: None
 ) -> PurgeFigure:
-    """Purge `runs` aged runs alone, time `step_runs` agentflow runs alone, then both at once
-    (a second batch of aged runs). Needs a bench worker running.
+    """Purge `runs` aged runs alone; then, TURNS times, `step_runs` agentflow runs alone and
+    `step_runs` more while a third as many aged runs are purged. Needs a bench worker running.
 
-    During the purge, steps/s counts the steps completed (by their checkpoints' finish times)
-    while both ran, so a purge that ends before the step phase does not dilute the figure.
+    Steps/s beside the purge counts the steps completed (by their checkpoints' finish times)
+    while the purge ran; the phase before it is counted over a window as long, from its start,
+    so both are the busy part of a phase.
     """
     finished = WorkflowRun.objects.filter(workflow=workload.HISTORY).count()
     progress(f"retention: inserting {runs:,} aged finished runs with their rows")
     insert_aged(runs)
     progress("retention: purging them alone")
     alone = _timed_purge(runs)
-    progress(f"retention: {step_runs} agentflow runs alone")
-    steps_alone = workflow_throughput(workload.MIXED, step_runs)
-    store.runs_delete(workflows=[workload.MIXED])
-    insert_aged(runs)
-    progress(f"retention: {step_runs} agentflow runs while {runs:,} aged runs are purged")
+    per_turn = max(1, runs // TURNS)
+    turns = []
+    for number in range(1, TURNS + 1):
+        progress(
+            f"retention turn {number}: {step_runs} agentflow runs alone, then {step_runs} "
+            f"while {per_turn:,} aged runs are purged"
+        )
+        turns.append(_turn(per_turn, step_runs))
+    return PurgeFigure(finished_runs=finished, alone=alone, turns=turns)
+
+
+def _turn(aged: int, step_runs: int) -> PurgeTurn:
+    alone_started = time.time()
+    alone = workflow_throughput(workload.MIXED, step_runs)
+    insert_aged(aged)
     purged: list[tuple[PurgeRate, float]] = []
-    purger = threading.Thread(target=_purge_in_thread, args=(runs, purged), name="bench-purge")
+    purger = threading.Thread(target=_purge_in_thread, args=(aged, purged), name="bench-purge")
     started = time.time()
     purger.start()
     try:
@@ -114,23 +158,25 @@ def purge_at_scale(
         purger.join()
     if not purged:
         raise BenchError("the concurrent purge failed (see the log above)")
-    during, purge_ended = purged[0]
-    together_until = min(purge_ended, started + steps.seconds)
-    completed = StepCheckpoint.objects.filter(
+    purge, purge_ended = purged[0]
+    window = min(purge_ended, started + steps.seconds) - started
+    before = min(window, alone.seconds)
+    turn = PurgeTurn(
+        purge=purge,
+        during=StepsWindow(steps=_steps_between(started, window), seconds=window),
+        alone=StepsWindow(steps=_steps_between(alone_started, before), seconds=before),
+    )
+    store.runs_delete(workflows=[workload.MIXED])
+    return turn
+
+
+def _steps_between(started: float, seconds: float) -> int:
+    return StepCheckpoint.objects.filter(
         run__workflow=workload.MIXED,
         status=StepStatus.COMPLETED,
         finished_at__gte=datetime.fromtimestamp(started, UTC),
-        finished_at__lt=datetime.fromtimestamp(together_until, UTC),
+        finished_at__lt=datetime.fromtimestamp(started + seconds, UTC),
     ).count()
-    return PurgeFigure(
-        finished_runs=finished,
-        alone=alone,
-        during_steps=during,
-        steps_alone=steps_alone,
-        steps_during_purge=completed,
-        during_seconds=together_until - started,
-        overlap=max(0.0, min(1.0, (together_until - started) / steps.seconds)),
-    )
 
 
 def _purge_in_thread(runs: int, result: list[tuple[PurgeRate, float]]) -> None:

@@ -122,8 +122,9 @@ def render(report: dict[str, Any]) -> str:
             ),
             ("purge rows/s while agentflow runs", f"{purge['during_steps']['rows_per_s']:,.0f}"),
             (
-                "agentflow steps/s alone / during a purge",
-                f"{purge['steps_per_s_alone']:,.0f} / {purge['steps_per_s_during_purge']:,.0f}",
+                "agentflow steps/s alone / during a purge (ratio)",
+                f"{purge['steps_per_s_alone']:,.0f} / {purge['steps_per_s_during_purge']:,.0f} "
+                f"({purge['steps_ratio_during_purge']})",
             ),
         ]
     for kind, label in (("child_kill", "pool child"), ("worker_kill", "whole worker")):
