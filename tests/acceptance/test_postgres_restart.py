@@ -101,4 +101,4 @@ def test_chaos__one_postgres_restart_loses_nothing_and_doubles_nothing() -> None
     assert report["payments_per_refund"] == {"min": 1, "max": 1, "histogram": {"1": 8}}
     assert all(d == {"keys": 0, "refunds": 0} for d in report["duplicate_effects"].values())
     assert report["recovery_seconds"]["unrecovered"] == 0
-    assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7"), True)
+    assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7", "I8"), True)
