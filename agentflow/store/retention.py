@@ -46,7 +46,9 @@ class Deleted:
         """'1,200 runs, 13,000 step checkpoints and 1,500 run events in 2 transactions'."""
         names = _child_names()
         parts = [f"{self.runs:,} workflow runs"] + [
-            f"{count:,} {names.get(table, table)}" for table, count in self.children.items()
+            f"{count:,} {names.get(table, table)}"
+            for table, count in self.children.items()
+            if count
         ]
         listed = ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else parts[0]
         if self.dry_run:

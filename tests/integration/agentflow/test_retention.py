@@ -25,7 +25,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from agentflow import durable, store, tasks
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,6 +86,19 @@ def make_runs(
     return ids
 
 
+def supersede(run_id: str) -> int:
+    """A checkpoint an operator's fork set aside, kept as history of the run."""
+    now = timezone.now()
+    return SupersededStep.objects.create(
+        run_id=run_id, branch=0, seq=1, name="step_1", kind="read", status=StepStatus.COMPLETED,
+        attempts=1, idempotency_key=f"{run_id}_step_1", superseded_at=now,
+    ).pk  # fmt: skip
+
+
+def nonzero(counts: dict[str, int]) -> dict[str, int]:
+    return {table: n for table, n in counts.items() if n}
+
+
 def rows_of(ids: list[str]) -> tuple[int, int, int]:
     return (
         WorkflowRun.objects.filter(id__in=ids).count(),
@@ -113,15 +126,20 @@ def test_purge__deletes_old_finished_runs_with_their_rows_and_nothing_else() -> 
         "recently_changed": make_runs(1, RunStatus.COMPLETED, created_ago=OLD, updated_ago=NEW),
     }
 
+    # Any engine table that points at runs goes with them: here a forked run's set-aside step.
+    set_aside = [supersede(old_finished[0]), supersede(kept["parked"][0])]
+
     deleted = store.runs_purge(older_than=RETENTION)
 
     assert rows_of(old_finished) == (0, 0, 0)
     assert deleted.runs == 5
-    assert deleted.children == {
+    assert nonzero(deleted.children) == {
         StepCheckpoint._meta.db_table: 2 * 2 + 2 * 3 + 1 * 2,
         RunEvent._meta.db_table: 2 * 1 + 2 * 2 + 1 * 1,
+        SupersededStep._meta.db_table: 1,
     }
-    assert deleted.rows == 5 + 12 + 7
+    assert deleted.rows == 5 + 12 + 7 + 1
+    assert list(SupersededStep.objects.values_list("pk", flat=True)) == [set_aside[1]]
     assert deleted.batches == [5]
     for why, ids in kept.items():
         assert rows_of(ids) == (len(ids), 2 * len(ids), len(ids)), why
@@ -150,7 +168,7 @@ def test_purge__batches_are_at_most_1000_runs_each_in_its_own_transaction() -> N
         StepCheckpoint._meta.db_table,
         RunEvent._meta.db_table,
     )
-    per_transaction = [seen[txid] for txid in sorted(seen)]
+    per_transaction = [nonzero(seen[txid]) for txid in sorted(seen)]
     assert per_transaction == [
         {steps: 1000, events: 1000, runs: 1000},
         {steps: 1000, events: 1000, runs: 1000},
@@ -326,7 +344,7 @@ SQLITE_SETUP = """
 from datetime import timedelta
 from pathlib import Path
 from django.utils import timezone
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 now = timezone.now()
 for status, age in [("COMPLETED", 40), ("FAILED", 40), ("NEEDS_ATTENTION", 40), ("COMPLETED", 1)]:
     run = WorkflowRun.objects.create(workflow="w", version=1, status=status)
