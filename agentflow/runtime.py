@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -28,6 +29,9 @@ from agentflow.states import ACTIVE_RUN_STATUSES, CLAIMED_KINDS, StepKind, StepS
 
 logger = logging.getLogger(__name__)
 
+#: How long a finished effect waits for a lost database before giving its result up (its
+#: lease, renewed meanwhile, still holds it; a takeover would reconcile).
+COMPLETION_RETRY_SECONDS = (0.5, 1.0, 2.0, 4.0)
 #: Errors that say "try again later under the same key": the partner's, the database's, and a
 #: soft time limit (a slow partner; the hard limit kills the process, which is a crash).
 TRANSIENT = (RetryableStepError, OperationalError, InterfaceError, SoftTimeLimitExceeded)
@@ -299,10 +303,30 @@ class _Attempt:
         self._complete(output)
 
     def _complete(self, output: Any) -> None:
-        if not store.step_complete(
-            self.run_state, self.workflow, self.step, self.seq, self.claim, output
-        ):
-            logger.warning("%s step %s: fenced out, result discarded", self.ctx.run_id, self.seq)
+        """Record the outcome. The effect has happened and only this process knows its result,
+        so a lost database connection (a restart, a failover) is waited out for a few seconds
+        rather than dropping it: the lease is still renewed meanwhile, and the step's key keeps
+        a takeover safe if the database stays away longer."""
+        for pause in (*COMPLETION_RETRY_SECONDS, None):
+            try:
+                done = store.step_complete(
+                    self.run_state, self.workflow, self.step, self.seq, self.claim, output
+                )
+            except (OperationalError, InterfaceError):
+                if pause is None or (connection.connection is not None and connection.is_usable()):
+                    raise  # out of patience, or a lock timeout rather than a lost server
+                logger.warning(
+                    "%s step %s: the database went away before the result was recorded; "
+                    "trying again in %.1f s", self.ctx.run_id, self.seq, pause,
+                )  # fmt: skip
+                connection.close()
+                time.sleep(pause)
+                continue
+            if not done:
+                logger.warning(
+                    "%s step %s: fenced out, result discarded", self.ctx.run_id, self.seq
+                )
+            return
 
     def _window(self) -> float | None:
         if not self.is_effect:

@@ -69,12 +69,17 @@ def db_now() -> datetime:
 def owner_gone(alias: str) -> str:
     """SQL, true when the checkpoint's owner process has provably lost its advisory lock
     (SPEC 3.7): it died, on whatever host, or its liveness connection did. False without a
-    lock to look at (SQLite, or an owner that held none): "cannot tell" is never "dead".
+    lock to look at (SQLite, an owner that held none, or a claim older than the server's last
+    start, whose lock the restart freed): "cannot tell" is never "dead".
 
     Written as a CASE so the scan of `pg_locks` runs only when the answer depends on it."""
     if not postgres():
         return "(1 = 0)"
-    return f"""(CASE WHEN {alias}.lease_lock IS NULL THEN false ELSE NOT EXISTS (
+    # A lock freed by a restart of the server says nothing of its owner: trust a free lock only
+    # for a claim made since the server started (else the lease decides).
+    return f"""(CASE WHEN {alias}.lease_lock IS NULL
+                   OR {alias}.started_at <= pg_postmaster_start_time() THEN false
+              ELSE NOT EXISTS (
         SELECT 1 FROM pg_locks l
         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())

@@ -310,3 +310,25 @@ def shop_for_apples(ctx: durable.AgentContext) -> str:
 
 
 agent.compensation("tell")(effect)
+
+
+def effect_then_lose_the_database(ctx: durable.StepContext) -> dict[str, Any]:
+    """Makes its effect, then its process's database session is ended (as a server restart
+    or a failover would end it) before the result is recorded."""
+    import psycopg
+    from django.db import connection
+
+    result = effect(ctx)
+    backend = connection.connection.info.backend_pid
+    settings = connection.settings_dict
+    with psycopg.connect(
+        host=settings["HOST"] or None, port=settings["PORT"] or None, dbname=settings["NAME"],
+        user=settings["USER"] or None, autocommit=True,
+    ) as other:  # fmt: skip
+        other.execute("SELECT pg_terminate_backend(%s)", [backend])
+    return result
+
+
+lost_db = durable.Workflow("crash_lost_db", version=1)
+lost_db.step("charge", kind="effect")(effect_then_lose_the_database)
+lost_db.step("finish", kind="read")(_finish)

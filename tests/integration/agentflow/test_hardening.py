@@ -236,3 +236,20 @@ def test_cancel__refused_while_an_outcome_is_unknown(drive: Callable[[str], Work
     with pytest.raises(durable.ActionRefused, match="whether charge took effect is unknown"):
         durable.cancel(run_id, actor="ops", reason="stop it")
     assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.NEEDS_ATTENTION
+
+
+# --- the database goes away between an effect and its record ------------------------------------
+def test_completion__the_database_connection_lost_after_the_effect__recorded_on_a_new_one(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """Only this process knows the effect's result: it waits the lost connection out rather
+    than leave the step to a takeover after the lease."""
+    run_id = durable.start(workflows.lost_db.name)
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.COMPLETED, run.error
+    charge = StepCheckpoint.objects.get(run_id=run_id, seq=1)
+    assert (charge.status, charge.attempts) == (StepStatus.COMPLETED, 1)
+    assert charge.output == {"key": durable.idempotency_key(run_id, 1), "replayed": False}
+    assert not RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.TAKEOVER).exists()

@@ -315,6 +315,7 @@ def _held_elsewhere(key: int) -> Any:
         ("live_lease_no_lock_recorded", "leased"),
         ("live_lease_lock_held_elsewhere", "leased"),
         ("live_lease_lock_free", None),
+        ("live_lease_lock_free_claim_before_the_server_started", "leased"),
         ("expired_lease", None),
     ],
 )
@@ -333,6 +334,11 @@ def test_claim_blocker(case: str, expected: str | None) -> None:
         "live_lease_no_lock_recorded": {"lease_lock": None},
         "live_lease_lock_held_elsewhere": {"lease_lock": 123456789},
         "live_lease_lock_free": {"lease_lock": 987654321},
+        # A restart frees every lock: one freed that way says nothing about its owner.
+        "live_lease_lock_free_claim_before_the_server_started": {
+            "lease_lock": 987654321,
+            "started_at": timezone.now() - timedelta(days=3650),
+        },
         "expired_lease": {"lease_expires_at": timezone.now() - timedelta(seconds=1)},
     }[case]
     StepCheckpoint.objects.filter(run_id=run.id, seq=1).update(**changes)
