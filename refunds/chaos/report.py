@@ -86,6 +86,17 @@ def _percentiles(values: list[float]) -> dict[str, Any]:
     return {"p50": rank(0.5), "p99": rank(0.99), "max": rank(1.0), "samples": len(ordered)}
 
 
+def model(evidence: Evidence) -> dict[str, Any]:
+    """Agent runs: the model requests the sandbox answered against the turns runs recorded.
+    A turn is asked again only when its answer was lost before its checkpoint committed (a
+    crash, a dropped answer); a recorded turn is never asked again."""
+    requests = int(evidence.ledger.get("requests", {}).get("llm.chat", 0))
+    turns = sum(
+        1 for cp in evidence.checkpoints.values() if cp.name == "llm" and cp.status == "COMPLETED"
+    )
+    return {"requests_made": requests, "turns_recorded": turns, "asked_again": requests - turns}
+
+
 def build(
     *,
     evidence: Evidence,
@@ -143,6 +154,7 @@ def build(
             "replays": evidence.ledger.get("replays", {}),
         },
         "events": dict(sorted(evidence.events.items())),
+        **({"model": model(evidence)} if config.get("engine") == "agent" else {}),
         "invariants": {name: not problems for name, problems in broken.items()},
         "violations": {
             name: {"count": len(problems), "examples": problems[:MAX_LISTED]}

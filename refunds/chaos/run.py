@@ -79,6 +79,15 @@ class ChaosConfig:
     #: workers) uses a private PostgreSQL that is crashed and restarted, never the configured
     #: one, which other users of the machine share.
     postgres_restarts: int = 0
+    #: Which engine handles the refunds: the graph workflow, or the same refund as an agent run
+    #: whose model is the sandbox's (the scripted planner over HTTP, counted).
+    engine: str = "graph"
+
+
+#: Agent runs under chaos: the model answers slowly at times, fails, or its answer is lost.
+MODEL_FAULTS: list[dict[str, Any]] = [
+    {"endpoint": "llm.chat", "latency_ms": 50, "error_rate": 0.05, "drop_rate": 0.05},
+]
 
 
 def database_url() -> str:
@@ -143,7 +152,7 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
         stack.enter_context(publishing_to(broker.url))
         stack.enter_context(_settings_for(config, sandbox))
         if config.faults:
-            sandbox.arm(FAULTS)
+            sandbox.arm(FAULTS + (MODEL_FAULTS if config.engine == "agent" else []))
         monkey = Monkey(
             rng=random.Random(f"{seed}-kills"), pool=pool, broker=broker, postgres=postgres
         )
@@ -250,6 +259,19 @@ def _worker_env(
         "AGENTFLOW_CRASH_AT": "",
         "AGENTFLOW_WORKFLOW_MODULES": "",
         "LOG_LEVEL": "INFO",
+        "REFUNDS_ENGINE": config.engine,
+        **(_model_env(sandbox) if config.engine == "agent" else {}),
+    }
+
+
+def _model_env(sandbox: Sandbox) -> dict[str, str]:
+    """Agent runs ask the sandbox's model, through the real SDK, so its requests are counted."""
+    from refunds.agent.planner import MODEL
+
+    return {
+        "AGENTFLOW_LLM_BASE_URL": f"{sandbox.url}/v1",
+        "AGENTFLOW_LLM_MODEL": MODEL,
+        "AGENTFLOW_LLM_API_KEY": "sk-chaos-sandbox",
     }
 
 
@@ -266,6 +288,7 @@ def _settings_for(config: ChaosConfig, sandbox: Sandbox) -> override_settings:
         EMAIL_PORT=sandbox.smtp_port,
         AGENTFLOW_LEASE_SECONDS=config.lease_seconds,
         AGENTFLOW_SWEEP_INTERVAL=config.sweep_interval_seconds,
+        REFUNDS_ENGINE=config.engine,
     )
 
 

@@ -26,6 +26,7 @@ ENDPOINTS = frozenset(
         "seat_cancellation.lookup",
         "boarding_pass.lookup",
         "crm_update.lookup",
+        "llm.chat",
         "smtp",
     }
 )

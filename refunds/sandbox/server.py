@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from refunds.sandbox import airline, crm, faults, lookups, stripe_api
+from refunds.sandbox import airline, crm, faults, lookups, model, stripe_api
 from refunds.sandbox.idempotency import Effect, run_effect
 from refunds.sandbox.ledger import ledger
 from refunds.sandbox.messages import Invalid, Request, Response, partner_error, stripe_error
@@ -55,6 +55,8 @@ class Sandbox:
         method, path = request.method, request.path.rstrip("/") or "/"
         if path.startswith("/_sandbox/"):
             return self._control(method, path, request)
+        if method == "POST" and path == "/v1/chat/completions":
+            return self._read("llm.chat", model.error, lambda: model.chat_completion(request))
         if path.startswith("/v1/"):
             return self._stripe(method, path, request)
         if method == "GET" and (match := BOOKING.fullmatch(path)):

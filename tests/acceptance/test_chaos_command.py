@@ -64,6 +64,26 @@ def test_chaos__small_run_completes_every_refund_once_despite_a_child_kill() -> 
     assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 5
 
 
+@pytest.mark.django_db(transaction=True)
+def test_chaos__agent_engine__invariants_hold_and_the_model_s_requests_are_counted() -> None:
+    """The same refunds as agent runs asking the sandbox's model through the real SDK, one
+    pool child killed: one of each effect, and at most the killed step's turn asked again."""
+    report = chaos(
+        "--refunds", "4", "--seed", "5", "--engine", "agent", "--child-kills", "1",
+        "--worker-kills", "0", "--no-broker-restart", "--double-submits", "0", "--no-faults",
+        "--timeout", "120",
+    )  # fmt: skip
+
+    assert (report["runs"], report["completed"], report["stuck"]) == (4, 4, 0), report
+    assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7", "I8"), True)
+    assert report["payments_per_refund"] == {"min": 1, "max": 1, "histogram": {"1": 4}}
+    assert report["kills"]["children"] == 1
+    model = report["model"]  # requests counted at the sandbox; turns read from our checkpoints
+    assert model["turns_recorded"] == 4 * 6  # the scripted planner: six turns a refund
+    assert 0 <= model["asked_again"] <= 1  # only a turn in flight at the kill, if any
+    assert WorkflowRun.objects.filter(workflow="refund_agent").count() == 4
+
+
 def test_invariants__a_second_charge_for_one_refund_breaks_i1_and_i4() -> None:
     """The checks are not vacuous: a payment under a key no checkpoint holds is caught."""
     now = datetime.now(UTC)

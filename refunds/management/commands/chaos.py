@@ -81,6 +81,12 @@ class Command(BaseCommand):
             default=d.postgres_restarts,
             help="crash-restarts of a private PostgreSQL the whole run uses (see above)",
         )
+        parser.add_argument(
+            "--engine",
+            choices=("graph", "agent"),
+            default=d.engine,
+            help="refunds as the graph workflow, or as agent runs asking the sandbox's model",
+        )
         parser.add_argument("--no-faults", action="store_true", help="no partner faults")
         parser.add_argument(
             "--cleanup",
@@ -106,6 +112,7 @@ class Command(BaseCommand):
             faults=not options["no_faults"],
             cleanup=options["cleanup"],
             postgres_restarts=options["postgres_restarts"],
+            engine=options["engine"],
         )
         if config.refunds < 1 or config.workers < 1:
             raise CommandError("--refunds and --workers must be at least 1")
@@ -165,7 +172,18 @@ def summary(report: dict[str, Any]) -> str:
             f"({rec['samples']} samples)",
             f"double submits: {report['double_submits']['same_refund']}"
             f"/{report['double_submits']['sent']} kept one refund",
+            *_model_line(report),
             f"invariants: {held}",
             "",
         ]
     )
+
+
+def _model_line(report: dict[str, Any]) -> list[str]:
+    found = report.get("model")
+    if not found:
+        return []
+    return [
+        f"model: {found['requests_made']} requests for {found['turns_recorded']} turns recorded "
+        f"({found['asked_again']} asked again after a lost answer)"
+    ]
