@@ -153,6 +153,61 @@ def test_conversation__completed_agent_run__messages_calls_results_and_tokens(
     assert 'class="af-fork-link"' not in page  # a completed run is not forked
 
 
+def test_conversation__a_failed_run__its_compensation_and_on_failure_step(
+    admin_client: Client, drive: Drive
+) -> None:
+    run = drive(durable.start(workflows.agent.name, input={"fail_after_buy": True}))
+    assert run.status == RunStatus.FAILED
+
+    page = text(admin_client.get(detail_url(run)))
+
+    calls = conversation(page)
+    assert sorted(calls) == [1, 2, 3, 4, 5, 6, 7]
+    undo = words(calls[6])
+    assert undo.startswith("#6 Compensation refund@5 side effect")
+    assert "undoes the call at #5 arguments" not in undo  # it recorded no call of its own
+    assert "undoes the call at #5" in undo and '"refunded": "apple"' in undo
+    assert words(calls[7]).startswith("#7 Step tell effect")
+    # Fork is offered on a failed agent run (the store still decides).
+    assert 'class="af-tool-fork"' in page
+
+
+def test_conversation__a_refused_call_and_a_step_in_code(
+    admin_client: Client, drive: Drive
+) -> None:
+    """The rows as the engine records them: a call the registry refused (invalid arguments),
+    which ran nothing and whose reason is the model's result; and a `ctx.step`."""
+    run = drive(durable.start(workflows.agent.name))
+    asked = {"item": "apple", "qty": "two"}
+    refused = workflows.shop.prepare("buy", asked).refused
+    assert refused is not None
+    rows = StepCheckpoint.objects.filter(run=run)
+    rows.filter(seq=5).update(
+        kind=StepKind.READ,
+        arguments={"position": 5, "kind": "tool", "name": "buy", "arguments": asked},
+        output=refused.as_json(),
+    )
+    rows.filter(seq=3).update(
+        name="verify_ownership",
+        arguments={"position": 3, "kind": "step", "name": "verify_ownership", "arguments": None},
+        output={"owner": True},
+    )
+
+    page = text(admin_client.get(detail_url(run)))
+
+    calls = conversation(page)
+    said = words(calls[5])
+    assert said.startswith('#5 Tool buy read-only replayed 2 times arguments {"qty": "two"')
+    assert 'refused: nothing ran { "error": "invalid_arguments", "message": "buy was not' in said
+    assert (
+        '"problems": [ { "field": "qty", "problem": "Input should be a valid integer" } ]' in said
+    )
+    assert re.search(r'<li class="af-call af-part-tool af-refused" data-position="5"', page)
+    assert (
+        words(calls[3]) == '#3 Step verify_ownership read replayed 4 times returned {"owner": true}'
+    )
+
+
 def test_conversation__a_takeover_after_a_sweep__says_what_its_replay_handed_back(
     admin_client: Client, drive: Drive
 ) -> None:
