@@ -6,9 +6,10 @@ back every recorded call before q without asking the model or calling a tool. So
 replayed once per task execution at a later position — every attempt of every later call, the
 task that found the function's answer, and a task that found a divergence — and its recorded
 usage is what each of those replays did not spend. Executions are counted from the checkpoints'
-attempts (an operator's retry restarts that count, so the figure is a floor), in the branch each
-task saw: a fork keeps the calls before its position, so a superseded call's history is its
-branch's (see `trajectory.branch_views`).
+attempts in the branch each task saw (a fork keeps the calls before its position, so a
+superseded call's history is its branch's: see `trajectory.branch_views`). The figure is a
+floor: an operator's retry restarts a checkpoint's attempt count, and the task that found the
+function raising (then compensating) is told by no row of its own.
 """
 
 from __future__ import annotations

@@ -135,6 +135,7 @@ def build(
     """The run's conversation: its current branch, then the branches forks set aside."""
     events = list(events)
     forks = [_fork(e) for e in events if e.kind == RunEvent.Kind.FORK]
+    forks += _untold_forks(superseded, told={f.branch for f in forks})
     epochs = Epochs.of(forks)
     views = branch_views(run.branch, steps, superseded, {f.branch: f for f in forks})
     calls: dict[int, Call] = {}  # by id() of the row: each row is read once
@@ -228,6 +229,24 @@ def _read_view(view: Mapping[int, Any], calls: dict[int, Call]) -> None:
 
 def _key(message: dict[str, Any]) -> str:
     return json.dumps(message, sort_keys=True, default=str)
+
+
+def _untold_forks(superseded: Sequence[Any], *, told: set[int | None]) -> list[ForkRecord]:
+    """Forks whose event was not read (older than the events a page reads), from the steps they
+    set aside: when and from where, not by whom."""
+    found = []
+    for number in sorted({s.branch for s in superseded} - {b - 1 for b in told if b}):
+        rows = [s for s in superseded if s.branch == number]
+        found.append(
+            ForkRecord(
+                at=min(s.superseded_at for s in rows),
+                actor="",
+                reason="",
+                position=min(s.seq for s in rows),
+                branch=number + 1,
+            )
+        )
+    return found
 
 
 def _fork(event: RunEvent) -> ForkRecord:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from agentflow.admin import display, trajectory
 from agentflow.admin.calls import Part
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
@@ -82,9 +84,13 @@ def test_compact__short_values_on_one_line_long_ones_cut_with_their_size() -> No
     assert display.compact(None).text == "null"
 
 
-def test_two_forks__each_branch_sees_its_own_history__savings_counted_where_tasks_ran() -> None:
+@pytest.mark.parametrize("told", [True, False], ids=["fork events read", "fork events too old"])
+def test_two_forks__each_branch_sees_its_own_history__savings_counted_where_tasks_ran(
+    told: bool,
+) -> None:
     """Branch 0 made 1-6; a fork from 4 made branch 1 (4, 5); a fork from 2 made branch 2,
-    the current one (2, 3, 4). Rows set aside by the second fork include 2 and 3 of branch 0."""
+    the current one (2, 3, 4). Rows set aside by the second fork include 2 and 3 of branch 0.
+    Fork events older than the events a page reads are told by the rows they set aside."""
     run = WorkflowRun(id=RUN, workflow="w", version=1, status="NEEDS_ATTENTION", branch=2)
     steps = [checkpoint(turn(1, 10)), checkpoint(tool(2)), checkpoint(tool(3))]
     steps.append(checkpoint(turn(4, 300)))
@@ -97,7 +103,7 @@ def test_two_forks__each_branch_sees_its_own_history__savings_counted_where_task
         set_aside(1, turn(4, 200), when=20),
         set_aside(1, tool(5), when=20),
     ]
-    events = [fork(4, 1, when=10), fork(2, 2, when=20)]
+    events = [fork(4, 1, when=10), fork(2, 2, when=20)] if told else []
 
     found = trajectory.build(run, steps, superseded, events)
 
@@ -106,7 +112,9 @@ def test_two_forks__each_branch_sees_its_own_history__savings_counted_where_task
         (1, "positions 2-5"),
         (0, "positions 4-6"),
     ]
-    assert [b.fork.reason if b.fork else None for b in found.branches] == ["fork 2", "fork 1"]
+    forks = [(b.fork.at, b.fork.position, b.fork.reason) for b in found.branches if b.fork]
+    reasons = ["fork 2", "fork 1"] if told else ["", ""]
+    assert forks == [(at(20), 2, reasons[0]), (at(10), 4, reasons[1])]
     # Turn 1 was handed back by every later task of every branch: 2, 3 of branch 0 (kept by
     # the first fork, set aside by the second), 4-6 of branch 0, 4-5 of branch 1, 2-4 now.
     first = found.calls[0]
