@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -86,3 +87,63 @@ def wake_up(run: WorkflowRun, now: datetime) -> str:
     return format_html(
         '<span title="{}">in {}</span>', when(run.wake_at), duration(run.wake_at - now)
     )
+
+
+# --- values inside a conversation: compact, escaped by the template, never the whole of 5 MB ---
+#: A string inside a shown value is cut past this many characters (its whole size is said).
+MAX_STRING_CHARS = 400
+#: List items and object keys shown; the rest are counted.
+MAX_ITEMS = 30
+#: Nesting shown; deeper values are summarised.
+MAX_DEPTH = 8
+#: A value that fits on one line this long is shown on one line, else indented.
+ONE_LINE_CHARS = 100
+#: The text of one shown value is cut here, whatever its shape.
+MAX_SHOWN_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A JSON value as an operator reads it: `text` (plain, for the template to escape)."""
+
+    text: str
+    #: Written on several lines (an indented object), or one.
+    multiline: bool
+
+
+def compact(value: Any) -> Shown:
+    """A JSON value trimmed to read at a glance: long strings, lists and objects are cut with
+    their size said in place (`"…" (5.2 MB in all)`), short values stay on one line."""
+    trimmed = _trim(value, 0)
+    one_line = json.dumps(trimmed, ensure_ascii=False, separators=(", ", ": "), default=str)
+    if len(one_line) <= ONE_LINE_CHARS:
+        return Shown(one_line, multiline=False)
+    text = json.dumps(trimmed, ensure_ascii=False, indent=2, default=str)
+    if len(text) > MAX_SHOWN_CHARS:
+        text = f"{text[:MAX_SHOWN_CHARS]}\n… (first {MAX_SHOWN_CHARS:,} characters shown)"
+    return Shown(text, multiline=True)
+
+
+def _trim(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        if len(value) <= MAX_STRING_CHARS:
+            return value
+        size = byte_size(len(value.encode("utf-8", errors="replace")))
+        return f"{value[:MAX_STRING_CHARS]}… ({size} in all)"
+    if isinstance(value, dict):
+        if depth >= MAX_DEPTH:
+            return f"{{… {len(value):,} key{'s' if len(value) != 1 else ''}}}"
+        kept = {str(k): _trim(v, depth + 1) for k, v in list(value.items())[:MAX_ITEMS]}
+        if len(value) > MAX_ITEMS:
+            kept["…"] = f"{len(value) - MAX_ITEMS:,} more keys"
+        return kept
+    if isinstance(value, list | tuple):
+        if depth >= MAX_DEPTH:
+            return f"[… {len(value):,} item{'s' if len(value) != 1 else ''}]"
+        items = [_trim(v, depth + 1) for v in value[:MAX_ITEMS]]
+        if len(value) > MAX_ITEMS:
+            items.append(f"… {len(value) - MAX_ITEMS:,} more items")
+        return items
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return str(value)

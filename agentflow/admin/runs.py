@@ -1,13 +1,13 @@
-"""The workflow run admin: a read-only list and detail page with a timeline, plus Retry,
-Resume now and Cancel.
+"""The workflow run admin: a read-only list and detail page with a timeline (and, for agent
+runs, the conversation), plus Retry, Resume now, Cancel and Fork.
 
 Engine rows are never edited here (procrastinate's and django-celery-results' shape): the
-only writes are the operator actions in `agentflow.admin.operator`, which go through the store.
+only writes are the operator actions in `agentflow.admin.operator` and `forking`, which go
+through the store.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.contrib import admin, messages
@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from agentflow import links, registry
-from agentflow.admin import operator, timeline, timeline_svg
+from agentflow.admin import forking, operator, run_page
 from agentflow.admin.counting import EstimatingPaginator, bounded_count
 from agentflow.admin.dashboard import dashboard
 from agentflow.admin.dates import date_hierarchy
@@ -29,18 +29,13 @@ from agentflow.admin.display import ago, badge, pretty, wake_up, when
 from agentflow.admin.filters import WakeFilter, WorkflowFilter
 from agentflow.admin.inlines import EventInline, StepInline
 from agentflow.forms import ReasonForm
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus
-
-logger = logging.getLogger(__name__)
 
 RUN_FIELDS = (
     "id", "definition", "status_badge", "current", "current_attempts", "business_key",
     "related", "wake_up", "created", "updated",
 )  # fmt: skip
-#: The timeline draws at most this many of a run's events, the latest (a run swept every few
-#: seconds for days has thousands, and its recent history is what an operator needs).
-TIMELINE_EVENTS = 1000
 PAYLOAD_FIELDS = ("error_block", "output_block", "input_block", "compensations_block")
 
 
@@ -218,7 +213,11 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                 v for v in operator.VERBS.values() if obj.status in v.offered_for
             ]
         if obj is not None:
-            context["af_timeline"] = run_timeline(obj)
+            rows = run_page.RunRows.load(obj)
+            context["af_timeline"] = run_page.timeline_of(obj, rows)
+            context["af_trajectory"] = run_page.trajectory_of(
+                obj, rows, may_fork=self.has_operate_permission(request)
+            )
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
@@ -242,6 +241,13 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             )
             for verb in operator.VERBS
         ]
+        own.append(
+            path(
+                "<path:object_id>/fork/",
+                wrap(lambda request, object_id: forking.fork_view(self, request, object_id)),
+                name=f"{app}_{model}_fork",
+            )
+        )
         return own + super().get_urls()
 
     # --- operator actions --------------------------------------------------------------------
@@ -310,25 +316,6 @@ def run_ref(run: WorkflowRun) -> links.RunRef:
         input=run.input,
         status=run.status,
     )
-
-
-def run_timeline(run: WorkflowRun) -> dict[str, Any] | None:
-    """The run's timeline as inline SVG with a one-line caption (two queries), or None, logged,
-    if it cannot be drawn: the picture is a convenience, the tables below still tell all."""
-    try:
-        steps = list(StepCheckpoint.objects.filter(run=run).order_by("seq"))
-        newest = list(RunEvent.objects.filter(run=run).order_by("-at", "-id")[:TIMELINE_EVENTS])
-        drawn = timeline.build(
-            run,
-            steps,
-            reversed(newest),
-            now=timezone.now(),
-            events_cut=len(newest) >= TIMELINE_EVENTS,
-        )
-        return {"svg": timeline_svg.render(drawn), "caption": timeline_svg.describe(drawn)}
-    except Exception:
-        logger.exception("the timeline of run %s could not be drawn", run.pk)
-        return None
 
 
 def _has_nul(request: HttpRequest) -> bool:

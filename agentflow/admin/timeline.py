@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, StepStatus
 
 #: Two attempt records closer than this are the same attempt told twice (event and checkpoint).
@@ -39,6 +39,8 @@ class Outcome(StrEnum):
     RUNNING = "running"
     #: Interrupted with no recorded end: the run was parked or cancelled while it ran.
     INTERRUPTED = "interrupted"
+    #: An operator's fork set its call aside (code-first runs): history, never replayed.
+    SUPERSEDED = "superseded"
 
 
 class MarkKind(StrEnum):
@@ -48,6 +50,8 @@ class MarkKind(StrEnum):
     RECONCILED = "reconciled"
     LATE = "late"
     COMPENSATION = "compensation"
+    DIVERGED = "diverged"
+    FORK = "fork"
 
 
 MARK_KINDS: Mapping[str, MarkKind] = {
@@ -61,6 +65,8 @@ MARK_KINDS: Mapping[str, MarkKind] = {
     RunEvent.Kind.RECONCILED: MarkKind.RECONCILED,
     RunEvent.Kind.LATE_COMPLETION: MarkKind.LATE,
     RunEvent.Kind.COMPENSATION: MarkKind.COMPENSATION,
+    RunEvent.Kind.DIVERGENCE: MarkKind.DIVERGED,
+    RunEvent.Kind.FORK: MarkKind.FORK,
 }
 
 
@@ -108,9 +114,10 @@ class Lane:
 
     @property
     def attempt_count(self) -> int:
-        """Attempts drawn, or more if the checkpoint counts some its events do not describe."""
-        last = self.attempts[-1].number if self.attempts else None
-        return max(len(self.attempts), last or 0)
+        """Attempts drawn, or more if the checkpoint counts some its events do not describe
+        (a superseded call's attempts are another call's)."""
+        own = [a for a in self.attempts if a.outcome != Outcome.SUPERSEDED]
+        return max(len(own), (own[-1].number or 0) if own else 0)
 
     @property
     def summary(self) -> str:
@@ -131,6 +138,8 @@ class Lane:
             return f"↻ {count}retry due" if self.waits else f"↻ {count}retryable"
         if last.outcome == Outcome.INTERRUPTED:
             return f"■ {count}interrupted"
+        if last.outcome == Outcome.SUPERSEDED:
+            return f"↶ {count}superseded by a fork"
         return f"✕ {count}failed"
 
 
@@ -175,19 +184,27 @@ def build(
     *,
     now: datetime,
     events_cut: bool = False,
+    superseded: Iterable[SupersededStep] = (),
 ) -> Timeline:
-    """The run's timeline as of `now`."""
+    """The run's timeline as of `now`; steps a fork set aside are drawn before the calls that
+    replaced them at the same positions."""
     active = run.status in ACTIVE_RUN_STATUSES
     by_seq: dict[int, list[RunEvent]] = {}
     run_marks: list[Mark] = []
     lanes = {cp.seq: _lane_from_checkpoint(cp, run, now, active) for cp in steps}
     for event in events:
-        if event.seq is not None and event.seq in lanes:
-            by_seq.setdefault(event.seq, []).append(event)
+        seq = _lane_of(event)
+        if seq is not None and seq in lanes:
+            by_seq.setdefault(seq, []).append(event)
         elif event.kind in MARK_KINDS:
             run_marks.append(_mark(event))
     for seq, lane in lanes.items():
         _add_events(lane, by_seq.get(seq, []))
+    for row in superseded:
+        lane = lanes.setdefault(
+            row.seq, Lane(seq=row.seq, name=row.name, kind=row.kind, status="superseded")
+        )
+        lane.attempts = sorted([*lane.attempts, _set_aside(row)], key=lambda a: a.start)
     ordered = [lanes[seq] for seq in sorted(lanes)]
     instants = [run.created_at, now if active else run.updated_at]
     for lane in ordered:
@@ -277,6 +294,14 @@ def _add_events(lane: Lane, events: list[RunEvent]) -> None:
         )
 
 
+def _lane_of(event: RunEvent) -> int | None:
+    """The step an event is drawn on: a divergence on the position that diverged (its event is
+    about the task that found it, at a later position)."""
+    if event.kind == RunEvent.Kind.DIVERGENCE and isinstance(event.data, dict):
+        return _int(event.data.get("position")) or event.seq
+    return event.seq
+
+
 def _failed_attempt(data: Mapping[str, Any], at: datetime) -> Attempt:
     end = _time(data.get("ended_at")) or at
     # A step without a claim (read, db) records no start: its attempt is drawn at its end.
@@ -290,6 +315,19 @@ def _failed_attempt(data: Mapping[str, Any], at: datetime) -> Attempt:
         outcome=Outcome.RETRIED if retried else Outcome.FAILED,
         owner=_text(data.get("owner")),
         error=_text(data.get("error")),
+    )
+
+
+def _set_aside(row: SupersededStep) -> Attempt:
+    """A superseded step's last attempt, drawn from its start to its end (or to the fork)."""
+    end = row.finished_at or row.superseded_at
+    start = min(row.started_at or end, end)
+    return Attempt(
+        number=row.attempts,
+        start=start,
+        end=end,
+        outcome=Outcome.SUPERSEDED,
+        error=_text(row.error),
     )
 
 
@@ -346,7 +384,7 @@ def _unique(intervals: list[Interval]) -> list[Interval]:
 def _mark(event: RunEvent) -> Mark:
     kind = MARK_KINDS[event.kind]
     label = event.get_kind_display()
-    if event.actor and kind == MarkKind.OPERATOR:
+    if event.actor and kind in (MarkKind.OPERATOR, MarkKind.FORK):
         label += f" ({event.actor})"
     if event.detail:
         label += f": {event.detail}"

@@ -48,6 +48,7 @@ OUTCOME_STYLE: dict[Outcome, tuple[str, str, str]] = {
     Outcome.LOST: ("#991b1b", "✕", "worker lost (its claim)"),
     Outcome.RUNNING: ("#2563eb", "▶", "running"),
     Outcome.INTERRUPTED: ("#64748b", "■", "interrupted"),
+    Outcome.SUPERSEDED: ("#94a3b8", "↶", "superseded by a fork"),
 }
 MARK_STYLE: dict[MarkKind, tuple[str, str]] = {
     MarkKind.SWEEP: ("#7c3aed", "sweeper re-published"),
@@ -56,6 +57,8 @@ MARK_STYLE: dict[MarkKind, tuple[str, str]] = {
     MarkKind.RECONCILED: ("#0891b2", "reconciled with partner"),
     MarkKind.LATE: ("#64748b", "late completion fenced out"),
     MarkKind.COMPENSATION: ("#be185d", "compensation started"),
+    MarkKind.DIVERGED: ("#c026d3", "diverged from its history"),
+    MarkKind.FORK: ("#0f766e", "forked by an operator"),
 }
 WAIT_COLOUR = "#d97706"
 DEFS = (
@@ -285,6 +288,13 @@ def _shape(kind: MarkKind, x: float, y: float, colour: str) -> str:
         return f'<rect x="{x - 4:.1f}" y="{y}" width="8" height="8" fill="{colour}"/>'
     if kind == MarkKind.COMPENSATION:  # a left-pointing triangle: undoing
         return f'<path d="M{x + 4:.1f},{y} v8 l-8,-4 z" fill="{colour}"/>'
+    if kind == MarkKind.DIVERGED:  # a warning triangle, pointing up
+        return f'<path d="M{x:.1f},{y - 1} l4.5,8.5 h-9 z" fill="{colour}"/>'
+    if kind == MarkKind.FORK:  # a fork: one stem, two branches
+        return (
+            f'<path d="M{x:.1f},{y + 9} v-4 l-4,-4.5 M{x:.1f},{y + 5} l4,-4.5" fill="none" '
+            f'stroke="{colour}" stroke-width="2.2" stroke-linecap="round"/>'
+        )
     return f'<circle cx="{x:.1f}" cy="{y + 4}" r="4" fill="{colour}"/>'
 
 

@@ -192,6 +192,58 @@ def test_operator__resumes_a_waiting_run_now(workers: Workers, page: Any) -> Non
     assert len(waits) == 1 and waits[0].startswith("back-off, cut short")
 
 
+def test_operator__forks_a_diverged_agent_run_from_the_diverged_position_and_it_completes(
+    workers: Workers, page: Any
+) -> None:
+    workers.start(concurrency=2)
+    run_id = start(workflows.drift_agent)
+    wait_for(
+        lambda: any(e["step"] == "buy" for e in partner.executions(run_id)),
+        timeout=RUN_SECONDS,
+        what="the agent's buy to start",
+    )
+    partner.release(workflows.prompt_changed(run_id))  # a new prompt is deployed under it
+    partner.release(f"{run_id}/buy")
+    wait_status(run_id, RunStatus.NEEDS_ATTENTION)  # the next task's replay diverged at turn 2
+    key = durable.idempotency_key(run_id, 5)
+    operator_user()
+    log_in(page)
+
+    page.goto(run_url(run_id))
+    assert shown_status(page) == "Needs attention"
+    diff = page.locator("#af-divergence")
+    said = diff.inner_text()
+    assert "Diverged at position 4" in said
+    assert "Position 4 diverged: the model turn (scripted-shopper) changed." in said
+    assert "arguments.messages[5]" in said and workflows.PRICES_NOTE in said
+    assert "diverged" in marks(page)
+    diff.get_by_role("link", name="Fork from position 4…").click()
+
+    page.wait_for_url("**/fork/?position=4")
+    effects = page.locator(".af-fork-effects").inner_text()
+    assert "1 side effect of the part set aside happened" in effects
+    assert "buy" in effects and key in effects
+    page.get_by_label("Reason:").fill("The new prompt is meant (T-77)")
+    page.get_by_role("button", name="Fork from position 4").click()
+    page.wait_for_url("**/change/")
+    said = page.locator(".messagelist").inner_text()
+    assert f"Run {run_id}: forked from position 4; it continues there on branch 1." in said
+    watch_until(page, "Completed")
+
+    assert partner.effects() == {key: 1}  # the buy was adopted by the new branch, not repeated
+    branch = page.locator("details.af-branch")
+    branch.locator("summary").click()
+    assert "superseded by the fork of" in branch.inner_text()
+    assert "by ops-ana" in branch.inner_text()
+    assert "Adopted by the new branch at #5: not made again." in branch.inner_text()
+    final = page.locator(".af-trajectory > .af-convo > li.af-call").last
+    assert "Bought 2 apples at $3." in final.inner_text()
+    assert "fork" in marks(page)
+    event = db(lambda: RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.FORK))
+    assert (event.actor, event.seq) == ("ops-ana", 4)
+    assert event.detail.startswith("The new prompt is meant (T-77)")
+
+
 def test_viewer__sees_no_action_buttons_and_a_forged_post_is_refused(page: Any) -> None:
     parked = db(lambda: make_run(RunStatus.NEEDS_ATTENTION).pk)
     waiting = db(lambda: make_run(RunStatus.WAITING).pk)
@@ -216,6 +268,7 @@ def test_viewer__sees_no_action_buttons_and_a_forged_post_is_refused(page: Any) 
                 await post(url + "retry/", {reason: "forged"}),
                 await post(url + "resume/", {reason: "forged"}),
                 await post(url + "cancel/", {reason: "forged"}),
+                await post(url + "fork/", {position: "1", reason: "forged"}),
                 await post(listUrl, {action: "retry_runs", _selected_action: runId,
                                      post: "yes", reason: "forged"}),
             ];
@@ -223,8 +276,8 @@ def test_viewer__sees_no_action_buttons_and_a_forged_post_is_refused(page: Any) 
         [f"{LIST_URL}{quote(parked)}/", LIST_URL, parked],
     )
 
-    assert forged[:3] == [403, 403, 403]
-    assert forged[3] == 200  # the list again: no such action for this user
+    assert forged[:4] == [403, 403, 403, 403]
+    assert forged[4] == 200  # the list again: no such action for this user
     assert db(lambda: WorkflowRun.objects.get(pk=parked).status) == RunStatus.NEEDS_ATTENTION
     assert db(lambda: WorkflowRun.objects.get(pk=waiting).status) in ACTIVE_RUN_STATUSES
     assert not db(RunEvent.objects.exists)

@@ -332,3 +332,45 @@ def effect_then_lose_the_database(ctx: durable.StepContext) -> dict[str, Any]:
 lost_db = durable.Workflow("crash_lost_db", version=1)
 lost_db.step("charge", kind="effect")(effect_then_lose_the_database)
 lost_db.step("finish", kind="read")(_finish)
+
+# --- agent mode: a divergence an operator answers with a fork ---------------------------------
+#: The shopping agent again, but its buy holds until the test releases it, and a prompt
+#: "deployed" mid-run (a flag at the partner) changes the conversation from the second turn on:
+#: the next task's replay finds turn 2 recorded with other messages and parks the run.
+drifting_shop = Toolbox("crash_drift_agent")
+drifting_shop.tool("lookup", read_only=True, description="The price of an item, in dollars.")(
+    lookup
+)
+
+
+@drifting_shop.tool("buy", side_effect=True, description="Buy an item.")
+def held_buy(ctx: ToolContext, item: str, qty: int) -> dict[str, Any]:
+    _record_tool(ctx)
+    partner.wait_for_release(f"{ctx.run_id}/buy")
+    return {"item": item, "qty": qty, **partner.apply(ctx.idempotency_key)}
+
+
+drift_agent = durable.CodeWorkflow(
+    "crash_drift_agent",
+    version=1,
+    toolbox=drifting_shop,
+    model=ScriptedModel("scripted-shopper", shopping_plan),
+)
+PRICES_NOTE = "Prices may have changed since you looked them up."
+
+
+def prompt_changed(run_id: str) -> str:
+    """The partner flag a test sets to change the run's prompt under it."""
+    return f"{run_id}/prompt-v2"
+
+
+@drift_agent.run
+def shop_with_a_changing_prompt(ctx: durable.AgentContext) -> str:
+    messages = [system_message("You buy fruit."), user_message("apples")]
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for tool_call in turn.tool_calls:
+            messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+        if partner.is_released(prompt_changed(ctx.run_id)):
+            messages.append(user_message(PRICES_NOTE))
+    return turn.text
