@@ -45,8 +45,9 @@ from agentflow.states import StepKind, StepStatus
 #: The `current_step` of a code-first run between calls: which call comes next is known only
 #: once the function is replayed up to it.
 NEXT_CALL = "(next call)"
-#: A compensation of a code-first run undoes one recorded call: `refund_fee@7`.
-_UNDO = re.compile(r"^(?P<tool>[^@]+)@(?P<seq>\d+)$")
+#: A compensation of a code-first run undoes one recorded call: `refund_fee@7`, or a call of a
+#: branch an operator's fork set aside that the run did not adopt: `refund_fee@b0.7`.
+_UNDO = re.compile(r"^(?P<tool>[^@]+)@(?:b(?P<branch>\d+)\.)?(?P<seq>\d+)$")
 
 
 @dataclass(eq=False)
@@ -90,14 +91,18 @@ class CodeWorkflow(Workflow):
         undo = _UNDO.match(name)
         if undo is None or self.toolbox is None or undo["tool"] not in self.toolbox:
             return None
-        return self._undo_step(name, undo["tool"], int(undo["seq"]))
+        branch = int(undo["branch"]) if undo["branch"] is not None else None
+        return self._undo_step(name, undo["tool"], int(undo["seq"]), branch)
 
-    def compensation_for(self, name: str, seq: int) -> str | None:
-        """`refund_fee@7` for the completed `charge_customer` call at 7, if its tool has one."""
+    def compensation_for(self, name: str, seq: int, *, branch: int | None = None) -> str | None:
+        """`refund_fee@7` for the completed `charge_customer` call at 7 (`refund_fee@b0.7` for
+        one of superseded branch 0), if its tool has a compensation."""
         if self.toolbox is None or name not in self.toolbox:
             return None
         undo = self.toolbox[name].compensate
-        return f"{undo}@{seq}" if undo else None
+        if not undo:
+            return None
+        return f"{undo}@{seq}" if branch is None else f"{undo}@b{branch}.{seq}"
 
     def outputs_view(self, outputs: dict[str, Any]) -> dict[str, Any]:
         """Recorded outputs by name as a step function reads them: a tool call's result rather
@@ -111,7 +116,7 @@ class CodeWorkflow(Workflow):
                 view[name] = output
         return view
 
-    def _undo_step(self, name: str, tool: str, seq: int) -> StepDef:
+    def _undo_step(self, name: str, tool: str, seq: int, branch: int | None) -> StepDef:
         toolbox = self.toolbox
         assert toolbox is not None
         undo = toolbox[tool]
@@ -120,7 +125,10 @@ class CodeWorkflow(Workflow):
             from agentflow import store  # the store imports definitions, not the other way
 
             calls = store.calls_load(ctx.run_id, ctx.seq)
-            original = next((c for c in calls if c.seq == seq), None)
+            if branch is None:
+                original = next((c for c in calls if c.seq == seq), None)
+            else:
+                original = store.superseded_call(ctx.run_id, branch, seq)
             if original is None or original.status != StepStatus.COMPLETED:
                 raise PermanentStepError(f"{name}: call {seq} to undo is not recorded")
             found = toolbox.compensation_call(original.name, _call_arguments(original))
@@ -316,6 +324,11 @@ class AgentContext:
         raise Suspend(self._step(fingerprint, StepKind(kind), fn, extra={}))
 
     # --- what the function may read --------------------------------------------------------
+    @property
+    def branch(self) -> int:
+        """0, or how many times an operator forked this run."""
+        return self._branch
+
     @property
     def history(self) -> tuple[ToolRecord, ...]:
         """The tool calls made so far, this branch's and earlier branches' completed ones."""

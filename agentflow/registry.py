@@ -121,8 +121,11 @@ class Workflow:
         """The definition of the step a run is at (None: not in this version)."""
         return self.steps.get(name)
 
-    def compensation_for(self, name: str, seq: int) -> str | None:
-        """The compensation step that undoes the completed step `name` at `seq`, if any."""
+    def compensation_for(self, name: str, seq: int, *, branch: int | None = None) -> str | None:
+        """The compensation step that undoes the completed step `name` at `seq` (of a
+        superseded `branch`, for forked code-first runs), if any."""
+        if branch is not None:
+            return None  # step graphs are never forked
         step = self.steps.get(name)
         if step is not None and step.compensate and step.kind == StepKind.EFFECT:
             return step.compensate

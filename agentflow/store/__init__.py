@@ -12,6 +12,7 @@ from agentflow.store.calls import (
     calls_load,
     run_fail_between_calls,
     run_finish,
+    superseded_call,
     superseded_reusable,
 )
 from agentflow.store.events import event_add
@@ -94,6 +95,7 @@ __all__ = [
     "step_claim",
     "step_complete",
     "step_fail",
+    "superseded_call",
     "superseded_reusable",
     "sweep_due",
     "sweep_push",

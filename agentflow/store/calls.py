@@ -58,6 +58,16 @@ def superseded_reusable(run_id: str) -> list[RecordedCall]:
     return [RecordedCall(**row) for row in rows]
 
 
+def superseded_call(run_id: str, branch: int, seq: int) -> RecordedCall | None:
+    """One call of a superseded branch (a compensation undoes it when the run fails)."""
+    row = (
+        SupersededStep.objects.filter(run_id=run_id, branch=branch, seq=seq)
+        .values(*_CALL_FIELDS)
+        .first()
+    )
+    return RecordedCall(**row) if row else None
+
+
 def run_finish(run_id: str, seq: int, output: Any) -> bool:
     """The run's function returned after its last call: COMPLETED with its return value, in
     one statement fenced on the run being active at `seq` with no call recorded there."""

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from agentflow import dispatch
 from agentflow.context import idempotency_key
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.registry import StepDef, Workflow
 from agentflow.states import RunStatus, StepStatus
 from agentflow.store import sql
@@ -373,13 +373,25 @@ def begin_undo(
 
 def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[str]:
     """Compensation steps for the effects known to have happened before `before_seq` (made or
-    adopted: COMPLETED), latest first, then the workflow's `on_failure` step."""
+    adopted: COMPLETED), latest first, then those of superseded branches that the current one
+    did not adopt, then the workflow's `on_failure` step."""
     done = StepCheckpoint.objects.filter(
         run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
     ).order_by("-seq")
     plan = []
     for name, seq in done.values_list("name", "seq"):
         undo = workflow.compensation_for(name, seq)
+        if undo is not None:
+            plan.append(undo)
+    # A forked run: effects of a superseded branch that no current call adopted happened too.
+    taken = StepCheckpoint.objects.filter(run_id=run_id).values("idempotency_key")
+    earlier = (
+        SupersededStep.objects.filter(run_id=run_id, status=StepStatus.COMPLETED)
+        .exclude(idempotency_key__in=taken)
+        .order_by("-branch", "-seq")
+    )
+    for name, branch, seq in earlier.values_list("name", "branch", "seq"):
+        undo = workflow.compensation_for(name, seq, branch=branch)
         if undo is not None:
             plan.append(undo)
     if workflow.on_failure:

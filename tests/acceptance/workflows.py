@@ -304,7 +304,10 @@ def shop_for_apples(ctx: durable.AgentContext) -> str:
         messages.append(turn.message)
         for tool_call in turn.tool_calls:
             messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
-        if ctx.input.get("fail_after_buy") and any(r.name == "buy" for r in ctx.history):
+        bought = any(r.name == "buy" for r in ctx.history)
+        if bought and (
+            ctx.input.get("fail_after_buy") or (ctx.input.get("fail_if_forked") and ctx.branch)
+        ):
             raise durable.PermanentStepError("the shop closed")
     return turn.text
 

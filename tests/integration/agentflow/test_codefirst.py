@@ -166,3 +166,34 @@ def test_fork__refused_for_graph_runs_and_past_an_unknown_effect(
         durable.ActionRefused, match=r"whether buy \(position 5\) took effect is unknown"
     ):
         store.run_fork(run_id, position=4, actor="ops", reason="x")
+
+
+def test_fork__then_failing__undoes_the_superseded_effects_the_new_branch_did_not_adopt(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """Money is never kept because a fork set its charge aside: the superseded buy happened,
+    so when the forked run fails, it is refunded like the branch's own effects."""
+    run_id = durable.start(workflows.agent.name, input={"fail_if_forked": True})
+    for seq in (1, 2, 3, 4, 5):  # ...the buy at 5 made, then turn 3 would come
+        runtime.run_step(run_id, seq)
+    turn_2 = StepCheckpoint.objects.get(run_id=run_id, seq=4)
+    recorded = turn_2.arguments
+    StepCheckpoint.objects.filter(pk=turn_2.pk).update(
+        arguments={**recorded, "arguments": {**recorded["arguments"], "model": "another model"}}
+    )
+    assert drive(run_id).status == RunStatus.NEEDS_ATTENTION  # diverged at 4
+    store.run_fork(run_id, position=4, actor="ops", reason="x")
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.FAILED, run.error
+    names = [name for _, name, _, _ in calls(run_id)]
+    assert names[-2:] == ["refund@b0.5", "tell"]
+    undo = StepCheckpoint.objects.get(run_id=run_id, name="refund@b0.5")
+    assert undo.output["result"]["refunded"] == "apple"
+    bought = durable.idempotency_key(run_id, 5)
+    assert partner.effects() == {
+        bought: 1,
+        undo.idempotency_key: 1,
+        StepCheckpoint.objects.get(run_id=run_id, name="tell").idempotency_key: 1,
+    }
