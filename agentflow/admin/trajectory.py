@@ -66,7 +66,8 @@ class Branch:
 
     @property
     def kept_effects(self) -> list[Call]:
-        """Effects no later branch adopted: they happened, and nothing undoes them."""
+        """Effects no later branch adopted: they happened; if the run fails, its compensation
+        undoes them with the current branch's own."""
         return [c for c in self.effects if c.reused_at is None]
 
 
