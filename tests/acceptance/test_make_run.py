@@ -35,9 +35,10 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 @pytest.fixture
-def stack(tmp_path: Path):
+def stack(tmp_path: Path, request: pytest.FixtureRequest):
     """`make run` in its own process group, on a private var dir and free ports, with no
-    configuration at all: no database, broker, secret key or DEBUG from the test's own."""
+    configuration at all: no database, broker, secret key or DEBUG from the test's own (a test
+    may add some, e.g. `REFUNDS_ENGINE`, through indirect parametrisation)."""
     web_port, sandbox_port = free_port(), free_port(pair=True)  # the sandbox's SMTP is + 1
     while web_port in (sandbox_port, sandbox_port + 1):
         web_port = free_port()
@@ -59,6 +60,7 @@ def stack(tmp_path: Path):
         AGENTFLOW_VAR_DIR=str(tmp_path / "var"),
         SANDBOX_URL=f"http://127.0.0.1:{sandbox_port}",
         PYTHONUNBUFFERED="1",
+        **getattr(request, "param", {}),
     )
     log_path = tmp_path / "make-run.log"
     with open(log_path, "wb") as log:
@@ -193,3 +195,18 @@ def _group_gone(pgid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+@pytest.mark.parametrize("stack", [{"REFUNDS_ENGINE": "agent"}], indirect=True)
+def test_make_run__agent_engine__a_refund_through_the_form_completes_offline(stack) -> None:
+    """`REFUNDS_ENGINE=agent make run`: the same form, the refund handled by the agent with
+    the scripted planner (no model server, no network)."""
+    status_url = _submit_refund_form(stack["base"])
+    final = wait_for(
+        lambda: (state := _get_json(f"{status_url}status.json"))["status"] == "COMPLETED" and state,
+        timeout=120,
+        what="the agent's refund to complete",
+    )
+    names = [step["name"] for step in final["steps"]]
+    assert names[:2] == ["verify_ownership", "llm"] and "charge_customer" in names
+    assert all(step["status"] == "COMPLETED" for step in final["steps"])
