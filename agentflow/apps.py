@@ -19,6 +19,7 @@ class AgentflowConfig(AppConfig):
         autodiscover_modules("workflows")
         for module in settings.AGENTFLOW_WORKFLOW_MODULES:
             importlib.import_module(module)
-        from agentflow import registry
+        from agentflow import registry, tracing
 
         registry.validate_all()
+        tracing.configure()  # a no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set

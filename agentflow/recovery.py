@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
-from agentflow import dispatch, registry, store
+from agentflow import dispatch, registry, store, telemetry
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES
 
@@ -81,11 +81,7 @@ def sweep(*, limit: int | None = None) -> SweepReport:
     for run_id, seq in to_publish:
         dispatch.send_step(run_id, seq)
     store.heartbeat_record(requeued=len(report.requeued), query_ms=report.query_ms)
-    if report.requeued or report.parked:
-        logger.info(
-            "sweep: re-enqueued %d, parked %d, query %.1f ms",
-            len(report.requeued),
-            len(report.parked),
-            report.query_ms,
-        )
+    telemetry.sweep_finished(
+        requeued=report.requeued, parked=report.parked, query_ms=report.query_ms
+    )
     return report

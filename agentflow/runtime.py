@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from agentflow import dispatch, faults, leases, registry, store
+from agentflow import dispatch, faults, leases, registry, store, telemetry
 from agentflow.context import StepContext
 from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableStepError
 from agentflow.models import RunEvent
@@ -113,6 +113,14 @@ def _drop_broken_connection() -> None:
 
 
 def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> StepContext:
+    telemetry.step_started(
+        run_id=run.id,
+        workflow=run.workflow,
+        seq=seq,
+        step=step.name,
+        kind=step.kind,
+        attempt=attempt,
+    )
     return StepContext(
         run_id=run.id,
         workflow=run.workflow,

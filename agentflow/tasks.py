@@ -8,7 +8,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from agentflow import dispatch, recovery, runtime
+from agentflow import dispatch, recovery, runtime, telemetry
 from agentflow.celery import app
 
 
@@ -16,7 +16,8 @@ from agentflow.celery import app
 def run_step_task(self: Any, run_id: str, seq: int, fresh: dispatch.Fresh | None = None) -> None:
     # Redelivered: the process that had this message died, maybe just after completing the step.
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
+    with telemetry.step_message(run_id, seq, self.request):  # logs, metrics, trace of the step
+        runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
 
 
 @shared_task(name="agentflow.sweep", acks_late=False)

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from agentflow import dispatch
+from agentflow import dispatch, telemetry
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef, Workflow
@@ -102,6 +102,7 @@ def outputs_load(run_id: str, before_seq: int) -> dict[str, Any]:
 
 def event_add(run_id: str, kind: str, detail: str, *, actor: str = "engine") -> None:
     RunEvent.objects.create(run_id=run_id, kind=kind, actor=actor, detail=detail)
+    telemetry.event_recorded(run_id, kind)
 
 
 def run_park(run_id: str, reason: str, *, kind: str = RunEvent.Kind.NEEDS_ATTENTION) -> None:
@@ -237,6 +238,7 @@ def _fail_run_txn(
     if not plan:
         if not active.update(status=RunStatus.FAILED, error=reason, wake_at=None, updated_at=now):
             raise Fenced
+        telemetry.run_finished(run.id, workflow.name, RunStatus.FAILED)
         return
     if not active.update(
         status=RunStatus.RUNNING,
@@ -317,4 +319,6 @@ def run_cancel(run_id: str, *, actor: str, reason: str) -> None:
         ).update(status=RunStatus.CANCELLED, wake_at=None, updated_at=now)
         if not moved:
             raise ActionRefused("only unfinished runs can be cancelled")
+        workflow = WorkflowRun.objects.filter(pk=run_id).values_list("workflow", flat=True).get()
+        telemetry.run_finished(run_id, workflow, RunStatus.CANCELLED)
         event_add(run_id, RunEvent.Kind.OPERATOR_CANCEL, reason or "(no reason given)", actor=actor)

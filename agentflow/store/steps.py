@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from agentflow import dispatch, faults, leases
+from agentflow import dispatch, faults, leases, telemetry
 from agentflow.context import idempotency_key
 from agentflow.registry import StepDef, Workflow
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
@@ -274,6 +274,8 @@ def step_complete(
     if done:
         hint = _fresh(workflow, changes)
         transaction.on_commit(partial(_after_complete, run.id, step.name, attempt, next_seq, hint))
+        if next_seq is None:
+            telemetry.run_finished(run.id, workflow.name, changes["status"])
     return done
 
 
@@ -315,6 +317,8 @@ def unclaimed_complete(
     if done:
         hint = _fresh(workflow, changes)
         transaction.on_commit(partial(_after_complete, run.id, step.name, attempt, next_seq, hint))
+        if next_seq is None:
+            telemetry.run_finished(run.id, workflow.name, changes["status"])
     return done
 
 
