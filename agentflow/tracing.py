@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from types import MappingProxyType
 from typing import Any
 
 from celery.signals import before_task_publish
@@ -43,9 +42,11 @@ _propagator = TraceContextTextMapPropagator()
 _state: dict[str, Any] = {"tracer": None, "provider": None}
 #: The runs whose traces the current code works in, and the context each hands on to its step
 #: messages: set by the step span in a worker and by `run_started` in the request that created
-#: the run. Copied on write, so a reset token restores the previous mapping.
-_run_traces: contextvars.ContextVar[Mapping[str, otel_context.Context]] = contextvars.ContextVar(
-    "agentflow_run_traces", default=MappingProxyType({})
+#: the run. Copied on write, so a reset token restores the previous mapping. None outside a
+#: request or a step: a script starting runs keeps nothing (its messages then carry no context
+#: and the worker uses the stored one).
+_run_traces: contextvars.ContextVar[Mapping[str, otel_context.Context] | None] = (
+    contextvars.ContextVar("agentflow_run_traces", default=None)
 )
 
 
@@ -121,7 +122,9 @@ def run_started(run_id: str, workflow: str) -> str:
         )
         root.end()
         parent = trace.set_span_in_context(root)
-    _run_traces.set({**_run_traces.get(), run_id: parent})
+    scope = _run_traces.get()
+    if scope is not None:
+        _run_traces.set({**scope, run_id: parent})
     return traceparent(parent)
 
 
@@ -138,7 +141,7 @@ def _inject_into_step_message(
     if sender != RUN_STEP_TASK or headers is None:
         return
     args = body[0] if isinstance(body, list | tuple) and body else None
-    found = _run_traces.get().get(args[0]) if args else None
+    found = (_run_traces.get() or {}).get(args[0]) if args else None
     if found is None:
         return  # not in this run's trace: the worker parents the step on the stored context
     _propagator.inject(headers, context=found)
@@ -165,7 +168,7 @@ class StepSpan:
         )
         here = trace.set_span_in_context(self.span)
         self._token = otel_context.attach(here)
-        self._run_token = _run_traces.set({**_run_traces.get(), run_id: here})
+        self._run_token = _run_traces.set({**(_run_traces.get() or {}), run_id: here})
 
     def event(self, name: str, **attrs: Any) -> None:
         self.span.add_event(name, attributes=attributes(**attrs))
