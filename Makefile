@@ -23,17 +23,20 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(INSTALLED)
 
+run: export AGENTFLOW_LOG_FORMAT ?= text
 run: $(INSTALLED)
+	rm -rf "$(AGENTFLOW_VAR_DIR)/metrics"  # counters start again with the processes that write them
 	$(PY) manage.py migrate --noinput
 	@$(PY) manage.py ensure_admin
 	@echo "Refund form:   http://127.0.0.1:$(PORT)/refunds/new/"
 	@echo "Admin:         http://127.0.0.1:$(PORT)/admin/"
-	@echo "Health:        http://127.0.0.1:$(PORT)/healthz"
+	@echo "Health:        http://127.0.0.1:$(PORT)/healthz   Metrics: http://127.0.0.1:$(PORT)/metrics"
 	@echo "Ctrl-C stops web, worker, beat and sandbox."
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" exec $(VENV)/bin/honcho --no-colour -f Procfile start
 
 test: $(INSTALLED)
 	bash .ci/services
+	rm -rf var/test/metrics  # metric files of earlier runs' processes
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 	  REDIS_URL=$(TEST_BROKER_URL) AGENTFLOW_VAR_DIR=$(CURDIR)/var/test \
 	  $(VENV)/bin/pytest $(PYTEST_ARGS)

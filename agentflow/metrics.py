@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterator
 
 from django.conf import settings
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -85,6 +85,27 @@ def model_tokens(*, workflow: str, model: str, spent: int = 0, saved: int = 0) -
         MODEL_TOKENS_SAVED.labels(workflow, model).inc(saved)
 
 
+def active_runs_query() -> QuerySet[WorkflowRun, tuple[str, str, int, int]]:
+    """Active runs and overdue ones by workflow and status, served by `run_sweep_due` (whose
+    predicate is exactly this status list): its cost follows the runs in flight."""
+    return (
+        WorkflowRun.objects.filter(status__in=ACTIVE_RUN_STATUSES)
+        .order_by()
+        .values_list("workflow", "status")
+        .annotate(n=Count("pk"), late=Count("pk", filter=Q(wake_at__lte=Now())))
+    )
+
+
+def parked_runs_query() -> QuerySet[WorkflowRun, tuple[str, int]]:
+    """Parked runs by workflow, served by `run_needs_attention`."""
+    return (
+        WorkflowRun.objects.filter(status=RunStatus.NEEDS_ATTENTION)
+        .order_by()
+        .values_list("workflow")
+        .annotate(n=Count("pk"))
+    )
+
+
 class _StateFromDatabase(Collector):
     """Gauges read at scrape time, in three statements that touch no finished run."""
 
@@ -106,13 +127,7 @@ class _StateFromDatabase(Collector):
         known = sorted(registry.names())
         counts = {(name, status): 0 for name in known for status in ACTIVE_RUN_STATUSES}
         late = dict.fromkeys(known, 0)
-        # Served by run_sweep_due: its predicate is exactly this status list.
-        for workflow, status, n, n_late in (
-            WorkflowRun.objects.filter(status__in=ACTIVE_RUN_STATUSES)
-            .order_by()
-            .values_list("workflow", "status")
-            .annotate(n=Count("pk"), late=Count("pk", filter=Q(wake_at__lte=Now())))
-        ):
+        for workflow, status, n, n_late in active_runs_query():
             counts[workflow, status] = n
             late[workflow] = late.get(workflow, 0) + n_late
         for (workflow, status), n in sorted(counts.items()):
@@ -120,13 +135,7 @@ class _StateFromDatabase(Collector):
         for workflow, n in sorted(late.items()):
             overdue.add_metric([workflow], n)
         waiting = dict.fromkeys(known, 0)
-        # Served by run_needs_attention.
-        waiting.update(
-            WorkflowRun.objects.filter(status=RunStatus.NEEDS_ATTENTION)
-            .order_by()
-            .values_list("workflow")
-            .annotate(n=Count("pk"))
-        )
+        waiting.update(parked_runs_query())
         for workflow, n in sorted(waiting.items()):
             parked.add_metric([workflow], n)
         beat = store.heartbeat_read()
@@ -145,6 +154,14 @@ def exposition() -> bytes:
     MultiProcessCollector(scrape, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])
     scrape.register(_StateFromDatabase())
     return generate_latest(scrape)
+
+
+def file_count() -> int:
+    """How many per-process files a scrape reads (it grows with processes started, so the
+    directory is emptied whenever the whole stack starts)."""
+    return sum(
+        1 for name in os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"]) if name.endswith(".db")
+    )
 
 
 def authorized(header: str) -> bool:

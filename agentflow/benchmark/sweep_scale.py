@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from agentflow import recovery
 from agentflow.benchmark import workload
+from agentflow.benchmark.scrape import ScrapeFigure, scrape_at_scale
 from agentflow.models import WorkflowRun
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
 
@@ -47,6 +48,8 @@ class SweepFigure:
     plan_execution_ms: float | None
     uses_partial_index: bool
     plan: str
+    #: One /metrics scrape with the same history and due runs present.
+    scrape: ScrapeFigure
 
 
 def sweep_at_scale(
@@ -78,6 +81,8 @@ def sweep_at_scale(
         with transaction.atomic():
             plan = recovery.due_runs_query(now, limit).explain(analyze=True, buffers=True)
             transaction.set_rollback(True)
+        progress(f"one /metrics scrape at {history:,} finished runs")
+        scrape = scrape_at_scale()
     finally:
         WorkflowRun.objects.filter(workflow=workload.STALE).delete()
     finished = WorkflowRun.objects.filter(status__in=TERMINAL_RUN_STATUSES).count()
@@ -92,6 +97,7 @@ def sweep_at_scale(
         plan_execution_ms=_execution_ms(plan),
         uses_partial_index=INDEX in plan,
         plan=plan,
+        scrape=scrape,
     )
 
 
