@@ -13,7 +13,7 @@ import logging
 import logging.config
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,9 +24,10 @@ from structlog.contextvars import bind_contextvars, bound_contextvars, reset_con
 FORMATS = ("json", "text")
 
 #: Loggers whose INFO lines repeat for every step or every sweep tick and say nothing the
-#: engine's own lines do not: Celery's "Task ... received" / "succeeded in", and beat's
-#: "Sending due task" every sweep interval. Their warnings and errors still show.
-_CHATTY_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "celery.beat")
+#: engine's own lines do not: Celery's "Task ... received" / "succeeded in", beat's "Sending
+#: due task" every sweep interval, and the stripe library's two lines per request (the partner
+#: call's span and the step line say it). Their warnings and errors still show.
+_CHATTY_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "celery.beat", "stripe")
 
 #: Fields the engine passes as `extra=` that belong in the line (others stay out of it).
 EXTRA_FIELDS = ("duration_ms", "events", "run_ids", "parked_run_ids", "query_ms")
@@ -59,8 +60,24 @@ def set_process_kind(kind: str) -> None:
 
 
 def _add_process(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
-    event.setdefault("process", _process["kind"] or process_kind())
+    if not _process["kind"]:
+        _process["kind"] = process_kind()
+    event.setdefault("process", _process["kind"])
     event.setdefault("pid", os.getpid())
+    return event
+
+
+#: Left out of text lines, which are for a person at a terminal: the message already says the
+#: duration, and the key and owner follow from run_id, seq and the process.
+_TEXT_OMITS = ("pid", "duration_ms", "idempotency_key", "owner")
+
+
+def _terse(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    for key in _TEXT_OMITS:
+        event.pop(key, None)
+    stamp = event.get("timestamp")
+    if isinstance(stamp, str) and "T" in stamp:
+        event["timestamp"] = stamp.split("T", 1)[1][:12]  # HH:MM:SS.mmm (UTC)
     return event
 
 
@@ -86,7 +103,7 @@ def formatter(format: str) -> structlog.stdlib.ProcessorFormatter:
             structlog.processors.JSONRenderer(),
         ]
     else:
-        renderer = [structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0)]
+        renderer = [_terse, structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0)]
     return structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=_shared_processors(),
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
@@ -121,7 +138,7 @@ def configure(config: dict[str, Any]) -> None:
     )
 
 
-Tokens = dict[str, Any]
+Tokens = Mapping[str, Any]
 
 
 def bind(**context: Any) -> Tokens:

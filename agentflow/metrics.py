@@ -16,11 +16,13 @@ Two sources, each where it stays right when processes die:
 from __future__ import annotations
 
 import hmac
+import logging
 import math
 import os
 from collections.abc import Iterator
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -31,6 +33,8 @@ from prometheus_client.registry import Collector
 from agentflow import registry, store
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+
+logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -110,6 +114,23 @@ class _StateFromDatabase(Collector):
     """Gauges read at scrape time, in three statements that touch no finished run."""
 
     def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "agentflow_database_up",
+            "1 when the scrape could read the state gauges from the database.",
+        )
+        try:
+            gauges = list(self._gauges())
+        except DatabaseError as exc:
+            # The counters still go out: a scrape that fails whole would hide them too.
+            logger.warning("metrics: the database gauges are missing this scrape: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from gauges
+
+    def _gauges(self) -> Iterator[Metric]:
         active = GaugeMetricFamily(
             "agentflow_runs_active", "Runs not finished, by workflow and status.",
             labels=["workflow", "status"],
@@ -125,7 +146,7 @@ class _StateFromDatabase(Collector):
             labels=["workflow"],
         )
         known = sorted(registry.names())
-        counts = {(name, status): 0 for name in known for status in ACTIVE_RUN_STATUSES}
+        counts = {(name, str(status)): 0 for name in known for status in ACTIVE_RUN_STATUSES}
         late = dict.fromkeys(known, 0)
         for workflow, status, n, n_late in active_runs_query():
             counts[workflow, status] = n

@@ -26,6 +26,10 @@ logger = logging.getLogger("agentflow.steps")
 run_logger = logging.getLogger("agentflow.runs")
 sweep_logger = logging.getLogger("agentflow.recovery")
 
+#: Events that mark the attempt's span as failed (the runtime handles the error itself, so
+#: the span never sees the exception).
+_FAILED_ATTEMPT = frozenset({"attempt_failed", "outcome_unknown", "needs_attention"})
+
 #: Run ids listed in full in a sweep's text message; the JSON line's `run_ids` has them all.
 SWEEP_IDS_SHOWN = 20
 
@@ -124,8 +128,12 @@ def _step_finished(message: _Message, error: BaseException | None) -> None:
         message.step,
         seconds * 1000,
         f" ({', '.join(message.events)})" if message.events else "",
-        extra={"duration_ms": round(seconds * 1000, 3), "events": message.events or None},
+        extra={"duration_ms": round(seconds * 1000, 3), **_if_any(events=message.events)},
     )
+
+
+def _if_any(**fields: Any) -> dict[str, Any]:
+    return {key: value for key, value in fields.items() if value}
 
 
 # --- runs -----------------------------------------------------------------------------------
@@ -163,7 +171,7 @@ def event_recorded(run_id: str, kind: str) -> None:
     if message is not None and message.run_id == run_id:
         message.events.append(kind)
         if message.span is not None:
-            message.span.event(kind)
+            message.span.event(kind, failed=kind in _FAILED_ATTEMPT)
     transaction.on_commit(lambda: metrics.RUN_EVENTS.labels(kind).inc())
 
 
@@ -185,7 +193,10 @@ def sweep_finished(*, requeued: list[str], parked: list[str], query_ms: float) -
         more,
         len(parked),
         query_ms,
-        extra={"run_ids": requeued, "parked_run_ids": parked, "query_ms": round(query_ms, 3)},
+        extra={
+            "query_ms": round(query_ms, 3),
+            **_if_any(run_ids=requeued, parked_run_ids=parked),
+        },
     )
 
 

@@ -170,8 +170,10 @@ class StepSpan:
         self._token = otel_context.attach(here)
         self._run_token = _run_traces.set({**(_run_traces.get() or {}), run_id: here})
 
-    def event(self, name: str, **attrs: Any) -> None:
-        self.span.add_event(name, attributes=attributes(**attrs))
+    def event(self, name: str, *, failed: bool = False) -> None:
+        self.span.add_event(name)
+        if failed:
+            self.span.set_status(Status(StatusCode.ERROR, name))
 
     def end(self, error: BaseException | None = None) -> None:
         if error is not None:

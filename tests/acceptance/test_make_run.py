@@ -155,6 +155,18 @@ def test_make_run__completes_a_demo_run_and_a_refund_then_stops_on_ctrl_c(stack)
     )
     assert [step["status"] for step in final["steps"]] == ["COMPLETED"] * 10
 
+    # Quiet by default: readable lines, none per sweep tick or per Celery task; the refund's
+    # run shows up by its id (started in web, a line per step in the worker).
+    console = wait_for(
+        lambda: "step send_confirmation_email took" in (text := stack["log"].read_text()) and text,
+        timeout=30,
+        what="the last step's line",
+    )
+    for noise in ("Sending due task", "] received", "succeeded in", '"GET /refunds/'):
+        assert noise not in console, noise
+    [started] = [line for line in console.splitlines() if "of refund started" in line]
+    assert final["workflow_id"] in started and '"event"' not in started  # text, not JSON
+
     proc = stack["proc"]
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=40) is not None

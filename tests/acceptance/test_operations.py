@@ -54,6 +54,7 @@ def stack_env(
             EMAIL_HOST="127.0.0.1",
             EMAIL_PORT=str(clean_sandbox.smtp_port),
             REFUNDS_SUBMIT_LIMIT="0",
+            REFUNDS_PARTNER_RETRY_BASE_SECONDS="0.25",
             AGENTFLOW_LOG_FORMAT="json",
             AGENTFLOW_LEASE_SECONDS="2",
             AGENTFLOW_SWEEP_INTERVAL="1",
@@ -144,6 +145,10 @@ def json_lines(path: Path) -> list[dict[str, Any]]:
         if line.startswith("{"):
             lines.append(json.loads(line))
     return lines
+
+
+def names(spans: list[Any]) -> set[str]:
+    return {span.name for span in spans}
 
 
 def pool_pids(pid: int) -> list[int]:
@@ -288,7 +293,11 @@ def test_logs__json_lines_of_web_worker_and_beat_carry_the_refunds_run_id(
 
 
 # --- traces -----------------------------------------------------------------------------------
-def test_tracing__one_refund_is_one_trace_from_the_post_through_every_step(stack: Stack) -> None:
+def test_tracing__one_refund_is_one_trace_from_the_post_through_every_step(
+    stack: Stack, clean_sandbox: SandboxProcess
+) -> None:
+    # The CRM fails once: its step runs twice, each attempt a span, the retry under the first.
+    clean_sandbox.set_fault(endpoint="crm.update", error_rate=1.0, error_status=503, count=1)
     with SpanCollector() as collector:
         traced = {
             "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
@@ -304,7 +313,8 @@ def test_tracing__one_refund_is_one_trace_from_the_post_through_every_step(stack
             spans = collector.spans()
             steps = {s.name for s in spans if s.attributes.get("agentflow.run_id") == run_id}
             done = {f"step {name}" for name in REFUND_STEPS} <= steps
-            return spans if done and any(s.name == "stripe charge" for s in spans) else None
+            calls = sum(s.name == "crm POST updates" for s in spans)
+            return spans if done and calls == 2 and "stripe charge" in names(spans) else None
 
         try:
             spans = wait_for(whole_trace, timeout=30, what="every span to be exported")
@@ -318,7 +328,9 @@ def test_tracing__one_refund_is_one_trace_from_the_post_through_every_step(stack
     trace = [s for s in spans if s.trace_id == post.trace_id]
     by_id = {s.span_id: s for s in trace}
     steps = [s for s in trace if s.name.startswith("step ")]
-    assert sorted(s.name for s in steps) == sorted(f"step {name}" for name in REFUND_STEPS)
+    assert sorted(s.name for s in steps) == sorted(
+        [f"step {name}" for name in REFUND_STEPS] + ["step update_crm"]
+    )
     for span in steps:
         assert span.service["process.kind"] == "worker"
         assert span.attributes["agentflow.run_id"] == run_id
@@ -336,10 +348,19 @@ def test_tracing__one_refund_is_one_trace_from_the_post_through_every_step(stack
     first = next(s for s in steps if s.attributes["agentflow.seq"] == 1)
     assert first.parent_span_id == post.span_id
     for span in steps:
-        if span.attributes["agentflow.seq"] > 1:
+        if span.attributes["agentflow.seq"] > 1 and span.attributes["agentflow.attempt"] == 1:
             assert by_id[span.parent_span_id].attributes["agentflow.seq"] == (
                 span.attributes["agentflow.seq"] - 1
             )
+    # The retry: attempt 2 was published by attempt 1, whose CRM call failed.
+    crm = {s.attributes["agentflow.attempt"]: s for s in steps if s.name == "step update_crm"}
+    assert crm[2].parent_span_id == crm[1].span_id
+    calls = {
+        by_id[s.parent_span_id].attributes["agentflow.attempt"]: s
+        for s in trace
+        if s.name == "crm POST updates"
+    }
+    assert (calls[1].status_code, calls[2].status_code) == (2, 0)  # error, then fine
 
 
 def test_tracing__a_step_the_sweeper_republishes_stays_in_the_runs_trace(

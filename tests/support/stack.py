@@ -142,6 +142,8 @@ class ReceivedSpan:
     parent_span_id: str
     attributes: dict[str, Any]
     service: dict[str, Any]
+    #: OTLP status code: 0 unset, 1 ok, 2 error.
+    status_code: int
 
 
 class SpanCollector:
@@ -197,6 +199,7 @@ class SpanCollector:
                             parent_span_id=span.parent_span_id.hex(),
                             attributes=_attributes(span.attributes),
                             service=service,
+                            status_code=span.status.code,
                         )
                     )
         with self._lock:

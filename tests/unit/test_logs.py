@@ -79,5 +79,5 @@ def test_config__rejects_an_unknown_format() -> None:
 
 def test_config__silences_celerys_per_task_and_per_tick_info_lines() -> None:
     loggers = logs.logging_config(format="json", level="INFO")["loggers"]
-    for name in ("celery.worker.strategy", "celery.app.trace", "celery.beat"):
+    for name in ("celery.worker.strategy", "celery.app.trace", "celery.beat", "stripe"):
         assert loggers[name]["level"] == "WARNING"
