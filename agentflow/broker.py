@@ -60,6 +60,18 @@ class Channel(filesystem.Channel):
             return loads(bytes_to_str(payload))
         raise filesystem.Empty()
 
+    def _restore(self, message: Any) -> None:
+        """Give a message back (its consumer died): flagged as redelivered where Celery reads
+        it, `delivery_info["redelivered"]`. kombu's virtual transport sets only a top-level
+        key, so a read step that kills its worker would be redelivered for ever unflagged."""
+        delivery_info = message.delivery_info
+        payload = message.serializable()
+        payload["redelivered"] = True
+        payload.setdefault("properties", {}).setdefault("delivery_info", {})["redelivered"] = True
+        payload.setdefault("headers", {})["redelivered"] = True
+        for queue in self._lookup(delivery_info["exchange"], delivery_info["routing_key"]):
+            self._put(queue, payload)
+
     def queue_bind(self, *args: Any, **kwargs: Any) -> Any:
         with _binding:
             return super().queue_bind(*args, **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 from django.core.exceptions import ImproperlyConfigured
@@ -28,7 +29,8 @@ def env_int(key: str, default: int, *, minimum: int = 0) -> int:
     return value
 
 
-def env_float(key: str, default: float) -> float:
+def env_float(key: str, default: float, *, minimum: float | None = 0.0) -> float:
+    """A finite number; at least `minimum` unless that is None."""
     raw = os.environ.get(key)
     if raw is None or raw.strip() == "":
         return default
@@ -36,8 +38,10 @@ def env_float(key: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{key} must be a number, got {raw!r}") from None
-    if value < 0:
-        raise ImproperlyConfigured(f"{key} must not be negative, got {value}")
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(f"{key} must be a finite number, got {raw!r}")
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{key} must be at least {minimum:g}, got {value:g}")
     return value
 
 

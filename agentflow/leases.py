@@ -1,131 +1,273 @@
-"""Who owns a step: lease owner names, same-host liveness checks, and lease renewal."""
+"""Who owns a step: this process's owner token, its liveness lock, and lease renewal.
+
+Liveness comes from the database itself (SPEC 3.7): each worker process holds a session-level
+Postgres advisory lock, named by its owner token, on a connection of its own. When the process
+dies, on whatever host, in whatever PID namespace, Postgres ends its session and frees the lock,
+so a checkpoint whose owner's lock is free is provably abandoned and is taken over at once.
+Nothing here reads `/proc` or compares host names: "cannot tell" is never "dead". A host that
+vanishes without closing its sockets keeps the lock until TCP keepalives end the session; its
+leases run out before that. SQLite (the embedded default) has leases only.
+
+One background thread per process keeps that connection (reconnecting and taking the lock
+again whenever it breaks: a dropped connection must never end renewals) and renews the leases
+of the steps running in the process, through it.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import cache
+from typing import Any
 
+import dj_database_url
+import psycopg
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 logger = logging.getLogger(__name__)
 
+#: Without a step to renew, the liveness connection is checked this often, so a broken one is
+#: replaced (and the lock taken again) within about this long.
+PING_SECONDS = 1.0
+#: How long the first claim of a process waits for its lock before claiming on a lease alone.
+FIRST_LOCK_WAIT_SECONDS = 2.0
 
-def _process_start_ticks(pid: int) -> str | None:
-    """The kernel's start time of `pid`, so a recycled pid is not mistaken for the owner."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return fields[19].decode()
-    except (OSError, IndexError):
+
+def lock_key(token: str) -> int:
+    """The advisory lock named by an owner token: a positive 62-bit integer, so its two 32-bit
+    halves (how `pg_locks` shows it) are plain non-negative numbers."""
+    digest = hashlib.blake2b(token.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & ((1 << 62) - 1) or 1
+
+
+def _source() -> tuple[Any, ...]:
+    """What the liveness connection's address depends on (tests switch databases)."""
+    db = connection.settings_dict
+    return (
+        settings.AGENTFLOW_LIVENESS_DATABASE_URL,
+        connection.vendor,
+        db.get("NAME"),
+        db.get("HOST"),
+        db.get("PORT"),
+        db.get("USER"),
+    )
+
+
+def liveness_conninfo() -> str | None:
+    """Where the liveness connection goes, or None for leases alone.
+
+    `AGENTFLOW_LIVENESS_DATABASE_URL` names it (behind PgBouncer in transaction mode it must go
+    to Postgres directly: a pooled session would move the lock between clients); "off" turns
+    liveness off. Otherwise the default database's own settings, when it is Postgres.
+    """
+    url = settings.AGENTFLOW_LIVENESS_DATABASE_URL
+    if url.lower() == "off":
         return None
+    if url:
+        db: dict[str, Any] = dict(dj_database_url.parse(url))
+    elif connection.vendor == "postgresql":
+        db = dict(connection.settings_dict)
+    else:
+        return None
+    params = {
+        "host": db.get("HOST") or None,
+        "port": db.get("PORT") or None,
+        "dbname": db.get("NAME") or None,
+        "user": db.get("USER") or None,
+        "password": db.get("PASSWORD") or None,
+        "connect_timeout": 5,
+        "application_name": "agentflow-liveness",
+        # A peer that vanished without a word is noticed by TCP, not only by the lease.
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+    }
+    return psycopg.conninfo.make_conninfo("", **{k: v for k, v in params.items() if v is not None})
 
 
-@cache
-def _owner_for(pid: int) -> str:
-    return f"{settings.AGENTFLOW_HOSTNAME}/{pid}/{_process_start_ticks(pid) or '?'}"
-
-
-def current_owner() -> str:
-    """`host/pid/start`: unique per process, and checkable by a peer on the same host."""
-    return _owner_for(os.getpid())
-
-
-def owner_is_dead(owner: str) -> bool:
-    """True only when `owner` is provably gone: a process on this host that no longer exists.
-
-    Owners on other hosts are never judged dead here; their leases simply run out.
-    """
-    try:
-        host, pid_text, start = owner.split("/")
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    if host != settings.AGENTFLOW_HOSTNAME or pid == os.getpid():
-        return False
-    ticks = _process_start_ticks(pid)
-    if ticks is None:
-        return True
-    if start != "?" and ticks != start:
-        return True  # the pid was recycled by another process
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state in (b"Z", b"X")  # a zombie never finishes its step
-
-
-class _Renewer:
-    """One background thread per process renews the leases of the steps running in it.
-
-    A step registers on start and leaves on finish: two dict operations, no thread start, and
-    no commit at all for a step shorter than a third of the lease. A renewal that finds the step
-    taken over calls the step's `on_lost`; its completion would be fenced out anyway.
-    """
+class _Process:
+    """This process's identity and liveness; rebuilt in a forked child (new pid)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._leases: dict[int, tuple[float, Callable[[], bool], Callable[[], None]]] = {}
-        self._pid: int | None = None
-        self._wake = threading.Event()
+        self.pid = os.getpid()
+        self.token = f"{settings.AGENTFLOW_HOSTNAME}/{self.pid}/{secrets.token_hex(4)}"
+        self.key = lock_key(self.token)
+        #: Set by `owner()` (a claiming thread, which sees the database settings); None until
+        #: the first claim, or for leases alone.
+        self.source: tuple[Any, ...] | None = None
+        self.conninfo: str | None = None
+        self.conn: psycopg.Connection[Any] | None = None
+        self.connected_to: str | None = None
+        self.held = threading.Event()
+        self.first_attempt = threading.Event()
+        self.last_ok = 0.0
+        self.lock = threading.Lock()
+        self.leases: dict[int, tuple[float, Callable[[Any], bool], Callable[[], None]]] = {}
+        self.wake = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="agentflow-leases", daemon=True)
+        self.thread.start()
 
-    @staticmethod
-    def interval() -> float:
-        return max(settings.AGENTFLOW_LEASE_SECONDS / 3, 0.2)
+    # --- liveness --------------------------------------------------------------------------
+    def _connect(self) -> None:
+        """Open the liveness connection and take this process's lock on it."""
+        conninfo = self.conninfo
+        assert conninfo is not None
+        conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", [self.key]).fetchone()
+        if not row or not row[0]:
+            conn.close()
+            raise RuntimeError(f"advisory lock {self.key} of {self.token} is held by another")
+        self.conn, self.connected_to = conn, conninfo
+        self.last_ok = time.monotonic()
+        self.held.set()
 
-    def track(self, token: int, renew: Callable[[], bool], on_lost: Callable[[], None]) -> None:
-        with self._lock:
-            if self._pid != os.getpid():  # first use in this (forked) process
-                self._pid = os.getpid()
-                self._leases = {}
-                threading.Thread(target=self._loop, name="lease-renewer", daemon=True).start()
-            self._leases[token] = (time.monotonic() + self.interval(), renew, on_lost)
+    def _drop(self) -> None:
+        self.held.clear()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # already broken: nothing to close
+                logger.debug("closing a broken liveness connection failed", exc_info=True)
 
-    def untrack(self, token: int) -> None:
-        with self._lock:
-            self._leases.pop(token, None)
+    def _keep_liveness(self) -> None:
+        if self.conninfo is None:
+            if self.conn is not None:
+                self._drop()
+            return
+        try:
+            if self.conn is not None and self.connected_to != self.conninfo:
+                self._drop()  # the settings moved to another database
+            if self.conn is None or self.conn.closed:
+                self._drop()
+                self._connect()
+            elif time.monotonic() - self.last_ok >= PING_SECONDS:
+                self.conn.execute("SELECT 1")
+                self.last_ok = time.monotonic()
+        except Exception as exc:
+            logger.warning("liveness connection lost (%s); reconnecting", exc)
+            self._drop()
+        finally:
+            self.first_attempt.set()
 
+    # --- the loop --------------------------------------------------------------------------
     def _loop(self) -> None:
+        """Never ends: any error is logged and the next turn tries again (a renewer that stopped
+        would let every long step of this process be taken over)."""
         while True:
-            self._wake.wait(min(self.interval(), 0.5))
-            now = time.monotonic()
-            with self._lock:
-                due = [(token, entry) for token, entry in self._leases.items() if entry[0] <= now]
-            if not due:
+            try:
+                self._turn()
+            except Exception:
+                logger.exception("lease renewer turn failed; trying again")
+                self._drop()
+            self.wake.wait(min(interval(), 0.5))
+            self.wake.clear()
+
+    def _turn(self) -> None:
+        self._keep_liveness()
+        now = time.monotonic()
+        with self.lock:
+            due = [(token, entry) for token, entry in self.leases.items() if entry[0] <= now]
+        if not due:
+            return
+        if self.conn is None:
+            close_old_connections()  # renewals go through this thread's Django connection
+        for token, (_, renew, on_lost) in due:
+            try:
+                kept = renew(self.conn)
+                self.last_ok = time.monotonic()
+            except Exception:
+                logger.exception("lease renewal failed; will try again")
+                if self.conn is not None:
+                    self._drop()
+                else:
+                    close_old_connections()
                 continue
-            close_old_connections()
-            for token, (_, renew, on_lost) in due:
-                try:
-                    kept = renew()
-                except Exception:
-                    logger.exception("lease renewal failed; will try again")
-                    kept = True
-                with self._lock:
-                    if token not in self._leases:
-                        continue  # the step finished meanwhile
-                    if kept:
-                        self._leases[token] = (now + self.interval(), renew, on_lost)
-                    else:
-                        del self._leases[token]
-                if not kept:
-                    on_lost()
+            with self.lock:
+                if token not in self.leases:
+                    continue  # the step finished meanwhile
+                if kept:
+                    self.leases[token] = (now + interval(), renew, on_lost)
+                else:
+                    del self.leases[token]
+            if not kept:
+                on_lost()
+
+    def owner(self) -> tuple[str, int | None]:
+        source = _source()
+        if source != self.source:
+            self.source, self.conninfo = source, liveness_conninfo()
+            self.first_attempt.clear()
+            self.held.clear()
+            self.wake.set()
+        if self.conninfo is None:
+            return self.token, None
+        self.first_attempt.wait(FIRST_LOCK_WAIT_SECONDS)
+        return self.token, self.key if self.held.is_set() else None
+
+    def release(self, timeout: float = 5.0) -> None:
+        """Close the liveness connection (its lock goes with it) until the next claim."""
+        self.source, self.conninfo = None, None
+        self.wake.set()
+        deadline = time.monotonic() + timeout
+        while self.conn is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
-_renewer = _Renewer()
+_process: _Process | None = None
+_process_lock = threading.Lock()
+
+
+def _this_process() -> _Process:
+    global _process
+    current = _process
+    if current is not None and current.pid == os.getpid():
+        return current
+    with _process_lock:
+        if _process is None or _process.pid != os.getpid():
+            # A forked child must not touch its parent's connection (closing it would end the
+            # parent's session and free the parent's lock): it builds its own.
+            _process = _Process()
+        return _process
+
+
+def interval() -> float:
+    """How often a running step's lease is renewed: three times per lease."""
+    return max(settings.AGENTFLOW_LEASE_SECONDS / 3, 0.2)
+
+
+def current_owner() -> tuple[str, int | None]:
+    """This process's owner token, and its lock key if it holds its liveness lock right now
+    (None: claims fall back to the lease alone)."""
+    return _this_process().owner()
+
+
+def release() -> None:
+    """Give up this process's liveness connection (tests drop their database after)."""
+    if _process is not None and _process.pid == os.getpid():
+        _process.release()
 
 
 @contextmanager
-def kept_alive(renew: Callable[[], bool], on_lost: Callable[[], None]) -> Iterator[None]:
-    """Renew a step's lease for as long as the block runs."""
+def kept_alive(renew: Callable[[Any], bool], on_lost: Callable[[], None]) -> Iterator[None]:
+    """Renew a step's lease for as long as the block runs. `renew(conn)` gets the liveness
+    connection (or None: use this thread's Django connection) and returns False once the claim
+    was fenced out, which calls `on_lost` (the completion would be fenced out anyway).
+
+    A step shorter than a third of the lease costs no renewal at all: two dict operations."""
+    process = _this_process()
     token = id(renew)
-    _renewer.track(token, renew, on_lost)
+    with process.lock:
+        process.leases[token] = (time.monotonic() + interval(), renew, on_lost)
     try:
         yield
     finally:
-        _renewer.untrack(token)
+        with process.lock:
+            process.leases.pop(token, None)

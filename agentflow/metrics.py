@@ -30,7 +30,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from agentflow import registry, store
+from agentflow import registry
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 
@@ -159,7 +159,9 @@ class _StateFromDatabase(Collector):
         waiting.update(parked_runs_query())
         for workflow, n in sorted(waiting.items()):
             parked.add_metric([workflow], n)
-        beat = store.heartbeat_read()
+        from agentflow.store import heartbeat_read  # the store logs events through us
+
+        beat = heartbeat_read()
         sweeper = GaugeMetricFamily(
             "agentflow_sweeper_seconds_since_last_sweep",
             "Seconds since the recovery sweeper last finished a pass, by the database's clock "

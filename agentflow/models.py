@@ -28,6 +28,9 @@ class WorkflowRun(models.Model):
     business_key = models.CharField(max_length=200, null=True, blank=True)
     #: Compensation steps still to run, in order, once a permanent failure started undoing.
     compensations = models.JSONField(default=list, blank=True)
+    #: An operator asked to cancel: the step in flight finishes, then the run undoes its
+    #: effects and ends CANCELLED (not FAILED), so no money is kept (I8).
+    cancel_requested = models.BooleanField(default=False, db_default=False)
     #: When the sweeper should look again if nothing moved: a lease expiry, a retry time,
     #: or an enqueue grace. NULL exactly when the run needs no sweeper (terminal or parked).
     wake_at = models.DateTimeField(null=True, blank=True)

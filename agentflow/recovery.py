@@ -1,7 +1,10 @@
-"""The recovery sweeper (SPEC §3.4): re-enqueue active runs whose wake-up time has passed.
+"""The recovery sweeper (SPEC 3.4): ring the doorbell again for active runs that stopped moving.
 
-It never runs steps itself, it only rings the doorbell again. Publishing twice is harmless:
-a duplicate message loses the claim, finds the step completed, or finds the run finished.
+It never runs steps itself. It re-publishes runs past their wake-up time (a lost message, a
+lease that ran out, a retry time reached) and, on Postgres, runs whose step's owner has lost its
+advisory lock (its process died, on any host: SPEC 3.7), without waiting for the lease.
+Publishing twice is harmless: a duplicate message loses the claim, finds the step completed,
+or finds the run finished. Every decision uses the database's clock.
 """
 
 from __future__ import annotations
@@ -12,11 +15,9 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
-from django.utils import timezone
 
 from agentflow import dispatch, registry, store, telemetry
-from agentflow.models import RunEvent, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES
+from agentflow.models import RunEvent
 
 logger = logging.getLogger(__name__)
 
@@ -29,59 +30,40 @@ class SweepReport:
     query_ms: float = 0.0
 
 
-def due_runs_query(now, limit: int):  # type: ignore[no-untyped-def]
-    """Exactly the query the partial index `run_sweep_due` serves."""
-    return (
-        WorkflowRun.objects.select_for_update(skip_locked=True)
-        .filter(status__in=ACTIVE_RUN_STATUSES, wake_at__lte=now)
-        .order_by("wake_at")
-        .values_list("id", "workflow", "version", "current_seq", "status", "wake_at")[:limit]
-    )
-
-
 def sweep(*, limit: int | None = None) -> SweepReport:
     """One pass. Rows are locked with SKIP LOCKED and pushed forward in the same commit, so two
     sweepers at once never publish the same run twice."""
     close_old_connections()
     report = SweepReport()
-    now = timezone.now()
-    grace = store.enqueue_grace()
-    to_publish: list[tuple[str, int]] = []
+    ready: list[store.DueRun] = []
     with transaction.atomic():
         started = time.perf_counter()
-        due = list(due_runs_query(now, limit or settings.AGENTFLOW_SWEEP_BATCH))
+        due = store.sweep_due(limit or settings.AGENTFLOW_SWEEP_BATCH)
         report.query_ms = (time.perf_counter() - started) * 1000
-        for run_id, workflow, version, seq, status, wake_at in due:
+        for run in due:
+            if registry.lookup(run.workflow, run.version) is not None:
+                ready.append(run)
+                continue
             try:
                 with transaction.atomic():  # a savepoint: one broken run spoils nothing else
-                    if registry.lookup(workflow, version) is None:
-                        store.run_park(
-                            run_id,
-                            f"no definition {workflow} v{version} is deployed; "
-                            "the sweeper cannot resume it",
-                            kind=RunEvent.Kind.VERSION_MISMATCH,
-                        )
-                        report.parked.append(run_id)
-                        continue
-                    WorkflowRun.objects.filter(pk=run_id).update(
-                        wake_at=now + grace, updated_at=now
+                    store.run_park(
+                        run.id,
+                        run.seq,
+                        f"no definition {run.workflow} v{run.version} is deployed; "
+                        "the sweeper cannot resume it",
+                        kind=RunEvent.Kind.VERSION_MISMATCH,
+                        fence=run.fence,
                     )
-                    lateness = (now - wake_at).total_seconds()
-                    store.event_add(
-                        run_id,
-                        RunEvent.Kind.SWEEP_REQUEUE,
-                        f"{status} at step {seq}, {lateness:.1f} s past its wake-up time",
-                        actor="sweeper",
-                    )
-                to_publish.append((run_id, seq))
-                report.requeued.append(run_id)
+                report.parked.append(run.id)
             except DatabaseError as exc:
-                logger.exception("sweeper skipped run %s", run_id)
-                report.errors.append(f"{run_id}: {exc}")
-    for run_id, seq in to_publish:
-        dispatch.send_step(run_id, seq)
+                logger.exception("sweeper skipped run %s", run.id)
+                report.errors.append(f"{run.id}: {exc}")
+        store.sweep_push(ready)
+    for run in ready:
+        dispatch.send_step(run.id, run.seq)
+        report.requeued.append(run.id)
     store.heartbeat_record(requeued=len(report.requeued), query_ms=report.query_ms)
-    telemetry.sweep_finished(
+    telemetry.sweep_finished(  # counts the pass; logs which runs, and nothing when idle
         requeued=report.requeued, parked=report.parked, query_ms=report.query_ms
     )
     return report

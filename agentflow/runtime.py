@@ -1,25 +1,35 @@
-"""Replay-or-execute one step of a run (SPEC §3.3): the order of operations is the protocol."""
+"""Replay-or-execute one step of a run (SPEC 3.3): the order of operations is the protocol.
+
+The rule for effects (SPEC 3.3a): once an effect's call may have started, the step ends only
+COMPLETED (made, replayed, or found by its reconcile) or parked NEEDS_ATTENTION with "outcome
+unknown" — never FAILED — unless its reconcile proves the effect did not happen. FAILED means
+"did not happen", so a failed run undoes exactly the effects that are known to have happened.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import random
-from datetime import timedelta
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, connection, transaction
-from django.utils import timezone
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 
 from agentflow import dispatch, faults, leases, registry, store, telemetry
 from agentflow.context import StepContext
-from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableStepError
+from agentflow.exceptions import PermanentStepError, RetryableStepError
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
-from agentflow.states import ACTIVE_RUN_STATUSES, CLAIMED_KINDS, RunStatus, StepKind, StepStatus
+from agentflow.states import ACTIVE_RUN_STATUSES, CLAIMED_KINDS, StepKind, StepStatus
 
 logger = logging.getLogger(__name__)
+
+#: Errors that say "try again later under the same key": the partner's, the database's, and a
+#: soft time limit (a slow partner; the hard limit kills the process, which is a crash).
+TRANSIENT = (RetryableStepError, OperationalError, InterfaceError, SoftTimeLimitExceeded)
 
 
 def run_step(
@@ -41,46 +51,55 @@ def run_step(
         # Done already. A crash right after the completion commit loses the successor's
         # message: republish it for that crash's redelivery, or when the run is overdue. A plain
         # duplicate must not, or it rides along to the run's end, one extra message per step.
-        if redelivered or (run.wake_at is not None and run.wake_at <= timezone.now()):
+        if redelivered or run.overdue:
             dispatch.send_step(run.id, run.current_seq)
         return
     if seq > run.current_seq:
         return
-    if run.status == RunStatus.WAITING and run.wake_at is not None:
-        retry_at = run.wake_at - store.enqueue_grace()  # see store.runs._wait_txn
-        if retry_at > timezone.now() + timedelta(seconds=0.5):
-            return  # an early duplicate during back-off; the retry's own message comes later
+    seen = run.checkpoint
     workflow = registry.lookup(run.workflow, run.version)
     if workflow is None:
-        _park_for_version(run)
+        _park_for_version(run, seq, seen)
         return
     step = workflow.steps.get(run.current_step)
     if step is None:
         store.run_park(
             run.id,
+            seq,
             f"step {run.current_step!r} is not in {run.workflow} v{run.version}",
             kind=RunEvent.Kind.VERSION_MISMATCH,
+            fence=seen.fence if seen else None,
         )
         return
-    seen = run.checkpoint
     if seen is not None and seen.name != step.name:
         store.run_park(
             run.id,
+            seq,
             f"non-deterministic definition: step {seq} was recorded as {seen.name!r} "
             f"but the definition now says {step.name!r}",
             kind=RunEvent.Kind.VERSION_MISMATCH,
+            fence=seen.fence,
         )
+        return
+    in_flight = seen is not None and seen.status == StepStatus.IN_PROGRESS
+    if run.cancel_requested and not step.compensation_only and not in_flight:
+        store.cancel_begin(run.id, seq)  # an operator asked: undo instead of going on
         return
     if step.kind in CLAIMED_KINDS:
         _run_claimed(run, workflow, step, seq, seen, claim)
         return
     if redelivered:
         if seen is not None and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS:
-            store.run_park(run.id, f"{step.name} killed its worker {seen.attempts} times")
+            store.run_park(
+                run.id,
+                seq,
+                f"{step.name} killed its worker {seen.attempts} times",
+                fence=seen.fence,
+            )
             return
-        store.attempt_lost(run.id, step, seq, seen)
-        run = store.state_load(run_id, seq) or run
-        seen = run.checkpoint
+        seen = store.attempt_lost(run.id, step, seq)
+        if seen is None or seen.status == StepStatus.COMPLETED:
+            return
     _run_unclaimed(run, workflow, step, seq, seen)
 
 
@@ -132,6 +151,7 @@ def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> Ste
     )
 
 
+# --- effect and llm steps: claim, call, fenced completion ----------------------------------------
 def _run_claimed(
     run: store.StepState,
     workflow: Workflow,
@@ -140,34 +160,18 @@ def _run_claimed(
     seen: store.CheckpointRow | None,
     claim: store.Claim | None,
 ) -> None:
-    """effect / llm: claim committed, then the call, then the fenced completion."""
     if claim is None:
         claim = _claim(run, step, seq, seen)
     if claim is None:
-        return  # lost the race, someone holds a live lease, or the run was parked
+        return  # lost the race, someone holds a live lease, not due yet, or the run was parked
     ctx = _context(run, step, seq, claim.attempt)
     faults.crash_point(step.name, "after_claim", claim.attempt)
-    try:
-        with leases.kept_alive(
-            renew=lambda: store.lease_renew(run.id, seq, claim.attempt),
-            on_lost=ctx.mark_lease_lost,
-        ):
-            output = _produce(step, ctx, claim)
-    except _Parked:
-        return
-    except NotJSONError as exc:
-        # The call returned, so its effect may stand: failing the run would skip the step's
-        # compensation (it never completed). An operator decides instead.
-        store.run_park(
-            run.id, f"{step.name} ran but its result cannot be recorded ({exc}); check the partner"
-        )
-        return
-    except Exception as exc:
-        _record_failure(run, workflow, step, seq, claim.attempt, exc, claimed=True)
-        return
-    faults.crash_point(step.name, "after_effect", claim.attempt)
-    if not store.step_complete(run, workflow, step, seq, claim.attempt, output):
-        logger.warning("%s step %s: fenced out, result discarded", run.id, seq)
+    attempt = _Attempt(run, workflow, step, seq, claim, ctx)
+    with leases.kept_alive(
+        renew=lambda conn: store.lease_renew(run.id, seq, claim.fence, conn=conn),
+        on_lost=ctx.mark_lease_lost,
+    ):
+        attempt.run()
 
 
 def _claim(
@@ -177,14 +181,19 @@ def _claim(
         seen is not None
         and seen.status == StepStatus.IN_PROGRESS
         and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS
+        and seen.claimable
     ):
         # Bounds the redelivery loop of a step that kills its worker every time.
-        if store.claim_blocker(seen, timezone.now()) is None:
-            store.run_park(
-                run.id,
-                f"{step.name} was attempted {seen.attempts} times without finishing "
-                "(the worker kept dying); check the partner before retrying",
-            )
+        store.run_park(
+            run.id,
+            seq,
+            f"outcome unknown: {step.name} was attempted {seen.attempts} times without "
+            "finishing (the worker kept dying); check the partner, then retry (it asks the "
+            "partner first)",
+            kind=RunEvent.Kind.OUTCOME_UNKNOWN,
+            fence=seen.fence,
+            data={"attempt": seen.attempts, "fence": seen.fence, "error": "worker kept dying"},
+        )
         return None
     return store.step_claim(run, step, seq, seen)
 
@@ -193,43 +202,201 @@ class _Parked(Exception):
     """The run was parked for an operator; nothing more to do for this message."""
 
 
-def _produce(step: StepDef, ctx: StepContext, claim: store.Claim) -> Any:
-    """Reconcile an unknown outcome, apply the key-age guard, or run the step."""
-    too_old = step.key_window_seconds is not None and (
-        timezone.now() - claim.first_started_at
-    ) > timedelta(seconds=step.key_window_seconds)
-    if (claim.outcome_unknown or too_old) and step.reconcile is not None:
+class _Attempt:
+    """One claimed attempt of an effect or llm step, from reconcile to its recorded end."""
+
+    def __init__(
+        self,
+        run: store.StepState,
+        workflow: Workflow,
+        step: StepDef,
+        seq: int,
+        claim: store.Claim,
+        ctx: StepContext,
+    ) -> None:
+        self.run_state, self.workflow, self.step, self.seq = run, workflow, step, seq
+        self.claim, self.ctx = claim, ctx
+
+    @property
+    def is_effect(self) -> bool:
+        return self.step.kind == StepKind.EFFECT
+
+    def run(self) -> None:
         try:
-            found = step.reconcile(ctx)
-        except OutcomeUnknown:
-            if too_old:
-                store.run_park(
-                    ctx.run_id,
-                    f"{step.name}: first attempt is older than the partner's idempotency window "
-                    f"({step.key_window_seconds:.0f} s) and the partner could not say whether it "
-                    "happened; retrying blindly could repeat the effect",
-                )
-                raise _Parked from None
-            found = None  # inside the window the idempotency key still protects the retry
-        if found is not None:
-            output = to_json(found, f"reconcile of {step.name}")
-            store.event_add(
-                ctx.run_id,
-                RunEvent.Kind.RECONCILED,
-                f"{step.name}: effect found at the partner; adopted, not repeated",
+            output = self._produce()
+        except _Parked:
+            return
+        except NotJSONError as exc:
+            # The call returned, so its effect may stand: an operator decides.
+            self._park(
+                f"{self.step.name} ran but its result cannot be recorded ({exc}); check the "
+                "partner before retrying",
+                kind=RunEvent.Kind.NEEDS_ATTENTION,
+                error=str(exc),
             )
-            return output
-    elif too_old:
-        store.run_park(
-            ctx.run_id,
-            f"{step.name}: first attempt is older than the partner's idempotency window "
-            f"({step.key_window_seconds:.0f} s) and there is no way to ask the partner what "
-            "happened; retrying blindly could repeat the effect",
+            return
+        except Exception as exc:
+            self._after_error(exc)
+            return
+        faults.crash_point(self.step.name, "after_effect", self.claim.attempt)
+        self._complete(output)
+
+    def _complete(self, output: Any) -> None:
+        if not store.step_complete(
+            self.run_state, self.workflow, self.step, self.seq, self.claim, output
+        ):
+            logger.warning("%s step %s: fenced out, result discarded", self.ctx.run_id, self.seq)
+
+    def _window(self) -> float | None:
+        if not self.is_effect:
+            return None
+        window = self.step.key_window_seconds
+        return settings.AGENTFLOW_KEY_WINDOW_SECONDS if window is None else window
+
+    def _produce(self) -> Any:
+        """Reconcile an unknown outcome, apply the key-age guard, or run the step."""
+        window = self._window()
+        too_old = window is not None and self.claim.key_age_seconds > window
+        if self.claim.outcome_unknown or too_old:
+            if self.step.reconcile is None:
+                if too_old:
+                    self._park_unknown(
+                        f"its first attempt is older than the partner's idempotency window "
+                        f"({window:.0f} s) and there is no way to ask the partner what happened"
+                    )
+                    raise _Parked
+            else:
+                try:
+                    found = self.step.reconcile(self.ctx)
+                except Exception as exc:
+                    if too_old:
+                        self._park_unknown(
+                            f"its first attempt is older than the partner's idempotency window "
+                            f"({window:.0f} s) and the partner could not say whether it "
+                            f"happened ({_describe(exc)})"
+                        )
+                        raise _Parked from None
+                    found = None  # inside the window the idempotency key protects the retry
+                else:
+                    if found is not None:
+                        return self._adopt(found)
+        return to_json(self.step.fn(self.ctx), f"output of step {self.step.name}")
+
+    def _adopt(self, found: Any) -> Any:
+        output = to_json(found, f"reconcile of {self.step.name}")
+        store.event_add(
+            self.ctx.run_id,
+            RunEvent.Kind.RECONCILED,
+            f"{self.step.name}: effect found at the partner; adopted, not repeated",
+            seq=self.seq,
+            data={"attempt": self.claim.attempt, "fence": self.claim.fence, "output": output},
         )
-        raise _Parked
-    return to_json(step.fn(ctx), f"output of step {step.name}")
+        return output
+
+    def _after_error(self, exc: Exception) -> None:
+        attempt = self.claim.attempt
+        if isinstance(exc, PermanentStepError):
+            # The partner refused: the effect did not happen, so the run may fail and undo.
+            self._fail(str(exc), retry_in_seconds=None)
+            return
+        if isinstance(exc, TRANSIENT):
+            message = _describe(exc)
+            if not self.step.retry.exhausted(attempt):
+                self._fail(message, retry_in_seconds=retry_delay(self.step, attempt, exc))
+                return
+            reason = f"gave up after {attempt} attempts: {message}"
+        else:
+            logger.exception("%s step %s (%s) raised", self.ctx.run_id, self.seq, self.step.name)
+            reason = f"unexpected {type(exc).__name__}: {exc}"
+        if not self.is_effect:
+            self._fail(reason, retry_in_seconds=None)  # a model call changes nothing outside
+            return
+        self._resolve_unknown(reason)
+
+    def _resolve_unknown(self, reason: str) -> None:
+        """The call may have reached the partner and no answer says what it did: ask it."""
+        if self.step.reconcile is None:
+            self._park_unknown(reason)
+            return
+        try:
+            found = self.step.reconcile(self.ctx)
+        except Exception as exc:
+            self._park_unknown(f"{reason}; the partner could not say whether it happened "
+                               f"({_describe(exc)})")  # fmt: skip
+            return
+        if found is None:
+            self._fail(f"{reason} (the partner confirms it did not happen)", retry_in_seconds=None)
+            return
+        try:
+            output = self._adopt(found)
+        except NotJSONError as exc:
+            self._park_unknown(f"the partner has it but it cannot be recorded ({exc})")
+            return
+        self._complete(output)
+
+    def _fail(self, error: str, *, retry_in_seconds: float | None) -> None:
+        if retry_in_seconds is None:
+            logger.warning(
+                "%s step %s (%s) failed permanently: %s",
+                self.ctx.run_id, self.seq, self.step.name, error,
+            )  # fmt: skip
+        store.step_fail(
+            self.run_state,
+            self.workflow,
+            self.step,
+            self.seq,
+            claim=self.claim,
+            seen=None,
+            error=error,
+            retry_in_seconds=retry_in_seconds,
+        )
+
+    def _park_unknown(self, reason: str) -> None:
+        self._park(
+            f"outcome unknown: {self.step.name} may or may not have taken effect: {reason}. "
+            "Retry asks the partner first and never repeats it blindly.",
+            kind=RunEvent.Kind.OUTCOME_UNKNOWN,
+            error=reason,
+        )
+
+    def _park(self, message: str, *, kind: str, error: str) -> None:
+        """Park the run, releasing our claim: the checkpoint stays IN_PROGRESS (its effect may
+        stand), so an operator's retry takes it over and asks the partner first."""
+        store.run_park(
+            self.ctx.run_id,
+            self.seq,
+            message,
+            kind=kind,
+            fence=self.claim.fence,
+            claimed=True,
+            data={"attempt": self.claim.attempt, "fence": self.claim.fence, "error": error},
+        )
 
 
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def retry_delay(step: StepDef, attempt: int, exc: BaseException) -> float:
+    """The back-off before the next attempt: the policy's, or longer if the partner asked
+    (Retry-After), never more than AGENTFLOW_MAX_BACKOFF: a partner cannot park a run for
+    years, and `inf` cannot break the arithmetic."""
+    ceiling = float(settings.AGENTFLOW_MAX_BACKOFF)
+    delay = step.retry.delay_seconds(attempt, rng=random.Random())
+    asked = getattr(exc, "retry_after_seconds", None)
+    if asked is not None:
+        try:
+            asked = float(asked)
+        except (TypeError, ValueError):
+            asked = None
+    if asked is not None and not math.isnan(asked):
+        delay = max(delay, asked)
+    if not math.isfinite(delay):
+        return ceiling
+    return min(max(delay, 0.0), ceiling)
+
+
+# --- read and db steps: run, then one commit -----------------------------------------------------
 def _run_unclaimed(
     run: store.StepState,
     workflow: Workflow,
@@ -238,6 +405,8 @@ def _run_unclaimed(
     seen: store.CheckpointRow | None,
 ) -> None:
     """read: run, then one commit. db: run and commit together, under the run's row lock."""
+    if store.claim_blocker(seen) is not None:
+        return  # a retry not yet due (an early duplicate), or a failure for good
     attempt = seen.attempts + 1 if seen else 1
     ctx = _context(run, step, seq, attempt)
     try:
@@ -253,7 +422,7 @@ def _run_unclaimed(
     except store.Fenced:
         return
     except Exception as exc:
-        _record_failure(run, workflow, step, seq, attempt, exc, claimed=False)
+        _record_unclaimed_failure(run, workflow, step, seq, seen, attempt, exc)
 
 
 def _run_db_step(
@@ -261,42 +430,40 @@ def _run_db_step(
 ) -> None:
     """The step's writes and its COMPLETED checkpoint commit together, so they happen once.
 
-    The run row stays locked meanwhile: a racing duplicate waits, then finds the step done.
+    The run row stays locked meanwhile: a racing duplicate (or a redelivery counting a lost
+    attempt) waits, then finds the step done.
     """
     with transaction.atomic():
         locked = store.state_load(run.id, seq, lock=True)
         if locked is None or locked.status not in ACTIVE_RUN_STATUSES or locked.current_seq != seq:
             return
         seen = locked.checkpoint
-        if seen is not None and seen.status == StepStatus.COMPLETED:
+        if store.claim_blocker(seen) is not None:
             return
         output = to_json(step.fn(ctx), f"output of step {step.name}")
         faults.crash_point(step.name, "after_effect", ctx.attempt)
-        if not store.unclaimed_complete(run, workflow, step, seq, seen, output):
+        if not store.unclaimed_complete(locked, workflow, step, seq, seen, output):
             raise store.Fenced  # rolls the step's own writes back too
 
 
-def _record_failure(
+def _record_unclaimed_failure(
     run: store.StepState,
     workflow: Workflow,
     step: StepDef,
     seq: int,
+    seen: store.CheckpointRow | None,
     attempt: int,
     exc: Exception,
-    *,
-    claimed: bool,
 ) -> None:
     delay: float | None
     if isinstance(exc, PermanentStepError | NotJSONError):
         delay, message = None, str(exc)
-    elif isinstance(exc, RetryableStepError | OperationalError):
-        message = str(exc) or type(exc).__name__
+    elif isinstance(exc, TRANSIENT):
+        message = _describe(exc)
         if step.retry.exhausted(attempt):
             delay, message = None, f"gave up after {attempt} attempts: {message}"
         else:
-            delay = step.retry.delay_seconds(attempt, rng=random.Random())
-            if isinstance(exc, RetryableStepError) and exc.retry_after_seconds:
-                delay = max(delay, exc.retry_after_seconds)
+            delay = retry_delay(step, attempt, exc)
     else:
         # A bug in a step is not transient: fail with a readable reason instead of looping.
         logger.exception("%s step %s (%s) raised", run.id, seq, step.name)
@@ -308,21 +475,23 @@ def _record_failure(
         workflow,
         step,
         seq,
-        attempt=attempt,
-        claimed=claimed,
+        claim=None,
+        seen=seen,
         error=message,
         retry_in_seconds=delay,
     )
 
 
-def _park_for_version(run: store.StepState) -> None:
+def _park_for_version(run: store.StepState, seq: int, seen: store.CheckpointRow | None) -> None:
     try:
         deployed = f"this code has v{registry.latest(run.workflow).version}"
     except Exception:
         deployed = "this code has no such workflow"
     store.run_park(
         run.id,
+        seq,
         f"definition changed under a running run: it started on {run.workflow} v{run.version}, "
         f"{deployed}; resuming could replay steps that no longer match their checkpoints",
         kind=RunEvent.Kind.VERSION_MISMATCH,
+        fence=seen.fence if seen else None,
     )

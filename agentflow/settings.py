@@ -121,7 +121,11 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # workers never give up on a restarting broker
-CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# A broker blip must not turn every step in flight into an unknown outcome: the running step
+# finishes and commits; the copy of its message the broker gives back on reconnect finds the
+# step claimed (live lease and owner) or completed and does nothing. Fences, not cancellation,
+# keep the two copies from both acting.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 20.0  # below compose's stop_grace_period (30 s)
 CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 # Celery >= 5.6 closes DB connections around every task; reusing them saves a connect per step.
@@ -155,13 +159,25 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- Engine -----------------------------------------------------------------------------------
 AGENTFLOW_LEASE_SECONDS = env_int("AGENTFLOW_LEASE_SECONDS", 10, minimum=1)
-AGENTFLOW_SWEEP_INTERVAL = env_int("AGENTFLOW_SWEEP_INTERVAL", 5, minimum=1)
+# Every second: a whole worker's death is noticed through its freed advisory lock at the next
+# sweep, so this is what recovery takes (the query reads only active runs: ~1-6 ms).
+AGENTFLOW_SWEEP_INTERVAL = env_int("AGENTFLOW_SWEEP_INTERVAL", 1, minimum=1)
 AGENTFLOW_SWEEP_BATCH = env_int("AGENTFLOW_SWEEP_BATCH", 1000, minimum=1)
 AGENTFLOW_MAX_ATTEMPTS = env_int("AGENTFLOW_MAX_ATTEMPTS", 8, minimum=1)
 AGENTFLOW_FAULTS = env_bool("AGENTFLOW_FAULTS", False)
 AGENTFLOW_CRASH_AT = env_str("AGENTFLOW_CRASH_AT", "")
 AGENTFLOW_WORKFLOW_MODULES = env_list("AGENTFLOW_WORKFLOW_MODULES", [])
 AGENTFLOW_HOSTNAME = env_str("AGENTFLOW_HOSTNAME", socket.gethostname())
+# Where each worker process holds its liveness lock (SPEC 3.7); empty: the default database;
+# "off": leases alone. Behind PgBouncer in transaction mode, a direct URL to Postgres.
+AGENTFLOW_LIVENESS_DATABASE_URL = env_str("AGENTFLOW_LIVENESS_DATABASE_URL", "")
+# The longest back-off a partner's Retry-After can ask for.
+AGENTFLOW_MAX_BACKOFF = env_float("AGENTFLOW_MAX_BACKOFF", 300.0, minimum=1.0)
+# How long partners keep idempotency keys unless a step declares its own window (Stripe: 24 h):
+# an effect first attempted longer ago is never retried blindly (SPEC 3.3b).
+AGENTFLOW_KEY_WINDOW_SECONDS = env_float("AGENTFLOW_KEY_WINDOW_SECONDS", 24 * 3600.0)
+# Tests only (ignored unless AGENTFLOW_FAULTS=1): this process's clock runs this far ahead.
+AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0, minimum=None)
 
 # --- Partners and refunds -------------------------------------------------------------------
 SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8765")

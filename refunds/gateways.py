@@ -135,6 +135,16 @@ class PaymentGateway:
         intents = [i for i in found.data if i.metadata.to_dict().get("idempotency_key") == key]
         return _payment(intents[0]) if intents else None
 
+    def find_refund_by_key(self, *, payment_intent_id: str, key: str) -> Refund | None:
+        """The refund made under `key` for this payment, if any: Stripe's refund list is
+        consistent (a refund shows the moment it exists), so an absence is an answer."""
+        with _stripe_errors("refund lookup"):
+            found = self._client.v1.refunds.list({"payment_intent": payment_intent_id})
+        for refund in found.data:
+            if (refund.metadata or {}).get("idempotency_key") == key:
+                return _refund(refund, payment_intent_id)
+        return None
+
     def refund(
         self, *, payment_intent_id: str, amount_cents: int, key: str, workflow_id: str
     ) -> Refund:
@@ -145,12 +155,16 @@ class PaymentGateway:
         }
         with partner_call("stripe", "refund"), _stripe_errors("refund"):
             refund = self._client.v1.refunds.create(params, options={"idempotency_key": key})
-        return Refund(
-            id=refund.id,
-            payment_intent_id=payment_intent_id,
-            amount_cents=refund.amount,
-            status=refund.status or "",
-        )
+        return _refund(refund, payment_intent_id)
+
+
+def _refund(refund: Any, payment_intent_id: str) -> Refund:
+    return Refund(
+        id=refund.id,
+        payment_intent_id=payment_intent_id,
+        amount_cents=refund.amount,
+        status=refund.status or "",
+    )
 
 
 def _payment(intent: Any) -> Payment:
@@ -240,6 +254,7 @@ class _PartnerHttp:
         *,
         key: str | None = None,
         body: dict[str, Any] | None = None,
+        query: dict[str, str] | None = None,
         not_found: str | None = None,
     ) -> dict[str, Any]:
         headers = {"Idempotency-Key": key} if key else {}
@@ -248,6 +263,7 @@ class _PartnerHttp:
                 method,
                 f"{self.base_url}{path}",
                 json=body,
+                params=query,
                 headers=headers,
                 timeout=self.timeout,
             )
@@ -310,12 +326,20 @@ class AirlineGateway:
             body={"workflow_id": workflow_id},
             not_found=_not_found_message(reference),
         )
-        return SeatCancellation(
-            cancellation_id=data["cancellation_id"],
-            reference=data["reference"],
-            seat=data["seat"],
-            status=data["status"],
-        )
+        return _seat_cancellation(data)
+
+    def find_seat_cancellation(self, *, key: str) -> SeatCancellation | None:
+        """The seat cancellation made under `key`, if any (a consistent read: none means none)."""
+        found = self._http.call("GET", "/seat-cancellations", query={"idempotency_key": key})
+        return _seat_cancellation(found["data"][0]) if found.get("data") else None
+
+    def find_boarding_pass(self, *, key: str) -> BoardingPass | None:
+        """The boarding pass issued under `key`, if any (a consistent read: none means none)."""
+        found = self._http.call("GET", "/boarding-passes", query={"idempotency_key": key})
+        if not found.get("data"):
+            return None
+        data = found["data"][0]
+        return _boarding_pass(data, data["reference"], data["flight"], data["date"])
 
     def issue_boarding_pass(
         self, reference: str, *, flight: str, date: str, key: str, workflow_id: str
@@ -332,14 +356,27 @@ class AirlineGateway:
             },
             not_found=_not_found_message(reference),
         )
-        return BoardingPass(
-            boarding_pass_id=data["boarding_pass_id"],
-            reference=data.get("reference", reference),
-            flight=data.get("flight", flight),
-            date=data.get("date", date),
-            seat=data["seat"],
-            barcode=data["barcode"],
-        )
+        return _boarding_pass(data, reference, flight, date)
+
+
+def _seat_cancellation(data: dict[str, Any]) -> SeatCancellation:
+    return SeatCancellation(
+        cancellation_id=data["cancellation_id"],
+        reference=data["reference"],
+        seat=data["seat"],
+        status=data["status"],
+    )
+
+
+def _boarding_pass(data: dict[str, Any], reference: str, flight: str, date: str) -> BoardingPass:
+    return BoardingPass(
+        boarding_pass_id=data["boarding_pass_id"],
+        reference=data.get("reference", reference),
+        flight=data.get("flight", flight),
+        date=data.get("date", date),
+        seat=data["seat"],
+        barcode=data["barcode"],
+    )
 
 
 _BOOKING_FIELDS = (
@@ -378,6 +415,11 @@ class CrmGateway:
             },
         )
         return data["update_id"]
+
+    def find_update(self, *, key: str) -> str | None:
+        """The id of the update recorded under `key`, if any (none means none)."""
+        found = self._http.call("GET", "/updates", query={"idempotency_key": key})
+        return found["data"][0]["update_id"] if found.get("data") else None
 
 
 # --- email ----------------------------------------------------------------------------------

@@ -15,7 +15,15 @@ from django.template.loader import render_to_string
 from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
 from refunds import policy
-from refunds.gateways import AirlineGateway, CrmGateway, Mailer, Payment, PaymentGateway
+from refunds.gateways import (
+    AirlineGateway,
+    CrmGateway,
+    Mailer,
+    Payment,
+    PaymentGateway,
+    Refund,
+    SeatCancellation,
+)
 from refunds.models import RefundRequest
 from refunds.parsing import parse_request
 
@@ -62,6 +70,17 @@ def cancel_seat(ctx: StepContext) -> dict[str, Any]:
     released = AirlineGateway.from_settings().cancel_seat(
         _reference(ctx), key=ctx.idempotency_key, workflow_id=ctx.run_id
     )
+    return _cancellation_output(released)
+
+
+def find_seat_cancellation(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `cancel_seat`: the airline's cancellation under this step's key, or None
+    when it has none (its lookup is consistent, so that proves the seat was not released)."""
+    found = AirlineGateway.from_settings().find_seat_cancellation(key=ctx.idempotency_key)
+    return _cancellation_output(found) if found is not None else None
+
+
+def _cancellation_output(released: SeatCancellation) -> dict[str, Any]:
     return {
         "cancellation_id": released.cancellation_id,
         "seat": released.seat,
@@ -98,16 +117,21 @@ def charge_customer(ctx: StepContext) -> dict[str, Any]:
 def find_fee_payment(ctx: StepContext) -> dict[str, Any] | None:
     """Reconcile for `charge_customer` (SPEC §3.3a): the payment made under this step's key.
 
-    Stripe's search index can lag a freshly made payment by up to a minute; None then leads to
-    a retry under the same key, which Stripe answers with the stored result, so the customer
-    is still charged once. Past Stripe's 24-hour key window the index has long caught up.
+    Finding none proves nothing: Stripe's search index can lag a fresh payment by up to a
+    minute, so "not found" is `OutcomeUnknown`. Inside Stripe's 24-hour key window the engine
+    then retries under the same key (Stripe replays a payment that exists); after the retries,
+    or past the window, it parks the run for an operator rather than guess with money.
     """
     fee = ctx.output_of("calculate_penalty_fee")
     if not fee or fee["amount_cents"] <= 0:
         return None  # nothing is ever sent for a free change: running the step again is safe
     payment = PaymentGateway.from_settings().find_payment_by_key(ctx.idempotency_key)
-    if payment is None or payment.status not in CHARGED_STATUSES:
-        return None
+    if payment is None:
+        raise durable.OutcomeUnknown(
+            "Stripe's search shows no payment under this key yet (it can lag a minute)"
+        )
+    if payment.status not in CHARGED_STATUSES:
+        return None  # it exists but took no money (declined, needs action): nothing to keep
     return _charge_output(payment)
 
 
@@ -129,6 +153,13 @@ def issue_boarding_pass(ctx: StepContext) -> dict[str, Any]:
     return asdict(issued)
 
 
+def find_boarding_pass(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `issue_boarding_pass`: the pass issued under this step's key, or None
+    (a consistent lookup: none was issued)."""
+    found = AirlineGateway.from_settings().find_boarding_pass(key=ctx.idempotency_key)
+    return asdict(found) if found is not None else None
+
+
 def update_crm(ctx: StepContext) -> dict[str, Any]:
     issued = ctx.output_of("issue_boarding_pass")
     charge = ctx.output_of("charge_customer")
@@ -146,6 +177,12 @@ def update_crm(ctx: StepContext) -> dict[str, Any]:
         workflow_id=ctx.run_id,
     )
     return {"update_id": update_id}
+
+
+def find_crm_update(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `update_crm`: the note recorded under this step's key, or None."""
+    update_id = CrmGateway.from_settings().find_update(key=ctx.idempotency_key)
+    return {"update_id": update_id} if update_id is not None else None
 
 
 def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
@@ -179,6 +216,23 @@ def refund_fee(ctx: StepContext) -> dict[str, Any]:
         key=ctx.idempotency_key,
         workflow_id=ctx.run_id,
     )
+    return _refund_output(refund, charge)
+
+
+def find_fee_refund(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `refund_fee`: the refund made under this step's key, found in the
+    payment's refund list (consistent, unlike search), so a retry days later, past Stripe's key
+    window, finishes instead of parking for ever. None: no refund was made."""
+    charge = ctx.output_of("charge_customer")
+    if not charge or not charge.get("charged"):
+        return {"refunded": False, "amount_cents": 0}
+    refund = PaymentGateway.from_settings().find_refund_by_key(
+        payment_intent_id=charge["payment_intent_id"], key=ctx.idempotency_key
+    )
+    return _refund_output(refund, charge) if refund is not None else None
+
+
+def _refund_output(refund: Refund, charge: dict[str, Any]) -> dict[str, Any]:
     return {
         "refunded": True,
         "refund_id": refund.id,

@@ -28,7 +28,9 @@ refund.step("parse_flight_details", kind="read")(steps.parse_flight_details)
 refund.step("fetch_booking", kind="read", retry=PARTNER_RETRY)(steps.fetch_booking)
 refund.step("check_cancellation_policy", kind="read")(steps.check_cancellation_policy)
 refund.step("calculate_penalty_fee", kind="read")(steps.calculate_penalty_fee)
-refund.step("cancel_seat", kind="effect", retry=PARTNER_RETRY)(steps.cancel_seat)
+refund.step(
+    "cancel_seat", kind="effect", retry=PARTNER_RETRY, reconcile=steps.find_seat_cancellation
+)(steps.cancel_seat)
 refund.step(
     "charge_customer",
     kind="effect",
@@ -37,13 +39,20 @@ refund.step(
     compensate="refund_fee",
     key_window_seconds=STRIPE_KEY_WINDOW_SECONDS,
 )(steps.charge_customer)
-refund.step("issue_boarding_pass", kind="effect", retry=PARTNER_RETRY)(steps.issue_boarding_pass)
-refund.step("update_crm", kind="effect", retry=PARTNER_RETRY)(steps.update_crm)
+refund.step(
+    "issue_boarding_pass", kind="effect", retry=PARTNER_RETRY, reconcile=steps.find_boarding_pass
+)(steps.issue_boarding_pass)
+refund.step("update_crm", kind="effect", retry=PARTNER_RETRY, reconcile=steps.find_crm_update)(
+    steps.update_crm
+)
 refund.step("send_confirmation_email", kind="effect", retry=PARTNER_RETRY)(
     steps.send_confirmation_email
 )
 
 refund.compensation(
-    "refund_fee", retry=COMPENSATION_RETRY, key_window_seconds=STRIPE_KEY_WINDOW_SECONDS
+    "refund_fee",
+    retry=COMPENSATION_RETRY,
+    reconcile=steps.find_fee_refund,
+    key_window_seconds=STRIPE_KEY_WINDOW_SECONDS,
 )(steps.refund_fee)
 refund.compensation("notify_failure", retry=COMPENSATION_RETRY)(steps.notify_failure)

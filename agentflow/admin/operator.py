@@ -42,8 +42,9 @@ class Verb:
     #: Statuses for which the detail page offers the button (the store still decides).
     offered_for: tuple[str, ...]
     explanation: str
-    #: The store function: (run_id, *, actor, reason), raising `store.ActionRefused`.
-    act: Callable[..., None]
+    #: The store function: (run_id, *, actor, reason), raising `store.ActionRefused`; it may
+    #: return what happens next, in words, when the action is not over at once.
+    act: Callable[..., str | None]
 
 
 RETRY = Verb(
@@ -65,8 +66,10 @@ CANCEL = Verb(
     done="cancelled",
     offered_for=(*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION),
     explanation=(
-        "Cancel stops each unfinished run for good. Effects already made stay made: nothing "
-        "is refunded or undone, so check the partners first if money moved."
+        "Cancel stops each unfinished run for good without keeping any money: what it did is "
+        "undone by its compensations (a fee is refunded) and the customer is told, then it ends "
+        "cancelled. A step that is running finishes first, so nothing is undone blindly. A run "
+        "whose last effect has an unknown outcome must be retried (it asks the partner) first."
     ),
     act=store.run_cancel,
 )
@@ -78,16 +81,22 @@ def perform(request: HttpRequest, verb: Verb, runs: list[dict[str, Any]], reason
     actor = request.user.get_username()
     done: list[dict[str, Any]] = []
     refused: list[tuple[str, str]] = []
+    pending: list[tuple[str, str]] = []
     for run in runs:
         try:
-            verb.act(run["pk"], actor=actor, reason=reason)
+            next_step = verb.act(run["pk"], actor=actor, reason=reason)
         except store.ActionRefused as exc:
             refused.append((run["pk"], str(exc)))
         except DatabaseError:
             logger.exception("operator %s of %s failed", verb.name, run["pk"])
             refused.append((run["pk"], "the database did not accept the change; try again"))
         else:
-            done.append(run)
+            if next_step:
+                pending.append((run["pk"], next_step))
+            else:
+                done.append(run)
+    for run_id, what in pending[:MAX_REFUSAL_MESSAGES]:
+        messages.success(request, f"Run {run_id}: {what}.")
     if len(done) == 1:
         run = done[0]
         resumes = f" It resumes at step #{run['current_seq']} {run['current_step']}."

@@ -15,9 +15,4 @@ class Migration(migrations.Migration):
             name='trace_parent',
             field=models.CharField(blank=True, db_default='', max_length=55),
         ),
-        migrations.AlterField(
-            model_name='stepcheckpoint',
-            name='fence',
-            field=models.PositiveBigIntegerField(db_default=1, default=1),
-        ),
     ]

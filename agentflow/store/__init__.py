@@ -6,18 +6,17 @@ partner. Step messages are published only from on-commit hooks.
 
 from __future__ import annotations
 
+from agentflow.store.events import event_add
+from agentflow.store.operator import cancel_begin, run_cancel, run_retry
 from agentflow.store.runs import (
     ActionRefused,
     Fenced,
     attempt_lost,
     compensation_plan,
     enqueue_grace,
-    event_add,
     outputs_load,
-    run_cancel,
     run_create,
     run_park,
-    run_retry,
     step_fail,
 )
 from agentflow.store.steps import (
@@ -32,16 +31,26 @@ from agentflow.store.steps import (
     step_complete,
     unclaimed_complete,
 )
-from agentflow.store.sweeps import Heartbeat, heartbeat_read, heartbeat_record
+from agentflow.store.sweeps import (
+    DueRun,
+    Heartbeat,
+    heartbeat_read,
+    heartbeat_record,
+    sweep_due,
+    sweep_push,
+    sweep_statements,
+)
 
 __all__ = [
     "ActionRefused",
     "CheckpointRow",
     "Claim",
+    "DueRun",
     "Fenced",
     "Heartbeat",
     "StepState",
     "attempt_lost",
+    "cancel_begin",
     "claim_blocker",
     "compensation_plan",
     "enqueue_grace",
@@ -59,5 +68,8 @@ __all__ = [
     "step_claim",
     "step_complete",
     "step_fail",
+    "sweep_due",
+    "sweep_push",
+    "sweep_statements",
     "unclaimed_complete",
 ]

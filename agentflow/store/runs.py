@@ -1,11 +1,17 @@
-"""Run-level writes off the hot path: create, park, events, failure, operator actions (ORM)."""
+"""Run-level writes off the hot path: create, park, fail, compensate.
+
+Every write here is fenced like the hot path's: on the run still being active at the step, and
+on the checkpoint's fence number, so a worker whose claim was taken over cannot park, fail or
+compensate a run that has moved on (I5).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -15,12 +21,14 @@ from agentflow import dispatch, telemetry
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef, Workflow
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
+from agentflow.states import RunStatus, StepKind, StepStatus
+from agentflow.store import sql
+from agentflow.store.events import event_add, event_time
+from agentflow.store.steps import ACTIVE, CheckpointRow, Claim, state_load
 
 logger = logging.getLogger(__name__)
+
+_RUN_AT_STEP = f"id = %s AND current_seq = %s AND status IN ({sql.placeholders(ACTIVE)})"
 
 
 class RunLike(Protocol):
@@ -32,6 +40,8 @@ class RunLike(Protocol):
     def error(self) -> str: ...
     @property
     def compensations(self) -> Sequence[str]: ...
+    @property
+    def cancel_requested(self) -> bool: ...
 
 
 class Fenced(Exception):
@@ -100,168 +110,270 @@ def outputs_load(run_id: str, before_seq: int) -> dict[str, Any]:
     return dict(rows)
 
 
-def event_add(run_id: str, kind: str, detail: str, *, actor: str = "engine") -> None:
-    RunEvent.objects.create(run_id=run_id, kind=kind, actor=actor, detail=detail)
-    telemetry.event_recorded(run_id, kind)
+# --- parking ------------------------------------------------------------------------------------
+def run_park(
+    run_id: str,
+    seq: int,
+    reason: str,
+    *,
+    kind: str = RunEvent.Kind.NEEDS_ATTENTION,
+    fence: int | None,
+    claimed: bool = False,
+    data: dict[str, Any] | None = None,
+) -> bool:
+    """Stop an active run for an operator, with the reason on the run and in an event.
 
-
-def run_park(run_id: str, reason: str, *, kind: str = RunEvent.Kind.NEEDS_ATTENTION) -> None:
-    """Stop an active run for an operator, with the reason on the run and in an event."""
+    Fenced: only while the run is still active at `seq` and its checkpoint there still has
+    `fence` (None: there is no checkpoint). `claimed`: the caller holds the claim with that
+    fence; it is released (the lease ends, the fence moves on) but the checkpoint stays
+    IN_PROGRESS, because its effect may have happened: an operator's retry asks the partner
+    first. Returns whether the run was parked.
+    """
     with transaction.atomic():
-        moved = WorkflowRun.objects.filter(pk=run_id, status__in=ACTIVE_RUN_STATUSES).update(
-            status=RunStatus.NEEDS_ATTENTION, error=reason, wake_at=None, updated_at=timezone.now()
+        if claimed:
+            assert fence is not None
+            if not sql.update(
+                sql.STEPS,
+                {
+                    "lease_expires_at": sql.at_now(),
+                    "lease_owner": "",
+                    "lease_lock": None,
+                    "fence": fence + 1,
+                    "error": reason[:4000],
+                },
+                "run_id = %s AND seq = %s AND status = %s AND fence = %s",
+                [run_id, seq, StepStatus.IN_PROGRESS, fence],
+            ):
+                return False
+            checkpoint_fence, fence_params = "", []
+        elif fence is None:
+            checkpoint_fence = (
+                f" AND NOT EXISTS (SELECT 1 FROM {sql.STEPS} c WHERE c.run_id = %s AND c.seq = %s)"
+            )
+            fence_params = [run_id, seq]
+        else:
+            checkpoint_fence = f" AND EXISTS (SELECT 1 FROM {sql.STEPS} c WHERE c.run_id = %s AND c.seq = %s AND c.fence = %s)"  # noqa: E501
+            fence_params = [run_id, seq, fence]
+        moved = sql.update(
+            sql.RUNS,
+            {
+                "status": RunStatus.NEEDS_ATTENTION,
+                "error": reason,
+                "wake_at": None,
+                "updated_at": sql.at_now(),
+            },
+            _RUN_AT_STEP + checkpoint_fence,
+            [run_id, seq, *ACTIVE, *fence_params],
         )
-        if moved:
-            RunEvent.objects.create(run_id=run_id, kind=kind, actor="engine", detail=reason)
-    if moved:
-        logger.warning("run %s needs attention: %s", run_id, reason)
+        if not moved:
+            if claimed:
+                raise_rollback()
+            return False
+        event_add(run_id, kind, reason, seq=seq, data=data)
+    logger.warning("run %s needs attention: %s", run_id, reason)
+    return True
 
 
+def raise_rollback() -> None:
+    """Roll back the enclosing atomic block without an error reaching the caller."""
+    transaction.set_rollback(True)
+
+
+# --- failures -----------------------------------------------------------------------------------
 def step_fail(
     run: RunLike,
     workflow: Workflow,
     step: StepDef,
     seq: int,
     *,
-    attempt: int,
-    claimed: bool,
+    claim: Claim | None,
+    seen: CheckpointRow | None,
     error: str,
     retry_in_seconds: float | None,
-) -> None:
-    """Record a failed attempt. With `retry_in_seconds` the run waits and retries under the
-    same key; without it the run fails for good, compensating first if it took effects."""
-    now = timezone.now()
-    cp_filter: dict[str, Any] = {"run_id": run.id, "seq": seq}
-    if claimed:
-        cp_filter.update(status=StepStatus.IN_PROGRESS, attempts=attempt)
-    cp_changes: dict[str, Any] = {
+) -> bool:
+    """Record a failed attempt whose effect did not happen (or a read that failed). With
+    `retry_in_seconds` the run waits and retries under the same key; without it the run fails
+    for good, compensating first for the effects it made. Returns False when fenced out.
+
+    `claim`: the attempt's claim (effect and llm steps); else `seen`, the checkpoint as the
+    attempt found it (read and db steps, which write nothing before they finish).
+    """
+    attempt = claim.attempt if claim is not None else (seen.attempts + 1 if seen else 1)
+    changes: dict[str, Any] = {
         "status": StepStatus.FAILED,
         "error": error[:4000],
         "retryable": retry_in_seconds is not None,
+        "retry_at": None if retry_in_seconds is None else sql.at_now_plus(retry_in_seconds),
         "lease_expires_at": None,
         "lease_owner": "",
-        "finished_at": now,
+        "lease_lock": None,
+        "finished_at": sql.at_now(),
     }
     try:
         with transaction.atomic():
-            if claimed:
-                if not StepCheckpoint.objects.filter(**cp_filter).update(**cp_changes):
-                    raise Fenced
-            else:
-                _, created = StepCheckpoint.objects.get_or_create(
-                    **cp_filter,
-                    defaults={
-                        **cp_changes,
-                        "name": step.name,
-                        "kind": step.kind,
-                        "attempts": attempt,
-                        "idempotency_key": idempotency_key(run.id, seq),
-                        "first_started_at": now,
-                        "started_at": now,
-                    },
-                )
-                if not created:
-                    StepCheckpoint.objects.filter(**cp_filter, status=StepStatus.FAILED).exclude(
-                        attempts__gte=attempt
-                    ).update(attempts=attempt, **cp_changes)
+            ended = sql.db_now()
+            _write_failed_checkpoint(run.id, step, seq, claim, seen, attempt, changes)
             if retry_in_seconds is not None:
-                _wait_txn(run, seq, now, retry_in_seconds)
+                _wait(run, seq, retry_in_seconds)
             else:
-                _fail_run_txn(run, workflow, step, seq, error, now)
-    except Fenced:
-        logger.info("failure of %s step %s was fenced out", run.id, seq)
-
-
-def attempt_lost(run_id: str, step: StepDef, seq: int, seen: Any) -> None:
-    """Count an attempt of a `read` or `db` step whose worker died mid-step (its message came
-    back). Those steps write nothing before they finish, so without this a step that kills its
-    worker every time would be redelivered for ever; counted, it meets the retry bound."""
-    now = timezone.now()
-    lost = {
-        "status": StepStatus.FAILED,
-        "retryable": True,
-        "error": "the worker died while running this step",
-        "finished_at": now,
-    }
-    if seen is None:
-        with contextlib.suppress(IntegrityError), transaction.atomic():
-            StepCheckpoint.objects.create(
-                run_id=run_id,
+                _fail_run(run, workflow, step, seq, error)
+            event_add(
+                run.id,
+                RunEvent.Kind.ATTEMPT_FAILED,
+                f"{step.name} attempt {attempt}: {error}"[:4000],
                 seq=seq,
-                name=step.name,
-                kind=step.kind,
-                attempts=1,
-                idempotency_key=idempotency_key(run_id, seq),
-                first_started_at=now,
-                started_at=now,
-                **lost,
+                data={
+                    "attempt": attempt,
+                    "fence": claim.fence if claim is not None else None,
+                    "started_at": event_time(claim.started_at if claim else None),
+                    "ended_at": event_time(ended),
+                    "error": error[:1000],
+                    "retry_at": event_time(
+                        ended + timedelta(seconds=retry_in_seconds)
+                        if retry_in_seconds is not None
+                        else None
+                    ),
+                    "owner": "",
+                },
             )
-        return
-    StepCheckpoint.objects.filter(pk=seen.id, status=seen.status, attempts=seen.attempts).exclude(
-        status=StepStatus.COMPLETED
-    ).update(attempts=seen.attempts + 1, **lost)
+    except (Fenced, IntegrityError):
+        logger.info("failure of %s step %s was fenced out", run.id, seq)
+        return False
+    return True
 
 
-def _wait_txn(run: RunLike, seq: int, now: datetime, delay: float) -> None:
-    countdown = delay if delay <= dispatch.MAX_COUNTDOWN_SECONDS else None
-    # Always the retry time plus the enqueue grace: the runtime drops any message before the
-    # retry time as an early duplicate, and the sweeper steps in only if the retry is lost.
-    wake_at = now + timedelta(seconds=delay) + enqueue_grace()
-    moved = WorkflowRun.objects.filter(
-        pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES
-    ).update(status=RunStatus.WAITING, wake_at=wake_at, updated_at=now)
-    if not moved:
-        raise Fenced
-    if countdown is not None:
-        dispatch.send_step_on_commit(run.id, seq, countdown=countdown)
-
-
-def _fail_run_txn(
-    run: RunLike, workflow: Workflow, step: StepDef, seq: int, error: str, now: datetime
+def _write_failed_checkpoint(
+    run_id: str,
+    step: StepDef,
+    seq: int,
+    claim: Claim | None,
+    seen: CheckpointRow | None,
+    attempt: int,
+    changes: dict[str, Any],
 ) -> None:
-    reason = f"{step.name}: {error}"
-    active = WorkflowRun.objects.filter(pk=run.id, current_seq=seq, status__in=ACTIVE_RUN_STATUSES)
-    if step.compensation_only:
-        # Undoing failed too: nothing safe is left to try without a human.
-        if not active.update(
-            status=RunStatus.NEEDS_ATTENTION,
-            error=f"compensation failed: {reason} (after: {run.error})",
-            wake_at=None,
-            updated_at=now,
-        ):
-            raise Fenced
-        RunEvent.objects.create(
-            run_id=run.id, kind=RunEvent.Kind.NEEDS_ATTENTION, actor="engine", detail=reason
+    if claim is not None:
+        where = "run_id = %s AND seq = %s AND status = %s AND fence = %s"
+        params: list[Any] = [run_id, seq, StepStatus.IN_PROGRESS, claim.fence]
+        changes = {**changes, "fence": claim.fence + 1}
+    elif seen is not None:
+        where = "run_id = %s AND seq = %s AND fence = %s AND status <> %s"
+        params = [run_id, seq, seen.fence, StepStatus.COMPLETED]
+        changes = {**changes, "fence": seen.fence + 1, "attempts": attempt}
+    else:
+        sql.insert(
+            sql.STEPS,
+            {
+                **changes,
+                "run_id": run_id,
+                "seq": seq,
+                "name": step.name,
+                "kind": step.kind,
+                "attempts": 1,
+                "fence": 1,
+                "idempotency_key": idempotency_key(run_id, seq),
+                "first_started_at": sql.at_now(),
+                "started_at": sql.at_now(),
+            },
         )
         return
-    plan = compensation_plan(run.id, workflow, seq)
-    if not plan:
-        if not active.update(status=RunStatus.FAILED, error=reason, wake_at=None, updated_at=now):
-            raise Fenced
-        telemetry.run_finished(run.id, workflow.name, RunStatus.FAILED)
-        return
-    if not active.update(
-        status=RunStatus.RUNNING,
-        error=reason,
-        current_step=plan[0],
-        current_seq=seq + 1,
-        compensations=plan[1:],
-        wake_at=now + enqueue_grace(),
-        updated_at=now,
-    ):
+    if not sql.update(sql.STEPS, changes, where, params):
         raise Fenced
-    RunEvent.objects.create(
-        run_id=run.id,
-        kind=RunEvent.Kind.COMPENSATION,
-        actor="engine",
-        detail=f"{reason}; undoing with {', '.join(plan)}",
+
+
+def _wait(run: RunLike, seq: int, delay: float) -> None:
+    """WAITING until the retry time, by the database's clock. The sweeper wakes the run at
+    exactly that time if the countdown message is lost or comes early."""
+    moved = sql.update(
+        sql.RUNS,
+        {
+            "status": RunStatus.WAITING,
+            "wake_at": sql.at_now_plus(delay),
+            "updated_at": sql.at_now(),
+        },
+        _RUN_AT_STEP,
+        [run.id, seq, *ACTIVE],
     )
-    dispatch.send_step_on_commit(run.id, seq + 1, fresh=dispatch.fresh_hint(workflow, plan[0]))
+    if not moved:
+        raise Fenced
+    if delay <= dispatch.MAX_COUNTDOWN_SECONDS:
+        dispatch.send_step_on_commit(run.id, seq, countdown=delay)
+
+
+def _fail_run(run: RunLike, workflow: Workflow, step: StepDef, seq: int, error: str) -> None:
+    reason = f"{step.name}: {error}"
+    if step.compensation_only:
+        # Undoing failed too: nothing safe is left to try without a human.
+        message = f"compensation failed: {reason} (after: {run.error})"
+        if not sql.update(
+            sql.RUNS,
+            {
+                "status": RunStatus.NEEDS_ATTENTION,
+                "error": message,
+                "wake_at": None,
+                "updated_at": sql.at_now(),
+            },
+            _RUN_AT_STEP,
+            [run.id, seq, *ACTIVE],
+        ):
+            raise Fenced
+        event_add(run.id, RunEvent.Kind.NEEDS_ATTENTION, message, seq=seq)
+        return
+    begin_undo(run, workflow, seq=seq, next_seq=seq + 1, reason=reason)
+
+
+def begin_undo(
+    run: RunLike,
+    workflow: Workflow,
+    *,
+    seq: int,
+    next_seq: int,
+    reason: str,
+    statuses: Sequence[str] = ACTIVE,
+    ended: str | None = None,
+) -> list[str]:
+    """Fail (or cancel) the run: run the compensations of the effects it made, latest first,
+    then the workflow's `on_failure` step, at `next_seq` on; or end it now if there are none.
+
+    Fenced on the run being at `seq` in one of `statuses`; `ended`: the status to end with
+    (default FAILED, or CANCELLED when cancel was requested). Part of the caller's transaction;
+    raises Fenced if the run moved on. Returns the compensation plan (empty: it ended).
+    """
+    final = ended or (RunStatus.CANCELLED if run.cancel_requested else RunStatus.FAILED)
+    plan = compensation_plan(run.id, workflow, seq)
+    changes: dict[str, Any] = {"error": reason, "updated_at": sql.at_now()}
+    if final == RunStatus.CANCELLED:
+        changes["cancel_requested"] = True
+    if plan:
+        changes.update(
+            status=RunStatus.RUNNING,
+            current_step=plan[0],
+            current_seq=next_seq,
+            compensations=plan[1:],
+            wake_at=sql.at_now_plus(enqueue_grace().total_seconds()),
+        )
+    else:
+        changes.update(status=final, wake_at=None)
+    fence = f"id = %s AND current_seq = %s AND status IN ({sql.placeholders(statuses)})"
+    if not sql.update(sql.RUNS, changes, fence, [run.id, seq, *statuses]):
+        raise Fenced
+    if not plan:
+        telemetry.run_finished(run.id, workflow.name, final)
+        return plan
+    undo = [name for name in plan if name != workflow.on_failure]
+    event_add(
+        run.id,
+        RunEvent.Kind.COMPENSATION,
+        f"{reason}; undoing with {', '.join(plan)}",
+        seq=seq,
+        data={"undo": undo, "notify": workflow.on_failure if workflow.on_failure in plan else None},
+    )
+    dispatch.send_step_on_commit(run.id, next_seq, fresh=dispatch.fresh_hint(workflow, plan[0]))
+    return plan
 
 
 def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[str]:
-    """Compensation steps for the completed effects before `before_seq`, latest first, then
-    the workflow's `on_failure` step."""
+    """Compensation steps for the effects known to have happened before `before_seq` (made or
+    adopted: COMPLETED), latest first, then the workflow's `on_failure` step."""
     done = StepCheckpoint.objects.filter(
         run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
     ).order_by("-seq")
@@ -275,50 +387,55 @@ def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[
     return plan
 
 
-def run_retry(run_id: str, *, actor: str, reason: str) -> None:
-    """Resume a parked or failed run at the step where it stopped, with a fresh retry budget.
+def attempt_lost(run_id: str, step: StepDef, seq: int) -> CheckpointRow | None:
+    """Count an attempt of a `read` or `db` step whose worker died mid-step (its message came
+    back), and return the checkpoint as it now is.
 
-    A run that already compensated is refused: its effects were undone, so resuming would
-    leave the customer half-served.
+    Those steps write nothing before they finish, so without this a step that kills its worker
+    every time would be redelivered for ever; counted, it meets the retry bound. Done under the
+    run's row lock, the same lock a running `db` step holds, so a duplicate delivery never
+    races a step that is still running into a conflict.
     """
-    now = timezone.now()
+    error = "the worker died while running this step"
     with transaction.atomic():
-        run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
-        if run is None:
-            raise ActionRefused("no such run")
-        if run.status not in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED):
-            raise ActionRefused(
-                f"only failed or parked runs can be retried (this one is {run.status})"
-            )
-        if (
-            run.status == RunStatus.FAILED
-            and RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.COMPENSATION).exists()
-        ):
-            raise ActionRefused(
-                "this run was compensated (its effects were undone); start a new one"
-            )
-        StepCheckpoint.objects.filter(
-            run_id=run_id, seq=run.current_seq, status=StepStatus.FAILED
-        ).update(retryable=True, attempts=0)
-        StepCheckpoint.objects.filter(
-            run_id=run_id, seq=run.current_seq, status=StepStatus.IN_PROGRESS
-        ).update(lease_expires_at=now, attempts=0)
-        WorkflowRun.objects.filter(pk=run_id).update(
-            status=RunStatus.RUNNING, error="", wake_at=now + enqueue_grace(), updated_at=now
+        state = state_load(run_id, seq, lock=True)
+        if state is None or state.status not in ACTIVE or state.current_seq != seq:
+            return None
+        seen = state.checkpoint
+        if seen is not None and seen.status == StepStatus.COMPLETED:
+            return seen
+        _write_failed_checkpoint(
+            run_id,
+            step,
+            seq,
+            None,
+            seen,
+            seen.attempts + 1 if seen is not None else 1,
+            {
+                "status": StepStatus.FAILED,
+                "error": error,
+                "retryable": True,
+                "retry_at": None,
+                "lease_expires_at": None,
+                "lease_owner": "",
+                "lease_lock": None,
+                "finished_at": sql.at_now(),
+            },
         )
-        event_add(run_id, RunEvent.Kind.OPERATOR_RETRY, reason or "(no reason given)", actor=actor)
-        dispatch.send_step_on_commit(run_id, run.current_seq)
-
-
-def run_cancel(run_id: str, *, actor: str, reason: str) -> None:
-    """Stop a run that has not finished. Effects already made stay made (no compensation)."""
-    now = timezone.now()
-    with transaction.atomic():
-        moved = WorkflowRun.objects.filter(
-            pk=run_id, status__in=(*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION)
-        ).update(status=RunStatus.CANCELLED, wake_at=None, updated_at=now)
-        if not moved:
-            raise ActionRefused("only unfinished runs can be cancelled")
-        workflow = WorkflowRun.objects.filter(pk=run_id).values_list("workflow", flat=True).get()
-        telemetry.run_finished(run_id, workflow, RunStatus.CANCELLED)
-        event_add(run_id, RunEvent.Kind.OPERATOR_CANCEL, reason or "(no reason given)", actor=actor)
+        event_add(
+            run_id,
+            RunEvent.Kind.ATTEMPT_FAILED,
+            f"{step.name}: {error}",
+            seq=seq,
+            data={
+                "attempt": seen.attempts + 1 if seen is not None else 1,
+                "fence": None,
+                "started_at": None,
+                "ended_at": event_time(sql.db_now()),
+                "error": error,
+                "retry_at": None,
+                "owner": "",
+            },
+        )
+        after = state_load(run_id, seq)
+    return after.checkpoint if after is not None else None

@@ -1,13 +1,15 @@
-"""Portable raw SQL for the step hot path: the ORM costs ~0.5 ms of Python per statement.
+"""Portable raw SQL for the store: the ORM costs ~0.5 ms of Python per statement, and every
+time comparison must use the database's clock, which the ORM cannot express.
 
 Values go through the connection's own adapters, so the same statements run on Postgres and on
-the embedded SQLite default.
+the embedded SQLite default. On SQLite there is no server clock: there it is this host's, which
+is the only host an embedded database has.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +17,7 @@ from typing import Any
 
 import psycopg
 from django.db import connection, transaction
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from agentflow.models import RunEvent, StepCheckpoint, SweeperHeartbeat, WorkflowRun
@@ -23,44 +26,113 @@ RUNS = WorkflowRun._meta.db_table
 STEPS = StepCheckpoint._meta.db_table
 EVENTS = RunEvent._meta.db_table
 HEARTBEATS = SweeperHeartbeat._meta.db_table
+JSON_COLUMNS = frozenset({"input", "output", "compensations", "arguments", "data"})
+
+
+# --- the database's clock -----------------------------------------------------------------------
+def postgres() -> bool:
+    return connection.vendor == "postgresql"
 
 
 def now() -> str:
     """The database's clock as SQL: every time comparison is made with it, never with a
-    worker's (SPEC 3.3). SQLite has no server, so there it is this host's clock, in the text
-    form Django stores datetimes in."""
-    if connection.vendor == "postgresql":
+    worker's (SPEC 3.3), so a host whose clock is off cannot decide anything."""
+    if postgres():
         return "now()"
     return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
 
 
 def now_plus() -> str:
     """The database's clock plus a parameter of seconds (a float), as SQL."""
-    if connection.vendor == "postgresql":
+    if postgres():
         return "(now() + %s * interval '1 second')"
     return "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', %s))"
 
 
 def seconds_since(column: str) -> str:
     """Seconds from `column` to the database's clock, as SQL (a float)."""
-    if connection.vendor == "postgresql":
+    if postgres():
         return f"EXTRACT(EPOCH FROM (now() - {column}))"
     return f"((julianday('now') - julianday({column})) * 86400.0)"
 
 
-JSON_COLUMNS = frozenset({"input", "output", "compensations", "arguments"})
+def db_now() -> datetime:
+    """The database's current time (on Postgres, the same value `now()` has for the rest of
+    the transaction this runs in)."""
+    if not postgres():
+        return timezone.now()
+    row = fetch_one("SELECT now()", [])
+    assert row is not None
+    return read_datetime(row[0])  # type: ignore[return-value]
+
+
+def owner_gone(alias: str) -> str:
+    """SQL, true when the checkpoint's owner process has provably lost its advisory lock
+    (SPEC 3.7): it died, on whatever host, or its liveness connection did. False without a
+    lock to look at (SQLite, or an owner that held none): "cannot tell" is never "dead".
+
+    Written as a CASE so the scan of `pg_locks` runs only when the answer depends on it."""
+    if not postgres():
+        return "(1 = 0)"
+    return f"""(CASE WHEN {alias}.lease_lock IS NULL THEN false ELSE NOT EXISTS (
+        SELECT 1 FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid::bigint = ({alias}.lease_lock >> 32)
+          AND l.objid::bigint = ({alias}.lease_lock & 4294967295)) END)"""
+
+
+def claimable(alias: str) -> str:
+    """SQL, true when the checkpoint may be claimed now (SPEC 3.3 step 3): a retryable FAILED
+    attempt whose retry time has come, or an IN_PROGRESS one whose lease ran out or whose owner
+    is gone. Decided with the database's clock at the moment of the write, so a renewal that
+    committed after the caller's read is never overwritten."""
+    n = now()
+    return f"""(CASE
+        WHEN {alias}.status = 'FAILED' THEN
+            {alias}.retryable AND ({alias}.retry_at IS NULL OR {alias}.retry_at <= {n})
+        WHEN {alias}.status = 'IN_PROGRESS' THEN
+            (CASE WHEN {alias}.lease_expires_at <= {n} THEN true ELSE {owner_gone(alias)} END)
+        ELSE false END)"""
+
+
+# --- statements ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Expr:
+    """A value written as SQL (the database's clock, a CASE) instead of a parameter."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+
+def at_now() -> Expr:
+    return Expr(now())
+
+
+def at_now_plus(seconds: float) -> Expr:
+    return Expr(now_plus(), (float(seconds),))
+
+
+def keep_if_later(column: str, *, threshold_seconds: float, seconds: float) -> Expr:
+    """Leave `column` alone when it is already at least now + `threshold_seconds`, else set it
+    to now + `seconds`. Re-arming `wake_at` only when it is close keeps most step updates of a
+    moving run away from the indexed column, so Postgres can make them HOT (no index writes)."""
+    return Expr(
+        f"CASE WHEN {column} >= {now_plus()} THEN {column} ELSE {now_plus()} END",
+        (float(threshold_seconds), float(seconds)),
+    )
 
 
 @contextmanager
 def cursor() -> Iterator[Any]:
-    """A cursor for the hot path; errors still surface as Django's (IntegrityError, ...).
+    """A cursor for the store; errors still surface as Django's (IntegrityError, ...).
 
     On Postgres it is psycopg's own server-binding cursor, not Django's client-binding one, so
     the hot path's handful of statement shapes become prepared statements (the connection's
     `prepare_threshold`, set in settings): planning a step write costs Postgres more than
     running it.
     """
-    if connection.vendor != "postgresql":
+    if not postgres():
         with connection.cursor() as django_cursor:
             yield django_cursor
         return
@@ -69,29 +141,20 @@ def cursor() -> Iterator[Any]:
         yield raw
 
 
-@dataclass(frozen=True)
-class KeepIfLater:
-    """Leave a timestamp column alone when it is already at least `threshold`, else set `value`.
-
-    Re-arming `wake_at` only when it is close keeps most step updates of a moving run away from
-    the indexed columns, so Postgres can make them HOT updates (no index writes at all).
-    """
-
-    threshold: datetime
-    value: datetime
-
-
 def set_clause(changes: Mapping[str, Any]) -> tuple[str, list[Any]]:
     """`col = %s, …` and its parameters, adapted for this connection."""
     parts, params = [], []
     for column, value in changes.items():
-        if isinstance(value, KeepIfLater):
-            parts.append(f"{column} = CASE WHEN {column} >= %s THEN {column} ELSE %s END")
-            params += [adapt(column, value.threshold), adapt(column, value.value)]
-        else:
-            parts.append(f"{column} = %s")
-            params.append(adapt(column, value))
+        sql, values = value_sql(column, value)
+        parts.append(f"{column} = {sql}")
+        params += values
     return ", ".join(parts), params
+
+
+def value_sql(column: str, value: Any) -> tuple[str, list[Any]]:
+    if isinstance(value, Expr):
+        return value.sql, list(value.params)
+    return "%s", [adapt(column, value)]
 
 
 def adapt(column: str, value: Any) -> Any:
@@ -123,109 +186,139 @@ def placeholders(values: Iterable[Any]) -> str:
     return ", ".join("%s" for _ in values)
 
 
-def update(table: str, changes: Mapping[str, Any], where: str, params: list[Any]) -> int:
-    """UPDATE … SET changes WHERE where; the row count decides compare-and-set races."""
-    assignments, values = set_clause(changes)
+def execute(query: str, params: Sequence[Any]) -> int:
+    """Run one statement; its row count decides compare-and-set races."""
     with cursor() as cur:
-        cur.execute(f"UPDATE {table} SET {assignments} WHERE {where}", [*values, *params])
+        cur.execute(query, list(params))
         return cur.rowcount
 
 
+def update(table: str, changes: Mapping[str, Any], where: str, params: Sequence[Any]) -> int:
+    """UPDATE … SET changes WHERE where; the row count decides compare-and-set races."""
+    assignments, values = set_clause(changes)
+    return execute(f"UPDATE {table} SET {assignments} WHERE {where}", [*values, *params])
+
+
 def insert(table: str, values: Mapping[str, Any]) -> None:
-    columns = ", ".join(values)
-    params = [adapt(column, value) for column, value in values.items()]
-    with cursor() as cur:
-        cur.execute(f"INSERT INTO {table} ({columns}) VALUES ({placeholders(params)})", params)
+    columns, exprs, params = _insert_parts(values)
+    execute(f"INSERT INTO {table} ({columns}) VALUES ({exprs})", params)
 
 
-def fetch_one(query: str, params: list[Any]) -> tuple[Any, ...] | None:
+def _insert_parts(values: Mapping[str, Any]) -> tuple[str, str, list[Any]]:
+    exprs, params = [], []
+    for column, value in values.items():
+        sql, found = value_sql(column, value)
+        exprs.append(sql)
+        params += found
+    return ", ".join(values), ", ".join(exprs), params
+
+
+def fetch_one(query: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
     with cursor() as cur:
-        cur.execute(query, params)
+        cur.execute(query, list(params))
         return cur.fetchone()
 
 
+def fetch_all(query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    with cursor() as cur:
+        cur.execute(query, list(params))
+        return list(cur.fetchall())
+
+
+# --- one run and its step, moved together -------------------------------------------------------
 class _Rollback(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class StepWhere:
+    """The fence of a checkpoint update: SQL over the checkpoint's alias (`{c}`) + parameters."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+    def render(self, alias: str) -> str:
+        return self.sql.format(c=alias)
 
 
 def move_run_and_step(
     *,
     run_id: str,
     seq: int,
-    active: list[str],
+    active: Sequence[str],
     run_changes: Mapping[str, Any],
     step_insert: Mapping[str, Any] | None = None,
-    step_fence: tuple[str, int] | None = None,
+    step_where: StepWhere | None = None,
     step_changes: Mapping[str, Any] | None = None,
-) -> bool:
+    returning: Sequence[str] = (),
+) -> tuple[Any, ...] | None:
     """Atomically update the run (fenced: still active and at `seq`) and either insert the
-    step's checkpoint or update it (fenced on its (status, attempts)).
+    step's checkpoint or update it (fenced by `step_where`).
 
-    Returns False, changing nothing, when a fence fails; raises IntegrityError when the insert
-    loses to another worker's. On Postgres this is ONE statement, so one round trip and, outside
-    a transaction, one commit; elsewhere it is a short transaction of two statements.
+    Returns None, changing nothing, when a fence fails, else a tuple of the checkpoint's
+    `returning` columns as written; raises IntegrityError when the insert loses to another
+    worker's. On Postgres this is ONE statement, so one round trip and, outside a transaction,
+    one commit; elsewhere it is a short transaction of two or three statements.
     """
-    if connection.vendor == "postgresql":
+    if postgres():
         return _move_one_statement(
-            run_id, seq, active, run_changes, step_insert, step_fence, step_changes
+            run_id, seq, active, run_changes, step_insert, step_where, step_changes, returning
         )
+    run_fence = f"id = %s AND current_seq = %s AND status IN ({placeholders(active)})"
     try:
         with transaction.atomic():
-            if not update(
-                RUNS,
-                run_changes,
-                f"id = %s AND current_seq = %s AND status IN ({placeholders(active)})",
-                [run_id, seq, *active],
-            ):
+            if not update(RUNS, run_changes, run_fence, [run_id, seq, *active]):
                 raise _Rollback
             if step_insert is not None:
                 insert(STEPS, step_insert)
             else:
-                assert step_fence is not None and step_changes is not None
-                if not update(
-                    STEPS,
-                    step_changes,
-                    "run_id = %s AND seq = %s AND status = %s AND attempts = %s",
-                    [run_id, seq, *step_fence],
-                ):
+                assert step_where is not None and step_changes is not None
+                where = f"run_id = %s AND seq = %s AND {step_where.render(STEPS)}"
+                if not update(STEPS, step_changes, where, [run_id, seq, *step_where.params]):
                     raise _Rollback
+            if not returning:
+                return ()
+            return fetch_one(
+                f"SELECT {', '.join(returning)} FROM {STEPS} WHERE run_id = %s AND seq = %s",
+                [run_id, seq],
+            )
     except _Rollback:
-        return False
-    return True
+        return None
 
 
 def _move_one_statement(
     run_id: str,
     seq: int,
-    active: list[str],
+    active: Sequence[str],
     run_changes: Mapping[str, Any],
     step_insert: Mapping[str, Any] | None,
-    step_fence: tuple[str, int] | None,
+    step_where: StepWhere | None,
     step_changes: Mapping[str, Any] | None,
-) -> bool:
+    returning: Sequence[str],
+) -> tuple[Any, ...] | None:
     run_set, run_values = set_clause(run_changes)
     statuses = placeholders(active)
+    back = ", ".join(("id", *returning))
+    outputs = ", ".join(f"(SELECT {column} FROM step)" for column in returning) or "1"
     if step_insert is not None:
         # NULLs are left to the column default: an untyped NULL in a SELECT list is text.
         values = {column: value for column, value in step_insert.items() if value is not None}
+        columns, exprs, insert_values = _insert_parts(values)
         query = f"""
             WITH moved AS (
                 UPDATE {RUNS} SET {run_set}
                 WHERE id = %s AND current_seq = %s AND status IN ({statuses})
                 RETURNING id
+            ), step AS (
+                INSERT INTO {STEPS} ({columns})
+                SELECT {exprs} FROM moved
+                RETURNING {back}
             )
-            INSERT INTO {STEPS} ({", ".join(values)})
-            SELECT {placeholders(values)} FROM moved
+            SELECT {outputs} FROM step
         """
-        params = [
-            *run_values,
-            run_id,
-            seq,
-            *active,
-            *(adapt(column, value) for column, value in values.items()),
-        ]
+        params = [*run_values, run_id, seq, *active, *insert_values]
     else:
-        assert step_fence is not None and step_changes is not None
+        assert step_where is not None and step_changes is not None
         step_set, step_values = set_clause(step_changes)
         # `ok` locks both rows and checks both fences (re-checked after any lock wait), so the
         # two updates happen together or not at all.
@@ -233,23 +326,22 @@ def _move_one_statement(
             WITH ok AS (
                 SELECT c.id FROM {STEPS} c JOIN {RUNS} r ON r.id = c.run_id
                 WHERE r.id = %s AND r.current_seq = %s AND r.status IN ({statuses})
-                  AND c.seq = %s AND c.status = %s AND c.attempts = %s
+                  AND c.seq = %s AND {step_where.render("c")}
                 FOR UPDATE
             ), step AS (
-                UPDATE {STEPS} SET {step_set} WHERE id IN (SELECT id FROM ok) RETURNING id
+                UPDATE {STEPS} SET {step_set} WHERE id IN (SELECT id FROM ok) RETURNING {back}
             )
             UPDATE {RUNS} SET {run_set} WHERE id = %s AND EXISTS (SELECT 1 FROM step)
+            RETURNING {outputs}
         """
         params = [
             run_id,
             seq,
             *active,
             seq,
-            *step_fence,
+            *step_where.params,
             *step_values,
             *run_values,
             run_id,
         ]
-    with cursor() as cur:
-        cur.execute(query, params)
-        return cur.rowcount == 1
+    return fetch_one(query, params)

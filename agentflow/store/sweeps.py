@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from django.conf import settings
+
+from agentflow.models import RunEvent
 from agentflow.store import sql
+from agentflow.store.events import event_add
+from agentflow.store.steps import ACTIVE
 
 DEFAULT_SWEEPER = "sweeper"
 
@@ -44,3 +50,114 @@ def heartbeat_read(name: str = DEFAULT_SWEEPER) -> Heartbeat | None:
     return Heartbeat(
         name=name, requeued=int(row[0]), query_ms=float(row[1]), age_seconds=float(row[2])
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DueRun:
+    """An active run the sweeper must ring the doorbell for, locked for this sweep."""
+
+    id: str
+    workflow: str
+    version: int
+    seq: int
+    status: str
+    #: "overdue": past its wake-up time; "owner_gone": its step's owner lost its advisory lock.
+    reason: str
+    #: How long past its wake-up time (0 for a lost owner caught before its lease ran out).
+    late_seconds: float
+    #: The checkpoint's fence at `seq` (None if it has none), to fence a park on.
+    fence: int | None
+
+
+def _due_query() -> str:
+    return f"""
+        SELECT r.id, r.workflow, r.version, r.current_seq, r.status,
+               {sql.seconds_since("r.wake_at")},
+               (SELECT c.fence FROM {sql.STEPS} c WHERE c.run_id = r.id AND c.seq = r.current_seq)
+        FROM {sql.RUNS} r
+        WHERE r.status IN ({sql.placeholders(ACTIVE)}) AND r.wake_at <= {sql.now()}
+        ORDER BY r.wake_at
+        LIMIT %s {"FOR UPDATE OF r SKIP LOCKED" if sql.postgres() else ""}
+    """
+
+
+#: Runs whose step is IN_PROGRESS under a lease that has not run out, but whose owner's
+#: advisory lock is free: the owner died (on any host). `pg_locks` is read once, into a hash.
+_ABANDONED_QUERY = f"""
+    WITH held AS MATERIALIZED (
+        SELECT (l.classid::bigint << 32) | l.objid::bigint AS key FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    )
+    SELECT r.id, r.workflow, r.version, r.current_seq, r.status, 0.0, c.fence
+    FROM {sql.RUNS} r JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = r.current_seq
+    WHERE r.status IN ({", ".join(["%s"] * len(ACTIVE))}) AND r.wake_at > now()
+      AND c.status = 'IN_PROGRESS' AND c.lease_lock IS NOT NULL AND c.lease_expires_at > now()
+      AND NOT EXISTS (SELECT 1 FROM held WHERE held.key = c.lease_lock)
+    LIMIT %s
+    FOR UPDATE OF r SKIP LOCKED
+"""
+
+
+def sweep_statements(limit: int) -> list[tuple[str, str, list[Any]]]:
+    """The sweeper's queries, as (reason, SQL, parameters): runs past their wake-up time, then
+    (Postgres) runs whose owner is gone. `bench` times and explains exactly these."""
+    statements = [("overdue", _due_query(), [*ACTIVE, limit])]
+    if sql.postgres():
+        statements.append(("owner_gone", _ABANDONED_QUERY, [*ACTIVE, limit]))
+    return statements
+
+
+def sweep_due(limit: int) -> list[DueRun]:
+    """Lock the active runs that need their doorbell rung (SKIP LOCKED: two sweepers never take
+    the same run). Part of the caller's transaction, which must then `sweep_push` them."""
+    rows: list[tuple[Any, ...]] = []
+    for reason, query, params in sweep_statements(limit):
+        if len(rows) >= limit:
+            break
+        params[-1] = limit - len(rows)
+        rows += [(*row, reason) for row in sql.fetch_all(query, params)]
+    return [
+        DueRun(
+            id=row[0],
+            workflow=row[1],
+            version=int(row[2]),
+            seq=int(row[3]),
+            status=row[4],
+            late_seconds=max(float(row[5] or 0.0), 0.0),
+            fence=row[6],
+            reason=row[7],
+        )
+        for row in rows
+    ]
+
+
+def sweep_push(runs: list[DueRun]) -> None:
+    """Push the locked runs' wake-up time one enqueue grace on (so the next sweep leaves them
+    alone while their message is delivered) and record one event each (I6)."""
+    if not runs:
+        return
+    grace = float(settings.AGENTFLOW_LEASE_SECONDS)
+    sql.execute(
+        f"UPDATE {sql.RUNS} SET wake_at = {sql.now_plus()}, updated_at = {sql.now()} "
+        f"WHERE id IN ({sql.placeholders(runs)})",
+        [grace, *(run.id for run in runs)],
+    )
+    for run in runs:
+        why = (
+            "its step's owner is gone"
+            if run.reason == "owner_gone"
+            else f"{run.late_seconds:.1f} s past its wake-up time"
+        )
+        event_add(
+            run.id,
+            RunEvent.Kind.SWEEP_REQUEUE,
+            f"{run.status} at step {run.seq}, {why}",
+            actor="sweeper",
+            seq=run.seq,
+            data={
+                "status": run.status,
+                "reason": run.reason,
+                "late_seconds": round(run.late_seconds, 3),
+            },
+        )

@@ -18,10 +18,14 @@ ENDPOINTS = frozenset(
         "payment_intents.retrieve",
         "payment_intents.search",
         "refunds.create",
+        "refunds.list",
         "airline.booking",
         "airline.cancel_seat",
         "airline.boarding_pass",
         "crm.update",
+        "seat_cancellation.lookup",
+        "boarding_pass.lookup",
+        "crm_update.lookup",
         "smtp",
     }
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from refunds.sandbox import airline, crm, faults, stripe_api
+from refunds.sandbox import airline, crm, faults, lookups, stripe_api
 from refunds.sandbox.idempotency import Effect, run_effect
 from refunds.sandbox.ledger import ledger
 from refunds.sandbox.messages import Invalid, Request, Response, partner_error, stripe_error
@@ -70,6 +70,12 @@ class Sandbox:
             return self._effect(airline.boarding_pass(self.store), request)
         if method == "POST" and path == "/crm/updates":
             return self._effect(crm.UPDATE, request)
+        if method == "GET" and (kind := lookups.BY_KEY.get(path)):
+            return self._read(
+                f"{kind}.lookup",
+                airline.injected,
+                lambda: lookups.effects_by_key(self.store, kind, request),
+            )
         return partner_error(404, "not_found", f"no route for {method} {path}")
 
     def _stripe(self, method: str, path: str, request: Request) -> Response:
@@ -80,6 +86,12 @@ class Sandbox:
             return self._effect(stripe_api.CREATE_INTENT, request)
         if method == "POST" and path == "/v1/refunds":
             return self._effect(stripe_api.CREATE_REFUND, request)
+        if method == "GET" and path == "/v1/refunds":
+            return self._read(
+                "refunds.list",
+                stripe_api.injected,
+                lambda: lookups.list_refunds(self.store, request),
+            )
         if method == "GET" and path == "/v1/payment_intents/search":
             return self._read(
                 "payment_intents.search",

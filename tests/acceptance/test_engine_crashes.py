@@ -229,14 +229,20 @@ def test_paused_worker_resumes_after_takeover__its_late_completion_is_fenced_out
     wait_for(lambda: partner.requests()[key_of(run_id)] == 2, what="the late partner call")
     wait_for(lambda: log_has(paused, "fenced out, result discarded"), what="the fenced completion")
 
-    assert _rows(run_id) == before  # I5: the fenced-out worker changed nothing
+    steps, run, events = _rows(run_id)
+    assert (steps, run) == before[:2]  # I5: the fenced-out worker changed nothing
+    late = [e for e in events if e not in before[2]]  # ... but what it did is kept, for audit
+    assert [(e["kind"], e["seq"], e["data"]["attempt"]) for e in late] == [
+        (RunEvent.Kind.LATE_COMPLETION, HELD_SEQ, 1)
+    ]
+    assert late[0]["data"]["output"] == {"key": key_of(run_id), "replayed": True}
     assert_completed_once(run_id, reexecuted={"hold": 2})
 
 
-def _rows(run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+def _rows(run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
     steps = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values())
     run = WorkflowRun.objects.filter(pk=run_id).values().get()
-    return steps, run, RunEvent.objects.filter(run_id=run_id).count()
+    return steps, run, list(RunEvent.objects.filter(run_id=run_id).values())
 
 
 # --- a deploy changed the definition under a queued run -----------------------------------------

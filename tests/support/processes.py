@@ -24,11 +24,20 @@ import kombu.pools
 import pytest
 from django.conf import settings
 
+from agentflow import leases
 from agentflow.celery import app
 from agentflow.workers import RedisServer, WorkerProcess, current_database_url
 from tests.support import partner
 
 WORKFLOW_MODULES = "tests.acceptance.workflows"
+
+
+@pytest.fixture(autouse=True)
+def _liveness_released() -> Iterator[None]:
+    """A test that claimed a step in this process took a liveness connection to the test
+    database; it is closed after the test, so the database can be dropped at the end."""
+    yield
+    leases.release()
 
 
 @pytest.fixture(scope="session")

@@ -327,8 +327,8 @@ def test_retry__completed_run_is_refused_with_a_message(admin_client: Client) ->
     assert not run.events.exists()
 
 
-def test_cancel__running_run_is_cancelled_with_an_event(admin_client: Client) -> None:
-    run = make_run(RunStatus.RUNNING)
+def test_cancel__waiting_run_is_cancelled_with_an_event(admin_client: Client) -> None:
+    run = make_run(RunStatus.WAITING)
 
     response = admin_client.post(
         detail_url(run, "cancel"), {"reason": "customer withdrew"}, follow=True
@@ -343,6 +343,23 @@ def test_cancel__running_run_is_cancelled_with_an_event(admin_client: Client) ->
         "admin",
         "customer withdrew",
     )
+
+
+def test_cancel__step_in_flight__finishes_first_then_the_cancel_is_carried_out(
+    admin_client: Client,
+) -> None:
+    """Undoing while an effect is in flight would undo blindly: the cancel is a request."""
+    run = make_run(RunStatus.RUNNING)
+
+    response = admin_client.post(
+        detail_url(run, "cancel"), {"reason": "customer withdrew"}, follow=True
+    )
+
+    assert f"Run {run.pk}: cancel requested: pretend_effect is running" in text(response)
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING and run.cancel_requested
+    event = run.events.get()
+    assert event.kind == "operator_cancel" and event.detail.startswith("customer withdrew")
 
 
 @pytest.mark.parametrize("reason", ["", "   ", "x" * 1001, "nul \x00 byte"])

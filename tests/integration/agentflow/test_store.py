@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from base64 import b64decode
 from collections.abc import Callable
@@ -13,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
-from django.conf import settings
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
@@ -54,11 +51,20 @@ def race_run() -> tuple[store.StepState, StepDef]:
     return run, workflows.race.steps["hold"]
 
 
-def expire_lease(run_id: str, seq: int = 1) -> StepCheckpoint:
+def seen(run_id: str, seq: int = 1) -> store.CheckpointRow | None:
+    """The checkpoint as the runtime reads it (with what the database's clock says of it)."""
+    state = store.state_load(run_id, seq)
+    assert state is not None
+    return state.checkpoint
+
+
+def expire_lease(run_id: str, seq: int = 1) -> store.CheckpointRow:
     StepCheckpoint.objects.filter(run_id=run_id, seq=seq).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
-    return StepCheckpoint.objects.get(run_id=run_id, seq=seq)
+    found = seen(run_id, seq)
+    assert found is not None
+    return found
 
 
 def rows(run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -81,24 +87,61 @@ def test_claim__two_threads_race_for_a_new_step__exactly_one_wins() -> None:
 def test_claim__two_threads_race_to_take_over_an_expired_lease__exactly_one_wins() -> None:
     run, step = race_run()
     assert store.step_claim(run, step, 1, None) is not None
-    seen = expire_lease(run.id)
+    expired = expire_lease(run.id)
 
-    claims = race(lambda: store.step_claim(run, step, 1, seen))
+    claims = race(lambda: store.step_claim(run, step, 1, expired))
 
     winners = [claim for claim in claims if claim is not None]
     assert len(winners) == 1
-    assert winners[0].attempt == 2
+    assert (winners[0].attempt, winners[0].fence) == (2, 2)
     assert winners[0].outcome_unknown  # the first attempt may have made its effect
     assert StepCheckpoint.objects.get(run_id=run.id, seq=1).attempts == 2
+    takeover = RunEvent.objects.get(run_id=run.id, kind=RunEvent.Kind.TAKEOVER)
+    assert (takeover.seq, takeover.data["reason"]) == (1, "lease_expired")
+    assert takeover.data["previous"]["fence"] == 1 and takeover.data["fence"] == 2
 
 
 def test_claim__loses_to_a_live_lease() -> None:
     run, step = race_run()
     assert store.step_claim(run, step, 1, None) is not None
-    seen = StepCheckpoint.objects.get(run_id=run.id, seq=1)
 
-    assert store.step_claim(run, step, 1, seen) is None
+    assert store.step_claim(run, step, 1, seen(run.id)) is None
     assert StepCheckpoint.objects.get(run_id=run.id, seq=1).attempts == 1
+
+
+def test_claim__a_renewal_committed_after_the_read__is_never_overwritten() -> None:
+    """The claim decides expiry again, by the database's clock, at the moment it writes."""
+    run, step = race_run()
+    first = store.step_claim(run, step, 1, None)
+    assert first is not None
+    stale = expire_lease(run.id)  # read while the lease looked expired...
+    assert store.lease_renew(run.id, 1, first.fence)  # ...then its owner renewed it
+
+    assert store.step_claim(run, step, 1, stale) is None
+    cp = StepCheckpoint.objects.get(run_id=run.id, seq=1)
+    assert (cp.fence, cp.attempts, cp.lease_owner) == (1, 1, leases.current_owner()[0])
+
+
+def test_claim__a_retry_is_not_claimed_before_its_retry_time_by_the_database_clock() -> None:
+    run, step = race_run()
+    first = store.step_claim(run, step, 1, None)
+    assert first is not None
+    workflow = workflows.race
+    store.step_fail(
+        run, workflow, step, 1, claim=first, seen=None, error="503", retry_in_seconds=30
+    )
+    waiting = seen(run.id)
+    assert waiting is not None and store.claim_blocker(waiting) == "not due"
+    state = store.state_load(run.id, 1)
+    assert state is not None
+
+    assert store.step_claim(state, step, 1, waiting) is None
+    StepCheckpoint.objects.filter(run_id=run.id, seq=1).update(
+        retry_at=timezone.now() - timedelta(seconds=1)
+    )
+    due = seen(run.id)
+    assert store.claim_blocker(due) is None
+    assert store.step_claim(state, step, 1, due) is not None
 
 
 def test_hot_path__statements_are_prepared_and_planned_once_per_connection() -> None:
@@ -149,7 +192,8 @@ def test_claiming_load__claims_a_fresh_effect_step_as_step_claim_would() -> None
         "effect",
         "hold",
     )
-    assert cp.lease_owner == leases.current_owner()
+    assert (cp.lease_owner, cp.lease_lock) == leases.current_owner()
+    assert cp.lease_lock is not None  # this process holds its liveness lock
     assert cp.idempotency_key == durable.idempotency_key(run_id, 1)
     after = WorkflowRun.objects.get(pk=run_id)
     assert (after.status, after.wake_at) == (RunStatus.RUNNING, cp.lease_expires_at)
@@ -173,6 +217,7 @@ def test_claiming_load__claims_nothing_unless_the_step_is_fresh(case: str) -> No
     definition = workflows.race
     if case == "checkpoint exists":
         run = store.state_load(run_id, 1)
+        assert run is not None
         assert store.step_claim(run, step, 1, None) is not None
         StepCheckpoint.objects.filter(run_id=run_id).update(
             status=StepStatus.FAILED, retryable=True, lease_expires_at=None
@@ -226,45 +271,36 @@ def test_completion__fenced_after_takeover__changes_nothing() -> None:
     assert second is not None
     before = rows(run.id)
 
-    assert not store.step_complete(run, workflows.race, step, 1, first.attempt, {"late": True})
-    assert not store.lease_renew(run.id, 1, first.attempt)
-    store.step_fail(
-        run, workflows.race, step, 1, attempt=first.attempt, claimed=True,
+    assert not store.step_complete(run, workflows.race, step, 1, first, {"late": True})
+    assert not store.lease_renew(run.id, 1, first.fence)
+    assert not store.step_fail(
+        run, workflows.race, step, 1, claim=first, seen=None,
         error="late failure", retry_in_seconds=None,
     )  # fmt: skip
+    assert not store.run_park(run.id, 1, "late park", fence=first.fence, claimed=True)
+    assert not store.run_park(run.id, 1, "late park", fence=first.fence)
     assert rows(run.id) == before
+    late = RunEvent.objects.get(run_id=run.id, kind=RunEvent.Kind.LATE_COMPLETION)
+    assert late.data == {"attempt": 1, "fence": 1, "output": {"late": True}}
 
-    assert store.step_complete(run, workflows.race, step, 1, second.attempt, {"ok": True})
+    assert store.step_complete(run, workflows.race, step, 1, second, {"ok": True})
     after = WorkflowRun.objects.get(pk=run.id)
     assert (after.current_seq, after.current_step) == (2, "finish")
     assert StepCheckpoint.objects.get(run_id=run.id, seq=1).output == {"ok": True}
 
 
-# --- claim_blocker (pure) -----------------------------------------------------------------------
-def _cp(status: str, *, lease_in: float = 10.0, owner: str = "", retryable: bool = False):  # type: ignore[no-untyped-def]
-    now = timezone.now()
-    return StepCheckpoint(
-        status=status,
-        retryable=retryable,
-        lease_owner=owner or leases.current_owner(),
-        lease_expires_at=now + timedelta(seconds=lease_in),
-        attempts=1,
-        first_started_at=now,
-        started_at=now,
-    )
+# --- claim_blocker: what the database's clock and locks say ------------------------------------
+def _held_elsewhere(key: int) -> Any:
+    """A separate session holding advisory lock `key`: a live owner in another process/host."""
+    import psycopg
 
+    from agentflow.leases import liveness_conninfo
 
-def _dead_owner() -> str:
-    """The owner string of a process that has exited and been reaped."""
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)  # fmt: skip
-    with open(f"/proc/{child.pid}/stat", "rb") as stat:
-        ticks = stat.read().rsplit(b")", 1)[1].split()[19].decode()
-    owner = f"{settings.AGENTFLOW_HOSTNAME}/{child.pid}/{ticks}"
-    assert child.stdin is not None
-    child.stdin.close()
-    child.wait(timeout=10)
-    return owner
+    conninfo = liveness_conninfo()
+    assert conninfo is not None
+    conn = psycopg.connect(conninfo, autocommit=True)
+    conn.execute("SELECT pg_advisory_lock(%s)", [key])
+    return conn
 
 
 @pytest.mark.parametrize(
@@ -273,25 +309,62 @@ def _dead_owner() -> str:
         ("absent", None),
         ("completed", "completed"),
         ("failed_retryable", None),
+        ("failed_retry_later", "not due"),
         ("failed_permanent", "failed"),
-        ("live_lease", "leased"),
+        ("live_lease_own_lock", "leased"),
+        ("live_lease_no_lock_recorded", "leased"),
+        ("live_lease_lock_held_elsewhere", "leased"),
+        ("live_lease_lock_free", None),
         ("expired_lease", None),
-        ("dead_owner", None),
-        ("other_host_owner", "leased"),
     ],
 )
 def test_claim_blocker(case: str, expected: str | None) -> None:
-    cp = {
-        "absent": lambda: None,
-        "completed": lambda: _cp(StepStatus.COMPLETED),
-        "failed_retryable": lambda: _cp(StepStatus.FAILED, retryable=True),
-        "failed_permanent": lambda: _cp(StepStatus.FAILED),
-        "live_lease": lambda: _cp(StepStatus.IN_PROGRESS),
-        "expired_lease": lambda: _cp(StepStatus.IN_PROGRESS, lease_in=-1),
-        "dead_owner": lambda: _cp(StepStatus.IN_PROGRESS, owner=_dead_owner()),
-        "other_host_owner": lambda: _cp(StepStatus.IN_PROGRESS, owner="elsewhere/1/1"),
-    }[case]()
-    assert store.claim_blocker(cp, timezone.now()) == expected
+    run, step = race_run()
+    if case != "absent":
+        assert store.step_claim(run, step, 1, None) is not None
+    later = timezone.now() + timedelta(seconds=30)
+    changes: dict[str, Any] = {
+        "absent": {},
+        "completed": {"status": StepStatus.COMPLETED, "finished_at": timezone.now()},
+        "failed_retryable": {"status": StepStatus.FAILED, "retryable": True},
+        "failed_retry_later": {"status": StepStatus.FAILED, "retryable": True, "retry_at": later},
+        "failed_permanent": {"status": StepStatus.FAILED, "retryable": False},
+        "live_lease_own_lock": {},
+        "live_lease_no_lock_recorded": {"lease_lock": None},
+        "live_lease_lock_held_elsewhere": {"lease_lock": 123456789},
+        "live_lease_lock_free": {"lease_lock": 987654321},
+        "expired_lease": {"lease_expires_at": timezone.now() - timedelta(seconds=1)},
+    }[case]
+    StepCheckpoint.objects.filter(run_id=run.id, seq=1).update(**changes)
+    other = _held_elsewhere(123456789) if case == "live_lease_lock_held_elsewhere" else None
+    try:
+        assert store.claim_blocker(seen(run.id)) == expected
+    finally:
+        if other is not None:
+            other.close()
+
+
+def test_claim__owner_whose_session_ended__taken_over_at_once_as_owner_gone() -> None:
+    """Liveness from Postgres (SPEC 3.7): the lease is live for 10 s more, but the session
+    holding the owner's lock has ended, so the owner is gone, on whatever host it was."""
+    run, step = race_run()
+    assert store.step_claim(run, step, 1, None) is not None
+    owner = _held_elsewhere(55555)
+    StepCheckpoint.objects.filter(run_id=run.id, seq=1).update(lease_lock=55555)
+    held = seen(run.id)
+    assert store.step_claim(run, step, 1, held) is None  # its owner's session is alive
+
+    owner.close()  # what SIGKILL does to a worker's sessions
+    gone = wait_for(
+        lambda: (found := seen(run.id)) is not None and found.claimable and found,
+        what="the server to end the owner's session",
+    )
+    assert not gone.lease_expired
+    claim = store.step_claim(run, step, 1, gone)
+
+    assert claim is not None and claim.outcome_unknown and claim.fence == 2
+    takeover = RunEvent.objects.get(run_id=run.id, kind=RunEvent.Kind.TAKEOVER)
+    assert takeover.data["reason"] == "owner_gone"
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -395,11 +468,9 @@ def test_lease_keeper__renews_a_long_step_in_the_background(settings: Any) -> No
     first_expiry = StepCheckpoint.objects.get(run_id=run.id, seq=1).lease_expires_at
     lost = threading.Event()
 
-    def renew() -> bool:
-        try:
-            return store.lease_renew(run.id, 1, claim.attempt)
-        finally:
-            connection.close()  # the renewer thread's own connection: none left open after
+    def renew(conn: Any) -> bool:
+        assert conn is not None  # on Postgres, renewals go through the liveness connection
+        return store.lease_renew(run.id, 1, claim.fence, conn=conn)
 
     with leases.kept_alive(renew, lost.set):
         wait_for(

@@ -14,6 +14,7 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
+from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
 from agentflow.models import StepCheckpoint, WorkflowRun
 from refunds import steps
@@ -161,7 +162,9 @@ def test_charge_customer__flex_fare_is_free_and_calls_no_stripe(partners) -> Non
 def test_find_fee_payment__adopts_the_payment_made_before_a_crash(partners) -> None:
     flow = Flow()
     flow.run_through("cancel_seat")
-    assert steps.find_fee_payment(flow.ctx("charge_customer")) is None  # nothing charged yet
+    # Nothing charged yet, but search can lag a minute: "not found" is no proof of absence.
+    with pytest.raises(durable.OutcomeUnknown, match="search shows no payment"):
+        steps.find_fee_payment(flow.ctx("charge_customer"))
 
     charged = steps.charge_customer(flow.ctx("charge_customer"))  # ...then the worker died
     adopted = steps.find_fee_payment(flow.ctx("charge_customer", attempt=2))
