@@ -8,6 +8,7 @@ retry is not a retry). The per-step cost is a few microseconds plus one log line
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -94,7 +95,7 @@ def step_started(
         step=step,
         attempt=attempt,
         idempotency_key=message.key,
-        owner=leases.current_owner(),
+        owner=leases.owner_token() or f"{settings.AGENTFLOW_HOSTNAME}/{os.getpid()}",
     )
     if tracing.enabled():
         parent = message.parent or _stored_context(run_id)

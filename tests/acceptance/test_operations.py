@@ -160,8 +160,9 @@ def pool_pids(pid: int) -> list[int]:
 
 # --- metrics -----------------------------------------------------------------------------------
 def test_metrics__a_refund_moves_counters_in_web_and_worker_processes(
-    stack: Stack, stack_env: Callable[..., dict[str, str]]
+    stack: Stack, stack_env: Callable[..., dict[str, str]], clean_sandbox: SandboxProcess
 ) -> None:
+    clean_sandbox.set_fault(endpoint="crm.update", error_rate=1.0, error_status=503, count=1)
     web = stack.web()
     worker = stack.worker()
     before, _ = scrape(web)
@@ -181,8 +182,16 @@ def test_metrics__a_refund_moves_counters_in_web_and_worker_processes(
     for step in REFUND_STEPS:  # observed by the Celery pool children that ran the steps
         kind = str(refund_workflow.steps[step].kind)
         labels = {"workflow": "refund", "step": step, "kind": kind}
-        assert value(after, "agentflow_step_duration_seconds_count", **labels) == 1, step
-        assert value(after, "agentflow_step_duration_seconds_bucket", le="+Inf", **labels) == 1
+        attempts = 2 if step == "update_crm" else 1  # the CRM failed once
+        assert value(after, "agentflow_step_duration_seconds_count", **labels) == attempts, step
+        assert value(after, "agentflow_step_duration_seconds_bucket", le="+Inf", **labels) == (
+            attempts
+        )
+    for name, labels in (
+        ("agentflow_run_events_total", {"kind": "attempt_failed"}),  # the retry
+        ("agentflow_partner_errors_total", {"partner": "crm", "kind": "retryable"}),
+    ):
+        assert value(after, name, **labels) == value(before, name, **labels) + 1, name
     assert value(after, "agentflow_runs_active", workflow="refund", status="RUNNING") == 0
     assert value(after, "agentflow_sweeper_seconds_since_last_sweep") == float("inf")
 
@@ -226,6 +235,8 @@ def test_metrics__a_pool_child_killed_mid_step_loses_no_series(stack: Stack) -> 
             lower.append((key, seen, after[key]))
     assert missing == [] and lower == []
     assert _has_histogram_file(stack, victim)  # the dead child's figures are still added in
+    takeovers = ("agentflow_run_events_total", (("kind", "takeover"),))
+    assert after[takeovers] == before.get(takeovers, 0) + 1  # the redelivery took the step over
     steps = ("agentflow_step_duration_seconds_count", (
         ("kind", "read"), ("step", "finish"), ("workflow", workflows.held.name)))  # fmt: skip
     assert after[steps] == before.get(steps, 0) + 1
