@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_embedded_init, setup_logging
+from celery.signals import setup_logging
 
 from agentflow import broker  # noqa: F401  registers the embedded default's transport
 
@@ -26,10 +26,3 @@ def _log_like_django(**kwargs: Any) -> None:
     from agentflow import logs
 
     logs.configure(settings.LOGGING)
-
-
-@beat_embedded_init.connect
-def _embedded_beat_says_so(**kwargs: Any) -> None:
-    from agentflow import logs
-
-    logs.set_process_kind("beat")

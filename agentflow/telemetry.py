@@ -31,6 +31,9 @@ sweep_logger = logging.getLogger("agentflow.recovery")
 #: the span never sees the exception).
 _FAILED_ATTEMPT = frozenset({"attempt_failed", "outcome_unknown", "needs_attention"})
 
+#: An attempt this slow gets an INFO line even when nothing else happened to it.
+SLOW_STEP_SECONDS = 5.0
+
 #: Run ids listed in full in a sweep's text message; the JSON line's `run_ids` has them all.
 SWEEP_IDS_SHOWN = 20
 
@@ -124,13 +127,20 @@ def _step_finished(message: _Message, error: BaseException | None) -> None:
     metrics.STEP_SECONDS.labels(message.workflow, message.step, message.kind).observe(seconds)
     if message.span is not None:
         message.span.end(error)
-    logger.info(
-        "step %s took %.1f ms%s",
-        message.step,
-        seconds * 1000,
-        f" ({', '.join(message.events)})" if message.events else "",
-        extra={"duration_ms": round(seconds * 1000, 3), **_if_any(events=message.events)},
-    )
+    # An attempt that went to plan is on the histogram and in the admin; its line is DEBUG
+    # (a log line costs a step more than all the rest of this). Retries, takeovers, reconciles
+    # and slow attempts are news: INFO.
+    notable = message.events or error is not None or seconds >= SLOW_STEP_SECONDS
+    level = logging.INFO if notable else logging.DEBUG
+    if logger.isEnabledFor(level):
+        logger.log(
+            level,
+            "step %s took %.1f ms%s",
+            message.step,
+            seconds * 1000,
+            f" ({', '.join(message.events)})" if message.events else "",
+            extra={"duration_ms": round(seconds * 1000, 3), **_if_any(events=message.events)},
+        )
 
 
 def _if_any(**fields: Any) -> dict[str, Any]:
@@ -203,7 +213,9 @@ def sweep_finished(*, requeued: list[str], parked: list[str], query_ms: float) -
 
 @beat_init.connect
 def _beat_started(**kwargs: Any) -> None:
-    """Beat's one line: everything else it does (a sweep tick every interval) is silent."""
+    """Beat's one line: everything else it does (a sweep tick every interval) is silent. The
+    embedded beat of `worker -B` is a process of its own too: its lines say beat."""
+    logs.set_process_kind("beat")
     logging.getLogger("agentflow.beat").info(
         "beat started: the recovery sweeper is due every %d s", settings.AGENTFLOW_SWEEP_INTERVAL
     )

@@ -25,7 +25,7 @@ from refunds.models import RefundRequest
 from refunds.workflows import refund as refund_workflow
 from tests.acceptance import workflows
 from tests.support import partner
-from tests.support.processes import EnvBuilder, Workers
+from tests.support.processes import EnvBuilder, Workers, log_has
 from tests.support.sandbox import SandboxProcess
 from tests.support.stack import BeatProcess, SpanCollector, WebProcess
 from tests.support.waiting import wait_for
@@ -260,8 +260,9 @@ def test_metrics__bearer_token_is_required_when_set(stack: Stack) -> None:
 
 # --- logs -------------------------------------------------------------------------------------
 def test_logs__json_lines_of_web_worker_and_beat_carry_the_refunds_run_id(
-    stack: Stack, broker: RedisServer
+    stack: Stack, broker: RedisServer, clean_sandbox: SandboxProcess
 ) -> None:
+    clean_sandbox.set_fault(endpoint="crm.update", error_rate=1.0, error_status=503, count=1)
     web = stack.web()
     beat = stack.beat()
     public_id = web.submit_refund("LOG001")
@@ -274,21 +275,24 @@ def test_logs__json_lines_of_web_worker_and_beat_carry_the_refunds_run_id(
     assert web_lines and all(line["process"] == "web" for line in web_lines)
     assert any(line["event"] == f"run {run_id} of refund started" for line in web_lines)
 
-    def run_lines() -> list[dict[str, Any]] | None:  # the last step's line follows its commit
+    def run_lines() -> list[dict[str, Any]] | None:  # the last line follows the last commit
         lines = [line for line in json_lines(worker.log_path) if line.get("run_id") == run_id]
-        steps = [line for line in lines if line["logger"] == "agentflow.steps"]
-        return lines if len(steps) >= len(REFUND_STEPS) else None
+        return lines if any(line["event"] == f"run {run_id} completed" for line in lines) else None
 
-    worker_lines = wait_for(run_lines, what="a line for every step")
+    worker_lines = wait_for(run_lines, what="the run's last line")
     assert {line["process"] for line in worker_lines} == {"worker"}
-    step_lines = [line for line in worker_lines if line["logger"] == "agentflow.steps"]
-    assert [line["step"] for line in step_lines] == REFUND_STEPS
-    for line in step_lines:
-        assert line["workflow"] == "refund"
+    # Every line a step caused names the step, its attempt, its key and the process owning it.
+    stepped = [line for line in worker_lines if line["logger"] != "agentflow.recovery"]
+    assert stepped
+    pool = {str(pid) for pid in worker.children()}
+    for line in stepped:
+        assert line["workflow"] == "refund" and line["step"] in refund_workflow.steps, line
         assert line["idempotency_key"] == f"{run_id}_step_{line['seq']}"
-        assert line["attempt"] == 1
-        assert line["owner"].split("/")[1] in {str(pid) for pid in worker.children()}
-    assert any(line["event"] == f"run {run_id} completed" for line in worker_lines)
+        assert isinstance(line["attempt"], int) and line["owner"].split("/")[1] in pool
+    # An attempt that went to plan is a DEBUG line; the failed CRM attempt is news.
+    [retry] = [line for line in stepped if line["logger"] == "agentflow.steps"]
+    assert (retry["step"], retry["attempt"], retry["level"]) == ("update_crm", 1, "info")
+    assert retry["events"] == ["attempt_failed"]
 
     # The beat-driven sweeper brought the lost step back, and said which run.
     sweeps = [
@@ -301,6 +305,26 @@ def test_logs__json_lines_of_web_worker_and_beat_carry_the_refunds_run_id(
     # Beat itself only schedules the sweep (a worker runs it): its one line says so.
     [beat_line] = json_lines(beat.log_path)
     assert beat_line["process"] == "beat" and beat_line["logger"] == "agentflow.beat"
+
+
+def test_logs__every_attempt_is_a_debug_line_when_asked_for(stack: Stack) -> None:
+    web = stack.web()
+    worker = stack.worker(LOG_LEVEL="DEBUG")
+    run_id = refund_run(web.submit_refund("LOG002")).id
+    assert wait_finished(run_id).status == RunStatus.COMPLETED
+
+    def step_lines() -> list[dict[str, Any]] | None:
+        lines = [
+            line
+            for line in json_lines(worker.log_path)
+            if line.get("run_id") == run_id and line["logger"] == "agentflow.steps"
+        ]
+        return lines if len(lines) == len(REFUND_STEPS) else None
+
+    lines = wait_for(step_lines, what="a line per step")
+    assert [line["step"] for line in lines] == REFUND_STEPS
+    assert {line["level"] for line in lines} == {"debug"}
+    assert all(line["duration_ms"] > 0 for line in lines)
 
 
 # --- traces -----------------------------------------------------------------------------------
@@ -437,6 +461,7 @@ def test_quiet__idle_sweeps_log_nothing_and_a_republish_names_its_run(
         beat=True,
         env=worker_env(AGENTFLOW_LOG_FORMAT="text", AGENTFLOW_SWEEP_INTERVAL="1"),
     )
+    wait_for(lambda: log_has(worker, "beat started"), what="the embedded beat")
     ready_at = len(worker.log_path.read_text(errors="replace"))
     seen: set[float] = set()
 
@@ -464,3 +489,5 @@ def test_quiet__idle_sweeps_log_nothing_and_a_republish_names_its_run(
     [line] = [line for line in log.splitlines() if "sweep re-published" in line]
     assert f"sweep re-published 1 run(s): {run.id}" in line and "info" in line.lower()
     assert "Task agentflow.run_step" not in log  # Celery's per-task received/succeeded lines
+    [beat_line] = [line for line in log.splitlines() if "beat started" in line]
+    assert "process=beat" in beat_line  # the embedded beat is a process of its own
