@@ -18,7 +18,6 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-import os
 from collections.abc import Iterator
 
 from django.conf import settings
@@ -27,14 +26,15 @@ from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from agentflow import registry
+from agentflow import metric_files, registry
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 
 logger = logging.getLogger(__name__)
+
+metric_files.install()  # before the first metric: files named host-pid-start
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -171,20 +171,25 @@ class _StateFromDatabase(Collector):
         yield from (active, overdue, parked, sweeper)
 
 
+class _EveryProcess(Collector):
+    """The counters and histograms of every process, live or dead, added up."""
+
+    def collect(self) -> Iterator[Metric]:
+        metric_files.fold_dead()  # keeps the files read to the live processes plus one
+        yield from metric_files.collect()
+
+
 def exposition() -> bytes:
     """The text a scrape returns: every process's counters, then the database's gauges."""
     scrape = CollectorRegistry(auto_describe=False)
-    MultiProcessCollector(scrape, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    scrape.register(_EveryProcess())
     scrape.register(_StateFromDatabase())
     return generate_latest(scrape)
 
 
 def file_count() -> int:
-    """How many per-process files a scrape reads (it grows with processes started, so the
-    directory is emptied whenever the whole stack starts)."""
-    return sum(
-        1 for name in os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"]) if name.endswith(".db")
-    )
+    """How many per-process files a scrape reads."""
+    return len(metric_files.readable_files())
 
 
 def authorized(header: str) -> bool:

@@ -15,11 +15,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from celery.signals import beat_init
+from celery.signals import beat_init, worker_process_init
 from django.conf import settings
 from django.db import transaction
 
-from agentflow import leases, logs, metrics, tracing
+from agentflow import leases, logs, metric_files, metrics, tracing
 from agentflow.context import idempotency_key
 from agentflow.exceptions import PermanentStepError, RetryableStepError
 
@@ -219,6 +219,16 @@ def _beat_started(**kwargs: Any) -> None:
     logging.getLogger("agentflow.beat").info(
         "beat started: the recovery sweeper is due every %d s", settings.AGENTFLOW_SWEEP_INTERVAL
     )
+
+
+@worker_process_init.connect
+def _fold_the_dead(**kwargs: Any) -> None:
+    """A new pool child usually replaces one that died: fold the dead one's metric file now,
+    on its own host (the web, elsewhere, cannot tell whether this host's processes live)."""
+    try:
+        metric_files.fold_dead()
+    except OSError:
+        logger.warning("could not fold dead processes' metric files", exc_info=True)
 
 
 # --- partner calls --------------------------------------------------------------------------

@@ -198,8 +198,12 @@ def test_metrics__a_refund_moves_counters_in_web_and_worker_processes(
     # Which processes wrote them: each writes its own file, named by its pid.
     files = {p.name for p in Path(stack_env()["PROMETHEUS_MULTIPROC_DIR"]).iterdir()}
     web_pids = pool_pids(web.proc.pid)  # type: ignore[union-attr]
-    assert any(f"counter_{pid}.db" in files for pid in web_pids), (files, web_pids)
-    assert any(f"histogram_{pid}.db" in files for pid in worker.children()), files
+    assert any(f"-{pid}-" in name for name in files for pid in web_pids), (files, web_pids)
+    assert any(
+        name.startswith("histogram_") and f"-{pid}-" in name
+        for name in files
+        for pid in worker.children()
+    ), files
 
 
 def test_metrics__a_pool_child_killed_mid_step_loses_no_series(stack: Stack) -> None:
@@ -234,7 +238,9 @@ def test_metrics__a_pool_child_killed_mid_step_loses_no_series(stack: Stack) -> 
         elif family in counted and after[key] < seen:
             lower.append((key, seen, after[key]))
     assert missing == [] and lower == []
-    assert _has_histogram_file(stack, victim)  # the dead child's figures are still added in
+    # The replacement child folded the dead one's file into the archive: still added in.
+    assert not _has_histogram_file(stack, victim)
+    assert (_metrics_dir(stack) / "archive.json").exists()
     takeovers = ("agentflow_run_events_total", (("kind", "takeover"),))
     assert after[takeovers] == before.get(takeovers, 0) + 1  # the redelivery took the step over
     steps = ("agentflow_step_duration_seconds_count", (
@@ -242,8 +248,13 @@ def test_metrics__a_pool_child_killed_mid_step_loses_no_series(stack: Stack) -> 
     assert after[steps] == before.get(steps, 0) + 1
 
 
+def _metrics_dir(stack: Stack) -> Path:
+    return Path(stack.build_env()["PROMETHEUS_MULTIPROC_DIR"])
+
+
 def _has_histogram_file(stack: Stack, pid: int) -> bool:
-    return (Path(stack.build_env()["PROMETHEUS_MULTIPROC_DIR"]) / f"histogram_{pid}.db").exists()
+    """Files are named host-pid-start (see agentflow.metric_files)."""
+    return any(_metrics_dir(stack).glob(f"histogram_*-{pid}-*.db"))
 
 
 def test_metrics__bearer_token_is_required_when_set(stack: Stack) -> None:
