@@ -1,5 +1,6 @@
 # Two entry points: `make run` (the whole stack on the embedded default) and `make test`.
-# Both create .venv and install what they need on first use.
+# Both create .venv on first use and install exactly what the hashed lock names (`make lock`
+# writes it from pyproject.toml), then the project itself without dependencies.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -7,46 +8,78 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
 PORT ?= 8000
-export AGENTFLOW_WEB_PORT := $(PORT)
 export AGENTFLOW_VAR_DIR ?= $(CURDIR)/var
+export AGENTFLOW_WEB_PORT := $(PORT)
+
+# The lock: runtime (what the image installs) and runtime + dev tools (what .venv installs),
+# resolved once for every platform on Python 3.11, each file pinned and hashed.
+LOCK := requirements.lock
+DEV_LOCK := requirements-dev.lock
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
+# `make lock LOCK_FLAGS=--upgrade` moves every pin to the newest allowed; `--offline` resolves
+# from uv's cache alone. By default existing pins are kept and only new needs are added.
+LOCK_FLAGS ?=
+COMPILE := $(UV) pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes \
+	--quiet --custom-compile-command "make lock" $(LOCK_FLAGS)
+
+# `make run` needs no configuration: unless DJANGO_SECRET_KEY is set, it uses a random key
+# made once for this checkout (settings refuse to start without one when DEBUG is off).
+DEV_KEY := $(AGENTFLOW_VAR_DIR)/secret-key.txt
+WITH_KEY = DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$(cat $(DEV_KEY))}"
 
 # The suite's services: the machine's Postgres and Redis (docker compose up -d postgres redis
 # elsewhere). Its own test database is created by pytest-django as test_<name>.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test lint typecheck bench chaos clean
+.PHONY: run test lock lint typecheck clean
 
-$(INSTALLED): pyproject.toml
+$(INSTALLED): $(DEV_LOCK) pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r $(DEV_LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
+	@$(PY) -m pip check >/dev/null || { $(PY) -m pip check; \
+	  echo "pyproject.toml needs what $(DEV_LOCK) does not pin: run 'make lock'" >&2; exit 1; }
 	touch $(INSTALLED)
 
+$(DEV_KEY):
+	mkdir -p $(@D)
+	umask 077 && $(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
+
 run: export AGENTFLOW_LOG_FORMAT ?= text
-run: $(INSTALLED)
+run: $(INSTALLED) $(DEV_KEY)
 	rm -rf "$(AGENTFLOW_VAR_DIR)/metrics"  # counters start again with the processes that write them
-	$(PY) manage.py migrate --noinput
-	@$(PY) manage.py ensure_admin
+	$(WITH_KEY) $(PY) manage.py migrate --noinput
+	@$(WITH_KEY) $(PY) manage.py ensure_admin
 	@echo "Refund form:   http://127.0.0.1:$(PORT)/refunds/new/"
 	@echo "Admin:         http://127.0.0.1:$(PORT)/admin/"
 	@echo "Health:        http://127.0.0.1:$(PORT)/healthz   Metrics: http://127.0.0.1:$(PORT)/metrics"
 	@echo "Ctrl-C stops web, worker, beat and sandbox."
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" exec $(VENV)/bin/honcho --no-colour -f Procfile start
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(WITH_KEY) exec $(VENV)/bin/honcho --no-colour -f Procfile start
 
 test: $(INSTALLED)
 	bash .ci/services
 	rm -rf var/test/metrics  # metric files of earlier runs' processes
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 	  REDIS_URL=$(TEST_BROKER_URL) AGENTFLOW_VAR_DIR=$(CURDIR)/var/test \
+	  DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')}" \
 	  $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+$(UV):
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "uv==$(UV_VERSION)"
+
+lock: $(UV)
+	$(COMPILE) --extra dev -o $(DEV_LOCK)
+	$(COMPILE) --constraint $(DEV_LOCK) -o $(LOCK)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(INSTALLED)
-	$(VENV)/bin/mypy agentflow
+	DJANGO_DEBUG=1 $(VENV)/bin/mypy agentflow
 
 clean:
 	rm -rf var/ .pytest_cache .mypy_cache .ruff_cache

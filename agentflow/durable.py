@@ -99,13 +99,15 @@ def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:
     return telemetry.partner_call(partner, operation)
 
 
-def cancel(run_id: str, *, actor: str, reason: str) -> None:
-    """Stop an unfinished run; recorded as an event with `actor` and `reason`.
+def cancel(run_id: str, *, actor: str, reason: str) -> str | None:
+    """Stop an unfinished run without keeping any money: its effects are undone by their
+    compensations, then it ends CANCELLED; a step in flight finishes first. Recorded as an event
+    with `actor` and `reason`. Returns None if it ended at once, else what happens next.
 
     Raises:
-        ActionRefused: the run is already finished (or does not exist).
+        ActionRefused: the run is finished, already undoing, or an outcome is unknown.
     """
-    store.run_cancel(run_id, actor=actor, reason=reason)
+    return store.run_cancel(run_id, actor=actor, reason=reason)
 
 
 def retry(run_id: str, *, actor: str, reason: str) -> None:
@@ -138,6 +140,8 @@ class RunSnapshot:
     current_step: str
     error: str
     output: Any
+    #: An operator cancelled it: it undoes what it did and ends CANCELLED.
+    cancel_requested: bool
     created_at: datetime
     updated_at: datetime
     steps: list[StepSnapshot]
@@ -175,6 +179,7 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         current_step=run.current_step,
         error=run.error,
         output=run.output,
+        cancel_requested=run.cancel_requested,
         created_at=run.created_at,
         updated_at=run.updated_at,
         steps=steps,

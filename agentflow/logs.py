@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import structlog
-import structlog.tracebacks
 from structlog.contextvars import bind_contextvars, bound_contextvars, reset_contextvars
 
 FORMATS = ("json", "text")
@@ -96,31 +95,60 @@ def formatter(format: str) -> structlog.stdlib.ProcessorFormatter:
     """The formatter of every handler (referenced from settings.LOGGING by factory)."""
     if format == "json":
         renderer: list[Any] = [
-            # Tracebacks as data, without local variables: those may hold secrets.
-            structlog.processors.ExceptionRenderer(
-                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
-            ),
+            structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
         ]
     else:
         renderer = [_terse, structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0)]
     return structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=_shared_processors(),
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
+        processors=[
+            _filtered_traceback,
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            *renderer,
+        ],
     )
 
 
-def logging_config(*, format: str, level: str) -> dict[str, Any]:
-    """Django's LOGGING (also applied to Celery's processes by `configure`)."""
+def _filtered_traceback(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    """A traceback as the handler's filters left it (`exc_text`: the redaction masks it there),
+    never rendered again from the live exception, whose text the filters never saw."""
+    record = event.get("_record")
+    text = getattr(record, "exc_text", None)
+    if text:
+        event.pop("exc_info", None)
+        event["exception"] = text
+    return event
+
+
+def logging_config(
+    *,
+    format: str,
+    level: str,
+    filters: dict[str, dict[str, Any]] | None = None,
+    routed: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Django's LOGGING (also applied to Celery's processes by `configure`): one console
+    handler with every filter in `filters` (the project's redaction), and the `routed` loggers
+    (that log nowhere by default, e.g. gunicorn's access log) sent to it."""
     if format not in FORMATS:
         raise ValueError(f"AGENTFLOW_LOG_FORMAT must be json or text, got {format!r}")
+    loggers: dict[str, Any] = {name: {"level": "WARNING"} for name in _CHATTY_LOGGERS}
+    loggers.update({name: {"handlers": ["console"], "propagate": False} for name in routed})
     return {
         "version": 1,
         "disable_existing_loggers": False,
+        "filters": dict(filters or {}),
         "formatters": {"structured": {"()": formatter, "format": format}},
-        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
+        "handlers": {
+            "console": {
+                "class": "logging.StreamHandler",
+                "formatter": "structured",
+                "filters": sorted(filters or {}),
+            }
+        },
         "root": {"handlers": ["console"], "level": level},
-        "loggers": {name: {"level": "WARNING"} for name in _CHATTY_LOGGERS},
+        "loggers": loggers,
     }
 
 

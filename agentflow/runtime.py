@@ -89,16 +89,17 @@ def run_step(
         _run_claimed(run, workflow, step, seq, seen, claim)
         return
     if redelivered:
-        if seen is not None and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS:
+        # Its worker died mid-step: count that attempt, and stop once the bound is reached.
+        seen = store.attempt_lost(run.id, step, seq)
+        if seen is None or seen.status == StepStatus.COMPLETED:
+            return
+        if seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS:
             store.run_park(
                 run.id,
                 seq,
                 f"{step.name} killed its worker {seen.attempts} times",
                 fence=seen.fence,
             )
-            return
-        seen = store.attempt_lost(run.id, step, seq)
-        if seen is None or seen.status == StepStatus.COMPLETED:
             return
     _run_unclaimed(run, workflow, step, seq, seen)
 

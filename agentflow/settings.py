@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -16,7 +17,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
-from agentflow import logs
+from agentflow import deployment, logs
 from agentflow.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -25,7 +26,8 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 # --- Django core -----------------------------------------------------------------------------
 DEBUG = env_bool("DJANGO_DEBUG", False)
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
+# Refuses to start with DEBUG off and no key (or a published one): see agentflow.deployment.
+SECRET_KEY = deployment.secret_key(debug=DEBUG)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 
 INSTALLED_APPS = [
@@ -35,6 +37,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",  # admin login attempts limited per client address (see Admin login below)
     "agentflow.apps.AgentflowConfig",
     "refunds.apps.RefundsConfig",
 ]
@@ -49,6 +52,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as axes asks: turns a lockout into its page
 ]
 
 ROOT_URLCONF = "agentflow.urls"
@@ -68,6 +72,50 @@ TEMPLATES = [
         },
     },
 ]
+
+# --- HTTPS, behind a TLS-terminating proxy or not (all off for `make run` on plain http) -----
+# DJANGO_HTTPS=1 says every browser reaches the site over https: cookies are sent over https
+# only, http is redirected (health probes excepted) and browsers are told to stay on https.
+_HTTPS = env_bool("DJANGO_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = _HTTPS
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]  # probes inside the network speak http
+# A year, subdomains and preload once HTTPS is on (what `check --deploy` asks); shorten the
+# seconds for a first rollout. 0 turns HSTS off.
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000 if _HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", _HTTPS)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", _HTTPS)
+# The header a TLS-terminating proxy sets, e.g. "X-Forwarded-Proto: https". Set it only when
+# that proxy always overwrites the header: a client could otherwise claim https itself.
+SECURE_PROXY_SSL_HEADER = deployment.proxy_ssl_header(env_str("DJANGO_SECURE_PROXY_SSL_HEADER", ""))
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+X_FRAME_OPTIONS = "DENY"
+# The client's address: REMOTE_ADDR, or behind proxies (a count of hops, or their CIDRs) the
+# first X-Forwarded-For hop that is not one of them. Every per-address limit counts by it.
+AGENTFLOW_TRUSTED_PROXIES = deployment.trusted_proxies(env_str("AGENTFLOW_TRUSTED_PROXIES", ""))
+
+# --- Admin login ----------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in (
+        "UserAttributeSimilarityValidator",
+        "MinimumLengthValidator",
+        "CommonPasswordValidator",
+        "NumericPasswordValidator",
+    )
+]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out client before the rest
+    "django.contrib.auth.backends.ModelBackend",
+]
+# After AGENTFLOW_ADMIN_LOGIN_ATTEMPTS failed logins from one client address (IPv6: its /64)
+# it is refused for AGENTFLOW_ADMIN_LOCKOUT_MINUTES. Counted per address, not per username,
+# so nobody can lock an operator out from elsewhere; a successful login clears the count.
+AXES_FAILURE_LIMIT = env_int("AGENTFLOW_ADMIN_LOGIN_ATTEMPTS", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AGENTFLOW_ADMIN_LOCKOUT_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = ["ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "agentflow.proxies.client_key"
+AXES_LOCKOUT_TEMPLATE = "admin/locked_out.html"
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
@@ -131,6 +179,8 @@ CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 # Celery >= 5.6 closes DB connections around every task; reusing them saves a connect per step.
 # Broken connections are still dropped by close_old_connections() at the start of each step.
 CELERY_DB_REUSE_MAX = 1000
+# Workers keep Django's LOGGING (below), so their lines are masked like the web's.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 if _BROKER_IS_FILESYSTEM:
     _BROKER_DIR = VAR_DIR / "broker"
     for _sub in ("queue", "control", "processed"):
@@ -182,12 +232,17 @@ AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0
 # --- Partners and refunds -------------------------------------------------------------------
 SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8765")
 SANDBOX_SMTP_PORT = env_int("SANDBOX_SMTP_PORT", (urlsplit(SANDBOX_URL).port or 8765) + 1)
+# Set explicitly, it wins over `sandbox --port N`'s N + 1 (workers send to this port).
+SANDBOX_SMTP_PORT_IS_SET = bool(os.environ.get("SANDBOX_SMTP_PORT", "").strip())
 STRIPE_API_KEY = env_str("STRIPE_API_KEY", "sk_test_agentflow_sandbox")
 # Set (even empty) wins; unset with a real key means real Stripe (test mode); else the sandbox.
 STRIPE_API_BASE = os.environ.get(
     "STRIPE_API_BASE", "" if os.environ.get("STRIPE_API_KEY") else SANDBOX_URL
 )
 REFUNDS_SUBMIT_LIMIT = env_int("REFUNDS_SUBMIT_LIMIT", 5)
+# Requests per booking reference per day, whoever sends them: bounds guessing a passenger's
+# name and e-mail for one booking. 0 turns it off.
+REFUNDS_BOOKING_LIMIT = env_int("REFUNDS_BOOKING_LIMIT", 3)
 REFUNDS_PARTNER_MAX_ATTEMPTS = env_int("REFUNDS_PARTNER_MAX_ATTEMPTS", 8, minimum=1)
 REFUNDS_PARTNER_RETRY_BASE_SECONDS = env_float("REFUNDS_PARTNER_RETRY_BASE_SECONDS", 1.0)
 
@@ -201,8 +256,16 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Skyways Rebooking <rebooking
 # json: one JSON object a line, for log shippers (the default: production and compose);
 # text: readable lines for a terminal (`make run` sets it).
 AGENTFLOW_LOG_FORMAT = env_str("AGENTFLOW_LOG_FORMAT", "json")
+# Every handler masks customer e-mail addresses and status-page ids (refunds.redaction).
+# gunicorn's access log is routed here too (its lines hold status-page URLs), and Celery keeps
+# this configuration instead of installing handlers of its own.
 try:
-    LOGGING = logs.logging_config(format=AGENTFLOW_LOG_FORMAT, level=env_str("LOG_LEVEL", "INFO"))
+    LOGGING = logs.logging_config(
+        format=AGENTFLOW_LOG_FORMAT,
+        level=env_str("LOG_LEVEL", "INFO"),
+        filters={"redact": {"()": "refunds.redaction.RedactPersonalData"}},
+        routed=("gunicorn.access",),
+    )
 except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 #: Bearer token /metrics requires when set (empty: open, e.g. scraped over a private network).

@@ -145,6 +145,14 @@ def current_database_url() -> str:
     return f"postgres://{auth}@{db['HOST'] or 'localhost'}{port}/{quote(db['NAME'], safe='')}"
 
 
+def _children_of(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
 class WorkerProcess:
     """One `celery worker` (a parent plus its prefork children) with its log in a file."""
 
@@ -157,8 +165,12 @@ class WorkerProcess:
         log_dir: Path | None = None,
         beat: bool = False,
         extra_args: list[str] | None = None,
+        wrapper: list[str] | None = None,
     ) -> None:
+        """`wrapper`: a command the worker runs under, e.g. `unshare --pid --fork --mount-proc`
+        for a PID namespace of its own (its pool children are then the wrapped worker's)."""
         self.name = name or f"w{uuid.uuid4().hex[:8]}"
+        self.wrapper = wrapper or []
         self.concurrency = concurrency
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("DJANGO_SETTINGS_MODULE", "agentflow.settings")
@@ -171,6 +183,7 @@ class WorkerProcess:
 
     def start(self, *, timeout: float = 30.0) -> WorkerProcess:
         args = [
+            *self.wrapper,
             sys.executable, "-m", "celery", "-A", "agentflow", "worker",
             "-P", "prefork", "-c", str(self.concurrency), "-n", f"{self.name}@%h",
             "--without-mingle", "--without-gossip", "-l", "info",
@@ -209,14 +222,16 @@ class WorkerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def children(self) -> list[int]:
-        """Pids of the prefork pool processes."""
+        """Pids of the prefork pool processes (as this host's root namespace numbers them)."""
         if not self.alive():
             return []
-        try:
-            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
-        except OSError:
-            return []
-        return [int(pid) for pid in text.split()]
+        main = self.pid
+        if self.wrapper:
+            wrapped = _children_of(main)
+            if not wrapped:
+                return []
+            main = wrapped[0]
+        return _children_of(main)
 
     def kill_child(self, pid: int | None = None) -> int:
         """SIGKILL one pool process (the first, or `pid`); the parent replaces it."""

@@ -30,6 +30,7 @@ class RefundRequestAdmin(admin.ModelAdmin):
         "created_at",
         "email",
         "booking_reference",
+        "last_name",
         "message",
         "client_ip",
         "workflow_link",

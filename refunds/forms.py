@@ -9,12 +9,15 @@ from django import forms
 from django.core import signing
 from django.core.validators import RegexValidator
 
+from refunds.addresses import smtp_problem
+
 #: Long enough to fill in a form at leisure, short enough that an old tab is not replayed.
 TOKEN_MAX_AGE_SECONDS = 2 * 3600
 TOKEN_SALT = "refunds.submission-token"
 #: What a nonce looks like once unsigned: 32 URL-safe characters (192 random bits).
 _NONCE_RE = re.compile(r"^[A-Za-z0-9_-]{32}$")
 MESSAGE_MAX_CHARS = 5000
+LAST_NAME_MAX_CHARS = 100
 
 
 def new_submission_token() -> str:
@@ -60,17 +63,12 @@ class MessageField(forms.CharField):
 
 
 class RefundRequestForm(forms.Form):
-    email = forms.EmailField(
-        label="Email address",
-        max_length=254,
-        help_text="We'll send your confirmation and new boarding pass here.",
-        error_messages={
-            "required": "Enter your email address.",
-            "invalid": "Enter an email address like name@example.com.",
-            "max_length": "That email address is too long to be real; please check it.",
-        },
-        widget=forms.EmailInput(attrs={"autocomplete": "email", "spellcheck": "false"}),
-    )
+    """Booking reference, the passenger's last name, the booking's e-mail and their words.
+
+    The name and e-mail are checked against the airline's booking before anything changes
+    (refunds.ownership): whoever knows a reference is not thereby its owner.
+    """
+
     booking_reference = BookingReferenceField(
         label="Booking reference",
         max_length=40,  # longer input still gets the friendly shape message below
@@ -94,6 +92,27 @@ class RefundRequestForm(forms.Form):
             }
         ),
     )
+    last_name = forms.CharField(
+        label="Passenger's last name",
+        max_length=LAST_NAME_MAX_CHARS,
+        help_text="As on the booking. Capitals, accents and spaces don't matter.",
+        error_messages={
+            "required": "Enter the passenger's last name.",
+            "max_length": "That name is longer than we can check; please shorten it.",
+        },
+        widget=forms.TextInput(attrs={"autocomplete": "family-name", "spellcheck": "false"}),
+    )
+    email = forms.EmailField(
+        label="Email address",
+        max_length=254,
+        help_text="The one on your booking: we only ever write to the address on file.",
+        error_messages={
+            "required": "Enter your email address.",
+            "invalid": "Enter an email address like name@example.com.",
+            "max_length": "That email address is too long to be real; please check it.",
+        },
+        widget=forms.EmailInput(attrs={"autocomplete": "email", "spellcheck": "false"}),
+    )
     message = MessageField(
         label="What would you like to change?",
         max_length=MESSAGE_MAX_CHARS,
@@ -111,6 +130,18 @@ class RefundRequestForm(forms.Form):
     )
 
     def clean_email(self) -> str:
-        """Lower-case the domain only: the part before @ is the mailbox owner's business."""
+        """Lower-case the domain only: the part before @ is the mailbox owner's business.
+        An address that cannot be encoded for SMTP is refused here, not by a failing run."""
         local, _, domain = self.cleaned_data["email"].rpartition("@")
-        return f"{local}@{domain.lower()}"
+        address = f"{local}@{domain.lower()}"
+        problem = smtp_problem(address)
+        if problem:
+            raise forms.ValidationError(problem, code="unsendable")
+        return address
+
+    def clean_last_name(self) -> str:
+        """Inner runs of spaces become one; a name must hold at least one letter."""
+        name = " ".join(self.cleaned_data["last_name"].split())
+        if not any(ch.isalpha() for ch in name):
+            raise forms.ValidationError("Enter the passenger's last name.", code="no_letters")
+        return name

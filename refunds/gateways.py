@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
 from agentflow.durable import PermanentStepError, RetryableStepError, partner_call
+from refunds.addresses import smtp_problem
 
 #: Connect and read timeouts for partner HTTP calls: a hung partner must not hold a worker
 #: (and its lease) for ever; the engine retries under the same key instead.
@@ -50,6 +51,9 @@ class Refund:
 class Booking:
     reference: str
     passenger_name: str
+    passenger_last_name: str
+    #: The contact on file: the only address the refund ever writes to.
+    contact_email: str
     flight: str
     date: str
     origin: str
@@ -138,7 +142,7 @@ class PaymentGateway:
     def find_refund_by_key(self, *, payment_intent_id: str, key: str) -> Refund | None:
         """The refund made under `key` for this payment, if any: Stripe's refund list is
         consistent (a refund shows the moment it exists), so an absence is an answer."""
-        with _stripe_errors("refund lookup"):
+        with partner_call("stripe", "refund lookup"), _stripe_errors("refund lookup"):
             found = self._client.v1.refunds.list({"payment_intent": payment_intent_id})
         for refund in found.data:
             if (refund.metadata or {}).get("idempotency_key") == key:
@@ -197,7 +201,9 @@ def _stripe_errors(action: str) -> Iterator[None]:
         ) from exc
     except stripe.APIConnectionError as exc:
         # The outcome is unknown; only the same key may ask again.
-        raise RetryableStepError(f"could not reach Stripe ({action}): {exc.user_message}") from exc
+        raise RetryableStepError(
+            f"could not reach Stripe ({action}): {_first_line(exc.user_message)}"
+        ) from exc
     except stripe.APIError as exc:
         status = exc.http_status
         if status is None or status == 409 or status >= 500:
@@ -215,11 +221,30 @@ def _stripe_errors(action: str) -> Iterator[None]:
         ) from exc
 
 
+#: Decline codes that tell the holder something useful to fix. Every other one, above all
+#: those revealing the card's state to whoever holds it (lost, stolen, fraudulent, pick up),
+#: reaches the customer as the generic decline, as Stripe advises.
+_TELLABLE_DECLINES = frozenset(
+    {
+        "insufficient_funds",
+        "expired_card",
+        "incorrect_cvc",
+        "incorrect_number",
+        "card_velocity_exceeded",
+    }
+)
+
+
 def _decline_message(exc: stripe.CardError) -> str:
     reason = getattr(exc.error, "decline_code", None) if exc.error else None
-    if reason and reason != "generic_decline":
+    if reason in _TELLABLE_DECLINES:
         return f"Your card was declined ({reason.replace('_', ' ')})."
     return "Your card was declined."
+
+
+def _first_line(text: str | None) -> str:
+    """The library's messages run on with support advice; the first sentence says it."""
+    return (text or "").strip().split("\n", 1)[0].split("  ", 1)[0].strip()
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -255,7 +280,7 @@ class _PartnerHttp:
         key: str | None = None,
         body: dict[str, Any] | None = None,
         query: dict[str, str] | None = None,
-        not_found: str | None = None,
+        not_found: PermanentStepError | None = None,
     ) -> dict[str, Any]:
         headers = {"Idempotency-Key": key} if key else {}
         try:
@@ -275,8 +300,8 @@ class _PartnerHttp:
                 f"could not reach {self.partner}: {type(exc).__name__}"
             ) from exc
         status = response.status_code
-        if status == 404 and not_found:
-            raise PermanentStepError(not_found)
+        if status == 404 and not_found is not None:
+            raise not_found
         if status in (408, 409, 425, 429) or status >= 500:
             raise RetryableStepError(
                 f"{self.partner} answered HTTP {status}",
@@ -312,11 +337,17 @@ class AirlineGateway:
         return cls(settings.SANDBOX_URL)
 
     def booking(self, reference: str) -> Booking:
+        """The booking, or BookingNotFound (permanent)."""
         data = self._http.call(
-            "GET", f"/bookings/{reference}", not_found=_not_found_message(reference)
+            "GET", f"/bookings/{reference}", not_found=BookingNotFound(_not_found(reference))
         )
         fields = {name: data[name] for name in _BOOKING_FIELDS}
-        return Booking(passenger_name=data["passenger"]["name"], **fields)
+        passenger = data["passenger"]
+        return Booking(
+            passenger_name=passenger["name"],
+            passenger_last_name=passenger["last_name"],
+            **fields,
+        )
 
     def cancel_seat(self, reference: str, *, key: str, workflow_id: str) -> SeatCancellation:
         data = self._http.call(
@@ -324,7 +355,7 @@ class AirlineGateway:
             f"/bookings/{reference}/cancel-seat",
             key=key,
             body={"workflow_id": workflow_id},
-            not_found=_not_found_message(reference),
+            not_found=PermanentStepError(_not_found(reference)),
         )
         return _seat_cancellation(data)
 
@@ -354,7 +385,7 @@ class AirlineGateway:
                 "date": date,
                 "workflow_id": workflow_id,
             },
-            not_found=_not_found_message(reference),
+            not_found=PermanentStepError(_not_found(reference)),
         )
         return _boarding_pass(data, reference, flight, date)
 
@@ -380,12 +411,16 @@ def _boarding_pass(data: dict[str, Any], reference: str, flight: str, date: str)
 
 
 _BOOKING_FIELDS = (
-    "reference", "flight", "date", "origin", "destination", "seat", "fare_class",
-    "payment_method", "status",
+    "reference", "contact_email", "flight", "date", "origin", "destination", "seat",
+    "fare_class", "payment_method", "status",
 )  # fmt: skip
 
 
-def _not_found_message(reference: str) -> str:
+class BookingNotFound(PermanentStepError):
+    """The airline has no booking under that reference."""
+
+
+def _not_found(reference: str) -> str:
     return f"We couldn't find booking {reference}."
 
 
@@ -459,12 +494,18 @@ class Mailer:
         )
 
     def send(self, *, to: str, subject: str, body: str, key: str, workflow_id: str) -> str:
-        """Send one plain-text message; returns its Message-ID."""
+        """Send one plain-text message; returns its Message-ID.
+
+        An address or header that cannot be encoded is refused before connecting, as a
+        permanent error: nothing was sent, and no retry could encode it.
+        """
         with partner_call("smtp", "send"):
             return self._send(to=to, subject=subject, body=body, key=key, workflow_id=workflow_id)
 
     def _send(self, *, to: str, subject: str, body: str, key: str, workflow_id: str) -> str:
         message_id = message_id_for(key)
+        if smtp_problem(to):
+            raise PermanentStepError("We can't send email to the address on the booking.")
         connection = get_connection(
             self.backend, host=self.host, port=self.port, timeout=self.timeout_seconds
         )
@@ -477,9 +518,12 @@ class Mailer:
             connection=connection,
         )
         try:
+            message.message()  # encodes every header now, before any connection
             message.send(fail_silently=False)
+        except (UnicodeError, ValueError) as exc:  # raised while encoding, before sending
+            raise PermanentStepError("The message could not be encoded for email.") from exc
         except smtplib.SMTPRecipientsRefused as exc:
-            raise PermanentStepError(f"The mail server refused the address {to}.") from exc
+            raise PermanentStepError("The mail server refused the address on the booking.") from exc
         except smtplib.SMTPResponseException as exc:
             if 500 <= exc.smtp_code < 600 and not isinstance(exc, smtplib.SMTPConnectError):
                 raise PermanentStepError(

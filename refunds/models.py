@@ -15,11 +15,17 @@ def new_public_id() -> str:
 
 class RefundRequest(models.Model):
     public_id = models.CharField(max_length=40, unique=True, default=new_public_id, editable=False)
+    #: As typed: the address the ownership check compares with the booking's contact e-mail.
+    #: Mail goes only to the contact e-mail on file, never to this one unless they match.
     email = models.EmailField()
     booking_reference = models.CharField(max_length=6)
+    #: The passenger's last name as typed, compared with the booking's (refunds.ownership).
+    last_name = models.CharField(max_length=100, default="")
     message = models.TextField(max_length=5000)
     #: The form's one-time token: the same token always maps to this one request.
     submission_token = models.CharField(max_length=64, unique=True)
+    #: The key the per-address limit counts: the client's IPv4 address, or its IPv6 /64
+    #: (agentflow.proxies), never more of the address than the limit needs.
     client_ip = models.GenericIPAddressField(null=True, blank=True)
     #: The agentflow run doing the work (`wf_…`).
     workflow_id = models.CharField(max_length=40, unique=True, null=True, blank=True)
@@ -31,6 +37,8 @@ class RefundRequest(models.Model):
             # Serves the per-e-mail submission limit, which ignores case.
             models.Index(Lower("email"), "created_at", name="refund_email_ci_created"),
             models.Index(fields=["client_ip", "created_at"], name="refund_ip_created"),
+            # Serves the per-booking limit.
+            models.Index(fields=["booking_reference", "created_at"], name="refund_booking_created"),
         ]
 
     def __str__(self) -> str:

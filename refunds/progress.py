@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date
 from typing import Any, Protocol
 
 from agentflow.durable import RunStatus, StepStatus
@@ -15,7 +16,7 @@ DEFAULT_FEE_CENTS = 4500
 STEP_LABELS: Mapping[str, str] = {
     "load_request": "Receiving your request",
     "parse_flight_details": "Reading your request",
-    "fetch_booking": "Finding your booking",
+    "fetch_booking": "Finding your booking and checking your details",
     "check_cancellation_policy": "Checking the fare rules",
     "calculate_penalty_fee": "Working out the fee",
     "cancel_seat": "Releasing your seat",
@@ -81,6 +82,8 @@ class Progress:
     #: True once nothing will change without a human: the page stops polling.
     final: bool
     steps: tuple[StepView, ...]
+    #: Once final: what changed, or what did not, one plain sentence each.
+    details: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +91,7 @@ class Progress:
             "headline": self.headline,
             "message": self.message,
             "final": self.final,
+            "details": list(self.details),
             "steps": [
                 {
                     "name": s.name,
@@ -120,13 +124,16 @@ def describe(
     planned: Sequence[str],
     fee_cents: int | None = None,
     reason: str = "",
+    emailed: bool = False,
+    details: Sequence[str] = (),
 ) -> Progress:
     """Turn a run's status and checkpoints into what the status page says.
 
     `planned` is the workflow's forward path, so steps not reached yet still show as rows;
     compensation steps appear only once they have a checkpoint. `fee_cents` is the fee the
     run worked out (None until it has); `reason` a failure explanation already written for
-    customers, shown when the change could not be made.
+    customers, shown when the change could not be made; `emailed` whether the customer was
+    written to about it; `details` what changed (see `outcome_details`), shown once final.
     """
     fee = DEFAULT_FEE_CENTS if fee_cents is None else fee_cents
     latest = _latest_by_name(steps)
@@ -144,16 +151,68 @@ def describe(
         _row(cp.name, cp, status=status, current_step=current_step, stopped=False, fee=fee)
         for cp in extra
     ]
-    outcome, headline, message = _summary(status, latest, undoing=undoing, fee=fee)
+    outcome, headline, message = _summary(status, latest, undoing=undoing, fee=fee, emailed=emailed)
     if reason and outcome in ("failed", "refunded"):
         message = f"{reason.strip()} {message}"
+    final = outcome != "working"
     return Progress(
         outcome=outcome,
         headline=headline,
         message=message,
-        final=outcome != "working",
+        final=final,
         steps=tuple(rows),
+        details=tuple(details) if final and outcome != "needs_attention" else (),
     )
+
+
+def date_in_words(iso: str) -> str:
+    """'2027-03-16' -> 'Tuesday 16 March 2027'; anything else unchanged."""
+    try:
+        day = date.fromisoformat(iso)
+    except (TypeError, ValueError):
+        return str(iso or "")
+    return f"{day:%A} {day.day} {day:%B %Y}"
+
+
+def outcome_details(status: str, outputs: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
+    """What a finished run changed, or did not, from its completed steps' outputs.
+
+    Nothing is said about a booking the request was not found to own (`fetch_booking` did not
+    complete): its flight and seat are the owner's business, not the sender's.
+    """
+    booking = outputs.get("fetch_booking") or {}
+    charge = outputs.get(CHARGE_STEP) or {}
+    fee = format_fee(int(charge.get("amount_cents") or 0))
+    if status == RunStatus.COMPLETED:
+        issued = outputs.get("issue_boarding_pass") or {}
+        lines = [
+            f"New flight: {issued.get('flight', '')} on {date_in_words(issued.get('date', ''))}",
+            f"New seat: {issued.get('seat', '')}",
+            f"Change fee: {fee}, charged to your card"
+            if charge.get("charged")
+            else "Change fee: none for your fare",
+        ]
+        if outputs.get("send_confirmation_email"):
+            lines.append("Confirmation and boarding pass emailed to the address on your booking")
+        return tuple(lines)
+    if status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+        return ()
+    if not booking:
+        return (
+            "Nothing was changed: no booking was touched.",
+            "No email was sent about this request.",
+        )
+    released = outputs.get("cancel_seat") or {}
+    old = f"{booking.get('flight', '')} on {date_in_words(booking.get('date', ''))}"
+    if released:
+        lines = [f"Your original seat {released.get('seat', '')} on {old} was released."]
+    else:
+        lines = [f"Your booking was not changed: still {old}, seat {booking.get('seat', '')}."]
+    if charge.get("charged") and (outputs.get(REFUND_STEP) or {}).get("refunded"):
+        lines.append(f"The {fee} change fee was refunded to your card.")
+    if (outputs.get("notify_failure") or {}).get("sent"):
+        lines.append("We've emailed the details to the address on your booking.")
+    return tuple(lines)
 
 
 def _latest_by_name(steps: Sequence[StepLike]) -> dict[str, StepLike]:
@@ -207,7 +266,7 @@ def _row_state(
 
 
 def _summary(
-    status: str, latest: Mapping[str, StepLike], *, undoing: bool, fee: int
+    status: str, latest: Mapping[str, StepLike], *, undoing: bool, fee: int, emailed: bool
 ) -> tuple[str, str, str]:
     charged = _done(latest, CHARGE_STEP) and fee > 0
     refunded = charged and _done(latest, REFUND_STEP)
@@ -226,15 +285,16 @@ def _summary(
         return (
             "refunded",
             f"We couldn't complete the change; the {amount} fee was refunded",
-            "Your original booking could not be changed. The refund is on its way to your card "
-            "and we've emailed you the details.",
+            "Your original booking could not be changed. The refund is on its way to your card"
+            + (" and we've emailed you the details." if emailed else "."),
         )
     if status == RunStatus.FAILED:
         return (
             "failed",
             "We couldn't complete the change",
-            "You have not been charged. We've emailed you; you're welcome to try again or "
-            "contact us.",
+            "You have not been charged. "
+            + ("We've emailed you; you're" if emailed else "You're")
+            + " welcome to try again or contact us.",
         )
     if status == RunStatus.NEEDS_ATTENTION:
         return _needs_attention()

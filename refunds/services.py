@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -19,6 +17,8 @@ from refunds.models import RefundRequest, new_public_id
 WORKFLOW = "refund"
 #: The window REFUNDS_SUBMIT_LIMIT counts in (SPEC §6: "per hour").
 LIMIT_WINDOW = timedelta(hours=1)
+#: The window REFUNDS_BOOKING_LIMIT counts in (SPEC §6: "per day").
+BOOKING_LIMIT_WINDOW = timedelta(days=1)
 #: The same words from the same customer within this window are the same request: a browser
 #: without a back/forward cache re-fetches the form (a fresh token) when they go back.
 RESUBMIT_WINDOW = timedelta(minutes=15)
@@ -28,6 +28,7 @@ def refund_request_create(
     *,
     email: str,
     booking_reference: str,
+    last_name: str,
     message: str,
     submission_token: str,
     client_ip: str | None,
@@ -40,7 +41,7 @@ def refund_request_create(
     (its run included) roll back and it returns the winner's request.
     """
     existing = refund_request_by_token(submission_token) or _same_request_recently(
-        email=email, booking_reference=booking_reference, message=message
+        email=email, booking_reference=booking_reference, last_name=last_name, message=message
     )
     if existing is not None:
         return existing
@@ -56,6 +57,7 @@ def refund_request_create(
                 public_id=public_id,
                 email=email,
                 booking_reference=booking_reference,
+                last_name=last_name,
                 message=message,
                 submission_token=submission_token,
                 client_ip=client_ip,
@@ -73,13 +75,16 @@ def refund_request_by_token(submission_token: str) -> RefundRequest | None:
 
 
 def _same_request_recently(
-    *, email: str, booking_reference: str, message: str
+    *, email: str, booking_reference: str, last_name: str, message: str
 ) -> RefundRequest | None:
+    """The same words within RESUBMIT_WINDOW. The name counts too: a corrected last name
+    after a mismatch is a new request, not the failed one again."""
     return (
         RefundRequest.objects.annotate(email_ci=Lower("email"))
         .filter(
             email_ci=email.lower(),
             booking_reference=booking_reference,
+            last_name=last_name,
             message=message,
             created_at__gt=timezone.now() - RESUBMIT_WINDOW,
         )
@@ -88,13 +93,14 @@ def _same_request_recently(
     )
 
 
-def submissions_allowed(email: str, client_ip: str | None) -> tuple[bool, int]:
+def submissions_allowed(*, email: str, client_ip: str | None) -> tuple[bool, int]:
     """Whether another submission fits REFUNDS_SUBMIT_LIMIT per hour, per e-mail and per
-    address; if not, the seconds until one does (for Retry-After).
+    client address (its limit key, see agentflow.proxies); if not, the seconds until one does
+    (for Retry-After). Checked before a request or its run is created.
 
-    Counted from the requests table rather than a cache, so the limit holds across web
+    Counted from the requests table rather than a cache, so the limits hold across web
     processes and restarts with nothing else to run. Two simultaneous submissions may both
-    squeeze under the limit; it is a brake on abuse, not an invariant.
+    squeeze under a limit; it is a brake on abuse, not an invariant.
     """
     limit = settings.REFUNDS_SUBMIT_LIMIT
     if limit <= 0:
@@ -102,26 +108,35 @@ def submissions_allowed(email: str, client_ip: str | None) -> tuple[bool, int]:
     now = timezone.now()
     recent = RefundRequest.objects.filter(created_at__gt=now - LIMIT_WINDOW)
     by_email = recent.annotate(email_ci=Lower("email")).filter(email_ci=email.lower())
-    retry_after = _seconds_until_a_slot(by_email.values_list("created_at", flat=True), limit, now)
+    retry_after = _seconds_until_a_slot(by_email, limit, now, LIMIT_WINDOW)
     if client_ip:
-        by_address = recent.filter(client_ip=client_ip).values_list("created_at", flat=True)
-        retry_after = max(retry_after, _seconds_until_a_slot(by_address, limit, now))
+        by_address = recent.filter(client_ip=client_ip)
+        retry_after = max(retry_after, _seconds_until_a_slot(by_address, limit, now, LIMIT_WINDOW))
     return retry_after == 0, retry_after
 
 
-def _seconds_until_a_slot(created: QuerySet[Any, datetime], limit: int, now: datetime) -> int:
+def booking_requests_allowed(booking_reference: str) -> tuple[bool, int]:
+    """Whether another request for this booking fits REFUNDS_BOOKING_LIMIT per day, whoever
+    sends it, and if not the seconds until one does. It bounds guessing a booking's name and
+    e-mail from many addresses; a failed guess counts like any request."""
+    limit = settings.REFUNDS_BOOKING_LIMIT
+    if limit <= 0:
+        return True, 0
+    now = timezone.now()
+    by_booking = RefundRequest.objects.filter(
+        booking_reference=booking_reference, created_at__gt=now - BOOKING_LIMIT_WINDOW
+    )
+    retry_after = _seconds_until_a_slot(by_booking, limit, now, BOOKING_LIMIT_WINDOW)
+    return retry_after == 0, retry_after
+
+
+def _seconds_until_a_slot(
+    requests: QuerySet[RefundRequest], limit: int, now: datetime, window: timedelta
+) -> int:
     """0 if fewer than `limit` fall in the window; else when the oldest of the newest `limit`
     leaves it (at least 1 second)."""
-    newest = list(created.order_by("-created_at")[:limit])
+    created = requests.order_by("-created_at").values_list("created_at", flat=True)
+    newest = list(created[:limit])
     if len(newest) < limit:
         return 0
-    return max(1, math.ceil((newest[-1] + LIMIT_WINDOW - now).total_seconds()))
-
-
-def client_ip_of(remote_addr: str | None) -> str | None:
-    """REMOTE_ADDR if it is an IP address. X-Forwarded-For is not trusted: any client can
-    write it, and a limit keyed on it would be no limit at all."""
-    try:
-        return str(ipaddress.ip_address((remote_addr or "").strip()))
-    except ValueError:
-        return None
+    return max(1, math.ceil((newest[-1] + window - now).total_seconds()))

@@ -1,8 +1,9 @@
 """The refund workflow's steps: one side effect each, carrying the step's idempotency key.
 
 Outputs are small JSON dicts holding what later steps and the status page need (ids, seat,
-amounts). The customer's email address and message stay in their RefundRequest row and are read
-from it when needed, so checkpoints do not copy them.
+amounts). The customer's words and the address they typed stay in their RefundRequest row;
+mail goes to the booking's contact e-mail on file (in `fetch_booking`'s output), and only once
+`fetch_booking` has found the request to come from the booking's owner.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from django.template.loader import render_to_string
 
 from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
-from refunds import policy
+from refunds import ownership, policy, progress
 from refunds.gateways import (
     AirlineGateway,
+    BookingNotFound,
     CrmGateway,
     Mailer,
     Payment,
@@ -51,7 +53,25 @@ def parse_flight_details(ctx: StepContext) -> dict[str, Any]:
 
 
 def fetch_booking(ctx: StepContext) -> dict[str, Any]:
-    return asdict(AirlineGateway.from_settings().booking(_reference(ctx)))
+    """The booking, once the request is found to come from its owner (refunds.ownership).
+
+    Before any effect, and in the same step as the lookup so that nothing of someone else's
+    booking is ever checkpointed. An unknown reference fails exactly like a wrong name or
+    e-mail, so the form cannot be used to learn which references exist.
+    """
+    request = _request(ctx)
+    try:
+        booking = AirlineGateway.from_settings().booking(_reference(ctx))
+    except BookingNotFound:
+        raise PermanentStepError(ownership.MISMATCH) from None
+    if not ownership.is_owner(
+        last_name=request.last_name,
+        email=request.email,
+        passenger_last_name=booking.passenger_last_name,
+        contact_email=booking.contact_email,
+    ):
+        raise PermanentStepError(ownership.MISMATCH)
+    return asdict(booking)
 
 
 def check_cancellation_policy(ctx: StepContext) -> dict[str, Any]:
@@ -170,7 +190,7 @@ def update_crm(ctx: StepContext) -> dict[str, Any]:
         f"Customer asked: {ctx.output_of('parse_flight_details')['summary']}."
     )
     update_id = CrmGateway.from_settings().update(
-        customer_email=_request(ctx).email,
+        customer_email=ctx.output_of("fetch_booking")["contact_email"],
         reference=_reference(ctx),
         note=note,
         key=ctx.idempotency_key,
@@ -196,11 +216,15 @@ def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
         "origin": booking["origin"],
         "destination": booking["destination"],
         "fare_class": booking["fare_class"],
+        "date_words": progress.date_in_words(issued["date"]),
+        "old_flight": booking["flight"],
+        "old_date_words": progress.date_in_words(booking["date"]),
+        "old_seat": booking["seat"],
         "fee_charged": charge["charged"],
         "fee": _fee_text(charge),
         "payment_intent_id": charge.get("payment_intent_id", ""),
     }
-    message_id = _send(ctx, _request(ctx), "confirmation", context)
+    message_id = _send(ctx, booking["contact_email"], "confirmation", context)
     return {"message_id": message_id}
 
 
@@ -242,28 +266,34 @@ def _refund_output(refund: Refund, charge: dict[str, Any]) -> dict[str, Any]:
 
 
 def notify_failure(ctx: StepContext) -> dict[str, Any]:
-    """Tell the customer the change could not be made, why, and what happened to the fee."""
-    refund_id = (ctx.input or {}).get("refund_id")
-    request = RefundRequest.objects.filter(public_id=refund_id).first() if refund_id else None
-    if request is None:
-        return {"sent": False, "reason": "no request to reply to"}
+    """Tell the customer the change could not be made, why, and what happened to the fee.
+
+    Only a request found to come from the booking's owner gets mail, at the contact e-mail on
+    file; for any other nothing is sent (the address typed is unverified), and the status page
+    alone gives the reason.
+    """
     booking = ctx.output_of("fetch_booking") or {}
     charge = ctx.output_of("charge_customer") or {"charged": False, "amount_cents": 0}
     refund = ctx.output_of("refund_fee") or {"refunded": False}
     released = ctx.output_of("cancel_seat") or {}
     reason = _failure_reason(ctx)
+    contact = booking.get("contact_email", "")
+    if not contact:
+        return {"sent": False, "reason": reason}
     context = {
         "passenger_name": booking.get("passenger_name", ""),
-        "reference": request.booking_reference.upper(),
+        "reference": booking.get("reference", ""),
+        "old_flight": booking.get("flight", ""),
+        "old_date_words": progress.date_in_words(booking.get("date", "")),
         "reason": reason,
         "fee_charged": charge.get("charged", False),
         "fee_refunded": refund.get("refunded", False),
         "fee": _fee_text(charge),
         "refund_id": refund.get("refund_id", ""),
         "seat_released": bool(released),
-        "seat": released.get("seat", ""),
+        "seat": released.get("seat", "") or booking.get("seat", ""),
     }
-    message_id = _send(ctx, request, "failure", context)
+    message_id = _send(ctx, contact, "failure", context)
     return {"sent": True, "message_id": message_id, "reason": reason}
 
 
@@ -275,11 +305,13 @@ _STEP_TROUBLE = {
     "charge_customer": "We couldn't reach our payment provider to take the change fee.",
     "issue_boarding_pass": "The airline couldn't issue your new boarding pass.",
 }
-_READABLE_PREFIXES = ("We ", "Your ", "Basic fares ")
+_READABLE_PREFIXES = ("We ", "Your ", "Basic fares ", "These details ")
 
 
 def _failure_reason(ctx: StepContext) -> str:
     run = durable.snapshot(ctx.run_id)
+    if run is not None and run.cancel_requested:
+        return "Our team stopped this change before it was finished."
     failed = next(
         (s for s in reversed(run.steps) if s.status == durable.StepStatus.FAILED), None
     ) if run else None  # fmt: skip
@@ -316,11 +348,12 @@ def _fee_text(charge: dict[str, Any] | None) -> str:
     return policy.format_amount(charge["amount_cents"], charge.get("currency", policy.CURRENCY))
 
 
-def _send(ctx: StepContext, request: RefundRequest, template: str, context: dict[str, Any]) -> str:
+def _send(ctx: StepContext, to: str, template: str, context: dict[str, Any]) -> str:
+    """Mail `to`, which is always the booking's contact e-mail on file."""
     subject = render_to_string(f"refunds/email/{template}_subject.txt", context)
     body = render_to_string(f"refunds/email/{template}.txt", context)
     return Mailer.from_settings().send(
-        to=request.email,
+        to=to,
         subject=" ".join(subject.split()),
         body=body.strip() + "\n",
         key=ctx.idempotency_key,

@@ -14,14 +14,15 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_safe
 
-from agentflow import durable
+from agentflow import durable, proxies
 from refunds import progress, services
 from refunds.forms import RefundRequestForm, new_submission_token, unsign_submission_token
 from refunds.models import RefundRequest
 from refunds.workflows import refund as refund_workflow
 
-#: Step outputs the page may read: the fee worked out, and the failure explanation that
-#: `notify_failure` wrote for the customer (never a raw step error).
+#: Step outputs the page reads: the fee worked out, the failure explanation that
+#: `notify_failure` wrote for the customer (never a raw step error), and through
+#: `progress.outcome_details` what the run changed.
 _FEE_STEP = "calculate_penalty_fee"
 _NOTICE_STEP = "notify_failure"
 
@@ -56,20 +57,17 @@ def refund_new(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _form_page(request, form, status=400)
     data = form.cleaned_data
-    ip = services.client_ip_of(request.META.get("REMOTE_ADDR"))
-    allowed, retry_after = services.submissions_allowed(data["email"], ip)
+    ip = proxies.client_key(request)
+    allowed, retry_after = services.submissions_allowed(email=data["email"], client_ip=ip)
     if not allowed:
-        response = render(
-            request,
-            "refunds/too_many.html",
-            {"retry_minutes": max(1, math.ceil(retry_after / 60))},
-            status=429,
-        )
-        response["Retry-After"] = str(retry_after)
-        return response
+        return _too_many(request, retry_after, per_booking=False)
+    allowed, retry_after = services.booking_requests_allowed(data["booking_reference"])
+    if not allowed:
+        return _too_many(request, retry_after, per_booking=True)
     refund = services.refund_request_create(
         email=data["email"],
         booking_reference=data["booking_reference"],
+        last_name=data["last_name"],
         message=data["message"],
         submission_token=nonce,
         client_ip=ip,
@@ -129,6 +127,17 @@ def _form_page(
     return render(request, "refunds/new.html", {"form": form, "stale": stale}, status=status)
 
 
+def _too_many(request: HttpRequest, retry_after: int, *, per_booking: bool) -> HttpResponse:
+    response = render(
+        request,
+        "refunds/too_many.html",
+        {"retry_minutes": max(1, math.ceil(retry_after / 60)), "per_booking": per_booking},
+        status=429,
+    )
+    response["Retry-After"] = str(retry_after)
+    return response
+
+
 def _stale_form_page(request: HttpRequest) -> HttpResponse:
     """Tampered, expired or missing token: nothing is created, and what they typed stays,
     under a fresh token they can submit once they have checked it."""
@@ -153,11 +162,8 @@ def _refund_or_404(public_id: str) -> RefundRequest:
 
 
 def _same_request(refund: RefundRequest, data: dict[str, Any]) -> bool:
-    return (refund.email, refund.booking_reference, refund.message) == (
-        data["email"],
-        data["booking_reference"],
-        data["message"],
-    )
+    fields = ("email", "booking_reference", "last_name", "message")
+    return all(getattr(refund, name) == data[name] for name in fields)
 
 
 def _snapshot(refund: RefundRequest) -> durable.RunSnapshot | None:
@@ -169,13 +175,17 @@ def _progress(run: durable.RunSnapshot | None) -> progress.Progress:
         return progress.describe(
             status=durable.RunStatus.PENDING, current_step="", steps=[], planned=_planned()
         )
+    outputs = _outputs(run)
+    notice = outputs.get(_NOTICE_STEP, {})
     return progress.describe(
         status=run.status,
         current_step=run.current_step,
         steps=run.steps,
         planned=_planned(),
-        fee_cents=_fee_cents(run),
-        reason=_customer_reason(run),
+        fee_cents=_fee_cents(outputs),
+        reason=_customer_reason(notice),
+        emailed=notice.get("sent") is True,
+        details=progress.outcome_details(run.status, outputs),
     )
 
 
@@ -183,19 +193,22 @@ def _planned() -> list[str]:
     return refund_workflow.forward_steps
 
 
-def _fee_cents(run: durable.RunSnapshot) -> int | None:
+def _fee_cents(outputs: dict[str, dict[str, Any]]) -> int | None:
     """The fee the run worked out, once it has; the page says $45 until then."""
-    value = _output(run, _FEE_STEP).get("amount_cents")
+    value = outputs.get(_FEE_STEP, {}).get("amount_cents")
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _customer_reason(run: durable.RunSnapshot) -> str:
-    value = _output(run, _NOTICE_STEP).get("reason")
-    return value[:500] if isinstance(value, str) and _output(run, _NOTICE_STEP).get("sent") else ""
+def _customer_reason(notice: dict[str, Any]) -> str:
+    """The explanation `notify_failure` wrote for customers, mailed or not."""
+    value = notice.get("reason")
+    return value[:500] if isinstance(value, str) else ""
 
 
-def _output(run: durable.RunSnapshot, name: str) -> dict[str, Any]:
-    for step in run.steps:
-        if step.name == name and step.status == durable.StepStatus.COMPLETED:
-            return step.output if isinstance(step.output, dict) else {}
-    return {}
+def _outputs(run: durable.RunSnapshot) -> dict[str, dict[str, Any]]:
+    """Completed steps' outputs by name (the latest of a name wins)."""
+    return {
+        step.name: step.output
+        for step in run.steps
+        if step.status == durable.StepStatus.COMPLETED and isinstance(step.output, dict)
+    }

@@ -21,7 +21,9 @@ PARTNER_RETRY = durable.RetryPolicy(
 #: Undoing gives up much later (about a minute): if it fails, an operator must step in.
 COMPENSATION_RETRY = durable.RetryPolicy(max_attempts=8, base_seconds=0.5, max_seconds=60)
 
-refund = durable.Workflow("refund", version=1, on_failure="notify_failure")
+#: v2: `fetch_booking` checks the requester owns the booking, and mail goes to its contact
+#: on file (v1 runs still in flight are parked for an operator rather than guessed at).
+refund = durable.Workflow("refund", version=2, on_failure="notify_failure")
 
 refund.step("load_request", kind="read")(steps.load_request)
 refund.step("parse_flight_details", kind="read")(steps.parse_flight_details)

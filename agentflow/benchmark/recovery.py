@@ -1,5 +1,5 @@
 """Recovery figures: SIGKILL a pool child, or a whole worker, while a step holds; time the
-step from the kill to its COMPLETED checkpoint on the database clock."""
+step from the kill to its recovery on the database clock."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.conf import settings
-
 from agentflow import durable
 from agentflow.benchmark import workload
 from agentflow.benchmark.throughput import BenchError, bench_worker, wait_until
-from agentflow.models import StepCheckpoint
+from agentflow.models import RunEvent, StepCheckpoint
 from agentflow.states import StepStatus
 from agentflow.workers import WorkerProcess
 
@@ -25,10 +23,13 @@ class Recovery:
     samples: list[float]
 
     def as_dict(self) -> dict[str, float | int]:
+        ordered = sorted(self.samples)
         return {
-            "samples": len(self.samples),
-            "p50_s": round(statistics.median(self.samples), 3),
-            "max_s": round(max(self.samples), 3),
+            "samples": len(ordered),
+            "p50_s": round(statistics.median(ordered), 3),
+            # Nearest rank: with 10 samples the p99 is the largest, as it should be.
+            "p99_s": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3),
+            "max_s": round(ordered[-1], 3),
         }
 
 
@@ -48,31 +49,61 @@ def child_kill_recovery(worker: WorkerProcess, *, samples: int) -> Recovery:
     return Recovery(samples=seconds)
 
 
-def worker_kill_recovery(*, samples: int, concurrency: int) -> Recovery:
-    """Kill the whole worker (parent and children), start a fresh one with beat: its message
-    stays unacked in Redis until the visibility timeout, so the sweeper must find the run once
-    the lease expires. Bound: lease + sweep interval."""
+def worker_kill_recovery(*, samples: int) -> Recovery:
+    """Kill a whole worker (parent and children) mid-step while another worker runs with beat:
+    the dead worker's sessions end, its advisory lock is freed, and the survivor's sweeper
+    re-publishes the run at its next pass, without waiting for the lease (SPEC 3.7). Timed from
+    the kill to the survivor's takeover (its claim of attempt 2, database clock).
+
+    The held run is started until one lands on the worker about to die; runs that land on the
+    survivor are released and finish normally."""
     seconds = []
-    for _ in range(samples):
-        doomed = bench_worker(concurrency, beat=True).start(timeout=60)
-        try:
-            run_id = durable.start(workload.HOLD)
-            _holding_pid(run_id)
-            killed_at = time.time()
-        finally:
-            doomed.kill()
-        workload.redis_client().set(workload.release_key(run_id), 1)
-        fresh = bench_worker(concurrency, beat=True)
-        try:
-            fresh.start(timeout=60)
-            seconds.append(_completed_at(run_id).timestamp() - killed_at)
-        finally:
-            fresh.kill()
+    survivor = bench_worker(1, beat=True).start(timeout=60)
+    try:
+        for _ in range(samples):
+            doomed = bench_worker(1).start(timeout=60)
+            try:
+                run_id = _held_by(doomed, survivor)
+                killed_at = time.time()
+            finally:
+                doomed.kill()
+            seconds.append(_taken_over_at(run_id).timestamp() - killed_at)
+            workload.redis_client().set(workload.release_key(run_id), 1)
+            _completed_at(run_id)
+    finally:
+        survivor.kill()
     return Recovery(samples=seconds)
 
 
-def bound_seconds() -> int:
-    return settings.AGENTFLOW_LEASE_SECONDS + settings.AGENTFLOW_SWEEP_INTERVAL
+def _held_by(doomed: WorkerProcess, survivor: WorkerProcess) -> str:
+    """A held run whose step runs in `doomed` (those that `survivor` took are released)."""
+    for _ in range(20):
+        run_id = durable.start(workload.HOLD)
+        owner = _holding_pid(run_id)
+        if owner in doomed.children():
+            return run_id
+        workload.redis_client().set(workload.release_key(run_id), 1)
+        _completed_at(run_id)
+        wait_until(lambda: survivor.alive() or None, timeout=5, what=lambda: "the survivor")
+    raise BenchError("no held run landed on the worker to kill in 20 tries")
+
+
+def bound_seconds() -> float:
+    """Recovery target after a whole worker dies (SPEC 3.7)."""
+    return 2.0
+
+
+def _taken_over_at(run_id: str) -> datetime:
+    found = wait_until(
+        lambda: (
+            RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.TAKEOVER)
+            .values_list("at", flat=True)
+            .first()
+        ),
+        timeout=120,
+        what=lambda: f"run {run_id} to be taken over",
+    )
+    return found
 
 
 def _holding_pid(run_id: str) -> int:
@@ -86,7 +117,7 @@ def _holding_pid(run_id: str) -> int:
         timeout=30,
         what=lambda: f"run {run_id} to claim its held step",
     )
-    return int(owner.split("/")[1])
+    return int(owner.split("/")[1])  # host/pid/nonce
 
 
 def _completed_at(run_id: str) -> datetime:

@@ -49,9 +49,9 @@ class BenchOptions:
     #: turn runs/rounds runs), so a slow spell of a shared machine slows all alike instead of
     #: skewing the ratios.
     rounds: int = 5
-    #: Kills per recovery figure (child: quick; whole worker: lease + sweep each).
+    #: Kills per recovery figure (a pool child; a whole worker while another one runs).
     child_kills: int = 5
-    worker_kills: int = 3
+    worker_kills: int = 10
 
 
 def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict:
@@ -91,11 +91,9 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     if child is not None:
         report["recovery"]["child_kill"] = child.as_dict()
     if options.worker_kills:
-        progress(f"recovery: {options.worker_kills} whole-worker kills, fresh worker with beat")
+        progress(f"recovery: {options.worker_kills} whole-worker kills, a second worker runs")
         try:
-            whole = recovery.worker_kill_recovery(
-                samples=options.worker_kills, concurrency=options.concurrency
-            )
+            whole = recovery.worker_kill_recovery(samples=options.worker_kills)
         finally:
             _delete_bench_runs()
         report["recovery"]["worker_kill"] = whole.as_dict()

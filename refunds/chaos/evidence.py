@@ -53,6 +53,8 @@ class Effect:
     workflow_id: str
     created: float
     deliveries: int = 1
+    #: Money, for payments and refunds (cents).
+    amount: int = 0
 
 
 @dataclass(kw_only=True)
@@ -68,6 +70,13 @@ class Evidence:
 
     def effects_of(self, kind: str) -> list[Effect]:
         return [e for e in self.effects if e.kind == kind]
+
+    def money(self, kind: str) -> dict[str, int]:
+        """Cents per run of ours in `kind` (payments or refunds), zeros included."""
+        totals: Counter[str] = Counter()
+        for effect in self.effects_of(kind):
+            totals[effect.workflow_id] += effect.amount
+        return {run_id: totals.get(run_id, 0) for run_id in self.runs}
 
     def per_refund(self, kind: str) -> dict[str, int]:
         """Effects of `kind` per run of ours (emails: distinct Message-IDs), zeros included."""
@@ -120,6 +129,7 @@ def _effects(ledger: dict[str, Any]) -> list[Effect]:
                     workflow_id=str(entry.get("workflow_id") or ""),
                     created=float(entry.get("created") or 0.0),
                     deliveries=int(entry.get("deliveries") or 1),
+                    amount=int(entry.get("amount") or 0),
                 )
             )
     return found

@@ -35,6 +35,8 @@ NOTES = {
     "I5": "not checked here (fencing has its own crash tests)",
     "I6": "not checked here; sweeper re-enqueues and reconciles are counted under 'events'",
     "I7": "every run not finished has a live lease, a wake-up time, or is NEEDS_ATTENTION",
+    "I8": "money, counted at the sandbox: a FAILED or CANCELLED run has refunded every cent it "
+    "was charged; a NEEDS_ATTENTION run says why; a COMPLETED one kept exactly its fee (I1)",
 }
 
 
@@ -45,6 +47,7 @@ def check_all(evidence: Evidence, now: datetime) -> dict[str, list[str]]:
         "I3": i3_no_rerun(evidence),
         "I4": i4_claim_before_effect(evidence),
         "I7": i7_owned(evidence, now),
+        "I8": i8_no_money_kept(evidence),
     }
 
 
@@ -121,4 +124,18 @@ def i7_owned(evidence: Evidence, now: datetime) -> list[str]:
         )
         if run.wake_at is None and not leased:
             problems.append(f"{run.id} is {run.status} with no lease and no wake-up time")
+    return problems
+
+
+def i8_no_money_kept(evidence: Evidence) -> list[str]:
+    problems = []
+    charged, refunded = evidence.money("payments"), evidence.money("refunds")
+    for run in evidence.runs.values():
+        kept = charged[run.id] - refunded[run.id]
+        if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and kept:
+            problems.append(f"{run.id} is {run.status} and keeps {kept} cents")
+        if run.status == RunStatus.NEEDS_ATTENTION and not run.error:
+            problems.append(f"{run.id} needs attention without a reason")
+        if kept < 0:
+            problems.append(f"{run.id} refunded {-kept} cents more than it took")
     return problems

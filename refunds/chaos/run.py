@@ -204,6 +204,7 @@ def _worker_env(
         "EMAIL_HOST": "127.0.0.1",
         "EMAIL_PORT": str(sandbox.smtp_port),
         "REFUNDS_SUBMIT_LIMIT": "0",
+        "REFUNDS_BOOKING_LIMIT": "0",
         "AGENTFLOW_VAR_DIR": str(workdir),
         "AGENTFLOW_LEASE_SECONDS": str(config.lease_seconds),
         "AGENTFLOW_SWEEP_INTERVAL": str(config.sweep_interval_seconds),
@@ -219,6 +220,7 @@ def _settings_for(config: ChaosConfig, sandbox: Sandbox) -> override_settings:
     return override_settings(
         ALLOWED_HOSTS=[*settings.ALLOWED_HOSTS, "testserver"],
         REFUNDS_SUBMIT_LIMIT=0,
+        REFUNDS_BOOKING_LIMIT=0,
         SANDBOX_URL=sandbox.url,
         SANDBOX_SMTP_PORT=sandbox.smtp_port,
         STRIPE_API_BASE=sandbox.url,

@@ -19,12 +19,12 @@ from django.db import connections
 from django.test import Client
 
 from refunds.models import RefundRequest
+from refunds.sandbox.airline import owner_of
 
 FORM_URL = "/refunds/new/"
 _STATUS_URL = re.compile(r"/refunds/(?P<public_id>rf_[A-Za-z0-9_-]+)/$")
 _FIRST = [c for c in string.ascii_uppercase if c not in "FBD"]  # F flex, B basic, DEC declines
 _REST = string.ascii_uppercase + string.digits
-_NAMES = ("ada", "bo", "chidi", "dana", "eli", "freya", "gus", "hiro", "ines", "jon", "kim")
 _MESSAGES = (
     "Hi, something came up at work. Could you move me to flight {flight} on {day}? Thanks!",
     "Please rebook me onto {flight} on {day} instead, my meeting moved.",
@@ -38,6 +38,7 @@ _MESSAGES = (
 class Customer:
     email: str
     booking_reference: str
+    last_name: str
     message: str
 
 
@@ -52,19 +53,28 @@ class Submission:
 
 
 def customers(rng: random.Random, count: int) -> list[Customer]:
-    """Distinct e-mails and standard-fare references, so every refund should complete."""
+    """Distinct standard-fare references, each sent by its owner (the passenger's last name
+    and the booking's contact e-mail, as the sandbox derives them), so every refund should
+    complete."""
     references: set[str] = set()
     while len(references) < count:
         tail = "".join(rng.choice(_REST) for _ in range(4))
         references.add(rng.choice(_FIRST) + rng.choice(string.digits) + tail)
     result = []
-    for i, reference in enumerate(sorted(references)):
+    for reference in sorted(references):
         day = date.today() + timedelta(days=rng.randint(14, 200))
         message = rng.choice(_MESSAGES).format(
             flight=f"SK{rng.randint(100, 9999)}", day=day.strftime("%-d %B %Y")
         )
-        email = f"{rng.choice(_NAMES)}.{i}.{rng.randrange(10**6)}@example.com"
-        result.append(Customer(email=email, booking_reference=reference, message=message))
+        owner = owner_of(reference)
+        result.append(
+            Customer(
+                email=owner.email,
+                booking_reference=reference,
+                last_name=owner.last_name,
+                message=message,
+            )
+        )
     rng.shuffle(result)
     return result
 
@@ -94,6 +104,7 @@ def submit(customer: Customer, *, double: str = "") -> Submission:
         **hidden.values,
         "email": customer.email,
         "booking_reference": customer.booking_reference,
+        "last_name": customer.last_name,
         "message": customer.message,
     }
     if double == "concurrent":

@@ -7,6 +7,8 @@ import random
 import re
 import secrets
 import sqlite3
+import unicodedata
+from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any
 
@@ -20,10 +22,13 @@ FIRST_NAMES = (
     "Astrid", "Bjorn", "Camille", "Dmitri", "Elena", "Farah", "Goran", "Hana",
     "Ines", "Jonas", "Kaito", "Lena", "Mateo", "Nadia", "Oskar", "Priya",
 )  # fmt: skip
+#: Some with accents and spaces, as real passengers' names have.
 LAST_NAMES = (
-    "Andersen", "Berg", "Costa", "Dahl", "Eriksen", "Fischer", "Haugen", "Ivanova",
-    "Jensen", "Kowalski", "Lund", "Moreau", "Nakamura", "Olsen", "Patel", "Rossi",
+    "Andersen", "Berg", "Costa", "Dahl", "Eriksen", "Müller", "Åberg", "Ivanova",
+    "Jensen", "Kowalski", "Lund", "Moreau", "Nakamura", "Olsen", "Patel", "da Silva",
 )  # fmt: skip
+#: Where the sandbox's passengers receive mail (RFC 2606: never a real mailbox).
+CONTACT_DOMAIN = "example.com"
 AIRPORTS = ("CPH", "OSL", "ARN", "HEL", "LHR", "CDG", "FRA", "AMS", "BCN", "FCO", "JFK", "KEF")
 FARE_CLASSES = {"F": "flex", "B": "basic"}
 SEAT_LETTERS = "ABCDEF"
@@ -34,18 +39,53 @@ def booking(reference: str) -> dict[str, Any]:
     ref = reference.upper()
     rng = random.Random(hashlib.sha256(ref.encode()).hexdigest())
     origin, destination = rng.sample(AIRPORTS, 2)
+    first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
     return {
         "reference": ref,
-        "passenger": {"name": f"{rng.choice(FIRST_NAMES)} {rng.choice(LAST_NAMES)}"},
+        "passenger": {"name": f"{first} {last}", "first_name": first, "last_name": last},
+        "contact_email": contact_email(first, last, ref),
         "flight": f"SK{rng.randint(100, 9999)}",
         "date": (date(2027, 1, 1) + timedelta(days=rng.randrange(365))).isoformat(),
         "origin": origin,
         "destination": destination,
         "seat": _seat(rng),
         "fare_class": FARE_CLASSES.get(ref[0], "standard"),
-        "payment_method": "pm_card_chargeDeclined" if ref.startswith("DEC") else "pm_card_visa",
+        "payment_method": _payment_method(ref),
         "status": "confirmed",
     }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Owner:
+    """What the booking's owner types into the refund form: their last name and e-mail."""
+
+    last_name: str
+    email: str
+
+
+def owner_of(reference: str) -> Owner:
+    """The right details for `reference`: what tests and the chaos traffic submit."""
+    passenger = booking(reference)
+    return Owner(last_name=passenger["passenger"]["last_name"], email=passenger["contact_email"])
+
+
+def contact_email(first: str, last: str, reference: str) -> str:
+    """'Åsa', 'da Silva', 'ABC123' -> 'asa.dasilva.abc123@example.com' (unique per booking)."""
+    local = ".".join(_ascii_word(part) for part in (first, last, reference))
+    return f"{local}@{CONTACT_DOMAIN}"
+
+
+def _ascii_word(text: str) -> str:
+    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return "".join(ch for ch in folded.lower() if ch.isalnum())
+
+
+#: Test cards by the reference's first letters (Stripe's test payment methods).
+_CARDS_BY_PREFIX = {"DEC": "pm_card_chargeDeclined", "STL": "pm_card_chargeDeclinedStolenCard"}
+
+
+def _payment_method(reference: str) -> str:
+    return _CARDS_BY_PREFIX.get(reference[:3], "pm_card_visa")
 
 
 def _seat(rng: random.Random) -> str:

@@ -35,6 +35,7 @@ def ledger(store: Store, *, workflow_id: str | None = None) -> dict[str, Any]:
             "workflow_id": row["workflow_id"],
             "to": json.loads(row["recipients"]),
             "subject": row["subject"],
+            "body": row["body"],
             "created": row["created"],
             "received": row["created"],
             "last_delivery": row["last_delivery"],

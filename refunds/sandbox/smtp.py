@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import email
+import email.message
 import email.policy
 import json
 import logging
@@ -46,8 +47,8 @@ def record(store: Store, content: bytes, recipients: list[str]) -> str:
     now = time.time()
     with store.transaction() as db:
         db.execute(
-            "INSERT INTO emails (message_id, workflow_id, recipients, subject, created,"
-            " last_delivery, deliveries) VALUES (?, ?, ?, ?, ?, ?, 1)"
+            "INSERT INTO emails (message_id, workflow_id, recipients, subject, body, created,"
+            " last_delivery, deliveries) VALUES (?, ?, ?, ?, ?, ?, ?, 1)"
             " ON CONFLICT (message_id) DO UPDATE SET deliveries = deliveries + 1,"
             " last_delivery = excluded.last_delivery",
             (
@@ -55,11 +56,18 @@ def record(store: Store, content: bytes, recipients: list[str]) -> str:
                 str(workflow_id).strip() if workflow_id else None,
                 json.dumps(to),
                 str(message.get("Subject", "")),
+                _text_of(message),
                 now,
                 now,
             ),
         )
     return message_id
+
+
+def _text_of(message: email.message.EmailMessage) -> str:
+    """The plain-text body, so tests can read what the customer was told."""
+    part = message.get_body(preferencelist=("plain",))
+    return part.get_content() if part is not None else ""
 
 
 def start_smtp(store: Store, *, host: str, port: int) -> Controller:

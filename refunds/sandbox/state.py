@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS emails (
     workflow_id TEXT,
     recipients TEXT NOT NULL,
     subject TEXT NOT NULL,
+    body TEXT NOT NULL DEFAULT '',
     created REAL NOT NULL,
     last_delivery REAL NOT NULL,
     deliveries INTEGER NOT NULL
@@ -83,6 +84,9 @@ class Store:
         # NORMAL is durable against a killed process (WAL), which is the crash the tests make.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(emails)")}
+        if "body" not in columns:  # a state file from before bodies were kept
+            self._db.execute("ALTER TABLE emails ADD COLUMN body TEXT NOT NULL DEFAULT ''")
         # A request that was executing when the process died stored nothing: free its key.
         with self.transaction() as db:
             db.execute("DELETE FROM idempotency_keys WHERE status IS NULL")

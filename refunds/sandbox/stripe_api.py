@@ -26,6 +26,9 @@ DECLINES = {
         "Your card has insufficient funds.",
     ),
     "pm_card_chargeDeclinedExpiredCard": ("expired_card", "Your card has expired."),
+    "pm_card_chargeDeclinedStolenCard": ("stolen_card", "Your card was declined."),
+    "pm_card_chargeDeclinedLostCard": ("lost_card", "Your card was declined."),
+    "pm_card_chargeDeclinedFraudulent": ("fraudulent", "Your card was declined."),
 }
 INTENT_PARAMS = frozenset(
     {

@@ -10,6 +10,8 @@
   var headline = document.getElementById("status-headline");
   var message = document.getElementById("status-message");
   var list = document.getElementById("steps");
+  var details = document.getElementById("status-details");
+  var lastDetails = "";
   var FAST_MS = 1000;
   var SLOW_MS = 5000;
   var MAX_MS = 30000;
@@ -44,6 +46,18 @@
       message.textContent = customer.message;
     }
     root.className = "progress progress--" + customer.outcome;
+    var facts = JSON.stringify(customer.details || []);
+    if (details && facts !== lastDetails) {
+      lastDetails = facts;
+      var items = document.createDocumentFragment();
+      (customer.details || []).forEach(function (line) {
+        var li = document.createElement("li");
+        li.textContent = line;
+        items.appendChild(li);
+      });
+      details.replaceChildren(items);
+      details.hidden = !(customer.details || []).length;
+    }
     var steps = JSON.stringify(customer.steps);
     if (steps !== lastSteps) {
       lastSteps = steps;

@@ -21,6 +21,8 @@ import pytest
 from django.db import connection, connections, transaction
 
 from refunds.models import RefundRequest
+from refunds.ownership import MISMATCH
+from refunds.sandbox.airline import owner_of
 from tests.support.processes import Workers
 from tests.support.sandbox import SandboxProcess
 from tests.support.waiting import wait_for
@@ -65,6 +67,7 @@ def page(live_server: Any, settings: Any) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     settings.REFUNDS_SUBMIT_LIMIT = 0  # every submission here comes from 127.0.0.1
+    settings.REFUNDS_BOOKING_LIMIT = 0  # and some send one booking several times
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=str(CHROMIUM),
@@ -103,12 +106,22 @@ def running(workers: Workers, clean_sandbox: SandboxProcess) -> Iterator[Sandbox
     workers.kill_all()  # before the test database is flushed
 
 
-def fill_form(page: Any, *, reference: str = "abc123") -> None:
-    page.get_by_label("Email address").fill("ana.lopez@example.com")
+def fill_form(
+    page: Any,
+    *,
+    reference: str = "abc123",
+    last_name: str | None = None,
+    email: str | None = None,
+    message: str = "Hi! Could you move me to the evening flight on the same day, please? Thanks",
+) -> None:
+    """The booking's owner filling in the form, unless `last_name` or `email` say otherwise."""
+    owner = owner_of(reference)
     page.get_by_label("Booking reference").fill(reference)
-    page.get_by_label("What would you like to change?").fill(
-        "Hi! Could you move me to the evening flight on the same day, please? Thanks, Ana"
+    page.get_by_label("Passenger's last name").fill(
+        owner.last_name if last_name is None else last_name
     )
+    page.get_by_label("Email address").fill(owner.email if email is None else email)
+    page.get_by_label("What would you like to change?").fill(message)
 
 
 def shoot(page: Any, name: str) -> None:
@@ -145,11 +158,12 @@ def refund_of(url: str) -> RefundRequest:
 
 
 def test_customer__submits_the_form_and_watches_it_finish_without_reloading(
-    running: SandboxProcess, page: Any
+    running: SandboxProcess, workers: Workers, page: Any
 ) -> None:
+    owner = owner_of("XYZ789")  # Åberg, typed as a keyboard without Å would
     page.goto("/refunds/new/")
     shoot(page, "form")
-    fill_form(page)
+    fill_form(page, reference="xyz789", last_name="  ABERG ", email=owner.email.upper())
     page.get_by_role("button", name="Send my request").click()
     page.wait_for_url("**/refunds/rf_*/")
     status_url = page.url
@@ -172,8 +186,72 @@ def test_customer__submits_the_form_and_watches_it_finish_without_reloading(
     refund = refund_of(status_url)
     ledger = running.ledger(workflow_id=refund.workflow_id)
     assert len(ledger["payments"]) == 1
-    assert len(ledger["boarding_passes"]) == 1
-    assert len(ledger["emails"]) == 1
+    [issued] = ledger["boarding_passes"]
+    [email] = ledger["emails"]
+    assert email["to"] == [owner.email]  # the contact on file, not the address as typed
+    # What changed, on the page and in the e-mail, in the customer's words.
+    details = page.locator("#status-details").inner_text()
+    for words in (f"New flight: {issued['flight']} on ", f"New seat: {issued['seat']}",
+                  "Change fee: $45, charged to your card"):  # fmt: skip
+        assert words in details
+    for words in (f"New seat:       {issued['seat']}", "Change fee:     $45.00, charged"):
+        assert words in email["body"]
+    # Logs name neither the customer's address nor the status page.
+    logs = "".join(worker.log_path.read_text(errors="replace") for worker in workers.started)
+    assert owner.email not in logs.lower() and refund.public_id not in logs
+
+
+def wait_until_final(page: Any) -> str:
+    """The status page's headline once the run is over (the page stops polling)."""
+    page.locator('#progress[data-final="true"]').wait_for(timeout=RUN_SECONDS * 1000)
+    return page.locator("#status-headline").inner_text()
+
+
+def test_someone_elses_details__fail_with_one_message_and_change_nothing(
+    running: SandboxProcess, page: Any
+) -> None:
+    """Knowing a booking reference is not owning the booking."""
+    owner, other = owner_of("ABC123"), owner_of("XYZ789")
+    attempts = {
+        "wrong surname": {"last_name": "Eriksson"},
+        "wrong email": {"email": "camille.eriksen@example.com"},
+        "someone else's booking": {"last_name": other.last_name, "email": other.email},
+    }
+    assert owner.last_name == "Eriksen" and other.last_name != owner.last_name
+    for what, typed in attempts.items():
+        page.goto("/refunds/new/")
+        fill_form(page, message=f"Move me to the evening flight ({what}).", **typed)
+        page.get_by_role("button", name="Send my request").click()
+        page.wait_for_url("**/refunds/rf_*/")
+        assert wait_until_final(page) == "We couldn't complete the change", what
+        summary = page.locator('[aria-live="polite"]').inner_text()
+        assert MISMATCH in summary, what
+        assert "No email was sent about this request." in summary, what
+        for detail in ("surname", "last name is", "email is", owner.email, "Eriksen"):
+            assert detail not in summary, (what, detail)
+        run = refund_of(page.url).workflow_id
+        ledger = running.ledger(workflow_id=run)
+        for kind in ("seat_cancellations", "payments", "boarding_passes", "crm_updates", "emails"):
+            assert ledger[kind] == [], (what, kind)
+    shoot(page, "not-the-owner")
+    assert running.ledger()["emails"] == []  # nothing to anyone, the typed addresses included
+
+
+def test_stolen_card__the_customer_is_told_only_that_it_was_declined(
+    running: SandboxProcess, page: Any
+) -> None:
+    page.goto("/refunds/new/")
+    fill_form(page, reference="stl123")
+    page.get_by_role("button", name="Send my request").click()
+    page.wait_for_url("**/refunds/rf_*/")
+    assert wait_until_final(page) == "We couldn't complete the change"
+    summary = page.locator('[aria-live="polite"]').inner_text()
+    assert "Your card was declined." in summary
+    [email] = running.ledger(workflow_id=refund_of(page.url).workflow_id)["emails"]
+    assert email["to"] == [owner_of("STL123").email]
+    assert "Why: Your card was declined." in email["body"]
+    for text in (summary, email["body"]):
+        assert "stolen" not in text.lower() and "lost" not in text.lower()
 
 
 def test_customer__double_click_on_send_makes_one_refund(page: Any) -> None:
@@ -187,7 +265,9 @@ def test_customer__double_click_on_send_makes_one_refund(page: Any) -> None:
     fill_form(page)
     posts: list[str] = []
     page.on("request", lambda request: request.method == "POST" and posts.append(request.url))
-    box = page.get_by_role("button", name="Send my request").bounding_box()
+    button = page.get_by_role("button", name="Send my request")
+    button.scroll_into_view_if_needed()  # the mouse clicks where the viewport shows it
+    box = button.bounding_box()
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     with inserts_held(RefundRequest._meta.db_table) as release:
         page.mouse.click(x, y)

@@ -57,7 +57,7 @@ def test_chaos__small_run_completes_every_refund_once_despite_a_child_kill() -> 
     assert all(d == {"keys": 0, "refunds": 0} for d in report["duplicate_effects"].values())
     assert report["emails"]["distinct_per_refund"]["max"] == 1
     assert report["double_submits"] == {"sent": 2, "same_refund": 2}
-    assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7"), True)
+    assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7", "I8"), True)
     assert report["seed"] == 3
     # The rows stay as evidence: one refund per customer, double submits included.
     assert RefundRequest.objects.count() == 5
@@ -86,3 +86,34 @@ def test_invariants__a_second_charge_for_one_refund_breaks_i1_and_i4() -> None:
 
     assert any("2 payments" in problem for problem in broken["I1"])
     assert broken["I4"] == ["payments wf_a_step_8: no checkpoint has this key"]
+
+
+def test_invariants__a_failed_run_that_keeps_its_fee_breaks_i8() -> None:
+    """I8 is counted in money at the sandbox: a FAILED run with an unrefunded charge is caught,
+    and so is a parked run without a reason; a refunded one is not."""
+    now = datetime.now(UTC)
+    runs = {
+        "wf_kept": WorkflowRun(id="wf_kept", status=RunStatus.FAILED, error="x: declined"),
+        "wf_even": WorkflowRun(id="wf_even", status=RunStatus.CANCELLED, error="cancelled"),
+        "wf_mute": WorkflowRun(id="wf_mute", status=RunStatus.NEEDS_ATTENTION, error=""),
+    }
+    money = [
+        Effect(
+            kind="payments", key="wf_kept_step_7", workflow_id="wf_kept", created=1, amount=4500
+        ),
+        Effect(
+            kind="payments", key="wf_even_step_7", workflow_id="wf_even", created=1, amount=4500
+        ),
+        Effect(kind="refunds", key="wf_even_step_9", workflow_id="wf_even", created=2, amount=4500),
+    ]
+    found = Evidence(
+        runs=runs, checkpoints={}, by_key={}, effects=money, ledger={}, events=Counter(),
+        requeues={},
+    )  # fmt: skip
+
+    broken = invariants.check_all(found, now)["I8"]
+
+    assert broken == [
+        "wf_kept is FAILED and keeps 4500 cents",
+        "wf_mute needs attention without a reason",
+    ]

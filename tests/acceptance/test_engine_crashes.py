@@ -103,9 +103,12 @@ def test_crash_point__child_kills_itself__redelivered_step_takes_over(
     assert partner.requests()[key_of(run_id)] == requests
     charge = checkpoint(run_id)
     assert charge.attempts == attempts
-    # No beat runs here: the redelivered message alone recovered the run (the dead-owner check
-    # let it claim at once, or it found the step done and published the next one).
-    assert not RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SWEEP_REQUEUE).exists()
+    # The redelivered message alone recovered the run: after a claim, its owner's freed lock
+    # let it take over at once (not the lease); after the completion, it found the step done
+    # and published the next one (no takeover at all).
+    takeovers = RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.TAKEOVER)
+    expected = [] if point == "after_complete" else [(HELD_SEQ, "owner_gone", 2)]
+    assert [(e.seq, e.data["reason"], e.data["attempt"]) for e in takeovers] == expected
     # Wall clock of this host throughout: the partner's rows and the claim's start time.
     rows = partner.executions(run_id)
     first_charge = next(row["at"] for row in rows if row["step"] == "charge")

@@ -20,6 +20,7 @@ from agentflow.celery import app
 from agentflow.models import RunEvent
 from agentflow.workers import WorkerProcess
 from refunds.models import RefundRequest
+from refunds.sandbox.airline import owner_of
 from tests.support.processes import worker_database_url
 from tests.support.sandbox import SandboxProcess
 from tests.support.waiting import wait_for
@@ -65,8 +66,10 @@ def worker(clean_sandbox: SandboxProcess, transactional_db: None) -> Iterator[Wo
 def submit(reference: str) -> str:
     """What the form's service does: the request row and its run, in one transaction."""
     with transaction.atomic():
+        owner = owner_of(reference)
         request = RefundRequest.objects.create(
-            email="ada@example.com",
+            email=owner.email,
+            last_name=owner.last_name,
             booking_reference=reference,
             message="Hi, please move me to SK1240 on 2027-03-16. Thanks!",
             submission_token=f"token-{reference}",
@@ -164,22 +167,24 @@ def test_declined_card__fails_readably_no_payment_customer_told(
     assert step(run, "notify_failure").output["reason"] == "Your card was declined."
 
 
-def test_unknown_booking__fails_before_any_effect(
+def test_unknown_booking__fails_before_any_effect_like_any_mismatch(
     worker: WorkerProcess, clean_sandbox: SandboxProcess
 ) -> None:
+    """An unknown reference says no more than a wrong name would, and nobody is written to:
+    there is no contact on file to write to."""
     clean_sandbox.set_fault(unknown_bookings=["NOP001"])
     run_id = submit("NOP001")
 
     run = finished(run_id, worker)
 
     assert run.status == durable.RunStatus.FAILED
-    assert run.error == "fetch_booking: We couldn't find booking NOP001."
+    assert run.error == "fetch_booking: These details don't match a booking."
     assert [s.name for s in run.steps] == [
         "load_request", "parse_flight_details", "fetch_booking", "notify_failure",
     ]  # fmt: skip
     ledger = partner_effects(clean_sandbox, run_id)
     assert all(ledger[kind] == [] for kind in EFFECT_LISTS)
-    assert [e["subject"] for e in ledger["emails"]] == ["We couldn't change your booking NOP001"]
+    assert ledger["emails"] == []
 
 
 def test_airline_storm_after_the_charge__fee_refunded_exactly_once(

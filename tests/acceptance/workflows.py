@@ -14,8 +14,9 @@ from agentflow import durable
 from tests.support import partner
 
 
-def _record(ctx: durable.StepContext) -> None:
-    partner.record_execution(ctx.run_id, ctx.seq, ctx.step, ctx.attempt)
+def _record(ctx: durable.StepContext) -> int:
+    """Record this execution; returns which execution of the step it is (1, 2, ...)."""
+    return partner.record_execution(ctx.run_id, ctx.seq, ctx.step, ctx.attempt)
 
 
 def read(ctx: durable.StepContext) -> dict[str, Any]:
@@ -127,3 +128,82 @@ DEPLOYED_VERSION = int(os.environ.get("TEST_WORKFLOWS_DEPLOY", "1"))
 deployed = durable.Workflow("crash_deployed", version=DEPLOYED_VERSION)
 deployed.step("prepare", kind="read")(read)
 deployed.step("charge" if DEPLOYED_VERSION == 1 else "charge_v2", kind="effect")(effect)
+
+
+# --- engine hardening ---------------------------------------------------------------------------
+def aba_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Execution 1 holds (the owner the test pauses), execution 2 is refused by the partner
+    (the takeover fails for good), execution 3 holds again (the operator's retry, in flight
+    while the paused owner wakes)."""
+    execution = _record(ctx)
+    if execution == 2:
+        raise durable.PermanentStepError("card declined")
+    partner.wait_for_release(f"{ctx.run_id}/{execution}")
+    return partner.apply(ctx.idempotency_key)
+
+
+aba = durable.Workflow("crash_aba", version=1)
+aba.step("prepare", kind="read")(read)
+aba.step("charge", kind="effect")(aba_effect)
+aba.step("finish", kind="read")(_finish)
+
+
+def suicide(ctx: durable.StepContext) -> dict[str, Any]:
+    """A read step that kills its own worker process every time it runs."""
+    import signal
+
+    _record(ctx)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
+suicidal = durable.Workflow("crash_suicidal", version=1)
+suicidal.step("prepare", kind="read")(read)
+suicidal.step("die", kind="read")(suicide)
+
+
+def slow_db(ctx: durable.StepContext) -> dict[str, Any]:
+    """A db step that holds (inside its transaction, under the run's row lock) until released."""
+    _record(ctx)
+    partner.wait_for_release(f"{ctx.run_id}/db")
+    return {"written": True}
+
+
+slow_db_flow = durable.Workflow("crash_slow_db", version=1)
+slow_db_flow.step("write", kind="db")(slow_db)
+slow_db_flow.step("finish", kind="read")(_finish)
+
+
+def patient_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Asks to be retried in 3 s on its first attempt (Retry-After), then makes its effect."""
+    _record(ctx)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("partner said 503", retry_after_seconds=3.0)
+    return partner.apply(ctx.idempotency_key)
+
+
+patient = durable.Workflow("crash_patient", version=1)
+patient.step("charge", kind="effect", retry=durable.RetryPolicy(base_seconds=0.1))(patient_effect)
+patient.step("finish", kind="read")(_finish)
+
+
+def greedy_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """A partner whose Retry-After is whatever the test put in the run's input."""
+    _record(ctx)
+    raise durable.RetryableStepError(
+        "partner said 429", retry_after_seconds=float(ctx.input["retry_after"])
+    )
+
+
+greedy = durable.Workflow("crash_greedy", version=1)
+greedy.step("charge", kind="effect")(greedy_effect)
+
+
+#: Two effects with compensations, then a partner that asks to wait: what an operator cancels.
+cancellable = durable.Workflow("crash_cancellable", version=1, on_failure="notify")
+cancellable.step("book", kind="effect", compensate="unbook")(effect)
+cancellable.step("charge", kind="effect", compensate="refund")(effect)
+cancellable.step("confirm", kind="effect", retry=durable.RetryPolicy(base_seconds=30))(flaky_effect)
+cancellable.compensation("unbook")(effect)
+cancellable.compensation("refund")(effect)
+cancellable.compensation("notify")(effect)

@@ -64,13 +64,20 @@ def apply(key: str) -> dict[str, Any]:
     return {"key": key, "replayed": not applied}
 
 
-def record_execution(run_id: str, seq: int, step: str, attempt: int) -> None:
-    """Called first thing by every test step body: who ran what, when."""
+def record_execution(run_id: str, seq: int, step: str, attempt: int) -> int:
+    """Called first thing by every test step body: who ran what, when. Returns how many times
+    this step has run for this run, this time included (counted when recorded, so a process
+    paused right after still knows which execution it is)."""
     with closing(_connect()) as conn:
-        conn.execute(
+        row = conn.execute(
             "INSERT INTO executions VALUES (?, ?, ?, ?, ?, ?)",
             (run_id, seq, step, attempt, os.getpid(), time.time()),
-        )
+        ).lastrowid
+        (count,) = conn.execute(
+            "SELECT count(*) FROM executions WHERE run_id = ? AND step = ? AND rowid <= ?",
+            (run_id, step, row),
+        ).fetchone()
+    return int(count)
 
 
 def wait_for_release(run_id: str, *, timeout: float = 120.0) -> None:

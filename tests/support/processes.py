@@ -131,12 +131,21 @@ class Workers:
         concurrency: int = 1,
         beat: bool = False,
         env: dict[str, str] | None = None,
+        wrapper: list[str] | None = None,
+        queues: str | None = None,
         **overrides: Any,
     ) -> WorkerProcess:
         """Start one worker and wait until it is ready; `overrides` go into its env."""
         full_env = env if env is not None else self._build_env(**overrides)
         name = f"{self._prefix}{len(self.started) + 1}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-        worker = WorkerProcess(concurrency=concurrency, env=full_env, name=name, beat=beat)
+        worker = WorkerProcess(
+            concurrency=concurrency,
+            env=full_env,
+            name=name,
+            beat=beat,
+            wrapper=wrapper,
+            extra_args=["-Q", queues] if queues else None,
+        )
         self.started.append(worker)
         return worker.start(timeout=60)
 

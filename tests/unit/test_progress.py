@@ -209,10 +209,86 @@ def test_every_planned_step_has_a_customer_label() -> None:
 
 def test_as_json__carries_what_the_script_renders() -> None:
     data = describe("COMPLETED", "", done_until("send_confirmation_email")).as_json()
-    assert set(data) == {"outcome", "headline", "message", "final", "steps"}
+    assert set(data) == {"outcome", "headline", "message", "final", "steps", "details"}
     assert data["steps"][0] == {
         "name": "load_request",
         "label": "Receiving your request",
         "state": "done",
         "state_label": "Done",
     }
+
+
+# --- what changed ---------------------------------------------------------------------------
+BOOKING = {"flight": "SK100", "date": "2027-02-01", "seat": "12A", "contact_email": "a@b.c"}
+ISSUED = {"flight": "SK1240", "date": "2027-03-16", "seat": "14C"}
+
+
+def test_date_in_words__iso_dates_read_as_a_person_writes_them() -> None:
+    assert progress.date_in_words("2027-03-16") == "Tuesday 16 March 2027"
+    assert progress.date_in_words("soon") == "soon"
+
+
+def test_outcome_details__completed_names_the_new_flight_seat_and_fee_charged() -> None:
+    outputs = {
+        "fetch_booking": BOOKING,
+        "charge_customer": {"charged": True, "amount_cents": 4500},
+        "issue_boarding_pass": ISSUED,
+        "send_confirmation_email": {"message_id": "<m>"},
+    }
+    assert progress.outcome_details("COMPLETED", outputs) == (
+        "New flight: SK1240 on Tuesday 16 March 2027",
+        "New seat: 14C",
+        "Change fee: $45, charged to your card",
+        "Confirmation and boarding pass emailed to the address on your booking",
+    )
+
+
+def test_outcome_details__completed_free_change_says_no_fee() -> None:
+    outputs = {
+        "charge_customer": {"charged": False, "amount_cents": 0},
+        "issue_boarding_pass": ISSUED,
+    }
+    assert "Change fee: none for your fare" in progress.outcome_details("COMPLETED", outputs)
+
+
+def test_outcome_details__a_request_not_from_the_owner_reveals_nothing_of_the_booking() -> None:
+    details = progress.outcome_details("FAILED", {"notify_failure": {"sent": False}})
+    assert details == (
+        "Nothing was changed: no booking was touched.",
+        "No email was sent about this request.",
+    )
+
+
+def test_outcome_details__failed_before_any_effect_says_the_booking_is_unchanged() -> None:
+    outputs = {"fetch_booking": BOOKING, "notify_failure": {"sent": True}}
+    assert progress.outcome_details("FAILED", outputs) == (
+        "Your booking was not changed: still SK100 on Monday 1 February 2027, seat 12A.",
+        "We've emailed the details to the address on your booking.",
+    )
+
+
+def test_outcome_details__failed_after_the_charge_owns_up_to_the_seat_and_the_refund() -> None:
+    outputs = {
+        "fetch_booking": BOOKING,
+        "cancel_seat": {"seat": "12A"},
+        "charge_customer": {"charged": True, "amount_cents": 4500},
+        "refund_fee": {"refunded": True},
+    }
+    assert progress.outcome_details("FAILED", outputs) == (
+        "Your original seat 12A on SK100 on Monday 1 February 2027 was released.",
+        "The $45 change fee was refunded to your card.",
+    )
+
+
+def test_outcome_details__nothing_while_working() -> None:
+    assert progress.outcome_details("RUNNING", {"fetch_booking": BOOKING}) == ()
+
+
+def test_describe__details_shown_once_final_and_mail_only_claimed_when_sent() -> None:
+    steps = [*done_until("parse_flight_details"), Step(3, "fetch_booking", "FAILED")]
+    working = describe("RUNNING", "fetch_booking", steps, details=("x",))
+    assert working.details == ()
+    silent = describe("FAILED", "notify_failure", steps, details=("x",), emailed=False)
+    assert silent.details == ("x",)
+    assert "emailed" not in silent.message
+    assert "We've emailed you" in describe("FAILED", "notify_failure", steps, emailed=True).message

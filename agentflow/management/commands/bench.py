@@ -36,7 +36,7 @@ class Command(BaseCommand):
             "--child-kills", type=_count, default=5, help="pool-child kills (0: skip)"
         )
         parser.add_argument(
-            "--worker-kills", type=_count, default=3, help="whole-worker kills (0: skip)"
+            "--worker-kills", type=_count, default=10, help="whole-worker kills (0: skip)"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -118,8 +118,9 @@ def render(report: dict[str, Any]) -> str:
         if figure:
             rows.append(
                 (
-                    f"recovery after SIGKILL of a {label} (s), p50 / max of {figure['samples']}",
-                    f"{figure['p50_s']:.2f} / {figure['max_s']:.2f}",
+                    f"recovery after SIGKILL of a {label} (s), p50 / p99 / max of "
+                    f"{figure['samples']}",
+                    f"{figure['p50_s']:.2f} / {figure['p99_s']:.2f} / {figure['max_s']:.2f}",
                 )
             )
     width = max(len(label) for label, _ in rows)

@@ -26,7 +26,7 @@ class Command(BaseCommand):
             "--smtp-port",
             type=int,
             default=None,
-            help="SMTP port (default SANDBOX_SMTP_PORT, or --port + 1)",
+            help="SMTP port (default: SANDBOX_SMTP_PORT when set, else --port + 1)",
         )
         parser.add_argument(
             "--state",
@@ -44,7 +44,10 @@ class Command(BaseCommand):
         port = options["port"]
         smtp_port = options["smtp_port"]
         if smtp_port is None:
-            smtp_port = settings.SANDBOX_SMTP_PORT if port is None else port + 1
+            # An explicitly set SANDBOX_SMTP_PORT wins over the derived --port + 1: workers
+            # send mail to that variable's port, so the sink must listen there.
+            use_setting = port is None or settings.SANDBOX_SMTP_PORT_IS_SET
+            smtp_port = settings.SANDBOX_SMTP_PORT if use_setting else port + 1
         if port is None:
             port = urlsplit(settings.SANDBOX_URL).port or 8765
 

@@ -37,10 +37,13 @@ def drive() -> Drive:
             run = WorkflowRun.objects.get(pk=run_id)
             if run.status not in ACTIVE_RUN_STATUSES:
                 return run
-            before = (run.status, run.current_seq)
+            before = (run.status, run.current_seq, run.current_step)
             runtime.run_step(run_id, run.current_seq)
             after = WorkflowRun.objects.get(pk=run_id)
-            if after.status == RunStatus.WAITING or (after.status, after.current_seq) == before:
+            if (
+                after.status == RunStatus.WAITING
+                or (after.status, after.current_seq, after.current_step) == before
+            ):
                 return after
         raise AssertionError(f"{run_id} still moving after {max_steps} steps")
 

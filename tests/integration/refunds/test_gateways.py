@@ -11,7 +11,15 @@ import socket
 import pytest
 
 from agentflow.durable import PermanentStepError, RetryableStepError
-from refunds.gateways import AirlineGateway, CrmGateway, Mailer, PaymentGateway, message_id_for
+from refunds.gateways import (
+    AirlineGateway,
+    BookingNotFound,
+    CrmGateway,
+    Mailer,
+    PaymentGateway,
+    message_id_for,
+)
+from refunds.sandbox.airline import owner_of
 from tests.support.sandbox import SandboxProcess
 
 WF = "wf_gatewaytest"
@@ -80,6 +88,21 @@ def test_charge__declined_card_is_permanent_and_readable(stripe_gw, clean_sandbo
     with pytest.raises(PermanentStepError, match="insufficient funds"):
         charge(stripe_gw, seq=8, pm="pm_card_chargeDeclinedInsufficientFunds")
     assert clean_sandbox.ledger(workflow_id=WF)["payments"] == []
+
+
+@pytest.mark.parametrize(
+    "pm",
+    [
+        "pm_card_chargeDeclinedStolenCard",
+        "pm_card_chargeDeclinedLostCard",
+        "pm_card_chargeDeclinedFraudulent",
+    ],
+)
+def test_charge__decline_revealing_card_state_is_the_generic_decline(stripe_gw, pm) -> None:
+    """Whoever holds a stolen card must not learn from us that it was reported."""
+    with pytest.raises(PermanentStepError) as raised:
+        charge(stripe_gw, pm=pm)
+    assert str(raised.value) == "Your card was declined."
 
 
 def test_charge__same_key_other_amount_is_permanent_idempotency_error(stripe_gw) -> None:
@@ -181,6 +204,7 @@ def test_refund__replay_with_same_key_refunds_once(stripe_gw, clean_sandbox) -> 
         ("FLX123", "flex", "pm_card_visa"),
         ("BAS123", "basic", "pm_card_visa"),
         ("DEC123", "standard", "pm_card_chargeDeclined"),
+        ("STL123", "standard", "pm_card_chargeDeclinedStolenCard"),
     ],
 )
 def test_booking__is_derived_from_reference(airline, reference, fare_class, payment_method) -> None:
@@ -191,12 +215,15 @@ def test_booking__is_derived_from_reference(airline, reference, fare_class, paym
         payment_method,
     )
     assert booking.passenger_name and booking.seat and booking.flight
+    owner = owner_of(reference)
+    assert (booking.passenger_last_name, booking.contact_email) == (owner.last_name, owner.email)
+    assert booking.passenger_name.endswith(owner.last_name)
     assert airline.booking(reference) == booking
 
 
-def test_booking__unknown_reference_is_permanent_and_readable(airline, clean_sandbox) -> None:
+def test_booking__unknown_reference_is_booking_not_found(airline, clean_sandbox) -> None:
     clean_sandbox.set_fault(unknown_bookings=["NOP123"])
-    with pytest.raises(PermanentStepError, match=r"^We couldn't find booking NOP123"):
+    with pytest.raises(BookingNotFound, match=r"^We couldn't find booking NOP123"):
         airline.booking("NOP123")
 
 
@@ -303,3 +330,29 @@ def test_mailer__temporary_smtp_failure_is_retryable(clean_sandbox) -> None:
 def test_mailer__smtp_down_is_retryable() -> None:
     with pytest.raises(RetryableStepError, match="could not reach the mail server"):
         send(mailer(closed_port()))
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        pytest.param("ana@exa\u200fmple.com", id="bidi-mark"),
+        pytest.param("ana@ex\u2028ample.com", id="line-separator"),
+        pytest.param("ana@\u3002example.com", id="bad-idna"),
+    ],
+)
+def test_mailer__address_that_cannot_be_encoded_is_permanent_and_sends_nothing(
+    clean_sandbox, address: str
+) -> None:
+    mail = mailer(clean_sandbox.smtp_port)
+    with pytest.raises(PermanentStepError, match="can't send email"):
+        mail.send(to=address, subject="Hi", body="Hi", key=key(10), workflow_id=WF)
+    assert clean_sandbox.ledger()["emails"] == []
+
+
+def test_mailer__header_that_cannot_be_encoded_is_permanent(clean_sandbox) -> None:
+    mail = mailer(clean_sandbox.smtp_port)
+    with pytest.raises(PermanentStepError, match="could not be encoded"):
+        mail.send(
+            to="ada@example.com", subject="Hi\nBcc: x@y.z", body="Hi", key=key(10), workflow_id=WF
+        )
+    assert clean_sandbox.ledger()["emails"] == []

@@ -18,13 +18,16 @@ from django.utils import timezone
 from agentflow.models import StepCheckpoint, WorkflowRun
 from refunds import forms
 from refunds.models import RefundRequest
+from refunds.sandbox.airline import owner_of
 
 pytestmark = pytest.mark.django_db
 
 NEW_URL = "/refunds/new/"
+OWNER = owner_of("ABC123")
 VALID = {
-    "email": "ana.lopez@example.com",
+    "email": OWNER.email,
     "booking_reference": "abc123",
+    "last_name": OWNER.last_name,
     "message": "Please move me to the 18:05 flight to Oslo on 14 March.",
 }
 
@@ -107,7 +110,7 @@ def test_new_form__has_labelled_fields_and_a_signed_token(client: Client) -> Non
     response = client.get(NEW_URL)
     page = response.content.decode()
     assert response.status_code == 200
-    for name in ("email", "booking_reference", "message"):
+    for name in ("booking_reference", "last_name", "email", "message"):
         assert f'<label class="field__label" for="id_{name}">' in page
         assert f'id="id_{name}"' in page
     assert forms.unsign_submission_token(token_in(page)) is not None
@@ -215,7 +218,7 @@ def test_bad_token__400_page_asks_to_send_again_and_keeps_input(
     assert response.status_code == 400
     assert "Please send the form again" in page
     assert "My own words, kept." in page
-    assert 'value="ana.lopez@example.com"' in page
+    assert f'value="{VALID["email"]}"' in page
     assert forms.unsign_submission_token(token_in(page)) is not None  # a fresh one to resend
 
 
@@ -245,6 +248,13 @@ def test_token__younger_than_max_age_is_accepted(client: Client) -> None:
         ("booking_reference", "ÅBC123", "exactly 6 letters and numbers"),
         ("booking_reference", "A" * 500, "exactly 6 letters and numbers"),
         ("booking_reference", "", "Enter your booking reference."),
+        ("last_name", "", "Enter the passenger&#x27;s last name."),
+        ("last_name", "   ", "Enter the passenger&#x27;s last name."),
+        ("last_name", "12 - 3", "Enter the passenger&#x27;s last name."),
+        ("last_name", "x" * 101, "longer than we can check"),
+        ("email", "ana@exa\u200fmple.com", "hidden direction marks"),
+        ("email", "ana@ex\u2028ample.com", "hidden characters"),
+        ("email", "ana@\u3002example.com", "We can&#x27;t send email to that address"),
         ("message", "", "Tell us what you&#x27;d like to change."),
         ("message", "   \n  ", "Tell us what you&#x27;d like to change."),
         ("message", "x" * 5001, "5,000 characters or fewer (it has 5001)"),
@@ -265,7 +275,7 @@ def test_bad_field__friendly_error_linked_to_the_input_and_input_kept(
     assert f"id_{field}_error" in widget.group(0)  # aria-describedby names the error
     assert f'href="#id_{field}"' in page  # the error summary links to the field
     if field != "email":
-        assert 'value="ana.lopez@example.com"' in page
+        assert f'value="{VALID["email"]}"' in page
     if field != "message":
         assert VALID["message"] in page
 
@@ -362,7 +372,7 @@ def test_csrf__form_with_its_csrf_token_goes_through() -> None:
 @override_settings(REFUNDS_SUBMIT_LIMIT=2)
 def test_limit__third_submission_from_one_email_gets_429_with_retry_after(client: Client) -> None:
     create_refund(client, ip="198.51.100.1")
-    create_refund(client, ip="198.51.100.2", email="ANA.LOPEZ@example.com")
+    create_refund(client, ip="198.51.100.2", email=VALID["email"].upper())
     before = counts()
     response = submit(client, fresh_token(client), ip="198.51.100.3")
     assert response.status_code == 429
@@ -399,11 +409,85 @@ def test_limit__submissions_older_than_an_hour_do_not_count(client: Client) -> N
     assert submit(client, fresh_token(client)).status_code == 303
 
 
-@override_settings(REFUNDS_SUBMIT_LIMIT=0)
+@override_settings(REFUNDS_SUBMIT_LIMIT=0, REFUNDS_BOOKING_LIMIT=0)
 def test_limit__zero_turns_it_off(client: Client) -> None:
     for _ in range(4):
         create_refund(client)
     assert counts() == (4, 4)
+
+
+@override_settings(REFUNDS_SUBMIT_LIMIT=0, REFUNDS_BOOKING_LIMIT=3)
+def test_booking_limit__fourth_request_for_a_booking_in_a_day_gets_429_from_anyone(
+    client: Client,
+) -> None:
+    for n in range(3):
+        create_refund(client, ip=f"198.51.100.{n}", email=f"guess{n}@example.com")
+    before = counts()
+    response = submit(client, fresh_token(client), ip="192.0.2.50", email="owner@example.com")
+    assert response.status_code == 429
+    assert 86_300 <= int(response["Retry-After"]) <= 86_400
+    assert "several requests for this booking today" in response.content.decode()
+    assert counts() == before
+    assert create_refund(client, ip="192.0.2.50", booking_reference="XYZ789")
+
+
+# --- the client address behind a reverse proxy ----------------------------------------------
+PROXY_ADDR = "10.0.0.2"
+
+
+def via_proxy(client: Client, forwarded_for: str, **fields: str):
+    """A submission that reached us through the proxy, which appended its peer to the header."""
+    data = {
+        **VALID,
+        "message": f"{VALID['message']} (request {next(_requests)})",
+        "submission_token": fresh_token(client),
+        **fields,
+    }
+    return client.post(NEW_URL, data, REMOTE_ADDR=PROXY_ADDR, HTTP_X_FORWARDED_FOR=forwarded_for)
+
+
+@override_settings(REFUNDS_SUBMIT_LIMIT=5, REFUNDS_BOOKING_LIMIT=0, AGENTFLOW_TRUSTED_PROXIES="1")
+def test_behind_a_proxy__one_clients_sixth_request_is_refused_anothers_first_accepted(
+    client: Client,
+) -> None:
+    for n in range(5):
+        assert via_proxy(client, "198.51.100.7", email=f"c{n}@example.com").status_code == 303
+    assert via_proxy(client, "198.51.100.7", email="c5@example.com").status_code == 429
+    assert via_proxy(client, "198.51.100.8", email="d0@example.com").status_code == 303
+    assert set(RefundRequest.objects.values_list("client_ip", flat=True)) == {
+        "198.51.100.7",
+        "198.51.100.8",
+    }
+
+
+@override_settings(REFUNDS_SUBMIT_LIMIT=5, REFUNDS_BOOKING_LIMIT=0, AGENTFLOW_TRUSTED_PROXIES="1")
+def test_behind_a_proxy__spoofed_extra_hops_do_not_bypass_the_limit(client: Client) -> None:
+    for n in range(5):
+        spoofed = f"203.0.113.{n}, 192.0.2.{n}, 198.51.100.7"  # the client wrote the first two
+        assert via_proxy(client, spoofed, email=f"c{n}@example.com").status_code == 303
+    response = via_proxy(client, "203.0.113.99, 198.51.100.7", email="c5@example.com")
+    assert response.status_code == 429
+
+
+@override_settings(REFUNDS_SUBMIT_LIMIT=2, REFUNDS_BOOKING_LIMIT=0, AGENTFLOW_TRUSTED_PROXIES="")
+def test_without_trusted_proxies__x_forwarded_for_is_not_believed(client: Client) -> None:
+    for n in range(2):
+        assert via_proxy(client, f"198.51.100.{n}", email=f"c{n}@example.com").status_code == 303
+    assert via_proxy(client, "198.51.100.9", email="c9@example.com").status_code == 429
+    assert set(RefundRequest.objects.values_list("client_ip", flat=True)) == {PROXY_ADDR}
+
+
+@override_settings(REFUNDS_SUBMIT_LIMIT=2, REFUNDS_BOOKING_LIMIT=0)
+def test_ipv6_clients__are_counted_per_64(client: Client) -> None:
+    create_refund(client, ip="2001:db8:1:2::10", email="one@example.com")
+    create_refund(client, ip="2001:db8:1:2:ffff::99", email="two@example.com")
+    response = submit(client, fresh_token(client), ip="2001:db8:1:2::abcd", email="3@example.com")
+    assert response.status_code == 429
+    assert create_refund(client, ip="2001:db8:1:3::10", email="four@example.com")
+    assert set(RefundRequest.objects.values_list("client_ip", flat=True)) == {
+        "2001:db8:1:2::",
+        "2001:db8:1:3::",
+    }
 
 
 # --- status page and JSON -----------------------------------------------------------------------

@@ -19,6 +19,8 @@ from agentflow.durable import PermanentStepError, StepContext
 from agentflow.models import StepCheckpoint, WorkflowRun
 from refunds import steps
 from refunds.models import RefundRequest
+from refunds.ownership import MISMATCH
+from refunds.sandbox.airline import owner_of
 from refunds.workflows import refund
 from tests.support.sandbox import SandboxProcess
 
@@ -41,10 +43,19 @@ def partners(settings: Any, clean_sandbox: SandboxProcess) -> SandboxProcess:
 class Flow:
     """One refund's steps run in order by hand, feeding each the outputs before it."""
 
-    def __init__(self, reference: str = "ABC123", message: str = "") -> None:
+    def __init__(
+        self,
+        reference: str = "ABC123",
+        message: str = "",
+        *,
+        last_name: str | None = None,
+        email: str | None = None,
+    ) -> None:
         self.run_id = f"wf_{secrets.token_hex(16)}"
+        self.owner = owner_of(reference)
         self.request = RefundRequest.objects.create(
-            email="ada@example.com",
+            email=self.owner.email if email is None else email,
+            last_name=self.owner.last_name if last_name is None else last_name,
             booking_reference=reference,
             message=message or "Please move me to SK1240 on 2027-03-16, thanks!",
             submission_token=secrets.token_hex(16),
@@ -113,8 +124,8 @@ def test_steps__standard_fare_rebooks_charges_45_dollars_and_confirms(partners) 
     [email] = ledger["emails"]
     assert email["message_id"] == out["send_confirmation_email"]["message_id"]
     assert email["message_id"] == f"<{flow.key('send_confirmation_email')}@agentflow.refunds>"
-    assert email["to"] == ["ada@example.com"]
-    assert email["subject"] == "Your flight change is confirmed: SK1240 on 2027-03-16"
+    assert email["to"] == [flow.owner.email]
+    assert email["subject"] == "Your flight change is confirmed: SK1240 on Tuesday 16 March 2027"
 
 
 def test_steps__every_effect_repeated_under_its_key_happens_once(partners) -> None:
@@ -144,8 +155,16 @@ def test_confirmation_email__friendly_text_with_pass_seat_and_fee(partners, sett
     )
     assert message.extra_headers["X-Agentflow-Workflow"] == flow.run_id
     body = message.body
-    assert body.startswith(f"Hi {flow.outputs['fetch_booking']['passenger_name']},")
-    for text in (issued["boarding_pass_id"], issued["seat"], "SK1240 on 2027-03-16", "$45.00"):
+    booking = flow.outputs["fetch_booking"]
+    assert body.startswith(f"Hi {booking['passenger_name']},")
+    assert message.to == [booking["contact_email"]]
+    for text in (
+        issued["boarding_pass_id"],
+        f"New seat:       {issued['seat']}",
+        "New flight:     SK1240 on Tuesday 16 March 2027",
+        "Change fee:     $45.00, charged to your card",
+        f"no longer booked on {booking['flight']}",
+    ):
         assert text in body
     assert "&#x27;" not in body and "{{" not in body
 
@@ -180,12 +199,43 @@ def test_load_request__missing_request_is_permanent(partners) -> None:
         flow.run("load_request")
 
 
-def test_fetch_booking__unknown_booking_is_permanent_and_readable(partners) -> None:
+def test_fetch_booking__unknown_booking_fails_like_a_mismatch(partners) -> None:
+    """Which references exist is not for the form to tell."""
     partners.set_fault(unknown_bookings=["NOP123"])
     flow = Flow(reference="NOP123")
     flow.run_through("parse_flight_details")
-    with pytest.raises(PermanentStepError, match=r"^We couldn't find booking NOP123"):
+    with pytest.raises(PermanentStepError) as raised:
         flow.run("fetch_booking")
+    assert str(raised.value) == MISMATCH
+
+
+@pytest.mark.parametrize(
+    ("last_name", "email"),
+    [
+        pytest.param("Eriksson", None, id="wrong-surname"),
+        pytest.param(None, "camille.eriksen@example.com", id="wrong-email"),
+        pytest.param("Åberg", "elena.aberg.xyz789@example.com", id="someone-elses-booking"),
+        pytest.param("", "", id="nothing"),
+    ],
+)
+def test_fetch_booking__a_request_not_from_the_owner_fails_with_the_one_message(
+    partners, last_name: str | None, email: str | None
+) -> None:
+    flow = Flow(last_name=last_name, email=email)
+    flow.run_through("parse_flight_details")
+    with pytest.raises(PermanentStepError) as raised:
+        flow.run("fetch_booking")
+    assert str(raised.value) == MISMATCH == "These details don't match a booking."
+
+
+def test_fetch_booking__owner_found_with_case_accents_and_spaces_ignored(partners) -> None:
+    flow = Flow(reference="XYZ789", last_name="  ABERG ", email="Elena.Aberg.XYZ789@EXAMPLE.com")
+    flow.run_through("parse_flight_details")
+    booking = flow.run("fetch_booking")
+    assert (booking["passenger_last_name"], booking["contact_email"]) == (
+        "Åberg",
+        "elena.aberg.xyz789@example.com",
+    )
 
 
 def test_check_cancellation_policy__basic_fare_is_refused_readably(partners) -> None:
@@ -260,7 +310,7 @@ def test_notify_failure__says_why_and_that_the_fee_was_refunded(partners, settin
     assert output["reason"] == "The airline couldn't issue your new boarding pass."
     [message] = mail.outbox
     assert message.subject == "We couldn't change your booking ABC123"
-    assert message.to == ["ada@example.com"]
+    assert message.to == [flow.owner.email]
     assert "The airline couldn't issue your new boarding pass." in message.body
     assert "refunded it in full" in message.body
     assert flow.outputs["refund_fee"]["refund_id"] in message.body
@@ -278,3 +328,40 @@ def test_notify_failure__readable_reason_is_passed_on_over_smtp(partners) -> Non
     [email] = partners.ledger(workflow_id=flow.run_id)["emails"]
     assert email["message_id"] == output["message_id"]
     assert email["subject"] == "We couldn't change your booking DEC123"
+
+
+def test_notify_failure__sends_nothing_for_a_request_not_from_the_owner(partners) -> None:
+    flow = Flow(last_name="Eriksson")
+    flow.run_through("parse_flight_details")
+    with pytest.raises(PermanentStepError):
+        flow.run("fetch_booking")
+    seq = record_failure(flow, "fetch_booking", MISMATCH)
+
+    assert flow.run("notify_failure", seq) == {"sent": False, "reason": MISMATCH}
+    assert partners.ledger(workflow_id=flow.run_id)["emails"] == []
+
+
+def test_notify_failure__says_what_did_not_change(partners, settings) -> None:
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    flow = Flow(reference="BAS123")
+    flow.run_through("fetch_booking")
+    seq = record_failure(flow, "check_cancellation_policy", "Basic fares can't be changed.")
+
+    flow.run("notify_failure", seq)
+
+    [message] = mail.outbox
+    booking = flow.outputs["fetch_booking"]
+    assert message.to == [booking["contact_email"]]
+    assert "What did not change: your booking is exactly as it was." in message.body
+    assert f"You are still on {booking['flight']} on " in message.body
+    assert f"seat {booking['seat']}" in message.body
+
+
+def test_charge_customer__stolen_card_reaches_the_customer_as_the_generic_decline(
+    partners,
+) -> None:
+    flow = Flow(reference="STL123")
+    flow.run_through("cancel_seat")
+    with pytest.raises(PermanentStepError) as raised:
+        flow.run("charge_customer")
+    assert str(raised.value) == "Your card was declined."

@@ -1,0 +1,138 @@
+"""Stripe applies the charge and then goes dark (finding 1, SPEC 3.3a): real worker, real
+sandbox, the real `stripe` library. The money must never be kept without the service: the run
+parks "outcome unknown" (never FAILED), and once Stripe is back an operator's retry finds the
+payment and finishes, or refunds it if the rebooking then fails for good.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+
+from agentflow import durable
+from agentflow.celery import app
+from agentflow.models import RunEvent
+from agentflow.workers import WorkerProcess
+from tests.acceptance.test_refund_crashes import finished, partner_effects, step, submit
+from tests.support.processes import worker_database_url
+from tests.support.sandbox import SandboxProcess
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def worker(clean_sandbox: SandboxProcess, transactional_db: None) -> Iterator[WorkerProcess]:
+    """One worker with beat, wired to the sandbox, no crash injection; quick partner retries."""
+    broker = app.conf.broker_write_url or app.conf.broker_url
+    env = {
+        "DATABASE_URL": worker_database_url(),
+        "CELERY_BROKER_URL": broker,
+        "REDIS_URL": broker,
+        "AGENTFLOW_VAR_DIR": str(settings.VAR_DIR),
+        "AGENTFLOW_WORKFLOW_MODULES": "",
+        "AGENTFLOW_FAULTS": "0",
+        "AGENTFLOW_LEASE_SECONDS": "5",
+        "SANDBOX_URL": clean_sandbox.url,
+        "SANDBOX_SMTP_PORT": str(clean_sandbox.smtp_port),
+        "STRIPE_API_BASE": clean_sandbox.url,
+        "EMAIL_HOST": "127.0.0.1",
+        "EMAIL_PORT": str(clean_sandbox.smtp_port),
+        "REFUNDS_SUBMIT_LIMIT": "0",
+        "REFUNDS_PARTNER_MAX_ATTEMPTS": "4",
+        "REFUNDS_PARTNER_RETRY_BASE_SECONDS": "0.25",
+    }
+    process = WorkerProcess(concurrency=2, env=env, beat=True)
+    try:
+        yield process.start(timeout=60)
+    finally:
+        process.kill()
+
+
+def stripe_goes_dark(sandbox: SandboxProcess, *, search_status: int | None = None) -> None:
+    """Every charge is applied and its answer dropped (replays too); the payment search is cut
+    off as well, or answers `search_status`."""
+    sandbox.set_fault(endpoint="payment_intents.create", drop_rate=1.0)
+    if search_status is None:
+        sandbox.set_fault(endpoint="payment_intents.search", drop_rate=1.0)
+    else:
+        sandbox.set_fault(
+            endpoint="payment_intents.search", error_rate=1.0, error_status=search_status
+        )
+
+
+def stopped(run_id: str, worker: WorkerProcess, timeout: float) -> durable.RunSnapshot:
+    """The run once it is no longer active: finished, or parked for an operator."""
+
+    def done() -> durable.RunSnapshot | None:
+        assert worker.alive(), worker.log_tail()
+        run = durable.snapshot(run_id)
+        active = (durable.RunStatus.PENDING, durable.RunStatus.RUNNING, durable.RunStatus.WAITING)
+        return run if run is not None and run.status not in active else None
+
+    return wait_for(done, timeout=timeout, interval=0.05, what=f"run {run_id} to stop")
+
+
+def parked_unknown(run_id: str, worker: WorkerProcess, sandbox: SandboxProcess) -> None:
+    run = stopped(run_id, worker, timeout=90)
+    assert run.status == durable.RunStatus.NEEDS_ATTENTION, run.error
+    assert run.error.startswith("outcome unknown: charge_customer may or may not have taken")
+    assert step(run, "charge_customer").status == durable.StepStatus.IN_PROGRESS
+    assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.OUTCOME_UNKNOWN).exists()
+    ledger = partner_effects(sandbox, run_id)
+    assert len(ledger["payments"]) == 1  # Stripe took the money once; the replays added none
+    assert ledger["refunds"] == [] and ledger["boarding_passes"] == []
+
+
+def test_charge_applied_then_stripe_dark__parked_unknown__retry_adopts_the_payment(
+    worker: WorkerProcess, clean_sandbox: SandboxProcess
+) -> None:
+    stripe_goes_dark(clean_sandbox)
+    run_id = submit("OUT001")
+    parked_unknown(run_id, worker, clean_sandbox)
+
+    clean_sandbox.clear_faults()  # Stripe is back
+    durable.retry(run_id, actor="ops", reason="Stripe is back")
+    run = finished(run_id, worker, timeout=60)
+
+    assert run.status == durable.RunStatus.COMPLETED, run.error
+    ledger = partner_effects(clean_sandbox, run_id)
+    [payment] = ledger["payments"]
+    assert step(run, "charge_customer").output["payment_intent_id"] == payment["id"]
+    assert ledger["refunds"] == []
+    assert len(ledger["boarding_passes"]) == 1
+    assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.RECONCILED).exists()
+
+
+def test_charge_applied_then_stripe_dark__airline_then_fails_for_good__fee_refunded_once(
+    worker: WorkerProcess, clean_sandbox: SandboxProcess
+) -> None:
+    stripe_goes_dark(clean_sandbox)
+    run_id = submit("OUT002")
+    parked_unknown(run_id, worker, clean_sandbox)
+
+    clean_sandbox.clear_faults()
+    clean_sandbox.set_fault(endpoint="airline.boarding_pass", error_rate=1.0, error_status=400)
+    durable.retry(run_id, actor="ops", reason="Stripe is back")
+    run = finished(run_id, worker, timeout=60)
+
+    assert run.status == durable.RunStatus.FAILED
+    assert run.error.startswith("issue_boarding_pass: the airline refused the request")
+    ledger = partner_effects(clean_sandbox, run_id)
+    [payment] = ledger["payments"]
+    [refund] = ledger["refunds"]
+    assert (refund["payment_intent"], refund["amount"]) == (payment["id"], 4500)
+    assert ledger["boarding_passes"] == []
+
+
+def test_charge_applied_then_the_payment_lookup_fails__parked_unknown_not_failed(
+    worker: WorkerProcess, clean_sandbox: SandboxProcess
+) -> None:
+    """A reconcile that raises (here Stripe answers the search with a 400, which the gateway
+    calls permanent) used to fail the run holding the payment; it means "unknown"."""
+    stripe_goes_dark(clean_sandbox, search_status=400)
+    run_id = submit("OUT003")
+
+    parked_unknown(run_id, worker, clean_sandbox)
