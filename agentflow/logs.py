@@ -13,7 +13,7 @@ import logging
 import logging.config
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -101,16 +101,13 @@ def formatter(format: str) -> structlog.stdlib.ProcessorFormatter:
     else:
         renderer = [_terse, structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0)]
     return structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=_shared_processors(),
-        processors=[
-            _filtered_traceback,
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            *renderer,
-        ],
+        # Before the formatter drops the record's traceback text: see _filtered_traceback.
+        foreign_pre_chain=[*_shared_processors(), _filtered_traceback],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
     )
 
 
-def _filtered_traceback(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+def _filtered_traceback(_: Any, __: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
     """A traceback as the handler's filters left it (`exc_text`: the redaction masks it there),
     never rendered again from the live exception, whose text the filters never saw."""
     record = event.get("_record")

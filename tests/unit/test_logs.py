@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from agentflow import logs
+from refunds.redaction import RedactPersonalData
 
 
 @pytest.mark.parametrize(
@@ -53,7 +55,7 @@ def test_json__unbound_after_the_block() -> None:
     assert "run_id" not in line
 
 
-def test_json__a_traceback_is_data_without_local_variables() -> None:
+def test_json__a_traceback_without_local_variables() -> None:
     try:
         secret = "sk_live_do_not_log"
         raise ValueError(secret[:2])
@@ -61,9 +63,29 @@ def test_json__a_traceback_is_data_without_local_variables() -> None:
         record = logging.LogRecord(
             "x", logging.ERROR, __file__, 1, "boom", (), exc_info=sys.exc_info()
         )
-    line = logs.formatter("json").format(record)
-    assert "sk_live_do_not_log" not in line
-    assert json.loads(line)["exception"][0]["exc_type"] == "ValueError"
+    line = json.loads(logs.formatter("json").format(record))
+    assert "sk_live_do_not_log" not in json.dumps(line)
+    assert "ValueError: sk" in line["exception"]
+
+
+def test_json__the_redaction_filter_masks_the_message_and_the_traceback() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.formatter("json"))
+    handler.addFilter(RedactPersonalData())
+    logger = logging.getLogger("tests.logs.redaction")
+    logger.addHandler(handler)
+    try:
+        try:
+            raise RuntimeError("no mailbox ana.lopez@example.com")
+        except RuntimeError:
+            logger.exception("mailing ana.lopez@example.com failed")
+    finally:
+        logger.removeHandler(handler)
+    line = json.loads(stream.getvalue())
+    assert "ana.lopez@example.com" not in stream.getvalue()
+    assert line["event"] == "mailing a***@e***.com failed"
+    assert "RuntimeError: no mailbox a***@e***.com" in line["exception"]
 
 
 def test_text__a_readable_line_with_the_context() -> None:
