@@ -4,15 +4,17 @@ plus one, however many pool children and gunicorn workers came and went.
 
 prometheus_client keeps each process's counters in `<type>_<id>.db` and a scrape adds up every
 file. Its default id is the pid, which two containers sharing the directory (compose) can both
-use, and which the kernel recycles. Ours is `host-pid-start`: unique across containers, and
-never reused, so a file whose process is gone can never be written again and is safe to fold.
+use, and which the kernel recycles. Ours is `host-pidns-pid-start`: unique across containers
+and PID namespaces, and never reused, so a file whose process is gone can never be written
+again and is safe to fold.
 
 Folding is a commit in three moves under an exclusive lock on the directory: write the next
 archive generation (old archive + dead files), atomically replace the manifest that names it
 and the folded ids, then delete what it replaced. A scrape holds the shared lock and reads what
 the manifest names, so it sees the before or the after, never a half, and no series goes
-backwards. Only this host's dead processes are folded (another host's pids cannot be checked
-here); each host folds its own when a pool child starts (a replaced one died) and when it scrapes.
+backwards. Only dead processes of this host and PID namespace are folded (others' pids cannot
+be checked here); each folds its own when a pool child starts (a replaced one died) and when
+it scrapes.
 """
 
 from __future__ import annotations
@@ -51,10 +53,27 @@ def _host() -> str:
     return socket.gethostname().replace("_", "-").replace(".", "-") or "host"
 
 
+def _pid_namespace() -> str:
+    """The inode of this process's PID namespace: containers (or `unshare --pid`) under one
+    hostname number their processes apart, and a pid is only meaningful within its namespace."""
+    try:
+        return os.readlink("/proc/self/ns/pid").split("[", 1)[1].rstrip("]")
+    except (OSError, IndexError):
+        return "0"
+
+
+_identities: dict[int, str] = {}
+
+
 def process_identifier() -> str:
-    """`host-pid-start` (no underscores: the type is what precedes the first one)."""
+    """`host-pidns-pid-start`, fixed for the life of the process (prometheus_client asks on
+    every increment, to notice a fork). No underscores: the file's type precedes the first."""
     pid = os.getpid()
-    return f"{_host()}-{pid}-{_start_ticks(pid) or '0'}"
+    found = _identities.get(pid)
+    if found is None:
+        found = f"{_host()}-{_pid_namespace()}-{pid}-{_start_ticks(pid) or '0'}"
+        _identities[pid] = found
+    return found
 
 
 def install() -> None:
@@ -114,14 +133,15 @@ def collect() -> list[Any]:
 
 
 def _dead_here(ident: str) -> bool:
-    """True only for a process of this host that is provably gone (its pid is free, or now
-    belongs to a process that started later)."""
+    """True only for a process of this host and PID namespace that is provably gone (its pid
+    is free, or now belongs to a process that started later)."""
     try:
-        host, pid_text, start = ident.rsplit("-", 2)
+        where, pid_text, start = ident.rsplit("-", 2)
         pid = int(pid_text)
     except ValueError:
         return False  # not ours (e.g. a plain pid from another tool): leave it
-    if host != _host() or pid == os.getpid():
+    here = process_identifier().rsplit("-", 2)[0]
+    if where != here or pid == os.getpid():
         return False
     return _start_ticks(pid) != start
 

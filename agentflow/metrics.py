@@ -34,7 +34,7 @@ from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 
 logger = logging.getLogger(__name__)
 
-metric_files.install()  # before the first metric: files named host-pid-start
+metric_files.install()  # before the first metric: files named host-pidns-pid-start
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -253,7 +253,7 @@ def _metrics_dir(stack: Stack) -> Path:
 
 
 def _has_histogram_file(stack: Stack, pid: int) -> bool:
-    """Files are named host-pid-start (see agentflow.metric_files)."""
+    """Files are named host-pidns-pid-start (see agentflow.metric_files)."""
     return any(_metrics_dir(stack).glob(f"histogram_*-{pid}-*.db"))
 
 

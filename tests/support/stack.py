@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agentflow.workers import free_port
+from refunds.sandbox.airline import owner_of
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,8 +97,10 @@ class WebProcess(_Process):
         except OSError:
             return 0, b""
 
-    def submit_refund(self, reference: str, email: str = "ops@example.com") -> str:
-        """Open the form, fill it in, send it; returns the refund's public id."""
+    def submit_refund(self, reference: str) -> str:
+        """Open the form, fill it in as the booking's owner, send it; returns the refund's
+        public id."""
+        owner = owner_of(reference)
         cookies = http.cookiejar.CookieJar()
         opener = urllib.request.build_opener(
             urllib.request.HTTPCookieProcessor(cookies), _NoRedirect()
@@ -107,9 +110,9 @@ class WebProcess(_Process):
         data = urllib.parse.urlencode(
             {
                 **hidden,
-                "email": email,
+                "email": owner.email,
                 "booking_reference": reference,
-                "last_name": "Lovelace",
+                "last_name": owner.last_name,
                 "message": "Please move me to SK1240 on 2027-03-16. Thanks!",
             }
         ).encode()

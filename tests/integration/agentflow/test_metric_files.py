@@ -51,9 +51,9 @@ def totals() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def test_identifier__host_pid_and_start_time_without_underscores() -> None:
-    host, pid, start = metric_files.process_identifier().rsplit("-", 2)
-    assert host and int(pid) > 0 and int(start) > 0
+def test_identifier__host_pid_namespace_pid_and_start_time_without_underscores() -> None:
+    host, namespace, pid, start = metric_files.process_identifier().rsplit("-", 3)
+    assert host and int(namespace) > 0 and int(pid) > 0 and int(start) > 0
     assert "_" not in metric_files.process_identifier()
 
 
@@ -96,7 +96,9 @@ def test_fold__leaves_live_processes_and_other_hosts_alone(metrics_dir: Path) ->
     )  # fmt: skip
     try:
         ident = live.stdout.readline().strip() if live.stdout else ""
-        other = metrics_dir / "counter_elsewhere-12-345.db"
+        # The same pid in another PID namespace under this very hostname: not ours to judge.
+        here, _namespace, pid, start = ident.rsplit("-", 3)
+        other = metrics_dir / f"counter_{here}-4026500000-{pid}-{start}.db"
         other.write_bytes((metrics_dir / f"counter_{ident}.db").read_bytes())
 
         assert metric_files.fold_dead() == 0

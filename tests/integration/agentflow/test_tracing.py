@@ -18,6 +18,7 @@ from agentflow import durable, telemetry, tracing
 from agentflow.models import WorkflowRun
 from agentflow.workers import RedisServer
 from refunds.gateways import PaymentGateway
+from refunds.sandbox.airline import owner_of
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,12 +50,13 @@ def test_form_post__its_span_names_the_run_and_step_one_carries_its_context(
     spans: InMemorySpanExporter, broker: RedisServer
 ) -> None:
     client = Client()  # after configure: the middleware is loaded with tracing on
+    owner = owner_of("TRC123")
     form = client.get("/refunds/new/").content.decode()
     token = form.split('name="submission_token" value="', 1)[1].split('"', 1)[0]
     response = client.post(
         "/refunds/new/",
-        {"email": "t@example.com", "booking_reference": "TRC123", "submission_token": token,
-         "message": "Please move me to SK1240 on 2027-03-16."},
+        {"email": owner.email, "last_name": owner.last_name, "booking_reference": "TRC123",
+         "submission_token": token, "message": "Please move me to SK1240 on 2027-03-16."},
     )  # fmt: skip
     assert response.status_code == 303
 
