@@ -2,7 +2,8 @@
 and traces, so the engine's own modules carry a line per point and nothing more.
 
 Counters move only after the transaction that made the fact true commits (a rolled-back
-retry is not a retry). The per-step cost is a few microseconds plus one log line.
+retry is not a retry). Per step this costs about 10 µs (context binding and one histogram
+observation); an attempt that went to plan logs at DEBUG, so no line is formatted for it.
 """
 
 from __future__ import annotations
