@@ -33,7 +33,7 @@ WITH_KEY = DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$(cat $(DEV_KEY))}"
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test lock lint typecheck clean
+.PHONY: run test screenshots lock lint typecheck clean
 
 $(INSTALLED): $(DEV_LOCK) pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,12 @@ test: $(INSTALLED)
 	  REDIS_URL=$(TEST_BROKER_URL) AGENTFLOW_VAR_DIR=$(CURDIR)/var/test \
 	  DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')}" \
 	  $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The README's pictures (static/readme/*.png), taken by the browser tests' Chromium from a real
+# refund: run it again after changing the refund pages or the admin (same services as `test`).
+screenshots:
+	README_SHOTS_DIR=$(CURDIR)/static/readme $(MAKE) test \
+	  PYTEST_ARGS="-q tests/acceptance/test_readme_screenshots.py"
 
 $(UV):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

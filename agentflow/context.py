@@ -7,8 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 
-def idempotency_key(run_id: str, seq: int) -> str:
-    """SPEC §3.2, exactly: the same for every attempt of the step."""
+def idempotency_key(run_id: str, seq: int, branch: int = 0) -> str:
+    """SPEC §3.2, exactly: the same for every attempt of the step. A code-first run forked by
+    an operator names the branch in the keys of its new calls, so none collides with a key a
+    partner already saw for another call."""
+    if branch:
+        return f"{run_id}_b{branch}_step_{seq}"
     return f"{run_id}_step_{seq}"
 
 
@@ -41,6 +45,7 @@ class StepContext:
         attempt: int,
         input: Any,
         load_outputs: Callable[[], dict[str, Any]],
+        key: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -48,7 +53,7 @@ class StepContext:
         self.step = step
         self.attempt = attempt
         self.input = input
-        self.idempotency_key = idempotency_key(run_id, seq)
+        self.idempotency_key = key or idempotency_key(run_id, seq)
         self._load_outputs = load_outputs
         self._outputs: dict[str, Any] | None = None
         self._lost = threading.Event()

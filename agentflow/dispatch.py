@@ -29,7 +29,8 @@ Fresh = list[str | int]
 def fresh_hint(workflow: Workflow, step: str) -> Fresh | None:
     """The hint that lets the worker claim `step` while it loads the run (see
     `store.state_load_claiming`); None for steps that take no claim."""
-    if workflow.steps[step].kind in CLAIMED_KINDS:
+    found = workflow.steps.get(step)
+    if found is not None and found.kind in CLAIMED_KINDS:
         return [workflow.name, workflow.version, step]
     return None
 

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from agentflow import registry, store, telemetry
+from agentflow.codefirst import AgentContext, CodeWorkflow
 from agentflow.context import StepContext, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,
@@ -29,6 +30,8 @@ from agentflow.exceptions import (
     RetryableStepError,
     UnknownWorkflowError,
 )
+from agentflow.links import Link, RunRef, StepRef
+from agentflow.links import register as register_links
 from agentflow.registry import END, Workflow
 from agentflow.retry import RetryPolicy
 from agentflow.serialization import NotJSONError, to_json
@@ -39,26 +42,34 @@ ActionRefused = store.ActionRefused
 __all__ = [
     "END",
     "ActionRefused",
+    "AgentContext",
     "AgentflowError",
+    "CodeWorkflow",
     "InvalidInputError",
+    "Link",
     "OutcomeUnknown",
     "PermanentStepError",
     "RetryPolicy",
     "RetryableStepError",
+    "RunRef",
     "RunSnapshot",
     "RunStatus",
     "StepContext",
     "StepKind",
+    "StepRef",
     "StepSnapshot",
     "StepStatus",
     "UnknownWorkflowError",
     "Workflow",
     "cancel",
+    "fork",
     "idempotency_key",
     "partner_call",
+    "register_links",
     "retry",
     "snapshot",
     "start",
+    "workflow_steps",
 ]
 
 
@@ -97,6 +108,23 @@ def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:
     the RetryableStepError / PermanentStepError it raises by partner and kind on /metrics.
     """
     return telemetry.partner_call(partner, operation)
+
+
+def fork(run_id: str, *, position: int, actor: str, reason: str) -> None:
+    """Continue a diverged, parked or failed code-first run from `position` on a new branch
+    (see `store.run_fork`).
+
+    Raises:
+        ActionRefused: not a code-first run, not stopped, or an effect after `position` has an
+            unknown outcome.
+    """
+    store.run_fork(run_id, position=position, actor=actor, reason=reason)
+
+
+def workflow_steps(workflow: str) -> list[str]:
+    """The forward steps of the latest version of a graph workflow, in order (for pages that
+    list what a run will do before it does it)."""
+    return list(registry.latest(workflow).forward_steps)
 
 
 def cancel(run_id: str, *, actor: str, reason: str) -> str | None:

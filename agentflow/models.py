@@ -31,6 +31,9 @@ class WorkflowRun(models.Model):
     #: An operator asked to cancel: the step in flight finishes, then the run undoes its
     #: effects and ends CANCELLED (not FAILED), so no money is kept (I8).
     cancel_requested = models.BooleanField(default=False, db_default=False)
+    #: Code-first runs: how many times an operator forked it. Steps of earlier branches are kept
+    #: as superseded history; new calls get idempotency keys that name the branch.
+    branch = models.PositiveIntegerField(default=0, db_default=0)
     #: When the sweeper should look again if nothing moved: a lease expiry, a retry time,
     #: or an enqueue grace. NULL exactly when the run needs no sweeper (terminal or parked).
     wake_at = models.DateTimeField(null=True, blank=True)
@@ -156,6 +159,10 @@ class RunEvent(models.Model):
         OUTCOME_UNKNOWN = "outcome_unknown", "Outcome unknown"
         #: A fenced-out worker finished anyway: its output is kept here for audit.
         LATE_COMPLETION = "late_completion", "Late completion fenced out"
+        #: A code-first run made another call than the one recorded at a position (the diff).
+        DIVERGENCE = "divergence", "Diverged from its recorded history"
+        #: An operator forked a code-first run from a position; later steps were superseded.
+        FORK = "fork", "Forked by an operator"
 
     run = models.ForeignKey(
         WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False
@@ -175,6 +182,41 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} {self.kind}"
+
+
+class SupersededStep(models.Model):
+    """A checkpoint of a code-first run that an operator's fork set aside: history, still shown,
+    never replayed. A call the new branch makes again with the same arguments reuses its
+    result and key instead of acting twice."""
+
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="superseded", db_index=False
+    )
+    #: The branch it belonged to (the run's branch before the fork).
+    branch = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=StepKind.choices)
+    status = models.CharField(max_length=20, choices=StepStatus.choices)
+    attempts = models.PositiveIntegerField()
+    idempotency_key = models.CharField(max_length=120)
+    arguments = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    superseded_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["run_id", "branch", "seq"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "branch", "seq"], name="superseded_unique_run_branch_seq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} branch {self.branch} #{self.seq} {self.name}"
 
 
 class SweeperHeartbeat(models.Model):

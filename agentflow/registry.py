@@ -36,6 +36,11 @@ class StepDef:
     next: Callable[[Any], str] | None = None
     #: Compensation-only steps are skipped by the forward path.
     compensation_only: bool = False
+    #: Code-first calls: what is recorded in the checkpoint's `arguments` (the call's
+    #: fingerprint), and its idempotency key when it is not the default one (a forked branch's,
+    #: or a superseded call's that is reused).
+    arguments: Any = None
+    key: str | None = None
 
 
 @dataclass
@@ -112,6 +117,17 @@ class Workflow:
         return decorator
 
     # --- navigation ---------------------------------------------------------------------------
+    def step_named(self, name: str) -> StepDef | None:
+        """The definition of the step a run is at (None: not in this version)."""
+        return self.steps.get(name)
+
+    def compensation_for(self, name: str, seq: int) -> str | None:
+        """The compensation step that undoes the completed step `name` at `seq`, if any."""
+        step = self.steps.get(name)
+        if step is not None and step.compensate and step.kind == StepKind.EFFECT:
+            return step.compensate
+        return None
+
     @property
     def forward_steps(self) -> list[str]:
         return [s.name for s in self.steps.values() if not s.compensation_only]

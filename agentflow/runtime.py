@@ -17,7 +17,8 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 
-from agentflow import dispatch, faults, leases, registry, store, telemetry
+from agentflow import codefirst, dispatch, faults, leases, registry, store, telemetry
+from agentflow.codefirst import NEXT_CALL, CodeWorkflow
 from agentflow.context import StepContext
 from agentflow.exceptions import PermanentStepError, RetryableStepError
 from agentflow.models import RunEvent
@@ -61,7 +62,16 @@ def run_step(
     if workflow is None:
         _park_for_version(run, seq, seen)
         return
-    step = workflow.steps.get(run.current_step)
+    in_flight = seen is not None and seen.status == StepStatus.IN_PROGRESS
+    if isinstance(workflow, CodeWorkflow) and run.current_step == NEXT_CALL:
+        if run.cancel_requested and not in_flight:
+            store.cancel_begin(run.id, seq)
+            return
+        step = _next_call(run, workflow, seq, seen)
+        if step is None:
+            return  # finished, failed or parked by the replay
+    else:
+        step = workflow.step_named(run.current_step)
     if step is None:
         store.run_park(
             run.id,
@@ -81,7 +91,6 @@ def run_step(
             fence=seen.fence,
         )
         return
-    in_flight = seen is not None and seen.status == StepStatus.IN_PROGRESS
     if run.cancel_requested and not step.compensation_only and not in_flight:
         store.cancel_begin(run.id, seq)  # an operator asked: undo instead of going on
         return
@@ -141,6 +150,7 @@ def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> Ste
         kind=step.kind,
         attempt=attempt,
     )
+    view = getattr(registry.lookup(run.workflow, run.version), "outputs_view", None)
     return StepContext(
         run_id=run.id,
         workflow=run.workflow,
@@ -148,8 +158,57 @@ def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> Ste
         step=step.name,
         attempt=attempt,
         input=run.input,
-        load_outputs=lambda: store.outputs_load(run.id, seq),
+        load_outputs=lambda: (view or _same)(store.outputs_load(run.id, seq)),
+        key=step.key,
     )
+
+
+def _same(outputs: dict[str, Any]) -> dict[str, Any]:
+    return outputs
+
+
+# --- code-first runs: replay the function up to its next call -------------------------------------
+def _next_call(
+    run: store.StepState, workflow: CodeWorkflow, seq: int, seen: store.CheckpointRow | None
+) -> StepDef | None:
+    """Replay the run's function against its recorded calls (SPEC §4 B). Returns its next
+    call as this task's step, or None when the run was finished, failed or parked instead."""
+    try:
+        outcome = codefirst.replay(
+            workflow,
+            run_id=run.id,
+            input=run.input,
+            seq=seq,
+            branch=run.branch,
+            recorded=store.calls_load(run.id, seq + 1),
+            reusable=lambda: store.superseded_reusable(run.id),
+        )
+    except Exception as exc:  # a bug in the run's function: fail readably, do not loop
+        logger.exception("%s: the function of %s raised", run.id, workflow.name)
+        outcome = codefirst.Failed(reason=f"unexpected {type(exc).__name__}: {exc}")
+    if isinstance(outcome, codefirst.NextCall):
+        logger.info(
+            "%s position %d %s: replayed %d calls from checkpoints (%d model turns, %d tokens "
+            "not spent again)",
+            run.id, seq, outcome.step.name, outcome.replayed, outcome.replayed_turns,
+            outcome.tokens_saved,
+        )  # fmt: skip
+        return outcome.step
+    if isinstance(outcome, codefirst.Finished):
+        store.run_finish(run.id, seq, outcome.output)
+    elif isinstance(outcome, codefirst.Failed):
+        store.run_fail_between_calls(run.id, workflow, seq, outcome.reason)
+    else:
+        divergence = outcome.divergence
+        store.run_park(
+            run.id,
+            seq,
+            f"diverged from its recorded history: {divergence.text()}",
+            kind=RunEvent.Kind.DIVERGENCE,
+            fence=seen.fence if seen else None,
+            data=divergence.as_json(),
+        )
+    return None
 
 
 # --- effect and llm steps: claim, call, fenced completion ----------------------------------------
@@ -165,6 +224,11 @@ def _run_claimed(
         claim = _claim(run, step, seq, seen)
     if claim is None:
         return  # lost the race, someone holds a live lease, not due yet, or the run was parked
+    if claim.outcome_unknown:
+        logger.info(
+            "%s step %d %s: attempt %d takes over from a lost owner; asks the partner first",
+            run.id, seq, step.name, claim.attempt,
+        )  # fmt: skip
     ctx = _context(run, step, seq, claim.attempt)
     faults.crash_point(step.name, "after_claim", claim.attempt)
     attempt = _Attempt(run, workflow, step, seq, claim, ctx)
@@ -285,6 +349,10 @@ class _Attempt:
 
     def _adopt(self, found: Any) -> Any:
         output = to_json(found, f"reconcile of {self.step.name}")
+        logger.info(
+            "%s step %d %s: the partner already has it; adopted, not repeated",
+            self.ctx.run_id, self.seq, self.step.name,
+        )  # fmt: skip
         store.event_add(
             self.ctx.run_id,
             RunEvent.Kind.RECONCILED,

@@ -229,6 +229,24 @@ AGENTFLOW_KEY_WINDOW_SECONDS = env_float("AGENTFLOW_KEY_WINDOW_SECONDS", 24 * 36
 # Tests only (ignored unless AGENTFLOW_FAULTS=1): this process's clock runs this far ahead.
 AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0, minimum=None)
 
+# --- Agent mode (SPEC §4 B) -------------------------------------------------------------------
+# Unset base URL: agent runs use their workflow's scripted planner, so everything works offline.
+# Set it to any OpenAI-compatible server (with a model name) to let a real model choose tools.
+AGENTFLOW_LLM_BASE_URL = env_str("AGENTFLOW_LLM_BASE_URL", "")
+AGENTFLOW_LLM_MODEL = env_str("AGENTFLOW_LLM_MODEL", "")
+AGENTFLOW_LLM_API_KEY = env_str("AGENTFLOW_LLM_API_KEY", "")
+# One request's budget. Below the task's soft time limit (240 s), so a hung server becomes a
+# retryable step error under the same step instead of a killed task.
+AGENTFLOW_LLM_TIMEOUT_SECONDS = env_int("AGENTFLOW_LLM_TIMEOUT_SECONDS", 60, minimum=1)
+if AGENTFLOW_LLM_BASE_URL and not AGENTFLOW_LLM_MODEL:
+    raise ImproperlyConfigured(
+        "AGENTFLOW_LLM_BASE_URL is set: AGENTFLOW_LLM_MODEL must name a model"
+    )
+# Per run, enforced by code before every new step: a looping model fails the run (and its
+# compensations run) instead of spending without end. A refund takes 6 turns and ~5k tokens.
+AGENTFLOW_AGENT_MAX_TURNS = env_int("AGENTFLOW_AGENT_MAX_TURNS", 20, minimum=1)
+AGENTFLOW_AGENT_MAX_TOKENS = env_int("AGENTFLOW_AGENT_MAX_TOKENS", 100_000, minimum=1)
+
 # --- Partners and refunds -------------------------------------------------------------------
 SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8765")
 SANDBOX_SMTP_PORT = env_int("SANDBOX_SMTP_PORT", (urlsplit(SANDBOX_URL).port or 8765) + 1)
@@ -243,6 +261,10 @@ REFUNDS_SUBMIT_LIMIT = env_int("REFUNDS_SUBMIT_LIMIT", 5)
 # Requests per booking reference per day, whoever sends them: bounds guessing a passenger's
 # name and e-mail for one booking. 0 turns it off.
 REFUNDS_BOOKING_LIMIT = env_int("REFUNDS_BOOKING_LIMIT", 3)
+# Which engine handles new refunds: the graph workflow, or the same refund as an agent run.
+REFUNDS_ENGINE = env_str("REFUNDS_ENGINE", "graph").strip().lower()
+if REFUNDS_ENGINE not in ("graph", "agent"):
+    raise ImproperlyConfigured(f"REFUNDS_ENGINE must be graph or agent, got {REFUNDS_ENGINE!r}")
 REFUNDS_PARTNER_MAX_ATTEMPTS = env_int("REFUNDS_PARTNER_MAX_ATTEMPTS", 8, minimum=1)
 REFUNDS_PARTNER_RETRY_BASE_SECONDS = env_float("REFUNDS_PARTNER_RETRY_BASE_SECONDS", 1.0)
 

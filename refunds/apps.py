@@ -9,3 +9,11 @@ class RefundsConfig(AppConfig):
     name = "refunds"
     verbose_name = "Refunds"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # The run's admin page links to the refund and to the Stripe objects its steps made.
+        from agentflow import durable
+        from refunds import engines, links
+
+        for workflow in (engines.GRAPH, engines.AGENT):
+            durable.register_links(workflow, run=links.refund_links, step=links.stripe_links)

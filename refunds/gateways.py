@@ -19,12 +19,25 @@ import stripe
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
-from agentflow.durable import PermanentStepError, RetryableStepError, partner_call
+from agentflow.durable import PermanentStepError, RetryableStepError, RetryPolicy, partner_call
 from refunds.addresses import smtp_problem
 
 #: Connect and read timeouts for partner HTTP calls: a hung partner must not hold a worker
 #: (and its lease) for ever; the engine retries under the same key instead.
 HTTP_TIMEOUT_SECONDS = (3.05, 10.0)
+#: Partner calls back off under one key (equal jitter, doubling from the base). With the
+#: defaults, 8 attempts span about two minutes: a short partner outage is ridden out; after a
+#: long one the engine asks the partner what happened (reconcile) and fails the run only when
+#: it did not happen, refunding any fee. Tests shrink the base to keep storms quick.
+PARTNER_RETRY = RetryPolicy(
+    max_attempts=settings.REFUNDS_PARTNER_MAX_ATTEMPTS,
+    base_seconds=settings.REFUNDS_PARTNER_RETRY_BASE_SECONDS,
+    max_seconds=60,
+)
+#: Undoing gives up much later (about a minute): if it fails, an operator must step in.
+COMPENSATION_RETRY = RetryPolicy(max_attempts=8, base_seconds=0.5, max_seconds=60)
+#: Stripe keeps idempotency keys for at least 24 hours; an older retry reconciles first.
+STRIPE_KEY_WINDOW_SECONDS = 24 * 3600
 #: Stripe calls: one attempt's timeout and the library's own retries (same key, so safe).
 STRIPE_TIMEOUT_SECONDS = 10
 STRIPE_NETWORK_RETRIES = 2

@@ -12,9 +12,9 @@ from django.db.models.functions import Lower
 from django.utils import timezone
 
 from agentflow import durable
+from refunds import engines
 from refunds.models import RefundRequest, new_public_id
 
-WORKFLOW = "refund"
 #: The window REFUNDS_SUBMIT_LIMIT counts in (SPEC §6: "per hour").
 LIMIT_WINDOW = timedelta(hours=1)
 #: The window REFUNDS_BOOKING_LIMIT counts in (SPEC §6: "per day").
@@ -51,7 +51,7 @@ def refund_request_create(
             # The run's first step is published only when this transaction commits, so the
             # worker always finds the request it is told about.
             workflow_id = durable.start(
-                WORKFLOW, input={"refund_id": public_id}, business_key=public_id
+                engines.workflow_name(), input={"refund_id": public_id}, business_key=public_id
             )
             return RefundRequest.objects.create(
                 public_id=public_id,

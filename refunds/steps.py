@@ -35,7 +35,7 @@ CHARGED_STATUSES = ("succeeded", "processing", "requires_capture")
 
 # --- reads ----------------------------------------------------------------------------------
 def load_request(ctx: StepContext) -> dict[str, Any]:
-    request = _request(ctx)
+    request = request_of(ctx)
     return {
         "refund_id": request.public_id,
         "booking_reference": request.booking_reference.strip().upper(),
@@ -44,7 +44,7 @@ def load_request(ctx: StepContext) -> dict[str, Any]:
 
 
 def parse_flight_details(ctx: StepContext) -> dict[str, Any]:
-    request = _request(ctx)
+    request = request_of(ctx)
     # Anchored on the submission date, so a retry next week reads "tomorrow" the same way.
     parsed = parse_request(
         request.message, request.booking_reference, today=request.created_at.date()
@@ -59,7 +59,7 @@ def fetch_booking(ctx: StepContext) -> dict[str, Any]:
     booking is ever checkpointed. An unknown reference fails exactly like a wrong name or
     e-mail, so the form cannot be used to learn which references exist.
     """
-    request = _request(ctx)
+    request = request_of(ctx)
     try:
         booking = AirlineGateway.from_settings().booking(_reference(ctx))
     except BookingNotFound:
@@ -112,17 +112,39 @@ def charge_customer(ctx: StepContext) -> dict[str, Any]:
     """Charge the change fee. Every parameter comes from earlier checkpoints, so a retry sends
     exactly the same request under the same key and Stripe replays instead of charging again."""
     fee = ctx.output_of("calculate_penalty_fee")
-    if fee["amount_cents"] <= 0:
-        return {"charged": False, "amount_cents": 0}
-    reference = _reference(ctx)
-    payment = PaymentGateway.from_settings().charge(
+    return take_fee(
         amount_cents=fee["amount_cents"],
         currency=fee["currency"],
         payment_method=ctx.output_of("fetch_booking")["payment_method"],
-        description=f"Change fee for booking {reference}",
+        reference=_reference(ctx),
+        refund_id=ctx.input["refund_id"],
         key=ctx.idempotency_key,
         workflow_id=ctx.run_id,
-        metadata={"refund_id": ctx.input["refund_id"], "booking_reference": reference},
+    )
+
+
+def take_fee(
+    *,
+    amount_cents: int,
+    currency: str,
+    payment_method: str,
+    reference: str,
+    refund_id: str,
+    key: str,
+    workflow_id: str,
+) -> dict[str, Any]:
+    """The fee charge both engines make: nothing for a free change, else one payment under
+    `key`, refused readably when the bank wants more than a card."""
+    if amount_cents <= 0:
+        return {"charged": False, "amount_cents": 0}
+    payment = PaymentGateway.from_settings().charge(
+        amount_cents=amount_cents,
+        currency=currency,
+        payment_method=payment_method,
+        description=f"Change fee for booking {reference}",
+        key=key,
+        workflow_id=workflow_id,
+        metadata={"refund_id": refund_id, "booking_reference": reference},
     )
     if payment.status == "requires_action":
         raise PermanentStepError(
@@ -145,13 +167,20 @@ def find_fee_payment(ctx: StepContext) -> dict[str, Any] | None:
     fee = ctx.output_of("calculate_penalty_fee")
     if not fee or fee["amount_cents"] <= 0:
         return None  # nothing is ever sent for a free change: running the step again is safe
-    payment = PaymentGateway.from_settings().find_payment_by_key(ctx.idempotency_key)
+    return find_fee(ctx.idempotency_key)
+
+
+def find_fee(key: str) -> dict[str, Any] | None:
+    """The fee payment made under `key`, as `take_fee` would have returned it; None when it
+    exists but took no money (declined, needs action). Raises OutcomeUnknown when Stripe's
+    search shows none: it can lag a fresh payment by a minute, so that is no proof."""
+    payment = PaymentGateway.from_settings().find_payment_by_key(key)
     if payment is None:
         raise durable.OutcomeUnknown(
             "Stripe's search shows no payment under this key yet (it can lag a minute)"
         )
     if payment.status not in CHARGED_STATUSES:
-        return None  # it exists but took no money (declined, needs action): nothing to keep
+        return None  # it exists but took no money: nothing to keep
     return _charge_output(payment)
 
 
@@ -323,8 +352,12 @@ def _failure_reason(ctx: StepContext) -> str:
 
 
 # --- helpers --------------------------------------------------------------------------------
-def _request(ctx: StepContext) -> RefundRequest:
-    refund_id = (ctx.input or {}).get("refund_id")
+def request_of(ctx: StepContext) -> RefundRequest:
+    """The customer's request this run works on (the run's input names it)."""
+    return request_of_refund_id((ctx.input or {}).get("refund_id"))
+
+
+def request_of_refund_id(refund_id: str | None) -> RefundRequest:
     request = RefundRequest.objects.filter(public_id=refund_id).first() if refund_id else None
     if request is None:
         raise PermanentStepError(f"We couldn't find your request {refund_id or ''}".strip() + ".")

@@ -15,10 +15,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_safe
 
 from agentflow import durable, proxies
-from refunds import progress, services
+from refunds import engines, progress, services
 from refunds.forms import RefundRequestForm, new_submission_token, unsign_submission_token
 from refunds.models import RefundRequest
-from refunds.workflows import refund as refund_workflow
 
 #: Step outputs the page reads: the fee worked out, the failure explanation that
 #: `notify_failure` wrote for the customer (never a raw step error), and through
@@ -173,15 +172,19 @@ def _snapshot(refund: RefundRequest) -> durable.RunSnapshot | None:
 def _progress(run: durable.RunSnapshot | None) -> progress.Progress:
     if run is None:  # not expected (the run is created with the request), but never a 500
         return progress.describe(
-            status=durable.RunStatus.PENDING, current_step="", steps=[], planned=_planned()
+            status=durable.RunStatus.PENDING,
+            current_step="",
+            steps=[],
+            planned=engines.planned(run),
         )
-    outputs = _outputs(run)
+    steps = engines.customer_steps(run)
+    outputs = engines.outputs(steps)
     notice = outputs.get(_NOTICE_STEP, {})
     return progress.describe(
         status=run.status,
         current_step=run.current_step,
-        steps=run.steps,
-        planned=_planned(),
+        steps=steps,
+        planned=engines.planned(run),
         fee_cents=_fee_cents(outputs),
         reason=_customer_reason(notice),
         emailed=notice.get("sent") is True,
@@ -189,13 +192,11 @@ def _progress(run: durable.RunSnapshot | None) -> progress.Progress:
     )
 
 
-def _planned() -> list[str]:
-    return refund_workflow.forward_steps
-
-
 def _fee_cents(outputs: dict[str, dict[str, Any]]) -> int | None:
     """The fee the run worked out, once it has; the page says $45 until then."""
     value = outputs.get(_FEE_STEP, {}).get("amount_cents")
+    if value is None:  # an agent run: the policy's answer carries the fee
+        value = outputs.get("check_cancellation_policy", {}).get("fee_cents")
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
@@ -203,12 +204,3 @@ def _customer_reason(notice: dict[str, Any]) -> str:
     """The explanation `notify_failure` wrote for customers, mailed or not."""
     value = notice.get("reason")
     return value[:500] if isinstance(value, str) else ""
-
-
-def _outputs(run: durable.RunSnapshot) -> dict[str, dict[str, Any]]:
-    """Completed steps' outputs by name (the latest of a name wins)."""
-    return {
-        step.name: step.output
-        for step in run.steps
-        if step.status == durable.StepStatus.COMPLETED and isinstance(step.output, dict)
-    }

@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-from django.conf import settings
-
 from agentflow import durable
 from refunds import steps
-
-#: Stripe keeps idempotency keys for at least 24 hours; older retries reconcile first.
-STRIPE_KEY_WINDOW_SECONDS = 24 * 3600
-#: Partner calls back off under one key (equal jitter, doubling from the base). With the
-#: defaults, 8 attempts span about two minutes: a short partner outage is ridden out, a long
-#: one fails the run, which refunds any fee and tells the customer rather than holding their
-#: money. Tests shrink the base to keep storms quick.
-PARTNER_RETRY = durable.RetryPolicy(
-    max_attempts=settings.REFUNDS_PARTNER_MAX_ATTEMPTS,
-    base_seconds=settings.REFUNDS_PARTNER_RETRY_BASE_SECONDS,
-    max_seconds=60,
-)
-#: Undoing gives up much later (about a minute): if it fails, an operator must step in.
-COMPENSATION_RETRY = durable.RetryPolicy(max_attempts=8, base_seconds=0.5, max_seconds=60)
+from refunds.gateways import COMPENSATION_RETRY, PARTNER_RETRY, STRIPE_KEY_WINDOW_SECONDS
 
 #: v2: `fetch_booking` checks the requester owns the booking, and mail goes to its contact
 #: on file (v1 runs still in flight are parked for an operator rather than guessed at).
@@ -58,3 +43,6 @@ refund.compensation(
     key_window_seconds=STRIPE_KEY_WINDOW_SECONDS,
 )(steps.refund_fee)
 refund.compensation("notify_failure", retry=COMPENSATION_RETRY)(steps.notify_failure)
+
+# The same refund as an agent run (REFUNDS_ENGINE=agent), registered with this one.
+from refunds.agent.workflow import refund_agent  # noqa: E402, F401

@@ -6,4 +6,8 @@ pytest_plugins: list[str] = [
     "tests.support.waiting",
     "tests.support.sandbox",
     "tests.support.processes",
+    "tests.support.engine",
+    "tests.support.llm_server",
+    "tests.support.admin",
+    "tests.support.browser",
 ]

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Count, Min, QuerySet
-from django.urls import reverse
+from django.db.models import QuerySet
 from django.utils.functional import cached_property
-from django.utils.http import urlencode
-
-from agentflow.admin.display import duration
-from agentflow.models import WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
 
 #: Above this a count is the planner's estimate: an exact COUNT(*) reads every matching row
 #: (about 70 ms per million runs), and nobody needs the last digit of a million.
@@ -68,53 +61,3 @@ class EstimatingPaginator(Paginator):
     @property
     def count_label(self) -> str:
         return count_label(self.count, self.count_is_estimate)
-
-
-def dashboard(now: datetime) -> dict[str, Any]:
-    """Figures for the top of the run list.
-
-    Active and parked runs are few, so they are counted exactly (I7: every parked run is on
-    the dashboard); finished ones grow without bound, so theirs may be estimates.
-    """
-    runs = WorkflowRun.objects.order_by()
-    few = (*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION)
-    counts: dict[str, tuple[int, bool]] = {status: (0, False) for status in RunStatus.values}
-    for status, n in (
-        runs.filter(status__in=few)
-        .values("status")
-        .annotate(n=Count("pk"))
-        .values_list("status", "n")
-    ):
-        counts[status] = (n, False)
-    for status in TERMINAL_RUN_STATUSES:
-        counts[status] = cheap_count(runs.filter(status=status))
-    overdue = runs.filter(status__in=ACTIVE_RUN_STATUSES, wake_at__lt=now).aggregate(
-        n=Count("pk"), oldest=Min("wake_at")
-    )
-    active = sum(counts[status][0] for status in ACTIVE_RUN_STATUSES)
-    parked = counts[RunStatus.NEEDS_ATTENTION][0]
-    base = reverse("admin:agentflow_workflowrun_changelist")
-
-    def url(**params: str) -> str:
-        return f"{base}?{urlencode(params)}"
-
-    return {
-        "statuses": [
-            {
-                "value": value,
-                "label": label,
-                "count": count_label(*counts[value]),
-                "approx": counts[value][1],
-                "url": url(status__exact=value),
-            }
-            for value, label in RunStatus.choices
-        ],
-        "active": count_label(active, False),
-        "needs_attention": parked,
-        "needs_attention_label": count_label(parked, False),
-        "needs_attention_url": url(status__exact=RunStatus.NEEDS_ATTENTION),
-        "overdue": overdue["n"],
-        "overdue_label": count_label(overdue["n"], False),
-        "overdue_oldest": duration(now - overdue["oldest"]) if overdue["oldest"] else None,
-        "overdue_url": url(wake="overdue"),
-    }

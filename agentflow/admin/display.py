@@ -44,12 +44,31 @@ def badge(status: str, label: str) -> str:
 
 
 def pretty(value: Any, *, text: bool = False) -> str:
+    """A payload for reading: JSON indented, anything else as text, always escaped; past
+    MAX_PAYLOAD_CHARS a preview with the whole size, so a 5 MB output costs the page 20 kB."""
     if value in (None, "", [], {}):
         return "—"
-    shown = value if text else json.dumps(value, indent=2, sort_keys=True, default=str)
-    if len(shown) > MAX_PAYLOAD_CHARS:
-        shown = shown[:MAX_PAYLOAD_CHARS] + "\n… (cut here for display)"
-    return format_html('<pre class="af-pre">{}</pre>', shown)
+    shown = str(value) if text else json.dumps(value, indent=2, sort_keys=True, default=str)
+    if len(shown) <= MAX_PAYLOAD_CHARS:
+        return format_html('<pre class="af-pre">{}</pre>', shown)
+    size = len(shown.encode("utf-8", errors="replace"))
+    return format_html(
+        '<pre class="af-pre">{}\n…</pre><div class="af-cut">Preview of the first {} characters; '
+        "{} in all ({} characters).</div>",
+        shown[:MAX_PAYLOAD_CHARS],
+        f"{MAX_PAYLOAD_CHARS:,}",
+        byte_size(size),
+        f"{len(shown):,}",
+    )
+
+
+def byte_size(size: int) -> str:
+    """1,234 bytes / 12.3 kB / 5.2 MB: decimal units, as a file listing shows them."""
+    if size < 1000:
+        return f"{size:,} bytes"
+    if size < 1_000_000:
+        return f"{size / 1000:.1f} kB"
+    return f"{size / 1_000_000:.1f} MB"
 
 
 def wake_up(run: WorkflowRun, now: datetime) -> str:

@@ -7,8 +7,9 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
+from agentflow import links
 from agentflow.admin.display import badge, pretty, when
 from agentflow.models import RunEvent, StepCheckpoint
 from agentflow.states import StepStatus
@@ -44,6 +45,8 @@ class StepInline(ReadOnlyInline):
     classes = ("af-steps",)
     ordering = ("seq",)  # the model's default orders by run first, which joins the runs table
     fields = readonly_fields = ("step", "state", "lease", "times", "result")
+    #: Set per request by the run admin (inline instances are made per request).
+    run_ref: links.RunRef | None = None
 
     @admin.display(description="seq, name, kind / idempotency key")
     def step(self, cp: StepCheckpoint) -> str:
@@ -87,7 +90,24 @@ class StepInline(ReadOnlyInline):
     def result(self, cp: StepCheckpoint) -> str:
         if cp.error:
             return format_html('<div class="af-error">{}</div>', pretty(cp.error, text=True))
-        return pretty(cp.output)
+        return format_html("{}{}", self.partner_links(cp), pretty(cp.output))
+
+    def partner_links(self, cp: StepCheckpoint) -> str:
+        """What the domain says this step made at a partner (e.g. the Stripe payment)."""
+        if self.run_ref is None:
+            return ""
+        step = links.StepRef(
+            seq=cp.seq, name=cp.name, kind=cp.kind, status=cp.status, output=cp.output
+        )
+        found = links.step_links(self.run_ref, step)
+        if not found:
+            return ""
+        anchors = format_html_join(
+            " · ",
+            '<a href="{}" title="{}" rel="noopener" target="_blank">{}</a>',
+            ((k.url, k.title, k.label) for k in found),
+        )
+        return format_html('<div class="af-partner">Partner: {}</div>', anchors)
 
 
 class EventInline(ReadOnlyInline):
@@ -107,6 +127,14 @@ class EventInline(ReadOnlyInline):
             '{}<br><code class="af-code">{}</code>', event.get_kind_display(), event.kind
         )
 
-    @admin.display(description="detail")
+    @admin.display(description="detail / data")
     def detail_block(self, event: RunEvent) -> str:
-        return pretty(event.detail, text=True)
+        if event.data in (None, {}, []):
+            return pretty(event.detail, text=True)
+        step = f"step #{event.seq}: " if event.seq is not None else ""
+        return format_html(
+            "{}{}{}",
+            step,
+            pretty(event.detail, text=True) if event.detail else "",
+            pretty(event.data),
+        )

@@ -1,4 +1,5 @@
-"""Retry and Cancel for operators: ask for a reason, call the store, report each run's outcome.
+"""Retry, Cancel and Resume now for operators: ask for a reason, call the store, report each
+run's outcome.
 
 The store decides what is safe (`store.ActionRefused`) and records the event with the actor and
 reason (I6); this module only turns its answers into messages, never into a traceback.
@@ -73,7 +74,20 @@ CANCEL = Verb(
     ),
     act=store.run_cancel,
 )
-VERBS = {verb.name: verb for verb in (RETRY, CANCEL)}
+RESUME = Verb(
+    name="resume",
+    label="Resume now",
+    done="resumed",
+    offered_for=ACTIVE_RUN_STATUSES,
+    explanation=(
+        "Resume now publishes each run's current step at once instead of at its wake-up time: "
+        "a run waiting to retry retries now, a run whose message was lost is picked up without "
+        "waiting for the sweeper. A step that a live worker is running stays with that worker, "
+        "and the partner sees the same idempotency key as before."
+    ),
+    act=store.run_resume,
+)
+VERBS = {verb.name: verb for verb in (RETRY, RESUME, CANCEL)}
 
 
 def perform(request: HttpRequest, verb: Verb, runs: list[dict[str, Any]], reason: str) -> None:
@@ -99,8 +113,12 @@ def perform(request: HttpRequest, verb: Verb, runs: list[dict[str, Any]], reason
         messages.success(request, f"Run {run_id}: {what}.")
     if len(done) == 1:
         run = done[0]
-        resumes = f" It resumes at step #{run['current_seq']} {run['current_step']}."
-        messages.success(request, f"Run {run['pk']} {verb.done}.{resumes if verb is RETRY else ''}")
+        step = f"#{run['current_seq']} {run['current_step']}"
+        then = {
+            RETRY: f" It resumes at step {step}.",
+            RESUME: f" Step {step} was published again.",
+        }.get(verb, "")
+        messages.success(request, f"Run {run['pk']} {verb.done}.{then}")
     elif done:
         messages.success(request, f"{len(done)} runs {verb.done}.")
     for run_id, why in refused[:MAX_REFUSAL_MESSAGES]:

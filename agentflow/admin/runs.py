@@ -1,4 +1,5 @@
-"""The workflow run admin: a read-only list and detail page, plus Retry and Cancel.
+"""The workflow run admin: a read-only list and detail page with a timeline, plus Retry,
+Resume now and Cancel.
 
 Engine rows are never edited here (procrastinate's and django-celery-results' shape): the
 only writes are the operator actions in `agentflow.admin.operator`, which go through the store.
@@ -6,6 +7,7 @@ only writes are the operator actions in `agentflow.admin.operator`, which go thr
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.contrib import admin, messages
@@ -16,20 +18,29 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
-from agentflow.admin import operator
-from agentflow.admin.counting import EstimatingPaginator, bounded_count, dashboard
+from agentflow import links, registry
+from agentflow.admin import operator, timeline, timeline_svg
+from agentflow.admin.counting import EstimatingPaginator, bounded_count
+from agentflow.admin.dashboard import dashboard
 from agentflow.admin.dates import date_hierarchy
 from agentflow.admin.display import ago, badge, pretty, wake_up, when
 from agentflow.admin.filters import WakeFilter, WorkflowFilter
 from agentflow.admin.inlines import EventInline, StepInline
 from agentflow.forms import ReasonForm
-from agentflow.models import StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.states import RunStatus
+
+logger = logging.getLogger(__name__)
 
 RUN_FIELDS = (
     "id", "definition", "status_badge", "current", "current_attempts", "business_key",
-    "wake_up", "created", "updated",
+    "related", "wake_up", "created", "updated",
 )  # fmt: skip
+#: The timeline draws at most this many of a run's events, the latest (a run swept every few
+#: seconds for days has thousands, and its recent history is what an operator needs).
+TIMELINE_EVENTS = 1000
 PAYLOAD_FIELDS = ("error_block", "output_block", "input_block", "compensations_block")
 
 
@@ -50,7 +61,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # facet counts are a GROUP BY over every row
     list_per_page = 100
-    actions = ("retry_runs", "cancel_runs")
+    actions = ("retry_runs", "resume_runs", "cancel_runs")
     inlines = (StepInline, EventInline)
     fieldsets = (
         (None, {"fields": RUN_FIELDS}),
@@ -69,7 +80,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return False
 
     def has_operate_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Retry and Cancel belong to whoever holds the model's change permission."""
+        """Retry, Resume now and Cancel belong to whoever holds the model's change permission."""
         return request.user.has_perm("agentflow.change_workflowrun")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
@@ -99,7 +110,24 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     # --- columns and fields ------------------------------------------------------------------
     @admin.display(description="workflow")
     def definition(self, run: WorkflowRun) -> str:
+        if registry.lookup(run.workflow, run.version) is None:
+            return format_html(
+                '{} v{} <span class="af-overdue" title="{}">not in this code</span>',
+                run.workflow,
+                run.version,
+                "No definition of this name and version is deployed: a worker would park the "
+                "run rather than guess its steps.",
+            )
         return f"{run.workflow} v{run.version}"
+
+    @admin.display(description="related")
+    def related(self, run: WorkflowRun) -> str:
+        found = links.run_links(run_ref(run))
+        if not found:
+            return "—"
+        return format_html_join(
+            " · ", '<a href="{}" title="{}">{}</a>', ((k.url, k.title, k.label) for k in found)
+        )
 
     @admin.display(description="status")
     def status_badge(self, run: WorkflowRun) -> str:
@@ -107,7 +135,9 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="current step")
     def current(self, run: WorkflowRun) -> str:
-        return f"#{run.current_seq} {run.current_step}" if run.current_step else "—"
+        if not run.current_step or run.status == RunStatus.COMPLETED:
+            return "—"  # a completed run's counter has moved past its last step
+        return f"#{run.current_seq} {run.current_step}"
 
     @admin.display(description="attempts")
     def current_attempts(self, run: WorkflowRun) -> Any:
@@ -187,7 +217,18 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             context["af_verbs"] = [
                 v for v in operator.VERBS.values() if obj.status in v.offered_for
             ]
+        if obj is not None:
+            context["af_timeline"] = run_timeline(obj)
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        """Inline instances are made per request: the step inline learns its run here, so each
+        step's domain links are built without a query per step."""
+        inlines = super().get_inline_instances(request, obj)
+        for inline in inlines:
+            if isinstance(inline, StepInline) and obj is not None:
+                inline.run_ref = run_ref(obj)
+        return inlines
 
     def get_urls(self) -> list[Any]:
         app, model = self.opts.app_label, self.opts.model_name
@@ -207,6 +248,10 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     @admin.action(description="Retry selected runs…", permissions=["operate"])
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> Any:
         return self._list_action(request, queryset, operator.RETRY)
+
+    @admin.action(description="Resume selected runs now…", permissions=["operate"])
+    def resume_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> Any:
+        return self._list_action(request, queryset, operator.RESUME)
 
     @admin.action(description="Cancel selected runs…", permissions=["operate"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> Any:
@@ -254,6 +299,36 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     def _changelist_url(self) -> str:
         return reverse("admin:agentflow_workflowrun_changelist")
+
+
+def run_ref(run: WorkflowRun) -> links.RunRef:
+    return links.RunRef(
+        id=run.pk,
+        workflow=run.workflow,
+        version=run.version,
+        business_key=run.business_key,
+        input=run.input,
+        status=run.status,
+    )
+
+
+def run_timeline(run: WorkflowRun) -> dict[str, Any] | None:
+    """The run's timeline as inline SVG with a one-line caption (two queries), or None, logged,
+    if it cannot be drawn: the picture is a convenience, the tables below still tell all."""
+    try:
+        steps = list(StepCheckpoint.objects.filter(run=run).order_by("seq"))
+        newest = list(RunEvent.objects.filter(run=run).order_by("-at", "-id")[:TIMELINE_EVENTS])
+        drawn = timeline.build(
+            run,
+            steps,
+            reversed(newest),
+            now=timezone.now(),
+            events_cut=len(newest) >= TIMELINE_EVENTS,
+        )
+        return {"svg": timeline_svg.render(drawn), "caption": timeline_svg.describe(drawn)}
+    except Exception:
+        logger.exception("the timeline of run %s could not be drawn", run.pk)
+        return None
 
 
 def _has_nul(request: HttpRequest) -> bool:

@@ -6,8 +6,22 @@ partner. Step messages are published only from on-commit hooks.
 
 from __future__ import annotations
 
+from agentflow.store.calls import (
+    RecordedCall,
+    calls_load,
+    run_fail_between_calls,
+    run_finish,
+    superseded_reusable,
+)
 from agentflow.store.events import event_add
-from agentflow.store.operator import cancel_begin, run_cancel, run_retry
+from agentflow.store.operator import (
+    cancel_begin,
+    fork_preview,
+    run_cancel,
+    run_fork,
+    run_resume,
+    run_retry,
+)
 from agentflow.store.runs import (
     ActionRefused,
     Fenced,
@@ -48,26 +62,34 @@ __all__ = [
     "DueRun",
     "Fenced",
     "Heartbeat",
+    "RecordedCall",
     "StepState",
     "attempt_lost",
+    "calls_load",
     "cancel_begin",
     "claim_blocker",
     "compensation_plan",
     "enqueue_grace",
     "event_add",
+    "fork_preview",
     "heartbeat_read",
     "heartbeat_record",
     "lease_renew",
     "outputs_load",
     "run_cancel",
     "run_create",
+    "run_fail_between_calls",
+    "run_finish",
+    "run_fork",
     "run_park",
+    "run_resume",
     "run_retry",
     "state_load",
     "state_load_claiming",
     "step_claim",
     "step_complete",
     "step_fail",
+    "superseded_reusable",
     "sweep_due",
     "sweep_push",
     "sweep_statements",

@@ -1,4 +1,5 @@
-"""What operators do to runs (retry, cancel) and the cancellation a worker carries out.
+"""What operators do to runs (retry, resume now, cancel) and the cancellation a worker carries
+out.
 
 Each action takes the run's row lock, checks that it is safe, and moves the checkpoint's fence
 on, so a worker still holding an older claim changes nothing afterwards (I5). Each is recorded
@@ -12,11 +13,11 @@ from typing import Any
 from django.db import transaction
 
 from agentflow import dispatch, registry, telemetry
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.registry import Workflow
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow.store import sql
-from agentflow.store.events import event_add
+from agentflow.store.events import event_add, event_time
 from agentflow.store.runs import ActionRefused, Fenced, begin_undo, enqueue_grace
 
 
@@ -99,12 +100,10 @@ def _release_for_retry(run_id: str, seq: int) -> None:
     sql.update(sql.STEPS, changes, "id = %s AND fence = %s", [cp.id, cp.fence])
 
 
-def _resume_failed(run: WorkflowRun) -> tuple[int, str]:
-    """Where a failed run resumes: its failed forward step, at the same seq if nothing ran
-    after it, else at a new seq (the compensation steps that told the customer took the ones
-    after it). The failed attempt's effect did not happen (SPEC 3.3a), so a new key is safe."""
-    undo = RunEvent.objects.filter(run_id=run.id, kind=RunEvent.Kind.COMPENSATION)
-    for event in undo:
+def _refuse_if_undone(run: WorkflowRun) -> None:
+    """A failed run whose compensation undid effects cannot be resumed: it would be served
+    half (the fee refunded, the rebooking done)."""
+    for event in RunEvent.objects.filter(run_id=run.id, kind=RunEvent.Kind.COMPENSATION):
         data = event.data or {}
         if data.get("undo", ["(unrecorded)"]):
             raise ActionRefused(
@@ -112,6 +111,13 @@ def _resume_failed(run: WorkflowRun) -> tuple[int, str]:
                 f"({', '.join(data.get('undo', [])) or 'recorded before undo lists'}); "
                 "start a new one"
             )
+
+
+def _resume_failed(run: WorkflowRun) -> tuple[int, str]:
+    """Where a failed run resumes: its failed forward step, at the same seq if nothing ran
+    after it, else at a new seq (the compensation steps that told the customer took the ones
+    after it). The failed attempt's effect did not happen (SPEC 3.3a), so a new key is safe."""
+    _refuse_if_undone(run)
     workflow = registry.lookup(run.workflow, run.version)
     if workflow is None:
         raise ActionRefused(f"{run.workflow} v{run.version} is not deployed; it cannot resume")
@@ -134,6 +140,47 @@ def _resume_failed(run: WorkflowRun) -> tuple[int, str]:
         [run.id],
     )
     return (last_seq.seq if last_seq else failed.seq) + 1, failed.name
+
+
+# --- resume now ---------------------------------------------------------------------------------
+def run_resume(run_id: str, *, actor: str, reason: str) -> None:
+    """Publish an active run's current step now, instead of at its wake-up time.
+
+    A run backing off (WAITING) has its retry made due now, so the claim takes it at once.
+    Nothing else changes and no fence moves: a step a live worker holds stays with it (the new
+    message finds the lease held and does nothing), and publishing twice is harmless, as for
+    the sweeper. The message goes out only once the event is committed.
+    """
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.status not in ACTIVE_RUN_STATUSES:
+            raise ActionRefused(
+                f"only active runs can be resumed now (this one is {run.status}); "
+                "a failed or parked run needs Retry"
+            )
+        seq = run.current_seq
+        if run.status == RunStatus.WAITING:
+            sql.update(
+                sql.STEPS,
+                {"retry_at": sql.at_now()},
+                "run_id = %s AND seq = %s AND status = %s AND retryable",
+                [run_id, seq, StepStatus.FAILED],
+            )
+            sql.update(
+                sql.RUNS,
+                {"wake_at": _wake_soon(), "updated_at": sql.at_now()},
+                "id = %s",
+                [run_id],
+            )
+        event_add(
+            run_id,
+            RunEvent.Kind.OPERATOR_RESUME,
+            reason or "(no reason given)",
+            actor=actor,
+            seq=seq,
+            data={"status": run.status, "wake_at": event_time(run.wake_at)},
+        )
+        dispatch.send_step_on_commit(run_id, seq)
 
 
 # --- cancel -------------------------------------------------------------------------------------
@@ -238,3 +285,107 @@ def _cancel_now(
         statuses=[*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION],
         ended=RunStatus.CANCELLED,
     )
+
+
+# --- fork (code-first runs) -------------------------------------------------------------------
+def fork_preview(run_id: str, position: int) -> list[StepCheckpoint]:
+    """The checkpoints a fork from `position` would set aside, in order (what the operator is
+    shown before confirming: above all, effects that happened)."""
+    return list(StepCheckpoint.objects.filter(run_id=run_id, seq__gte=position).order_by("seq"))
+
+
+def run_fork(run_id: str, *, position: int, actor: str, reason: str) -> None:
+    """Continue a diverged or failed code-first run from `position`, on a new branch.
+
+    Its checkpoints from `position` on are kept as superseded history (still shown, never
+    replayed); the run resumes at `position`. A call the new branch makes again with the same
+    arguments reuses the superseded result and key (it is not made again); every other new call
+    gets a key that names the branch, so no partner mistakes it for an earlier one.
+    """
+    from agentflow.codefirst import NEXT_CALL, CodeWorkflow
+
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        workflow = registry.lookup(run.workflow, run.version)
+        if not isinstance(workflow, CodeWorkflow):
+            raise ActionRefused("only code-first (agent) runs can be forked")
+        if run.status not in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED):
+            raise ActionRefused(
+                f"only diverged, parked or failed runs can be forked (this one is {run.status})"
+            )
+        if run.status == RunStatus.FAILED:
+            _refuse_if_undone(run)
+        last = StepCheckpoint.objects.filter(run_id=run_id).order_by("-seq").first()
+        highest = (last.seq if last else 0) + 1
+        if not 1 <= position <= highest:
+            raise ActionRefused(f"position must be between 1 and {highest}")
+        superseded = fork_preview(run_id, position)
+        unknown = [
+            cp for cp in superseded
+            if cp.status == StepStatus.IN_PROGRESS and cp.kind == StepKind.EFFECT
+        ]  # fmt: skip
+        if unknown:
+            raise ActionRefused(
+                f"whether {unknown[0].name} (position {unknown[0].seq}) took effect is unknown; "
+                "a new branch could repeat it: check the partner, or fork after it"
+            )
+        now = sql.db_now()
+        SupersededStep.objects.bulk_create(
+            SupersededStep(
+                run_id=run_id,
+                branch=run.branch,
+                seq=cp.seq,
+                name=cp.name,
+                kind=cp.kind,
+                status=cp.status,
+                attempts=cp.attempts,
+                idempotency_key=cp.idempotency_key,
+                arguments=cp.arguments,
+                output=cp.output,
+                error=cp.error,
+                started_at=cp.started_at,
+                finished_at=cp.finished_at,
+                superseded_at=now,
+            )
+            for cp in superseded
+        )
+        StepCheckpoint.objects.filter(run_id=run_id, seq__gte=position).delete()
+        sql.update(
+            sql.RUNS,
+            {
+                "status": RunStatus.RUNNING,
+                "branch": run.branch + 1,
+                "current_seq": position,
+                "current_step": NEXT_CALL,
+                "compensations": [],
+                "cancel_requested": False,
+                "error": "",
+                "wake_at": _wake_soon(),
+                "updated_at": sql.at_now(),
+            },
+            "id = %s",
+            [run_id],
+        )
+        event_add(
+            run_id,
+            RunEvent.Kind.FORK,
+            f"{reason or '(no reason given)'} (from position {position}; "
+            f"{len(superseded)} step(s) set aside as branch {run.branch})",
+            actor=actor,
+            seq=position,
+            data={
+                "position": position,
+                "branch": run.branch + 1,
+                "superseded": [
+                    {
+                        "seq": cp.seq,
+                        "name": cp.name,
+                        "kind": cp.kind,
+                        "status": cp.status,
+                        "key": cp.idempotency_key,
+                    }
+                    for cp in superseded
+                ],
+            },
+        )
+        dispatch.send_step_on_commit(run_id, position)

@@ -21,7 +21,7 @@ from agentflow import dispatch, telemetry
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef, Workflow
-from agentflow.states import RunStatus, StepKind, StepStatus
+from agentflow.states import RunStatus, StepStatus
 from agentflow.store import sql
 from agentflow.store.events import event_add, event_time
 from agentflow.store.steps import ACTIVE, CheckpointRow, Claim, state_load
@@ -270,7 +270,8 @@ def _write_failed_checkpoint(
                 "kind": step.kind,
                 "attempts": 1,
                 "fence": 1,
-                "idempotency_key": idempotency_key(run_id, seq),
+                "idempotency_key": step.key or idempotency_key(run_id, seq),
+                "arguments": step.arguments,
                 "first_started_at": sql.at_now(),
                 "started_at": sql.at_now(),
             },
@@ -378,10 +379,10 @@ def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[
         run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
     ).order_by("-seq")
     plan = []
-    for name in done.values_list("name", flat=True):
-        step = workflow.steps.get(name)
-        if step is not None and step.compensate and step.kind == StepKind.EFFECT:
-            plan.append(step.compensate)
+    for name, seq in done.values_list("name", "seq"):
+        undo = workflow.compensation_for(name, seq)
+        if undo is not None:
+            plan.append(undo)
     if workflow.on_failure:
         plan.append(workflow.on_failure)
     return plan

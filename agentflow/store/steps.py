@@ -64,6 +64,8 @@ class StepState:
     compensations: list[str]
     error: str
     cancel_requested: bool
+    #: Code-first runs: the branch new calls name in their keys (0 until an operator forks).
+    branch: int
     #: Past its wake-up time (database clock): nothing has moved it for too long.
     overdue: bool
     checkpoint: CheckpointRow | None
@@ -75,14 +77,15 @@ _STATE_COLUMNS = f"""
     c.id, c.name, c.status, c.attempts, c.fence, c.retryable, c.lease_owner,
     CASE WHEN c.id IS NULL THEN false ELSE {sql.claimable("c")} END,
     COALESCE(c.lease_expires_at <= {sql.now()}, false),
-    c.first_started_at, c.started_at, c.lease_expires_at, {sql.seconds_since("c.first_started_at")}
+    c.first_started_at, c.started_at, c.lease_expires_at, {sql.seconds_since("c.first_started_at")},
+    r.branch
 """
 _STATE_FROM = f"""
     FROM {sql.RUNS} r
     LEFT JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = %s
     WHERE r.id = %s
 """
-_STATE_WIDTH = 23
+_STATE_WIDTH = 24
 
 
 def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None:
@@ -125,6 +128,7 @@ def _state_from_row(run_id: str, row: tuple[Any, ...] | None) -> StepState | Non
         compensations=sql.read_json(row[6]) or [],
         error=row[7],
         cancel_requested=bool(row[8]),
+        branch=int(row[23] or 0),
         overdue=bool(row[9]),
         checkpoint=checkpoint,
     )
@@ -485,7 +489,8 @@ def _step_write(
                 "seq": seq,
                 "name": step.name,
                 "kind": step.kind,
-                "idempotency_key": idempotency_key(run_id, seq),
+                "idempotency_key": step.key or idempotency_key(run_id, seq),
+                "arguments": step.arguments,
                 "first_started_at": sql.at_now(),
             }
         }

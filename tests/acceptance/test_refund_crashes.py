@@ -105,7 +105,7 @@ def partner_effects(sandbox: SandboxProcess, run_id: str) -> dict[str, Any]:
     for kind in EFFECT_LISTS:
         keys = [entry["idempotency_key"] for entry in ledger[kind]]
         assert len(keys) == len(set(keys)), f"{kind}: {keys}"
-        assert all(key.startswith(f"{run_id}_step_") for key in keys), keys
+        assert all(key.startswith(f"{run_id}_") for key in keys), keys  # _step_N or _bB_step_N
     return ledger
 
 

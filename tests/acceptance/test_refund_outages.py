@@ -16,9 +16,9 @@ from agentflow.celery import app
 from agentflow.models import RunEvent
 from agentflow.workers import WorkerProcess
 from tests.acceptance.test_refund_crashes import finished, partner_effects, step, submit
+from tests.support.engine import stopped
 from tests.support.processes import worker_database_url
 from tests.support.sandbox import SandboxProcess
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,20 +63,8 @@ def stripe_goes_dark(sandbox: SandboxProcess, *, search_status: int | None = Non
         )
 
 
-def stopped(run_id: str, worker: WorkerProcess, timeout: float) -> durable.RunSnapshot:
-    """The run once it is no longer active: finished, or parked for an operator."""
-
-    def done() -> durable.RunSnapshot | None:
-        assert worker.alive(), worker.log_tail()
-        run = durable.snapshot(run_id)
-        active = (durable.RunStatus.PENDING, durable.RunStatus.RUNNING, durable.RunStatus.WAITING)
-        return run if run is not None and run.status not in active else None
-
-    return wait_for(done, timeout=timeout, interval=0.05, what=f"run {run_id} to stop")
-
-
 def parked_unknown(run_id: str, worker: WorkerProcess, sandbox: SandboxProcess) -> None:
-    run = stopped(run_id, worker, timeout=90)
+    run = stopped(run_id, timeout=90, worker=worker)
     assert run.status == durable.RunStatus.NEEDS_ATTENTION, run.error
     assert run.error.startswith("outcome unknown: charge_customer may or may not have taken")
     assert step(run, "charge_customer").status == durable.StepStatus.IN_PROGRESS

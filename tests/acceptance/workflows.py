@@ -89,9 +89,38 @@ def not_json(ctx: durable.StepContext) -> Any:
     return {"tags": {"a", "b"}}  # a set: not JSON
 
 
+def gated_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Refused for good until the test releases the run (an operator fixed the account)."""
+    _record(ctx)
+    if not partner.is_released(ctx.run_id):
+        raise durable.PermanentStepError("partner refused: account locked")
+    return partner.apply(ctx.idempotency_key)
+
+
+def dormant_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Fails like a 503 on the first attempt, with a back-off of about an hour."""
+    _record(ctx)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("partner said 503, retry in an hour")
+    return partner.apply(ctx.idempotency_key)
+
+
 flaky = durable.Workflow("crash_flaky", version=1)
 flaky.step("charge", kind="effect", retry=durable.RetryPolicy(base_seconds=2.0))(flaky_effect)
 flaky.step("finish", kind="read")(_finish)
+
+#: Fails permanently until released: the operator's Retry then completes it.
+gated = durable.Workflow("crash_gated", version=1)
+gated.step("prepare", kind="read")(read)
+gated.step("charge", kind="effect")(gated_effect)
+gated.step("finish", kind="read")(_finish)
+
+#: Backs off for an hour after its first attempt: only the sweeper (or Resume now) wakes it.
+dormant = durable.Workflow("crash_dormant", version=1)
+dormant.step(
+    "charge", kind="effect", retry=durable.RetryPolicy(base_seconds=3600, max_seconds=3600)
+)(dormant_effect)
+dormant.step("finish", kind="read")(_finish)
 
 declined = durable.Workflow("crash_declined", version=1)
 declined.step("prepare", kind="read")(read)
@@ -207,3 +236,77 @@ cancellable.step("confirm", kind="effect", retry=durable.RetryPolicy(base_second
 cancellable.compensation("unbook")(effect)
 cancellable.compensation("refund")(effect)
 cancellable.compensation("notify")(effect)
+
+
+# --- agent mode (code-first runs) -----------------------------------------------------------
+from agentflow.agent import (  # noqa: E402  (grouped with the agent workflow it serves)
+    ModelRequest,
+    ScriptedModel,
+    Toolbox,
+    ToolContext,
+    answer,
+    call,
+    calls,
+    system_message,
+    tool_result_message,
+    user_message,
+)
+
+PRICES = {"apple": 3, "pear": 5}
+shop = Toolbox("crash_agent")
+
+
+def _record_tool(ctx: ToolContext) -> int:
+    return partner.record_execution(ctx.run_id, ctx.position, ctx.tool, ctx.attempt)
+
+
+@shop.tool("lookup", read_only=True, description="The price of an item, in dollars.")
+def lookup(ctx: ToolContext, item: str) -> dict[str, Any]:
+    _record_tool(ctx)
+    return {"item": item, "price": PRICES[item]}
+
+
+@shop.tool("buy", side_effect=True, compensate="refund", description="Buy an item.")
+def buy(ctx: ToolContext, item: str, qty: int) -> dict[str, Any]:
+    _record_tool(ctx)
+    return {"item": item, "qty": qty, **partner.apply(ctx.idempotency_key)}
+
+
+@shop.tool("refund", side_effect=True, description="Refund a purchase of an item.")
+def refund_purchase(ctx: ToolContext, item: str) -> dict[str, Any]:
+    _record_tool(ctx)
+    return {"refunded": item, **partner.apply(ctx.idempotency_key)}
+
+
+def shopping_plan(request: ModelRequest) -> Any:
+    """Turn 1: look both prices up at once; turn 2: buy two of the cheaper; then answer. Unless
+    the run's input says `fail_after_buy`, which the function checks in code."""
+    if request.turn == 1:
+        return calls(call("lookup", item="apple"), call("lookup", item="pear"))
+    if request.turn == 2:
+        return calls(call("buy", item="apple", qty=2))
+    return answer("Bought 2 apples at $3.")
+
+
+agent = durable.CodeWorkflow(
+    "crash_agent",
+    version=1,
+    toolbox=shop,
+    model=ScriptedModel("scripted-shopper", shopping_plan),
+    on_failure="tell",
+)
+
+
+@agent.run
+def shop_for_apples(ctx: durable.AgentContext) -> str:
+    messages = [system_message("You buy fruit."), user_message(ctx.input.get("ask", "apples"))]
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for tool_call in turn.tool_calls:
+            messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+        if ctx.input.get("fail_after_buy") and any(r.name == "buy" for r in ctx.history):
+            raise durable.PermanentStepError("the shop closed")
+    return turn.text
+
+
+agent.compensation("tell")(effect)

@@ -80,6 +80,15 @@ def record_execution(run_id: str, seq: int, step: str, attempt: int) -> int:
     return int(count)
 
 
+def is_released(run_id: str) -> bool:
+    """Has the test released `run_id` yet (without waiting)?"""
+    with closing(_connect()) as conn:
+        return (
+            conn.execute("SELECT 1 FROM releases WHERE run_id = ?", (run_id,)).fetchone()
+            is not None
+        )
+
+
 def wait_for_release(run_id: str, *, timeout: float = 120.0) -> None:
     """Block until the test calls `release(run_id)` (an event it controls)."""
     deadline = time.monotonic() + timeout

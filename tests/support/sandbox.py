@@ -146,3 +146,15 @@ def clean_sandbox(sandbox: SandboxProcess) -> SandboxProcess:
     """The session's sandbox, reset: empty ledger, no keys, no faults."""
     sandbox.reset()
     return sandbox
+
+
+@pytest.fixture
+def partners(settings: Any, clean_sandbox: SandboxProcess) -> SandboxProcess:
+    """Point this process's partner settings at the session sandbox (real SMTP, not locmem):
+    for tests that run refund steps or tools here."""
+    settings.SANDBOX_URL = clean_sandbox.url
+    settings.STRIPE_API_BASE = clean_sandbox.url
+    settings.EMAIL_HOST = "127.0.0.1"
+    settings.EMAIL_PORT = clean_sandbox.smtp_port
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    return clean_sandbox

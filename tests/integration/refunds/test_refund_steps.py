@@ -22,22 +22,10 @@ from refunds.models import RefundRequest
 from refunds.ownership import MISMATCH
 from refunds.sandbox.airline import owner_of
 from refunds.workflows import refund
-from tests.support.sandbox import SandboxProcess
 
 SEQ = {name: seq for seq, name in enumerate(refund.forward_steps, start=1)}
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def partners(settings: Any, clean_sandbox: SandboxProcess) -> SandboxProcess:
-    """Point this process's partner settings at the session sandbox (real SMTP, not locmem)."""
-    settings.SANDBOX_URL = clean_sandbox.url
-    settings.STRIPE_API_BASE = clean_sandbox.url
-    settings.EMAIL_HOST = "127.0.0.1"
-    settings.EMAIL_PORT = clean_sandbox.smtp_port
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    return clean_sandbox
 
 
 class Flow:

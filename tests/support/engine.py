@@ -1,20 +1,22 @@
-"""Fixtures for engine integration tests: real Postgres, a private Redis, steps run here.
+"""Fixtures for tests that play the worker in this process: real Postgres, a private Redis.
 
-Nothing is autouse (other modules share this folder): engine tests opt in with
-`pytest.mark.usefixtures("engine")`.
+Nothing is autouse: engine tests opt in with `pytest.mark.usefixtures("engine")`; `drive`
+runs a run's steps here until it stops moving.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agentflow import runtime
+from agentflow import durable, runtime
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from tests.support.processes import RedisServer
+from tests.support.waiting import wait_for
 
 Drive = Callable[[str], WorkflowRun]
 
@@ -48,3 +50,16 @@ def drive() -> Drive:
         raise AssertionError(f"{run_id} still moving after {max_steps} steps")
 
     return run_until_stopped
+
+
+def stopped(run_id: str, *, timeout: float, worker: Any = None) -> durable.RunSnapshot:
+    """The run once it stops moving: finished, or parked for an operator. With `worker`, fail
+    at once (with its log) if that worker died."""
+
+    def done() -> durable.RunSnapshot | None:
+        if worker is not None:
+            assert worker.alive(), worker.log_tail()
+        run = durable.snapshot(run_id)
+        return run if run is not None and run.status not in ACTIVE_RUN_STATUSES else None
+
+    return wait_for(done, timeout=timeout, interval=0.05, what=f"run {run_id} to stop")

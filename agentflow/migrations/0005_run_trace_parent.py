@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentflow', '0003_engine_hardening'),
+        ('agentflow', '0004_agent_mode'),
     ]
 
     operations = [

@@ -1,0 +1,78 @@
+"""Canonical JSON: one text per JSON value, the same in every process and Python version.
+
+Fingerprints compare a call made now with the call recorded before a crash, possibly by another
+worker running another Python, and after the recorded value went through Postgres' `jsonb`. So
+the text depends only on the value: keys sorted, no whitespace, no NaN or infinity, and numbers
+written by value (`1.0` and `1` are the same JSON number, and `jsonb` may hand back either).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+#: Integral numbers below this are written as exact integers (float or int alike); at and above
+#: it they are written as doubles, as `jsonb` and JavaScript do (RFC 8785 uses the same bound).
+_EXACT_INTEGER_LIMIT = 10**21
+
+
+class NotCanonicalError(ValueError):
+    """A value with no canonical JSON form (a non-string key, NaN, a set, an object…)."""
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical text of `value`: sorted keys, `,`/`:` separators, numbers by value.
+
+    Non-ASCII characters are escaped (`\\u00e9`), so the text is plain ASCII and its bytes
+    cannot depend on an encoding.
+
+    Raises:
+        NotCanonicalError: `value` is not made of dicts with string keys, lists, tuples,
+            strings, finite numbers, booleans and None.
+    """
+    return json.dumps(
+        _normalise(value, "$"), sort_keys=True, separators=(",", ":"), allow_nan=False
+    )
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of the canonical text, hex: a short, stable name for a value."""
+    return hashlib.sha256(canonical_json(value).encode("ascii")).hexdigest()
+
+
+def normalise(value: Any) -> Any:
+    """`value` as the plain JSON value its canonical text stands for (tuples become lists,
+    integral floats ints): what a later read of the stored value compares equal to."""
+    return _normalise(value, "$")
+
+
+def _normalise(value: Any, path: str) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        if abs(value) < _EXACT_INTEGER_LIMIT:
+            return value
+        try:
+            return _number(float(value), path)
+        except OverflowError:
+            raise NotCanonicalError(f"{path}: {value} is too large for a JSON number") from None
+    if isinstance(value, float):
+        return _number(value, path)
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise NotCanonicalError(f"{path}: object keys must be strings, got {key!r}")
+        return {key: _normalise(item, f"{path}.{key}") for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalise(item, f"{path}[{index}]") for index, item in enumerate(value)]
+    raise NotCanonicalError(f"{path}: {type(value).__name__} is not a JSON value")
+
+
+def _number(value: float, path: str) -> int | float:
+    if not math.isfinite(value):
+        raise NotCanonicalError(f"{path}: {value!r} is not a JSON number")
+    if value.is_integer() and abs(value) < _EXACT_INTEGER_LIMIT:
+        return int(value)  # 1.0 -> 1 and -0.0 -> 0: the same JSON number
+    return value  # repr() is the shortest text that reads back as this double

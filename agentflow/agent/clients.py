@@ -1,0 +1,32 @@
+"""The model client protocol, and which client a run uses.
+
+An agent workflow brings its own scripted planner; an OpenAI-compatible server replaces it
+when `AGENTFLOW_LLM_BASE_URL` is set. Either way the loop sees one small protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from django.conf import settings
+
+from agentflow.agent.conversation import ModelRequest, ModelResponse
+
+
+class ModelClient(Protocol):
+    """Answers one turn. Raises RetryableStepError (the step retries under the same key) or
+    PermanentStepError (the run fails with the reason)."""
+
+    #: The model name requests are made for; part of each turn's fingerprint.
+    model: str
+
+    def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+def configured_client(default: ModelClient) -> ModelClient:
+    """The server named by `AGENTFLOW_LLM_BASE_URL` if set, else `default` (offline)."""
+    if not settings.AGENTFLOW_LLM_BASE_URL:
+        return default
+    from agentflow.agent.openai_chat import OpenAIChatModel  # the SDK loads only when used
+
+    return OpenAIChatModel.from_settings()

@@ -1,0 +1,29 @@
+"""Agent-mode errors, under the engine's root error. Fields are plain values (they pickle)."""
+
+from __future__ import annotations
+
+from agentflow.exceptions import AgentflowError, PermanentStepError
+
+
+class ToolRefused(AgentflowError):
+    """A tool would not act on these arguments and did nothing.
+
+    The message goes back to the model as the tool's result (recorded like any result), so the
+    model can correct itself: a missing earlier call, say. A request that must never be made
+    (a second charge) is a PermanentStepError instead: the run fails and compensates.
+    """
+
+
+class BudgetExceeded(PermanentStepError):
+    """The run reached its turn or token limit: it fails before any further step."""
+
+    def __init__(self, message: str, *, limit: str, used: int, allowed: int) -> None:
+        super().__init__(message)
+        self.limit, self.used, self.allowed = limit, used, allowed
+
+    def __reduce__(self):  # keep the keyword fields when pickled
+        return (_rebuild_budget, (str(self), self.limit, self.used, self.allowed))
+
+
+def _rebuild_budget(message: str, limit: str, used: int, allowed: int) -> BudgetExceeded:
+    return BudgetExceeded(message, limit=limit, used=used, allowed=allowed)

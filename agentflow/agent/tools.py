@@ -1,0 +1,320 @@
+"""The tool registry (the seed article's checklist): declared effects, schemas, checked calls.
+
+Every tool says whether it only reads (`read_only`: it runs as a `read` step) or changes the
+world (`side_effect`: an `effect` step, claimed and committed before it runs, and given the
+step's idempotency key). A tool that says neither, or both, is refused at registration.
+Arguments are validated before any call; a call that fails validation, names no known tool or
+is refused by the tool is not executed, and the model gets the reason as the tool's result,
+recorded like any other result so a replay hands it back unchanged.
+
+    toolbox = Toolbox("refund_agent")
+
+    @toolbox.tool("cancel_seat", side_effect=True, description="Cancel the booked seat.")
+    def cancel_seat(ctx: ToolContext, booking_reference: str) -> dict: ...
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentflow.agent.arguments import ArgumentSpec, InvalidArguments
+from agentflow.agent.errors import ToolRefused
+from agentflow.agent.fingerprint import LLM_CALL_NAME
+from agentflow.context import StepContext
+from agentflow.exceptions import DefinitionError
+from agentflow.serialization import to_json
+from agentflow.states import StepKind
+
+ToolFn = Callable[..., Any]
+
+#: What chat-completions servers accept as a function name.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolRecord:
+    """An earlier tool call of the same run, as the replay loop rebuilt it."""
+
+    position: int
+    name: str
+    arguments: Any
+    result: Any
+    #: False when the call was refused (invalid, unknown, ToolRefused): nothing happened.
+    ok: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolContext:
+    """What a tool function receives first. Side-effect tools pass `idempotency_key` to their
+    partner; every attempt of the call (and every replay) has the same key."""
+
+    run_id: str
+    workflow: str
+    #: The call's position in the run (its checkpoint's sequence number).
+    position: int
+    tool: str
+    #: 1 on the first try; a retry of the same call under the same key counts up.
+    attempt: int
+    idempotency_key: str
+    #: The run's input (e.g. `{"refund_id": ...}`): what the run is about, set in code.
+    input: Any
+    #: The run's earlier tool calls in order, so a tool can check what already happened (one
+    #: charge per run) without trusting the model to say so.
+    history: tuple[ToolRecord, ...] = ()
+
+    def results_of(self, tool: str) -> list[Any]:
+        """Results of the earlier calls of `tool` that ran (refused ones excluded), in order."""
+        return [record.result for record in self.history if record.ok and record.name == tool]
+
+    def output_of(self, tool: str, default: Any = None) -> Any:
+        """The latest result of `tool` in this run: the same question a graph step asks with
+        `StepContext.output_of`, answered from the trajectory."""
+        results = self.results_of(tool)
+        return results[-1] if results else default
+
+    @property
+    def outputs(self) -> dict[str, Any]:
+        """The latest result of every tool that ran, by tool name."""
+        return {record.name: record.result for record in self.history if record.ok}
+
+    def step_context(self) -> StepContext:
+        """This call as a graph step sees itself, so a domain's step code serves both engines.
+
+        The key is this call's own (after a fork it names the branch, which a StepContext
+        built from the run id and position alone would not).
+        """
+        outputs = self.outputs
+        context = StepContext(
+            run_id=self.run_id,
+            workflow=self.workflow,
+            seq=self.position,
+            step=self.tool,
+            attempt=self.attempt,
+            input=self.input,
+            load_outputs=lambda: outputs,
+        )
+        context.idempotency_key = self.idempotency_key
+        return context
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolOutcome:
+    """A tool call's recorded result: what the model reads, and whether the tool ran."""
+
+    ok: bool
+    result: Any
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "result": self.result}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ToolOutcome:
+        return cls(ok=bool(data["ok"]), result=data["result"])
+
+
+def refusal(error: str, message: str, **details: Any) -> ToolOutcome:
+    """A result telling the model its call did not run, and why (a JSON object it can read)."""
+    return ToolOutcome(ok=False, result={"error": error, "message": message, **details})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tool:
+    name: str
+    description: str
+    side_effect: bool
+    fn: ToolFn
+    arguments: ArgumentSpec
+    #: For a side effect whose outcome may be unknown after a crash: asks the partner what
+    #: happened under this call's key; returns the result to adopt, or None if it did not.
+    reconcile: ToolFn | None = None
+    #: The tool that undoes this one when the run fails later (called with the arguments of
+    #: this call that it takes, e.g. `charge_customer` -> `refund_fee(refund_id)`).
+    compensate: str | None = None
+    #: How long the partner keeps idempotency keys (SPEC §3.3b).
+    key_window_seconds: float | None = None
+
+    @property
+    def step_kind(self) -> StepKind:
+        return StepKind.EFFECT if self.side_effect else StepKind.READ
+
+    def openai_format(self) -> dict[str, Any]:
+        """The tool as chat-completions' `tools` list shows it to the model."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.arguments.schema,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """A model's tool call after lookup and validation, before anything runs.
+
+    `kind` is the step kind the call runs as: the tool's, or `read` for a refused call, which
+    executes nothing and so needs no claim before its result is recorded.
+    """
+
+    name: str
+    kind: StepKind
+    tool: Tool | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    refused: ToolOutcome | None = None
+
+    def run(self, ctx: ToolContext) -> ToolOutcome:
+        """Execute the tool (or return the refusal). Step errors propagate to the runtime."""
+        if self.refused is not None:
+            return self.refused
+        assert self.tool is not None
+        try:
+            result = self.tool.fn(ctx, **self.values)
+        except ToolRefused as exc:
+            return refusal("refused", f"{self.name} did not run: {exc}")
+        return ToolOutcome(ok=True, result=to_json(result, f"the result of tool {self.name!r}"))
+
+    def reconcile(self, ctx: ToolContext) -> ToolOutcome | None:
+        """After a crash left this call's outcome unknown: the partner's answer under the key
+        (an outcome to adopt), or None when the tool has no reconcile or nothing happened."""
+        if self.tool is None or self.tool.reconcile is None:
+            return None
+        found = self.tool.reconcile(ctx, **self.values)
+        if found is None:
+            return None
+        return ToolOutcome(
+            ok=True, result=to_json(found, f"the reconciled result of {self.name!r}")
+        )
+
+
+class Toolbox:
+    """The tools of one agent workflow, by name. Names are persisted in checkpoints and shown
+    to the model, so they are given explicitly, never taken from the function."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._tools: dict[str, Tool] = {}
+
+    def tool(
+        self,
+        name: str,
+        *,
+        description: str,
+        read_only: bool = False,
+        side_effect: bool = False,
+        reconcile: ToolFn | None = None,
+        compensate: str | None = None,
+        key_window_seconds: float | None = None,
+    ) -> Callable[[ToolFn], ToolFn]:
+        """Register the decorated function as tool `name`.
+
+        Raises:
+            DefinitionError: not exactly one of `read_only` / `side_effect`, a bad or taken
+                name, no description, or parameters without type hints.
+        """
+        if read_only == side_effect:
+            said = "both" if read_only else "neither"
+            raise DefinitionError(
+                f"{self.name}: tool {name!r} must declare exactly one of read_only=True or "
+                f"side_effect=True (it said {said}): whether a call may be repeated decides "
+                "how it is checkpointed"
+            )
+        if not _TOOL_NAME.fullmatch(name or "") or name == LLM_CALL_NAME:
+            raise DefinitionError(
+                f"{self.name}: invalid tool name {name!r} (1-64 letters, digits, _ or -; "
+                f"{LLM_CALL_NAME!r} names model turns)"
+            )
+        if name in self._tools:
+            raise DefinitionError(f"{self.name}: tool {name!r} registered twice")
+        if not description.strip():
+            raise DefinitionError(f"{self.name}: tool {name!r} needs a description for the model")
+        if read_only and (reconcile or compensate or key_window_seconds):
+            raise DefinitionError(
+                f"{self.name}: read-only tool {name!r} has nothing to reconcile or compensate"
+            )
+
+        def decorator(fn: ToolFn) -> ToolFn:
+            self._tools[name] = Tool(
+                name=name,
+                description=" ".join(description.split()),
+                side_effect=side_effect,
+                fn=fn,
+                arguments=ArgumentSpec(name, fn),
+                reconcile=reconcile,
+                compensate=compensate,
+                key_window_seconds=key_window_seconds,
+            )
+            return fn
+
+        return decorator
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._tools[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def openai_tools(self) -> list[dict[str, Any]]:
+        """Every tool in registration order: part of each model turn's fingerprint."""
+        return [tool.openai_format() for tool in self._tools.values()]
+
+    def validate(self) -> None:
+        """Cross-references, once every tool is registered: a compensation must be a side
+        effect of this toolbox whose parameters the compensated tool's arguments cover."""
+        for tool in self._tools.values():
+            if tool.compensate is None:
+                continue
+            undo = self._tools.get(tool.compensate)
+            if undo is None or not undo.side_effect:
+                raise DefinitionError(
+                    f"{self.name}: {tool.name!r} names {tool.compensate!r} as its compensation, "
+                    "which is not a side-effect tool of this toolbox"
+                )
+            missing = set(undo.arguments.names) - set(tool.arguments.names)
+            if missing:
+                raise DefinitionError(
+                    f"{self.name}: compensation {undo.name!r} needs {sorted(missing)}, which "
+                    f"{tool.name!r} does not take"
+                )
+
+    def compensation_call(self, name: str, arguments: dict[str, Any]) -> tuple[str, dict] | None:
+        """The call that undoes a completed call of `name`: its compensation tool, with the
+        arguments of the original call that it takes. None when nothing undoes it."""
+        tool = self._tools.get(name)
+        if tool is None or tool.compensate is None:
+            return None
+        undo = self._tools[tool.compensate]
+        return undo.name, {key: arguments[key] for key in undo.arguments.names if key in arguments}
+
+    def prepare(self, name: str, arguments: Any) -> PreparedCall:
+        """Look the tool up and validate the arguments; nothing runs yet."""
+        tool = self._tools.get(name)
+        if tool is None:
+            return PreparedCall(
+                name=name,
+                kind=StepKind.READ,
+                refused=refusal(
+                    "unknown_tool",
+                    f"There is no tool named {name!r}. Tools: {', '.join(self._tools)}.",
+                ),
+            )
+        try:
+            values = tool.arguments.validate(arguments)
+        except InvalidArguments as exc:
+            return PreparedCall(
+                name=name,
+                kind=StepKind.READ,
+                refused=refusal(
+                    "invalid_arguments",
+                    f"{name} was not called: {exc}.",
+                    problems=[problem.as_json() for problem in exc.problems],
+                ),
+            )
+        return PreparedCall(name=name, kind=tool.step_kind, tool=tool, values=values)

@@ -1,0 +1,493 @@
+"""Code-first durable runs (SPEC §4 B): a workflow written as a plain function of a context whose
+calls — `ctx.llm`, `ctx.tool`, `ctx.step` — are durable.
+
+Each Celery task replays the function from the top. A call with a checkpoint at its position
+returns the recorded result (no model request, no tool call); the first call without one is
+this task's single new step, which the runtime claims, runs and completes exactly like a graph
+step (SPEC §3), then publishes the next message. A call whose fingerprint (position, kind, name,
+canonical arguments) differs from the recorded one is a divergence: the run is parked with a
+readable diff, never replayed against the wrong history.
+
+    agent = durable.CodeWorkflow("refund_agent", version=1, toolbox=toolbox, model=planner)
+
+    @agent.run
+    def handle(ctx: durable.AgentContext) -> str:
+        ctx.step("verify_ownership", verify)
+        messages = opening_messages(ctx.input)
+        while not (turn := ctx.llm(messages)).is_final:
+            messages.append(turn.message)
+            for call in turn.tool_calls:
+                messages.append(tool_result_message(call.id, ctx.tool(call).result))
+        return turn.text
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentflow.agent.canonical import canonical_json
+from agentflow.agent.clients import ModelClient, configured_client
+from agentflow.agent.conversation import Message, ModelRequest, ModelResponse, ToolCall
+from agentflow.agent.divergence import Change, Divergence, diverges
+from agentflow.agent.fingerprint import Fingerprint, step_fingerprint, tool_fingerprint
+from agentflow.agent.limits import AgentLimits
+from agentflow.agent.tools import PreparedCall, Toolbox, ToolContext, ToolOutcome, ToolRecord
+from agentflow.context import StepContext, idempotency_key
+from agentflow.exceptions import DefinitionError, PermanentStepError
+from agentflow.registry import StepDef, Workflow
+from agentflow.retry import DEFAULT_RETRY, RetryPolicy
+from agentflow.serialization import to_json
+from agentflow.states import StepKind, StepStatus
+
+#: The `current_step` of a code-first run between calls: which call comes next is known only
+#: once the function is replayed up to it.
+NEXT_CALL = "(next call)"
+#: A compensation of a code-first run undoes one recorded call: `refund_fee@7`.
+_UNDO = re.compile(r"^(?P<tool>[^@]+)@(?P<seq>\d+)$")
+
+
+@dataclass(eq=False)
+class CodeWorkflow(Workflow):
+    """A workflow whose steps are the durable calls its function makes (see the module)."""
+
+    #: The tools the model may call (their compensations undo them when the run fails).
+    toolbox: Toolbox | None = None
+    #: The model: an offline client (a scripted planner); `AGENTFLOW_LLM_BASE_URL` replaces it
+    #: with an OpenAI-compatible server.
+    model: ModelClient | None = None
+    retry: RetryPolicy = DEFAULT_RETRY
+    fn: Callable[[AgentContext], Any] | None = field(default=None, repr=False)
+
+    def run(self, fn: Callable[[AgentContext], Any]) -> Callable[[AgentContext], Any]:
+        """Decorator: the run's function."""
+        self.fn = fn
+        return fn
+
+    def first_step(self) -> str:
+        return NEXT_CALL
+
+    def next_step(self, after: str, output: Any) -> str | None:
+        return NEXT_CALL  # the function decides, on the next replay
+
+    @property
+    def forward_steps(self) -> list[str]:
+        return []
+
+    def validate(self) -> None:
+        if self.fn is None:
+            raise DefinitionError(f"{self.name}: no function (decorate one with .run)")
+        if self.toolbox is not None:
+            self.toolbox.validate()
+        super().validate()
+
+    def step_named(self, name: str) -> StepDef | None:
+        found = self.steps.get(name)
+        if found is not None:
+            return found
+        undo = _UNDO.match(name)
+        if undo is None or self.toolbox is None or undo["tool"] not in self.toolbox:
+            return None
+        return self._undo_step(name, undo["tool"], int(undo["seq"]))
+
+    def compensation_for(self, name: str, seq: int) -> str | None:
+        """`refund_fee@7` for the completed `charge_customer` call at 7, if its tool has one."""
+        if self.toolbox is None or name not in self.toolbox:
+            return None
+        undo = self.toolbox[name].compensate
+        return f"{undo}@{seq}" if undo else None
+
+    def outputs_view(self, outputs: dict[str, Any]) -> dict[str, Any]:
+        """Recorded outputs by name as a step function reads them: a tool call's result rather
+        than its recorded `{"ok", "result"}`, so domain step code serves both engines."""
+        view = {}
+        for name, output in outputs.items():
+            if self.toolbox is not None and name in self.toolbox and isinstance(output, dict):
+                if output.get("ok"):
+                    view[name] = output.get("result")
+            else:
+                view[name] = output
+        return view
+
+    def _undo_step(self, name: str, tool: str, seq: int) -> StepDef:
+        toolbox = self.toolbox
+        assert toolbox is not None
+        undo = toolbox[tool]
+
+        def prepared(ctx: StepContext) -> tuple[PreparedCall, ToolContext]:
+            from agentflow import store  # the store imports definitions, not the other way
+
+            calls = store.calls_load(ctx.run_id, ctx.seq)
+            original = next((c for c in calls if c.seq == seq), None)
+            if original is None or original.status != StepStatus.COMPLETED:
+                raise PermanentStepError(f"{name}: call {seq} to undo is not recorded")
+            found = toolbox.compensation_call(original.name, _call_arguments(original))
+            if found is None:
+                raise PermanentStepError(f"{name}: {original.name} has no compensation")
+            call = toolbox.prepare(*found)
+            return call, _tool_context(ctx, tool, _history(calls, toolbox))
+
+        def run(ctx: StepContext) -> Any:
+            call, tctx = prepared(ctx)
+            outcome = call.run(tctx)
+            if not outcome.ok:
+                raise PermanentStepError(f"{name} did not run: {outcome.result}")
+            return outcome.as_json()
+
+        def reconcile(ctx: StepContext) -> Any:
+            call, tctx = prepared(ctx)
+            found = call.reconcile(tctx)
+            return found.as_json() if found is not None else None
+
+        return StepDef(
+            name=name,
+            kind=StepKind.EFFECT,
+            fn=run,
+            retry=self.retry,
+            reconcile=reconcile if undo.reconcile is not None else None,
+            key_window_seconds=undo.key_window_seconds,
+            compensation_only=True,
+        )
+
+
+# --- the replay -----------------------------------------------------------------------------------
+class Suspend(BaseException):
+    """Unwinds the run's function at its first call without a checkpoint. A BaseException so
+    the function's own `except Exception` cannot swallow it."""
+
+    def __init__(self, step: StepDef) -> None:
+        super().__init__(step.name)
+        self.step = step
+
+
+class Diverged(BaseException):
+    """The function made another call than the one recorded at a position."""
+
+    def __init__(self, divergence: Divergence) -> None:
+        super().__init__(divergence.summary)
+        self.divergence = divergence
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    output: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failed:
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NextCall:
+    step: StepDef
+    #: What the replay returned from checkpoints on the way: calls, model turns, and the
+    #: recorded tokens of those turns (what asking the model again would have cost).
+    replayed: int = 0
+    replayed_turns: int = 0
+    tokens_saved: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Divergent:
+    divergence: Divergence
+
+
+Outcome = Finished | Failed | NextCall | Divergent
+
+
+class AgentContext:
+    """What a code-first run's function sees: durable calls, and its input.
+
+    Positions count every durable call from 1; a call's position is its checkpoint's sequence
+    number. Calls before `seq` return what was recorded; the call at `seq` suspends the function
+    and becomes this task's step.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        workflow: CodeWorkflow,
+        input: Any,
+        seq: int,
+        branch: int,
+        recorded: Sequence[Any],
+        reusable: Callable[[], Sequence[Any]],
+    ) -> None:
+        self.run_id = run_id
+        self.workflow = workflow
+        self.input = input
+        self._seq = seq
+        self._branch = branch
+        self._recorded = {call.seq: call for call in recorded}
+        self._reusable = reusable
+        self._position = 0
+        self._turns = 0
+        self._tokens = 0
+        toolbox = workflow.toolbox
+        self._history: list[ToolRecord] = []
+        self._earlier: list[ToolRecord] = []  # completed calls of superseded branches
+        if branch and toolbox is not None:
+            self._earlier = _history(reusable(), toolbox, positions=False)
+
+    # --- the durable calls -----------------------------------------------------------------
+    def llm(self, messages: Sequence[Message]) -> ModelResponse:
+        """One model turn with the workflow's tools; recorded, and replayed, never re-asked."""
+        client = configured_client(self._model())
+        tools = self.workflow.toolbox.openai_tools() if self.workflow.toolbox else []
+        request = ModelRequest(model=client.model, messages=tuple(messages), tools=tuple(tools))
+        position = self._next()
+        fingerprint = request.fingerprint(position)
+        recorded = self._replayed(fingerprint)
+        if recorded is not None:
+            response = ModelResponse.from_json(recorded)
+            self._turns += 1
+            self._tokens += response.usage.total_tokens
+            return response
+        AgentLimits.from_settings().check_turn(turns_taken=self._turns, tokens_used=self._tokens)
+
+        def ask(ctx: StepContext) -> Any:
+            return client.complete(request).as_json()
+
+        raise Suspend(self._step(fingerprint, StepKind.LLM, ask, extra={}))
+
+    def tool(self, call: ToolCall) -> ToolOutcome:
+        """One tool call the model asked for; validated first (a refused call runs nothing
+        and its reason is the result); a side effect gets the call's idempotency key."""
+        toolbox = self.workflow.toolbox
+        if toolbox is None:
+            raise DefinitionError(f"{self.workflow.name} has no toolbox")
+        position = self._next()
+        fingerprint = tool_fingerprint(position, call.name, call.arguments)
+        recorded = self._replayed(fingerprint)
+        if recorded is not None:
+            outcome = ToolOutcome.from_json(recorded)
+            self._history.append(
+                ToolRecord(
+                    position=position,
+                    name=call.name,
+                    arguments=call.arguments,
+                    result=outcome.result,
+                    ok=outcome.ok,
+                )
+            )
+            return outcome
+        AgentLimits.from_settings().check_tokens(tokens_used=self._tokens)
+        prepared = toolbox.prepare(call.name, call.arguments)
+        history = (*self._earlier, *self._history)
+
+        def run(ctx: StepContext) -> Any:
+            return prepared.run(_tool_context(ctx, call.name, history)).as_json()
+
+        def reconcile(ctx: StepContext) -> Any:
+            found = prepared.reconcile(_tool_context(ctx, call.name, history))
+            return found.as_json() if found is not None else None
+
+        tool = prepared.tool
+        raise Suspend(
+            self._step(
+                fingerprint,
+                prepared.kind,
+                run,
+                extra={"call_id": call.id},
+                reconcile=reconcile if tool is not None and tool.reconcile else None,
+                key_window_seconds=tool.key_window_seconds if tool is not None else None,
+            )
+        )
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[[StepContext], Any],
+        *,
+        kind: str = StepKind.READ,
+        arguments: Any = None,
+    ) -> Any:
+        """Any other durable step of the run (`read`, `effect` or `db`), e.g. a check in code
+        before the model is first asked."""
+        position = self._next()
+        fingerprint = step_fingerprint(position, name, arguments)
+        recorded = self._replayed(fingerprint)
+        if recorded is not None:
+            return recorded
+        raise Suspend(self._step(fingerprint, StepKind(kind), fn, extra={}))
+
+    # --- what the function may read --------------------------------------------------------
+    @property
+    def history(self) -> tuple[ToolRecord, ...]:
+        """The tool calls made so far, this branch's and earlier branches' completed ones."""
+        return (*self._earlier, *self._history)
+
+    # --- replay ------------------------------------------------------------------------------
+    def _model(self) -> ModelClient:
+        if self.workflow.model is None:
+            raise DefinitionError(f"{self.workflow.name} has no model")
+        return self.workflow.model
+
+    def _next(self) -> int:
+        self._position += 1
+        return self._position
+
+    def _replayed(self, now: Fingerprint) -> Any | None:
+        """The recorded output at `now`'s position (a divergence if another call is recorded
+        there), or None when this is the call to make now."""
+        if now.position >= self._seq:
+            recorded = self._recorded.get(now.position)
+            if recorded is not None:  # a crashed attempt of this very call: must be the same
+                _check(recorded, now)
+            return None
+        recorded = self._recorded.get(now.position)
+        if recorded is None or recorded.status != StepStatus.COMPLETED:
+            raise Diverged(_missing(now))
+        _check(recorded, now)
+        return recorded.output
+
+    def _step(
+        self,
+        fingerprint: Fingerprint,
+        kind: StepKind,
+        fn: Callable[[StepContext], Any],
+        *,
+        extra: dict[str, Any],
+        reconcile: Callable[[StepContext], Any] | None = None,
+        key_window_seconds: float | None = None,
+    ) -> StepDef:
+        """This call as the run's next step; an identical call made in a superseded branch is
+        adopted with its result and key instead of being made again."""
+        arguments = {**fingerprint.as_json(), **extra}
+        reused = self._reuse(fingerprint) if self._branch else None
+        if reused is not None:
+            output = reused.output
+            return StepDef(
+                name=fingerprint.name,
+                kind=StepKind.READ,
+                fn=lambda ctx: output,
+                arguments={**arguments, "reused": {"key": reused.idempotency_key}},
+                key=reused.idempotency_key,
+            )
+        return StepDef(
+            name=fingerprint.name,
+            kind=kind,
+            fn=fn,
+            retry=self.workflow.retry,
+            reconcile=reconcile,
+            key_window_seconds=key_window_seconds,
+            arguments=arguments,
+            key=idempotency_key(self.run_id, fingerprint.position, self._branch),
+        )
+
+    def _reuse(self, now: Fingerprint) -> Any | None:
+        wanted = canonical_json([str(now.kind), now.name, now.arguments])
+        for call in self._reusable():
+            recorded = Fingerprint.from_json(call.arguments)
+            if canonical_json([str(recorded.kind), recorded.name, recorded.arguments]) == wanted:
+                return call
+        return None
+
+
+def replay(
+    workflow: CodeWorkflow,
+    *,
+    run_id: str,
+    input: Any,
+    seq: int,
+    branch: int,
+    recorded: Sequence[Any],
+    reusable: Callable[[], Sequence[Any]],
+) -> Outcome:
+    """Run the function from the top against its recorded calls; what this task must do."""
+    ctx = AgentContext(
+        run_id=run_id,
+        workflow=workflow,
+        input=input,
+        seq=seq,
+        branch=branch,
+        recorded=recorded,
+        reusable=reusable,
+    )
+    assert workflow.fn is not None
+    try:
+        result = workflow.fn(ctx)
+    except Suspend as suspended:
+        return NextCall(
+            step=suspended.step,
+            replayed=ctx._position - 1,
+            replayed_turns=ctx._turns,
+            tokens_saved=ctx._tokens,
+        )
+    except Diverged as diverged:
+        return Divergent(divergence=diverged.divergence)
+    except PermanentStepError as exc:
+        return Failed(reason=str(exc))
+    pending = ctx._recorded.get(seq)
+    if pending is not None:  # it returned without making the call recorded (in flight) at `seq`
+        return Divergent(divergence=_extra(Fingerprint.from_json(pending.arguments)))
+    return Finished(output=to_json(result, f"the result of {workflow.name}"))
+
+
+def _check(recorded: Any, now: Fingerprint) -> None:
+    found = diverges(Fingerprint.from_json(recorded.arguments), now)
+    if found is not None:
+        raise Diverged(found)
+
+
+def _missing(now: Fingerprint) -> Divergence:
+    nothing = "no completed call"
+    return Divergence(
+        position=now.position,
+        recorded=nothing,
+        now=now.describe(),
+        changes=(Change(path="call", recorded=nothing, now=now.describe()),),
+    )
+
+
+def _extra(recorded: Fingerprint) -> Divergence:
+    ended = "no call (the function returned)"
+    return Divergence(
+        position=recorded.position,
+        recorded=recorded.describe(),
+        now=ended,
+        changes=(Change(path="call", recorded=recorded.describe(), now=ended),),
+    )
+
+
+def _call_arguments(call: Any) -> dict[str, Any]:
+    arguments = (call.arguments or {}).get("arguments")
+    return arguments if isinstance(arguments, dict) else {}
+
+
+def _history(calls: Sequence[Any], toolbox: Toolbox, *, positions: bool = True) -> list[ToolRecord]:
+    """Tool records rebuilt from checkpoints (completed tool calls only)."""
+    records = []
+    for call in calls:
+        if call.name not in toolbox or call.status != StepStatus.COMPLETED:
+            continue
+        if not isinstance(call.output, dict):
+            continue
+        outcome = ToolOutcome.from_json(call.output)
+        records.append(
+            ToolRecord(
+                position=call.seq if positions else 0,
+                name=call.name,
+                arguments=_call_arguments(call),
+                result=outcome.result,
+                ok=outcome.ok,
+            )
+        )
+    return records
+
+
+def _tool_context(ctx: StepContext, tool: str, history: Sequence[ToolRecord]) -> ToolContext:
+    return ToolContext(
+        run_id=ctx.run_id,
+        workflow=ctx.workflow,
+        position=ctx.seq,
+        tool=tool,
+        attempt=ctx.attempt,
+        idempotency_key=ctx.idempotency_key,
+        input=ctx.input,
+        history=tuple(history),
+    )

@@ -1,0 +1,97 @@
+"""Code-first runs' history: the recorded calls a replay returns, ending a run when its
+function returns, and the superseded calls of a forked run that a new branch may reuse."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from agentflow.models import StepCheckpoint, SupersededStep
+from agentflow.registry import Workflow
+from agentflow.states import RunStatus, StepStatus
+from agentflow.store import sql
+from agentflow.store.runs import Fenced, begin_undo
+from agentflow.store.steps import ACTIVE, state_load
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordedCall:
+    """A checkpoint as a replay sees it: its position, what was called, and what came back."""
+
+    seq: int
+    name: str
+    kind: str
+    status: str
+    attempts: int
+    arguments: Any
+    output: Any
+    idempotency_key: str
+
+
+_CALL_FIELDS = (
+    "seq", "name", "kind", "status", "attempts", "arguments", "output", "idempotency_key",
+)  # fmt: skip
+
+
+def calls_load(run_id: str, before_seq: int) -> list[RecordedCall]:
+    """Every checkpoint of the run before `before_seq`, in order (one query)."""
+    rows = (
+        StepCheckpoint.objects.filter(run_id=run_id, seq__lt=before_seq)
+        .order_by("seq")
+        .values(*_CALL_FIELDS)
+    )
+    return [RecordedCall(**row) for row in rows]
+
+
+def superseded_reusable(run_id: str) -> list[RecordedCall]:
+    """Completed calls of earlier branches whose key no current checkpoint has taken yet: a
+    new branch that makes the same call adopts one instead of acting again."""
+    taken = StepCheckpoint.objects.filter(run_id=run_id).values("idempotency_key")
+    rows = (
+        SupersededStep.objects.filter(run_id=run_id, status=StepStatus.COMPLETED)
+        .exclude(idempotency_key__in=taken)
+        .order_by("branch", "seq")
+        .values(*_CALL_FIELDS)
+    )
+    return [RecordedCall(**row) for row in rows]
+
+
+def run_finish(run_id: str, seq: int, output: Any) -> bool:
+    """The run's function returned after its last call: COMPLETED with its return value, in
+    one statement fenced on the run being active at `seq` with no call recorded there."""
+    fence = f"""id = %s AND current_seq = %s AND status IN ({sql.placeholders(ACTIVE)})
+        AND NOT EXISTS (SELECT 1 FROM {sql.STEPS} c WHERE c.run_id = %s AND c.seq = %s)"""
+    return bool(
+        sql.update(
+            sql.RUNS,
+            {
+                "status": RunStatus.COMPLETED,
+                "output": output,
+                "wake_at": None,
+                "updated_at": sql.at_now(),
+            },
+            fence,
+            [run_id, seq, *ACTIVE, run_id, seq],
+        )
+    )
+
+
+def run_fail_between_calls(run_id: str, workflow: Workflow, seq: int, reason: str) -> bool:
+    """The run's function raised (a guardrail, a budget, a refusal) before its next call: fail
+    the run, undoing the effects known to have happened. Fenced like `run_finish`."""
+    with transaction.atomic():
+        state = state_load(run_id, seq, lock=True)
+        if (
+            state is None
+            or state.status not in ACTIVE
+            or state.current_seq != seq
+            or state.checkpoint is not None
+        ):
+            return False
+        try:
+            begin_undo(state, workflow, seq=seq, next_seq=seq, reason=reason)
+        except Fenced:
+            return False
+    return True

@@ -1,0 +1,94 @@
+"""Rules the refund agent cannot talk its way past: enforced by code, whatever the model says.
+
+Pure functions of the call and the run's earlier tool calls (which the replay loop rebuilds from
+checkpoints, so they are facts, not the model's account). A breach of a money rule fails the
+run with a reason a customer may read, before any effect, and its compensations run (a fee
+already taken is refunded). A missing earlier step is not a breach: the tool refuses, and the
+model is told what to do first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agentflow.agent import ToolRecord, ToolRefused
+from agentflow.durable import PermanentStepError
+from refunds import policy
+
+#: Effects a refund makes at most once per run, whatever the model asks.
+ONCE_PER_RUN = ("cancel_seat", "charge_customer", "refund_fee")
+
+
+class GuardrailViolation(PermanentStepError):
+    """The agent asked for something a refund must never do; nothing was done."""
+
+
+def normalise_reference(reference: str) -> str:
+    return reference.strip().upper()
+
+
+def check_own_refund(requested: str, refund_id: str) -> None:
+    """A tool acts only on the refund this run is about (set in code, not by the model)."""
+    if requested.strip() != refund_id:
+        raise GuardrailViolation(
+            f"The agent asked to act on request {requested.strip()!r}, not on this request "
+            f"({refund_id}); nothing was done."
+        )
+
+
+def check_own_booking(requested: str, booking_reference: str) -> None:
+    """…and only on that refund's booking, written in any case."""
+    if normalise_reference(requested) != normalise_reference(booking_reference):
+        raise GuardrailViolation(
+            f"The agent asked to act on booking {normalise_reference(requested)}, which is not "
+            f"the booking of this request ({normalise_reference(booking_reference)}); nothing "
+            "was done."
+        )
+
+
+def earlier_call(tool: str, history: Sequence[ToolRecord]) -> ToolRecord | None:
+    """The run's earlier call of `tool` that ran, if any."""
+    return next((record for record in history if record.ok and record.name == tool), None)
+
+
+def check_once_per_run(tool: str, history: Sequence[ToolRecord]) -> None:
+    """At most one seat cancellation and one charge per run: a second is refused outright."""
+    earlier = earlier_call(tool, history) if tool in ONCE_PER_RUN else None
+    if earlier is not None:
+        what = {"charge_customer": "charge", "cancel_seat": "seat cancellation"}.get(tool, tool)
+        raise GuardrailViolation(
+            f"The agent asked for a second {what} in this request (the first was call "
+            f"{earlier.position}); it was refused."
+        )
+
+
+def check_charge_amount(amount_cents: int, *, fee_cents: int, reference: str) -> None:
+    """The charge is exactly the policy's fee for the booking: never more, never less."""
+    if amount_cents != fee_cents:
+        raise GuardrailViolation(
+            f"The agent asked to charge {policy.format_amount(amount_cents)}, but the change fee "
+            f"for booking {normalise_reference(reference)} is "
+            f"{policy.format_amount(fee_cents)}; no charge was made."
+        )
+
+
+def check_ready_to_issue(history: Sequence[ToolRecord]) -> None:
+    """A new boarding pass only once the old seat is released and the fee is settled (even a
+    fee of 0 goes through charge_customer), so no one gets a seat they did not pay for."""
+    missing = [
+        tool for tool in ("cancel_seat", "charge_customer") if not earlier_call(tool, history)
+    ]
+    if missing:
+        raise ToolRefused(
+            f"call {' and '.join(missing)} first: a new boarding pass is issued only after the "
+            "old seat is cancelled and the fee is charged (charge 0 when the fee is 0)"
+        )
+
+
+def check_results_present(tool: str, needed: Sequence[str], history: Sequence[ToolRecord]) -> None:
+    """`tool` builds on the results of `needed` tools from this run: say which are missing."""
+    missing = [name for name in needed if not earlier_call(name, history)]
+    if missing:
+        raise ToolRefused(
+            f"{tool} needs the results of {', '.join(missing)} from this request first"
+        )

@@ -1,0 +1,64 @@
+"""The refund as an agent run (`REFUNDS_ENGINE=agent`): the same refund, the same partners, the
+model choosing the order of the tools.
+
+Code, not the prompt, decides what must hold. Before the model is first asked, a step in code
+checks that the request comes from the booking's owner (as the graph workflow does before any
+effect); the tools enforce the fee, one charge and one seat per run; the engine enforces the
+turn and token limits. A failure undoes the fee (`refund_fee`, the charge's compensation) and
+tells the customer (`notify_failure`, the graph workflow's own step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentflow import durable
+from agentflow.agent import tool_result_message
+from refunds import ownership, steps
+from refunds.agent import prompts
+from refunds.agent.planner import scripted_refund_model
+from refunds.agent.tools import toolbox
+from refunds.gateways import COMPENSATION_RETRY, AirlineGateway, BookingNotFound
+
+refund_agent = durable.CodeWorkflow(
+    "refund_agent",
+    version=1,
+    toolbox=toolbox,
+    model=scripted_refund_model,
+    on_failure="notify_failure",
+)
+refund_agent.compensation("notify_failure", retry=COMPENSATION_RETRY)(steps.notify_failure)
+
+
+def verify_ownership(ctx: durable.StepContext) -> dict[str, Any]:
+    """The request's last name and e-mail must be the booking's passenger and contact on file
+    (refunds.ownership). Only the verdict is recorded: nothing of someone else's booking is
+    ever checkpointed, and a mismatch never says which detail was wrong."""
+    request = steps.request_of(ctx)
+    reference = request.booking_reference.strip().upper()
+    try:
+        booking = AirlineGateway.from_settings().booking(reference)
+    except BookingNotFound:
+        raise durable.PermanentStepError(ownership.MISMATCH) from None
+    if not ownership.is_owner(
+        last_name=request.last_name,
+        email=request.email,
+        passenger_last_name=booking.passenger_last_name,
+        contact_email=booking.contact_email,
+    ):
+        raise durable.PermanentStepError(ownership.MISMATCH)
+    return {"verified": True, "booking_reference": reference}
+
+
+@refund_agent.run
+def rebook(ctx: durable.AgentContext) -> str:
+    """Check the owner in code, then let the model work through the tools until it answers."""
+    ctx.step("verify_ownership", verify_ownership)
+    request = steps.request_of_refund_id(ctx.input["refund_id"])
+    messages = list(prompts.opening_messages(request.public_id, request.message))
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for call in turn.tool_calls:
+            shown = prompts.shown_to_model(call.name, ctx.tool(call).result)
+            messages.append(tool_result_message(call.id, shown))
+    return turn.text

@@ -1,0 +1,65 @@
+"""Which engine handles a refund — the graph workflow, or the same refund as an agent run
+(`REFUNDS_ENGINE=agent`) — and how either run reads on the customer's status page."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from django.conf import settings
+
+from agentflow import durable
+
+GRAPH = "refund"
+AGENT = "refund_agent"
+#: What the customer sees of an agent run: its tool calls, in the order a refund takes them
+#: (model turns and the owner check in code are the engine's business).
+AGENT_STEPS = (
+    "load_request", "fetch_booking", "check_cancellation_policy", "cancel_seat",
+    "charge_customer", "issue_boarding_pass", "update_crm", "send_confirmation_email",
+)  # fmt: skip
+#: Compensations of an agent run are named after the call they undo (`refund_fee@7`).
+_UNDO_SUFFIX = "@"
+
+
+def workflow_name() -> str:
+    """The workflow new refunds start: `REFUNDS_ENGINE` (graph, the default, or agent)."""
+    return AGENT if settings.REFUNDS_ENGINE == "agent" else GRAPH
+
+
+def planned(run: durable.RunSnapshot | None) -> list[str]:
+    """The rows the status page lists before they happen."""
+    if run is not None and run.workflow == AGENT:
+        return list(AGENT_STEPS)
+    return durable.workflow_steps(GRAPH)
+
+
+def customer_steps(run: durable.RunSnapshot) -> list[durable.StepSnapshot]:
+    """The run's steps as the status page names them: an agent run's tool calls and its
+    compensations by their tool's name, with the tool's result as the output."""
+    if run.workflow != AGENT:
+        return list(run.steps)
+    shown = []
+    for step in run.steps:
+        name = step.name.split(_UNDO_SUFFIX, 1)[0]
+        if name not in (*AGENT_STEPS, "refund_fee", "notify_failure"):
+            continue
+        shown.append(_as_graph_step(step, name))
+    return shown
+
+
+def outputs(steps: Sequence[durable.StepSnapshot]) -> dict[str, dict[str, Any]]:
+    """Completed steps' outputs by name (the latest of a name wins)."""
+    return {
+        step.name: step.output
+        for step in steps
+        if step.status == durable.StepStatus.COMPLETED and isinstance(step.output, dict)
+    }
+
+
+def _as_graph_step(step: durable.StepSnapshot, name: str) -> durable.StepSnapshot:
+    output = step.output
+    if isinstance(output, dict) and "ok" in output and "result" in output:
+        output = output["result"] if output["ok"] else None
+    return replace(step, name=name, output=output)

@@ -1,0 +1,168 @@
+"""Code-first runs (SPEC §4 B) in this process against real Postgres: replay from the top, one
+new step per task, memo by position and arguments, divergence, failure and compensation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from django.utils import timezone
+
+from agentflow import durable, runtime, store
+from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
+from agentflow.states import RunStatus, StepKind, StepStatus
+from tests.acceptance import workflows
+from tests.support import partner
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
+
+
+def calls(run_id: str) -> list[tuple[int, str, str, str]]:
+    return list(
+        StepCheckpoint.objects.filter(run_id=run_id)
+        .order_by("seq")
+        .values_list("seq", "name", "kind", "status")
+    )
+
+
+def test_agent__one_call_per_task_replayed_from_the_top__completes_with_its_answer(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.agent.name)
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.output == "Bought 2 apples at $3."
+    assert calls(run_id) == [
+        (1, "llm", StepKind.LLM, StepStatus.COMPLETED),
+        (2, "lookup", StepKind.READ, StepStatus.COMPLETED),
+        (3, "lookup", StepKind.READ, StepStatus.COMPLETED),
+        (4, "llm", StepKind.LLM, StepStatus.COMPLETED),
+        (5, "buy", StepKind.EFFECT, StepStatus.COMPLETED),
+        (6, "llm", StepKind.LLM, StepStatus.COMPLETED),
+    ]
+    assert partner.effects() == {durable.idempotency_key(run_id, 5): 1}
+    # Each body ran once although every task replayed the function from the top.
+    assert partner.execution_counts(run_id) == {
+        (run_id, 2, "lookup"): 1, (run_id, 3, "lookup"): 1, (run_id, 5, "buy"): 1,
+    }  # fmt: skip
+
+
+def test_agent__memo_by_position_and_arguments__the_same_tool_twice_gets_two_real_results(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """The seed article's memo keyed by tool name would hand apple's price to pear's call,
+    and after a crash between the two calls would replay only the first."""
+    run_id = durable.start(workflows.agent.name)
+    runtime.run_step(run_id, 1)  # the model's turn asks for both lookups
+    runtime.run_step(run_id, 2)  # apple's lookup... then the worker "crashes" (nothing more)
+
+    run = drive(run_id)  # a new task replays position 2 and makes position 3 for real
+
+    assert run.status == RunStatus.COMPLETED
+    outputs = dict(
+        StepCheckpoint.objects.filter(run_id=run_id, name="lookup").values_list("seq", "output")
+    )
+    assert outputs == {
+        2: {"ok": True, "result": {"item": "apple", "price": 3}},
+        3: {"ok": True, "result": {"item": "pear", "price": 5}},
+    }
+    lookups = [r for r in partner.executions(run_id) if r["step"] == "lookup"]
+    assert [(r["seq"], r["attempt"]) for r in lookups] == [(2, 1), (3, 1)]
+
+
+def test_agent__a_failure_in_code_after_an_effect__compensates_it_then_tells(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.agent.name, input={"fail_after_buy": True})
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.FAILED
+    assert run.error == "the shop closed"
+    assert [name for _, name, _, _ in calls(run_id)][-2:] == ["refund@5", "tell"]
+    refund = StepCheckpoint.objects.get(run_id=run_id, name="refund@5")
+    assert refund.output["result"]["refunded"] == "apple"
+    assert partner.effects()[refund.idempotency_key] == 1
+    event = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.COMPENSATION)
+    assert event.data["undo"] == ["refund@5"]
+
+
+def test_agent__another_call_at_a_recorded_position__parked_with_a_readable_diff(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.agent.name)
+    for seq in (1, 2, 3):
+        runtime.run_step(run_id, seq)
+    # The record at position 2 says another call was made there than the function makes now.
+    StepCheckpoint.objects.filter(run_id=run_id, seq=2).update(
+        arguments={
+            **StepCheckpoint.objects.get(run_id=run_id, seq=2).arguments,
+            "arguments": {"item": "banana"},
+        }
+    )
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.NEEDS_ATTENTION
+    assert run.error.startswith("diverged from its recorded history: Position 2 diverged")
+    assert 'arguments.item: "banana" → "apple"' in run.error
+    event = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.DIVERGENCE)
+    assert event.data["position"] == 2 and event.seq == 4
+
+
+def test_fork__from_a_diverged_position__same_calls_reused_others_keyed_by_branch(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.agent.name)
+    for seq in (1, 2, 3):
+        runtime.run_step(run_id, seq)
+    recorded = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    StepCheckpoint.objects.filter(pk=recorded.pk).update(
+        arguments={**recorded.arguments, "arguments": {"item": "banana"}}
+    )
+    assert drive(run_id).status == RunStatus.NEEDS_ATTENTION
+
+    preview = store.fork_preview(run_id, 2)
+    store.run_fork(run_id, position=2, actor="ops", reason="the code moved on")
+    run = drive(run_id)
+
+    assert [cp.seq for cp in preview] == [2, 3]
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.branch == 1
+    keys = dict(StepCheckpoint.objects.filter(run_id=run_id).values_list("seq", "idempotency_key"))
+    assert keys[2] == f"{run_id}_b1_step_2"  # a new call: the branch is in its key
+    assert keys[3] == f"{run_id}_step_3"  # pear's lookup, made before the fork: reused
+    assert keys[5] == f"{run_id}_b1_step_5"
+    lookups = [(r["seq"], r["step"]) for r in partner.executions(run_id) if r["step"] == "lookup"]
+    assert lookups == [(2, "lookup"), (3, "lookup"), (2, "lookup")]  # pear's ran once
+    superseded = SupersededStep.objects.filter(run_id=run_id).order_by("seq")
+    assert [(s.branch, s.seq, s.name) for s in superseded] == [(0, 2, "lookup"), (0, 3, "lookup")]
+    fork = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.FORK)
+    assert (fork.actor, fork.data["position"], fork.data["branch"]) == ("ops", 2, 1)
+
+
+def test_fork__refused_for_graph_runs_and_past_an_unknown_effect(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    graph = durable.start(workflows.declined.name)
+    assert drive(graph).status == RunStatus.FAILED
+    with pytest.raises(durable.ActionRefused, match="only code-first"):
+        store.run_fork(graph, position=1, actor="ops", reason="x")
+
+    run_id = durable.start(workflows.agent.name)
+    for seq in (1, 2, 3, 4):
+        runtime.run_step(run_id, seq)
+    now = timezone.now()  # the buy was in flight when its worker died; nobody can say more
+    StepCheckpoint.objects.create(
+        run_id=run_id, seq=5, name="buy", kind=StepKind.EFFECT, status=StepStatus.IN_PROGRESS,
+        attempts=1, idempotency_key=durable.idempotency_key(run_id, 5), lease_expires_at=now,
+        first_started_at=now, started_at=now,
+    )  # fmt: skip
+    assert store.run_park(run_id, 5, "outcome unknown: buy", fence=1)
+
+    with pytest.raises(
+        durable.ActionRefused, match=r"whether buy \(position 5\) took effect is unknown"
+    ):
+        store.run_fork(run_id, position=4, actor="ops", reason="x")

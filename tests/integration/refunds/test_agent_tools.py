@@ -1,0 +1,356 @@
+"""The refund agent's tools against the partner sandbox, and its planner driving them.
+
+The conversation is driven by hand here: each model turn and each tool call takes the next
+position, and every tool gets the run's earlier calls as history, as the durable replay loop
+will give them (the loop itself, with checkpoints and crashes, is tested where it is built).
+Effects are counted in the sandbox's ledger, the partners' side of the story.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import pytest
+
+from agentflow.agent import (
+    ModelClient,
+    ModelRequest,
+    ModelResponse,
+    ToolContext,
+    ToolOutcome,
+    ToolRecord,
+    tool_result_message,
+)
+from agentflow.agent.openai_chat import OpenAIChatModel
+from agentflow.durable import PermanentStepError
+from agentflow.exceptions import OutcomeUnknown
+from refunds.agent import prompts
+from refunds.agent.guardrails import GuardrailViolation
+from refunds.agent.planner import MODEL, plan_refund, scripted_refund_model
+from refunds.agent.tools import toolbox
+from refunds.models import RefundRequest
+from refunds.sandbox.airline import owner_of
+from tests.support.llm_server import Answer, LLMServer, SeenRequest, reply, tool_calls
+
+pytestmark = pytest.mark.django_db
+
+WORDS = "Please move me to SK1240 on 2027-03-16, thanks!"
+
+
+class AgentRun:
+    """One refund agent run, its positions and history kept in memory."""
+
+    def __init__(self, reference: str = "ABC123", words: str = WORDS) -> None:
+        self.run_id = f"wf_{secrets.token_hex(16)}"
+        self.owner = owner_of(reference)
+        self.request = RefundRequest.objects.create(
+            email=self.owner.email,
+            last_name=self.owner.last_name,
+            booking_reference=reference,
+            message=words,
+            submission_token=secrets.token_hex(16),
+            workflow_id=self.run_id,
+        )
+        self.refund_id = self.request.public_id
+        self.position = 0
+        self.history: list[ToolRecord] = []
+        self.messages = list(prompts.opening_messages(self.refund_id, words))
+        self.positions: dict[str, list[int]] = {}
+
+    def key(self, tool: str, index: int = 0) -> str:
+        return f"{self.run_id}_step_{self.positions[tool][index]}"
+
+    def ctx(self, tool: str, position: int, *, attempt: int = 1) -> ToolContext:
+        return ToolContext(
+            run_id=self.run_id,
+            workflow="refund_agent",
+            position=position,
+            tool=tool,
+            attempt=attempt,
+            idempotency_key=f"{self.run_id}_step_{position}",
+            input={"refund_id": self.refund_id},
+            history=tuple(r for r in self.history if r.position < position),
+        )
+
+    def call(self, name: str, **arguments: Any) -> ToolOutcome:
+        """The model asks for `name`: it runs at the next position."""
+        self.position += 1
+        self.positions.setdefault(name, []).append(self.position)
+        outcome = toolbox.prepare(name, arguments).run(self.ctx(name, self.position))
+        self.history.append(
+            ToolRecord(
+                position=self.position,
+                name=name,
+                arguments=arguments,
+                result=outcome.result,
+                ok=outcome.ok,
+            )
+        )
+        return outcome
+
+    def retry(self, name: str, **arguments: Any) -> ToolOutcome:
+        """The same call again at its own position and key (a retry after a crash)."""
+        position = self.positions[name][-1]
+        return toolbox.prepare(name, arguments).run(self.ctx(name, position, attempt=2))
+
+    def converse(self, model: ModelClient) -> ModelResponse:
+        tools = tuple(toolbox.openai_tools())
+        for _turn in range(10):
+            self.position += 1
+            request = ModelRequest(model=model.model, messages=tuple(self.messages), tools=tools)
+            response = model.complete(request)
+            self.messages.append(response.message)
+            if response.is_final:
+                return response
+            for tool_call in response.tool_calls:
+                outcome = self.call(tool_call.name, **tool_call.arguments)
+                self.messages.append(tool_result_message(tool_call.id, outcome.result))
+        raise AssertionError("the agent did not finish in 10 turns")
+
+    def through_charge(self, fee: int = 4500) -> None:
+        self.call("load_request", refund_id=self.refund_id)
+        self.call("fetch_booking", booking_reference=self.request.booking_reference)
+        self.call("check_cancellation_policy", booking_reference=self.request.booking_reference)
+        self.call("cancel_seat", booking_reference=self.request.booking_reference)
+        assert self.call("charge_customer", refund_id=self.refund_id, amount_cents=fee).ok
+
+
+def test_scripted_agent__rebooks_charges_45_dollars_and_confirms(partners) -> None:
+    run = AgentRun()
+
+    final = run.converse(scripted_refund_model)
+
+    assert final.text.startswith("You're booked on SK1240 on 2027-03-16, seat ")
+    assert "$45.00" in final.text
+    ledger = partners.ledger(workflow_id=run.run_id)
+    assert [p["idempotency_key"] for p in ledger["payments"]] == [run.key("charge_customer")]
+    assert ledger["payments"][0]["amount"] == 4500
+    assert ledger["payments"][0]["metadata"]["refund_id"] == run.refund_id
+    assert [c["idempotency_key"] for c in ledger["seat_cancellations"]] == [run.key("cancel_seat")]
+    [issued] = ledger["boarding_passes"]
+    assert (issued["flight"], issued["date"]) == ("SK1240", "2027-03-16")
+    [crm] = ledger["crm_updates"]
+    assert (
+        crm["note"].startswith("Rebooked onto SK1240 on 2027-03-16")
+        and "Fee: $45.00" in crm["note"]
+    )
+    [email] = ledger["emails"]
+    assert email["message_id"] == f"<{run.key('send_confirmation_email')}@agentflow.refunds>"
+    assert email["subject"] == "Your flight change is confirmed: SK1240 on Tuesday 16 March 2027"
+    assert email["to"] == [run.owner.email]  # the booking's contact on file
+    # the positions are the model's order: turn, call, turn, call, call, ...
+    assert [run.positions[name][0] for name in toolbox.names if name in run.positions] == [
+        2, 4, 5, 7, 8, 10, 12, 13,
+    ]  # fmt: skip
+
+
+def test_openai_sdk_agent__same_refund_through_the_local_model_server(
+    partners, llm_server: LLMServer
+) -> None:
+    """The planner behind a real HTTP model server: our tool schemas and conversations pass a
+    server that refuses malformed ones, through the real SDK, with the same effects."""
+
+    def model_turn(seen: SeenRequest) -> Answer:
+        plan = plan_refund(ModelRequest(model=MODEL, messages=tuple(seen.messages)))
+        if plan.answer is not None:
+            return reply(plan.answer)
+        return tool_calls(*((c.name, c.arguments) for c in plan.calls))
+
+    llm_server.script(model_turn)
+    run = AgentRun()
+
+    final = run.converse(OpenAIChatModel(base_url=llm_server.url, model="served-model"))
+
+    assert final.text.startswith("You're booked on SK1240 on 2027-03-16")
+    assert llm_server.count() == 6
+    assert llm_server.requests[0].tool_names == toolbox.names
+    ledger = partners.ledger(workflow_id=run.run_id)
+    for kind in ("payments", "seat_cancellations", "boarding_passes", "crm_updates", "emails"):
+        assert len(ledger[kind]) == 1, kind
+
+
+def test_effects__repeated_under_their_keys_happen_once(partners) -> None:
+    run = AgentRun()
+    run.converse(scripted_refund_model)
+    first = {record.name: record.result for record in run.history}
+
+    reference, refund_id = run.request.booking_reference, run.refund_id
+    assert run.retry("cancel_seat", booking_reference=reference).result == first["cancel_seat"]
+    assert (
+        run.retry("charge_customer", refund_id=refund_id, amount_cents=4500).result
+        == first["charge_customer"]
+    )
+    issued = first["issue_boarding_pass"]
+    again = run.retry(
+        "issue_boarding_pass", booking_reference=reference, flight="SK1240", date="2027-03-16"
+    )
+    assert again.result == issued
+    run.retry("update_crm", refund_id=refund_id, note=run.history[-2].arguments["note"])
+
+    ledger = partners.ledger(workflow_id=run.run_id)
+    for kind in ("seat_cancellations", "payments", "boarding_passes", "crm_updates"):
+        assert len(ledger[kind]) == 1, kind
+
+
+# --- guardrails -----------------------------------------------------------------------------
+def test_charge__one_cent_is_refused_and_nothing_is_charged(partners) -> None:
+    run = AgentRun()
+    run.call("load_request", refund_id=run.refund_id)
+    run.call("fetch_booking", booking_reference="ABC123")
+
+    with pytest.raises(
+        GuardrailViolation,
+        match=r"charge \$0\.01, but the change fee for booking ABC123 is \$45\.00",
+    ):
+        run.call("charge_customer", refund_id=run.refund_id, amount_cents=1)
+
+    assert "payment_intents.create" not in partners.ledger()["requests"]
+
+
+def test_charge__a_second_charge_is_refused(partners) -> None:
+    run = AgentRun()
+    run.through_charge()
+
+    with pytest.raises(GuardrailViolation, match="second charge in this request"):
+        run.call("charge_customer", refund_id=run.refund_id, amount_cents=4500)
+
+    assert len(partners.ledger(workflow_id=run.run_id)["payments"]) == 1
+
+
+def test_seat__a_second_cancellation_is_refused(partners) -> None:
+    run = AgentRun()
+    run.call("cancel_seat", booking_reference="ABC123")
+    with pytest.raises(GuardrailViolation, match="second seat cancellation"):
+        run.call("cancel_seat", booking_reference="abc123")
+    assert len(partners.ledger(workflow_id=run.run_id)["seat_cancellations"]) == 1
+
+
+def test_scope__another_booking_or_refund_is_refused(partners) -> None:
+    run = AgentRun()
+    other = AgentRun(reference="XYZ789")
+
+    with pytest.raises(GuardrailViolation, match="booking XYZ789, which is not the booking"):
+        run.call("cancel_seat", booking_reference="XYZ789")
+    with pytest.raises(
+        GuardrailViolation, match=f"request '{other.refund_id}', not on this request"
+    ):
+        run.call("charge_customer", refund_id=other.refund_id, amount_cents=4500)
+    assert partners.ledger()["requests"].get("payment_intents.create", 0) == 0
+    assert partners.ledger(workflow_id=run.run_id)["seat_cancellations"] == []
+
+
+def test_flex_fare__charges_nothing_and_refuses_a_fee(partners) -> None:
+    run = AgentRun(reference="FLX123")
+    run.call("fetch_booking", booking_reference="FLX123")
+    policy = run.call("check_cancellation_policy", booking_reference="FLX123").result
+    assert policy["fee_cents"] == 0
+
+    with pytest.raises(GuardrailViolation, match=r"fee for booking FLX123 is \$0\.00"):
+        run.call("charge_customer", refund_id=run.refund_id, amount_cents=4500)
+    assert run.call("charge_customer", refund_id=run.refund_id, amount_cents=0).result == {
+        "charged": False,
+        "amount_cents": 0,
+    }
+    assert "payment_intents.create" not in partners.ledger()["requests"]
+
+
+def test_basic_fare__refused_readably_before_any_effect(partners) -> None:
+    run = AgentRun(reference="BAS123")
+    with pytest.raises(PermanentStepError, match=r"^Basic fares can't be changed"):
+        run.call("check_cancellation_policy", booking_reference="BAS123")
+    with pytest.raises(GuardrailViolation, match=r"^Basic fares can't be changed"):
+        run.call("charge_customer", refund_id=run.refund_id, amount_cents=0)
+
+
+def test_declined_card__permanent_and_readable(partners) -> None:
+    run = AgentRun(reference="DEC123")
+    run.call("fetch_booking", booking_reference="DEC123")
+    with pytest.raises(PermanentStepError, match=r"^Your card was declined"):
+        run.call("charge_customer", refund_id=run.refund_id, amount_cents=4500)
+    assert partners.ledger(workflow_id=run.run_id)["payments"] == []
+
+
+# --- refusals the model reads ------------------------------------------------------------------
+def test_boarding_pass__before_cancel_and_charge_is_refused_not_issued(partners) -> None:
+    run = AgentRun()
+    outcome = run.call(
+        "issue_boarding_pass", booking_reference="ABC123", flight="SK1240", date="2027-03-16"
+    )
+
+    assert outcome.ok is False and outcome.result["error"] == "refused"
+    assert "call cancel_seat and charge_customer first" in outcome.result["message"]
+    assert partners.ledger(workflow_id=run.run_id)["boarding_passes"] == []
+
+
+def test_confirmation__before_the_boarding_pass_is_refused_not_sent(partners) -> None:
+    run = AgentRun()
+    run.through_charge()
+    outcome = run.call("send_confirmation_email", refund_id=run.refund_id)
+
+    assert outcome.ok is False
+    assert outcome.result["message"].endswith(
+        "needs the results of issue_boarding_pass from this request first"
+    )
+    assert partners.ledger(workflow_id=run.run_id)["emails"] == []
+
+
+def test_invalid_arguments__not_executed_and_explained(partners) -> None:
+    run = AgentRun()
+    run.through_charge()
+    outcome = run.call(
+        "issue_boarding_pass", booking_reference="ABC123", flight="SK1240", date="16/03/2027"
+    )
+
+    assert outcome.ok is False and outcome.result["error"] == "invalid_arguments"
+    assert outcome.result["problems"][0]["field"] == "date"
+    assert partners.ledger(workflow_id=run.run_id)["boarding_passes"] == []
+
+
+# --- compensation and reconcile -------------------------------------------------------------------
+def test_refund_fee__once_under_its_key_and_repeats_answer_the_same(partners) -> None:
+    run = AgentRun()
+    run.through_charge()
+
+    first = run.call("refund_fee", refund_id=run.refund_id)
+    second = run.call("refund_fee", refund_id=run.refund_id)
+
+    assert first.ok and (first.result["refunded"], first.result["amount_cents"]) == (True, 4500)
+    assert second.result == first.result
+    [refund] = partners.ledger(workflow_id=run.run_id)["refunds"]
+    assert refund["idempotency_key"] == run.key("refund_fee")
+    assert toolbox.compensation_call(
+        "charge_customer", {"refund_id": run.refund_id, "amount_cents": 4500}
+    ) == (
+        "refund_fee",
+        {"refund_id": run.refund_id},
+    )
+
+
+def test_refund_fee__nothing_charged_nothing_refunded(partners) -> None:
+    run = AgentRun(reference="FLX123")
+    run.through_charge(fee=0)
+    assert run.call("refund_fee", refund_id=run.refund_id).result == {
+        "refunded": False,
+        "amount_cents": 0,
+    }
+    assert "refunds.create" not in partners.ledger()["requests"]
+
+
+def test_charge_reconcile__adopts_the_payment_made_before_a_crash(partners) -> None:
+    run = AgentRun()
+    run.call("load_request", refund_id=run.refund_id)
+    run.call("fetch_booking", booking_reference="ABC123")
+    prepared = toolbox.prepare(
+        "charge_customer", {"refund_id": run.refund_id, "amount_cents": 4500}
+    )
+    position = run.position + 1
+    with pytest.raises(OutcomeUnknown):  # nothing yet, but search can lag: no proof
+        prepared.reconcile(run.ctx("charge_customer", position))
+
+    charged = prepared.run(run.ctx("charge_customer", position))  # ...then the worker died
+    adopted = prepared.reconcile(run.ctx("charge_customer", position, attempt=2))
+
+    assert adopted == charged
+    assert len(partners.ledger(workflow_id=run.run_id)["payments"]) == 1
+    assert toolbox["charge_customer"].key_window_seconds == 24 * 3600

@@ -1,0 +1,78 @@
+"""The refund as an agent run (`REFUNDS_ENGINE=agent`), played in this process against the
+partner sandbox: the same effects as the graph workflow, the owner checked in code before the
+model is first asked, and the status page reading it in customer words."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agentflow import durable
+from agentflow.models import StepCheckpoint, WorkflowRun
+from agentflow.states import RunStatus
+from refunds import engines, services
+from refunds.sandbox.airline import owner_of
+from tests.support.sandbox import SandboxProcess
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
+
+WORDS = "Hi, please move me to SK1240 on 2027-03-16. Thanks!"
+
+
+def submit(reference: str, *, last_name: str | None = None, email: str | None = None) -> str:
+    owner = owner_of(reference)
+    request = services.refund_request_create(
+        email=email or owner.email,
+        booking_reference=reference,
+        last_name=last_name or owner.last_name,
+        message=WORDS,
+        submission_token=f"token-{reference}",
+        client_ip="127.0.0.1",
+    )
+    assert request.workflow_id is not None
+    return request.workflow_id
+
+
+def names(run_id: str) -> list[str]:
+    return list(
+        StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list("name", flat=True)
+    )
+
+
+def test_agent_engine__rebooks_with_one_of_each_effect_and_the_graph_s_outcome(
+    drive: Callable[[str], WorkflowRun], partners: SandboxProcess, settings: Any
+) -> None:
+    settings.REFUNDS_ENGINE = "agent"
+    run_id = submit("AGT001")
+
+    run = drive(run_id, max_steps=80)
+
+    assert run.workflow == engines.AGENT
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.output.startswith("You're booked on SK1240 on 2027-03-16, seat ")
+    assert names(run_id)[:2] == ["verify_ownership", "llm"]  # the owner first, in code
+    ledger = partners.ledger(workflow_id=run_id)
+    for kind in ("payments", "seat_cancellations", "boarding_passes", "crm_updates", "emails"):
+        assert len(ledger[kind]) == 1, kind
+    assert ledger["payments"][0]["amount"] == 4500
+    assert ledger["refunds"] == []
+    assert ledger["emails"][0]["to"] == [owner_of("AGT001").email]
+
+
+def test_agent_engine__someone_else_s_details__failed_before_the_model_is_asked(
+    drive: Callable[[str], WorkflowRun], partners: SandboxProcess, settings: Any
+) -> None:
+    settings.REFUNDS_ENGINE = "agent"
+    run_id = submit("AGT002", last_name="Mallory")
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.FAILED
+    assert run.error == "verify_ownership: These details don't match a booking."
+    assert "llm" not in names(run_id)  # no model turn, so no tool either
+    ledger = partners.ledger(workflow_id=run_id)
+    assert all(ledger[kind] == [] for kind in ("payments", "seat_cancellations", "emails"))
+    snapshot = durable.snapshot(run_id)
+    assert snapshot is not None and snapshot.status == RunStatus.FAILED
