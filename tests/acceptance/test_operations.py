@@ -210,9 +210,11 @@ def test_metrics__a_pool_child_killed_mid_step_loses_no_series(stack: Stack) -> 
     web = stack.web()
     worker = stack.worker()
     children = worker.children()
-    # Warm both pool processes up until each has written step timings of its own.
+    # Warm both pool processes up until each has written step timings of its own: runs side
+    # by side, so neither process can take every step alone.
     for _ in range(20):
-        wait_finished(durable.start(workflows.chain.name), timeout=30)
+        for run_id in [durable.start(workflows.chain.name) for _ in range(4)]:
+            wait_finished(run_id, timeout=30)
         if all(_has_histogram_file(stack, pid) for pid in children):
             break
     assert all(_has_histogram_file(stack, pid) for pid in children), children
