@@ -47,17 +47,20 @@ $(DEV_KEY):
 	mkdir -p $(@D)
 	umask 077 && $(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
 
+run: export AGENTFLOW_LOG_FORMAT ?= text
 run: $(INSTALLED) $(DEV_KEY)
+	rm -rf "$(AGENTFLOW_VAR_DIR)/metrics"  # counters start again with the processes that write them
 	$(WITH_KEY) $(PY) manage.py migrate --noinput
 	@$(WITH_KEY) $(PY) manage.py ensure_admin
 	@echo "Refund form:   http://127.0.0.1:$(PORT)/refunds/new/"
 	@echo "Admin:         http://127.0.0.1:$(PORT)/admin/"
-	@echo "Health:        http://127.0.0.1:$(PORT)/healthz"
+	@echo "Health:        http://127.0.0.1:$(PORT)/healthz   Metrics: http://127.0.0.1:$(PORT)/metrics"
 	@echo "Ctrl-C stops web, worker, beat and sandbox."
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(WITH_KEY) exec $(VENV)/bin/honcho --no-colour -f Procfile start
 
 test: $(INSTALLED)
 	bash .ci/services
+	rm -rf var/test/metrics  # metric files of earlier runs' processes
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 	  REDIS_URL=$(TEST_BROKER_URL) AGENTFLOW_VAR_DIR=$(CURDIR)/var/test \
 	  DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')}" \

@@ -19,7 +19,8 @@ class AgentflowConfig(AppConfig):
         autodiscover_modules("workflows")
         for module in settings.AGENTFLOW_WORKFLOW_MODULES:
             importlib.import_module(module)
-        from agentflow import faults, registry
+        from agentflow import faults, registry, tracing
 
         registry.validate_all()
         faults.install_clock_offset(settings.AGENTFLOW_CLOCK_OFFSET_SECONDS)
+        tracing.configure()  # a no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set

@@ -15,11 +15,12 @@ Domain apps import only this module:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agentflow import registry, store
+from agentflow import registry, store, telemetry
 from agentflow.codefirst import AgentContext, CodeWorkflow
 from agentflow.context import StepContext, idempotency_key
 from agentflow.exceptions import (
@@ -65,6 +66,7 @@ __all__ = [
     "delete_runs",
     "fork",
     "idempotency_key",
+    "partner_call",
     "register_links",
     "retry",
     "snapshot",
@@ -90,10 +92,24 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
         payload = to_json({} if input is None else input, "workflow input")
     except NotJSONError as exc:
         raise InvalidInputError(str(exc)) from None
-    run_id, _created = store.run_create(
+    run_id, created = store.run_create(
         workflow=definition, input=payload, business_key=business_key
     )
+    if created:
+        telemetry.run_started(run_id, definition.name)
     return run_id
+
+
+def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:
+    """Wrap one call to a partner, around the code that turns its errors into ours:
+
+        with durable.partner_call("stripe", "charge"), _stripe_errors("charge"):
+            intent = client.v1.payment_intents.create(...)
+
+    It traces the call (a span with the step's run id, step and idempotency key) and counts
+    the RetryableStepError / PermanentStepError it raises by partner and kind on /metrics.
+    """
+    return telemetry.partner_call(partner, operation)
 
 
 def fork(run_id: str, *, position: int, actor: str, reason: str) -> None:

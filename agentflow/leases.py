@@ -249,6 +249,13 @@ def current_owner() -> tuple[str, int | None]:
     return _this_process().owner()
 
 
+def owner_token() -> str | None:
+    """This process's owner token if it has one yet, for log lines and spans: unlike
+    `current_owner`, never starts the liveness connection."""
+    current = _process
+    return current.token if current is not None and current.pid == os.getpid() else None
+
+
 def release() -> None:
     """Give up this process's liveness connection (tests drop their database after)."""
     if _process is not None and _process.pid == os.getpid():

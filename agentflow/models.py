@@ -37,6 +37,9 @@ class WorkflowRun(models.Model):
     #: When the sweeper should look again if nothing moved: a lease expiry, a retry time,
     #: or an enqueue grace. NULL exactly when the run needs no sweeper (terminal or parked).
     wake_at = models.DateTimeField(null=True, blank=True)
+    #: The W3C traceparent its steps hang under when tracing is on (see agentflow.tracing),
+    #: so a step re-published without one (by the sweeper) stays in the run's trace.
+    trace_parent = models.CharField(max_length=55, blank=True, db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

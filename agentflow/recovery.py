@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 
-from agentflow import dispatch, registry, store
+from agentflow import dispatch, registry, store, telemetry
 from agentflow.models import RunEvent
 
 logger = logging.getLogger(__name__)
@@ -63,12 +63,7 @@ def sweep(*, limit: int | None = None) -> SweepReport:
         dispatch.send_step(run.id, run.seq)
         report.requeued.append(run.id)
     store.heartbeat_record(requeued=len(report.requeued), query_ms=report.query_ms)
-    if report.requeued or report.parked:
-        logger.info(
-            "sweep: re-published %d (%s), parked %d, query %.1f ms",
-            len(report.requeued),
-            ", ".join(report.requeued[:20]) + (" …" if len(report.requeued) > 20 else ""),
-            len(report.parked),
-            report.query_ms,
-        )
+    telemetry.sweep_finished(  # counts the pass; logs which runs, and nothing when idle
+        requeued=report.requeued, parked=report.parked, query_ms=report.query_ms
+    )
     return report

@@ -18,7 +18,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 
-from agentflow import codefirst, dispatch, faults, leases, registry, store
+from agentflow import codefirst, dispatch, faults, leases, registry, store, telemetry
 from agentflow.codefirst import NEXT_CALL, CodeWorkflow
 from agentflow.context import StepContext
 from agentflow.exceptions import PermanentStepError, RetryableStepError
@@ -146,6 +146,14 @@ def _drop_broken_connection() -> None:
 
 
 def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> StepContext:
+    telemetry.step_started(
+        run_id=run.id,
+        workflow=run.workflow,
+        seq=seq,
+        step=step.name,
+        kind=step.kind,
+        attempt=attempt,
+    )
     view = getattr(registry.lookup(run.workflow, run.version), "outputs_view", None)
     return StepContext(
         run_id=run.id,

@@ -17,7 +17,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
-from agentflow import deployment
+from agentflow import deployment, logs
 from agentflow.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -43,6 +43,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "agentflow.tracing.RequestSpanMiddleware",  # first, so the span covers the whole request
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",  # static files without a separate server
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -275,17 +276,29 @@ EMAIL_PORT = env_int("EMAIL_PORT", SANDBOX_SMTP_PORT)
 EMAIL_TIMEOUT = 10  # Django's default (None) can block a worker for ever
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Skyways Rebooking <rebooking@agentflow.test>")
 
+# --- Operations: logs, metrics, traces ---------------------------------------------------------
+# json: one JSON object a line, for log shippers (the default: production and compose);
+# text: readable lines for a terminal (`make run` sets it).
+AGENTFLOW_LOG_FORMAT = env_str("AGENTFLOW_LOG_FORMAT", "json")
 # Every handler masks customer e-mail addresses and status-page ids (refunds.redaction).
 # gunicorn's access log is routed here too (its lines hold status-page URLs), and Celery keeps
 # this configuration instead of installing handlers of its own.
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "filters": {"redact": {"()": "refunds.redaction.RedactPersonalData"}},
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}
-    },
-    "loggers": {"gunicorn.access": {"handlers": ["console"], "propagate": False}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-}
+try:
+    LOGGING = logs.logging_config(
+        format=AGENTFLOW_LOG_FORMAT,
+        level=env_str("LOG_LEVEL", "INFO"),
+        filters={"redact": {"()": "refunds.redaction.RedactPersonalData"}},
+        routed=("gunicorn.access",),
+    )
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+#: Bearer token /metrics requires when set (empty: open, e.g. scraped over a private network).
+AGENTFLOW_METRICS_TOKEN = env_str("AGENTFLOW_METRICS_TOKEN", "")
+# Counters and histograms from every process (gunicorn workers, Celery's pool children) live in
+# one directory of prometheus_client's multiprocess files, which /metrics adds up. Web, worker
+# and beat must share it (compose mounts one volume); it must be set before prometheus_client
+# is imported, hence here.
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(VAR_DIR / "metrics"))
+Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
+#: Traces go to this OTLP/HTTP collector when set; unset, no tracer is installed at all.
+OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "")

@@ -12,7 +12,7 @@ from celery.signals import worker_ready
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from agentflow import dispatch, recovery, runtime, store
+from agentflow import dispatch, recovery, runtime, store, telemetry
 from agentflow.celery import app
 
 logger = logging.getLogger(__name__)
@@ -27,18 +27,20 @@ RETENTION_BATCHES_PER_TICK = 100
 def run_step_task(self: Any, run_id: str, seq: int, fresh: dispatch.Fresh | None = None) -> None:
     # Redelivered: the process that had this message died, maybe just after completing the step.
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    try:
-        runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
-    except (OperationalError, InterfaceError):
-        # The connection this process keeps between steps died under it (the database server
-        # restarted or failed over; nothing tells a pooled connection until it is used), or
-        # the server went away mid-step. Raised, the message would be acked as failed and the
-        # run left to the sweeper (lease + sweep interval). On a new connection, once: run_step
-        # is safe to repeat, and if the server is still down this raises as before.
-        if connection.connection is not None and connection.is_usable():
-            raise  # the connection is fine: a lock or statement timeout, not a lost server
-        connection.close()
-        runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
+    with telemetry.step_message(run_id, seq, self.request):  # logs, metrics, trace of the step
+        try:
+            runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
+        except (OperationalError, InterfaceError):
+            # The connection this process keeps between steps died under it (the database
+            # server restarted or failed over; nothing tells a pooled connection until it is
+            # used), or the server went away mid-step. Raised, the message would be acked as
+            # failed and the run left to the sweeper (lease + sweep interval). On a new
+            # connection, once: run_step is safe to repeat, and if the server is still down
+            # this raises as before.
+            if connection.connection is not None and connection.is_usable():
+                raise  # the connection is fine: a lock or statement timeout, not a lost server
+            connection.close()
+            runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
 
 
 @shared_task(name="agentflow.sweep", acks_late=False)

@@ -1,21 +1,27 @@
-"""Operational endpoints: health (database and broker) and Prometheus metrics."""
+"""Operational endpoints: health (database, broker, sweeper) and Prometheus metrics."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import connection
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from agentflow import metrics as run_metrics
+from agentflow import store
 from agentflow.celery import app
-from agentflow.models import WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+
+#: The sweeper is late once this many intervals passed without a sweep: one missed tick is
+#: noise (a busy worker), three mean nobody is sweeping and recovery has stopped.
+SWEEPER_LATE_INTERVALS = 3
 
 
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
+    """200 when the database, the broker and the recovery sweeper are all well, else 503 with
+    the one that is not named. The sweeper's age comes from its heartbeat row (database time)."""
     checks: dict[str, str] = {}
+    report: dict[str, object] = {}
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
@@ -28,31 +34,37 @@ def healthz(request: HttpRequest) -> JsonResponse:
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"error: {type(exc).__name__}"
+    if checks["database"] == "ok":
+        checks["sweeper"], report["sweeper_age_seconds"] = _sweeper()
+    else:
+        checks["sweeper"] = "unknown: the database is unreachable"
     healthy = all(value == "ok" for value in checks.values())
     return JsonResponse(
-        {"status": "ok" if healthy else "error", **checks}, status=200 if healthy else 503
+        {"status": "ok" if healthy else "error", **checks, **report},
+        status=200 if healthy else 503,
     )
+
+
+def _sweeper() -> tuple[str, float | None]:
+    limit = SWEEPER_LATE_INTERVALS * settings.AGENTFLOW_SWEEP_INTERVAL
+    try:
+        beat = store.heartbeat_read()
+    except Exception as exc:
+        return f"error: {type(exc).__name__}", None
+    if beat is None:
+        return "error: the sweeper never ran (is celery beat running?)", None
+    age = round(max(beat.age_seconds, 0.0), 1)
+    if age > limit:
+        return f"error: no sweep for {age:.0f} s (limit {limit} s; is celery beat running?)", age
+    return "ok", age
 
 
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    counts = dict(
-        WorkflowRun.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n")
-    )
-    overdue = WorkflowRun.objects.filter(
-        status__in=ACTIVE_RUN_STATUSES, wake_at__lte=timezone.now()
-    ).count()
-    lines = [
-        "# HELP agentflow_runs Workflow runs by status.",
-        "# TYPE agentflow_runs gauge",
-    ]
-    lines += [
-        f'agentflow_runs{{status="{status}"}} {counts.get(status, 0)}'
-        for status in RunStatus.values
-    ]
-    lines += [
-        "# HELP agentflow_runs_overdue Active runs past their wake-up time.",
-        "# TYPE agentflow_runs_overdue gauge",
-        f"agentflow_runs_overdue {overdue}",
-    ]
-    return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
+    if not run_metrics.authorized(request.headers.get("Authorization", "")):
+        response = HttpResponse(
+            "a bearer token is required\n", status=401, content_type="text/plain"
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(run_metrics.exposition(), content_type=run_metrics.CONTENT_TYPE)

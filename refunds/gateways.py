@@ -19,7 +19,7 @@ import stripe
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
-from agentflow.durable import PermanentStepError, RetryableStepError, RetryPolicy
+from agentflow.durable import PermanentStepError, RetryableStepError, RetryPolicy, partner_call
 from refunds.addresses import smtp_problem
 
 #: Connect and read timeouts for partner HTTP calls: a hung partner must not hold a worker
@@ -138,7 +138,7 @@ class PaymentGateway:
             "description": description,
             "metadata": {**(metadata or {}), "idempotency_key": key, "workflow_id": workflow_id},
         }
-        with _stripe_errors("charge"):
+        with partner_call("stripe", "charge"), _stripe_errors("charge"):
             intent = self._client.v1.payment_intents.create(
                 params, options={"idempotency_key": key}
             )
@@ -147,7 +147,7 @@ class PaymentGateway:
     def find_payment_by_key(self, key: str) -> Payment | None:
         """The payment made under `key`, if any. A read: no idempotency key needed."""
         query = f"metadata['idempotency_key']:'{_search_quote(key)}'"
-        with _stripe_errors("payment lookup"):
+        with partner_call("stripe", "payment lookup"), _stripe_errors("payment lookup"):
             found = self._client.v1.payment_intents.search({"query": query})
         intents = [i for i in found.data if i.metadata.to_dict().get("idempotency_key") == key]
         return _payment(intents[0]) if intents else None
@@ -155,7 +155,7 @@ class PaymentGateway:
     def find_refund_by_key(self, *, payment_intent_id: str, key: str) -> Refund | None:
         """The refund made under `key` for this payment, if any: Stripe's refund list is
         consistent (a refund shows the moment it exists), so an absence is an answer."""
-        with _stripe_errors("refund lookup"):
+        with partner_call("stripe", "refund lookup"), _stripe_errors("refund lookup"):
             found = self._client.v1.refunds.list({"payment_intent": payment_intent_id})
         for refund in found.data:
             if (refund.metadata or {}).get("idempotency_key") == key:
@@ -170,7 +170,7 @@ class PaymentGateway:
             "amount": amount_cents,
             "metadata": {"idempotency_key": key, "workflow_id": workflow_id},
         }
-        with _stripe_errors("refund"):
+        with partner_call("stripe", "refund"), _stripe_errors("refund"):
             refund = self._client.v1.refunds.create(params, options={"idempotency_key": key})
         return _refund(refund, payment_intent_id)
 
@@ -279,7 +279,13 @@ class _PartnerHttp:
         self.timeout = timeout
         self.session = requests.Session()
 
-    def call(
+    def call(self, method: str, path: str, **options: Any) -> dict[str, Any]:
+        """One traced, counted request (see `durable.partner_call`)."""
+        slug = self.partner.removeprefix("the ").lower()
+        with partner_call(slug, f"{method} {path.split('/')[1]}"):
+            return self._call(method, path, **options)
+
+    def _call(
         self,
         method: str,
         path: str,
@@ -506,6 +512,10 @@ class Mailer:
         An address or header that cannot be encoded is refused before connecting, as a
         permanent error: nothing was sent, and no retry could encode it.
         """
+        with partner_call("smtp", "send"):
+            return self._send(to=to, subject=subject, body=body, key=key, workflow_id=workflow_id)
+
+    def _send(self, *, to: str, subject: str, body: str, key: str, workflow_id: str) -> str:
         message_id = message_id_for(key)
         if smtp_problem(to):
             raise PermanentStepError("We can't send email to the address on the booking.")

@@ -13,6 +13,7 @@ from django.db import DatabaseError, connection, transaction
 
 from agentflow import store
 from agentflow.benchmark import workload
+from agentflow.benchmark.scrape import ScrapeFigure, scrape_at_scale
 from agentflow.models import WorkflowRun
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
 
@@ -46,6 +47,8 @@ class SweepFigure:
     plan_execution_ms: float | None
     uses_partial_index: bool
     plan: str
+    #: One /metrics scrape with the same history and due runs present.
+    scrape: ScrapeFigure
 
 
 def sweep_at_scale(
@@ -74,6 +77,8 @@ def sweep_at_scale(
                 samples.append((time.perf_counter() - started) * 1000)
                 transaction.set_rollback(True)
         plan = _explain(limit)
+        progress(f"one /metrics scrape at {history:,} finished runs")
+        scrape = scrape_at_scale()
     finally:
         store.runs_delete(workflows=[workload.STALE])
     finished = WorkflowRun.objects.filter(status__in=TERMINAL_RUN_STATUSES).count()
@@ -88,6 +93,7 @@ def sweep_at_scale(
         plan_execution_ms=_execution_ms(plan),
         uses_partial_index=INDEX in plan,
         plan=plan,
+        scrape=scrape,
     )
 
 

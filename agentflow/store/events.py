@@ -6,6 +6,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from agentflow import telemetry
 from agentflow.store import sql
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ def event_add(
             "data": data,
         },
     )
+    telemetry.event_recorded(run_id, kind)  # counted on /metrics once this commits
 
 
 def event_time(value: datetime | None) -> str | None:

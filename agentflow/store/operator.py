@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from agentflow import dispatch, registry
+from agentflow import dispatch, registry, telemetry
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.registry import Workflow
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
@@ -273,6 +273,7 @@ def _cancel_now(
             "id = %s",
             [run.id],
         )
+        telemetry.run_finished(run.id, run.workflow, RunStatus.CANCELLED)
         return []
     run.cancel_requested = True
     return begin_undo(

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from agentflow import dispatch
+from agentflow import dispatch, telemetry
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.registry import StepDef, Workflow
@@ -358,6 +358,7 @@ def begin_undo(
     if not sql.update(sql.RUNS, changes, fence, [run.id, seq, *statuses]):
         raise Fenced
     if not plan:
+        telemetry.run_finished(run.id, workflow.name, final)
         return plan
     undo = [name for name in plan if name != workflow.on_failure]
     event_add(

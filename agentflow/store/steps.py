@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from agentflow import dispatch, faults, leases
+from agentflow import dispatch, faults, leases, telemetry
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
@@ -413,6 +413,8 @@ def step_complete(
     transaction.on_commit(
         partial(_after_complete, run.id, step.name, claim.attempt, next_seq, hint)
     )
+    if next_seq is None:
+        telemetry.run_finished(run.id, workflow.name, changes["status"])
     return True
 
 
@@ -461,6 +463,8 @@ def unclaimed_complete(
     if done is not None:
         hint = _fresh(workflow, changes)
         transaction.on_commit(partial(_after_complete, run.id, step.name, attempt, next_seq, hint))
+        if next_seq is None:
+            telemetry.run_finished(run.id, workflow.name, changes["status"])
     return done is not None
 
 

@@ -133,7 +133,7 @@ def namespaced_pids(worker: Any) -> set[int]:
 
 
 def test_liveness__same_hostname_separate_pid_namespaces__no_steal_and_takeover_within_2_s(
-    workers: Workers,
+    workers: Workers, broker: Any
 ) -> None:
     """Owners used to be judged by pid on 'this host': in another PID namespace under the same
     hostname, a live owner's pid looked dead (or recycled), so a duplicate stole its step."""
@@ -144,7 +144,11 @@ def test_liveness__same_hostname_separate_pid_namespaces__no_steal_and_takeover_
     second = workers.start(wrapper=PID_NAMESPACE, AGENTFLOW_HOSTNAME="shared-host")
 
     dispatch.send_step(run_id, HELD_SEQ)  # a duplicate of the held step's message
-    wait_for(lambda: log_has(second, "succeeded in"), what="the duplicate to be handled")
+    # Handled and acked by `second`: only the held original stays unacked at the broker.
+    wait_for(
+        lambda: broker.queue_length() == 0 and broker.client().hlen("unacked") == 1,
+        what="the duplicate to be handled",
+    )
     assert recovery.sweep().requeued == []  # the owner's lock is held: it is alive
 
     assert len(executions(run_id, "hold")) == 1

@@ -181,6 +181,19 @@ def test_make_run__completes_a_demo_run_and_a_refund_then_stops_on_ctrl_c(stack)
     assert "gunicorn.access" in log and "/status.json" in log
     assert final["id"] not in log and owner_of("MKR123").email not in log
 
+    # Quiet by default: readable lines, none per sweep tick, Celery task or step that went to
+    # plan; the refund's run shows up by its id (started in web, completed in the worker).
+    done = f"run {final['workflow_id']} completed"
+    console = wait_for(
+        lambda: done in (text := stack["log"].read_text()) and text,
+        timeout=30,
+        what="the run's last line",
+    )
+    for noise in ("Sending due task", "] received", "succeeded in", " took "):
+        assert noise not in console, noise
+    [started] = [line for line in console.splitlines() if "of refund started" in line]
+    assert final["workflow_id"] in started and '"event"' not in started  # text, not JSON
+
     proc = stack["proc"]
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=40) is not None

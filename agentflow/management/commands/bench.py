@@ -111,6 +111,15 @@ def render(report: dict[str, Any]) -> str:
                 f"{sweep['query_ms']:.3f}",
             ),
             ("sweeper uses run_sweep_due", "yes" if sweep["uses_partial_index"] else "NO"),
+            (
+                f"/metrics scrape (ms) at {sweep['finished_runs']:,} finished, "
+                f"{sweep['scrape']['metric_files']} metric files",
+                f"{sweep['scrape']['scrape_ms']:.3f}",
+            ),
+            (
+                "/metrics queries use the partial indexes",
+                "yes" if sweep["scrape"]["uses_partial_indexes"] else "NO",
+            ),
         ]
     purge = report.get("purge")
     if purge is not None:

@@ -216,7 +216,8 @@ def test_resume_now__waiting_run_is_published_at_once_with_an_event(
     checkpoint = run.steps.get(seq=2)
     assert checkpoint.retry_at <= timezone.now()
     assert run.wake_at - store.enqueue_grace() <= timezone.now()
-    assert len(published) == 1
+    # One step message (the metrics count the event with a callback of their own).
+    assert len([c for c in published if c.__qualname__.startswith("send_step")]) == 1
     if connection.vendor == "postgresql":
         assert published_steps(run.pk) == [[run.pk, 2]]
 
@@ -230,8 +231,8 @@ def test_resume_now__publishes_only_when_the_transaction_commits(
         store.run_resume(run.pk, actor="ops", reason="lost message")
         assert published_steps(run.pk) == []  # nothing before the commit
 
-    assert len(pending) == 1
-    pending[0]()
+    [publish] = [c for c in pending if c.__qualname__.startswith("send_step")]
+    publish()
     assert published_steps(run.pk) == [[run.pk, 2]]
 
 

@@ -40,6 +40,8 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     assert sweep["finished_runs"] >= 300 and sweep["stale_runs"] == 5 and sweep["due_found"] == 5
     assert sweep["query_ms"] > 0
     assert "run_sweep_due" in sweep["plan"]
+    assert sweep["scrape"]["scrape_ms"] > 0 and len(sweep["scrape"]["scrape_ms_samples"]) == 7
+    assert sweep["scrape"]["metric_files"] >= 1
     assert report["environment"]["processes"] == 2
     purge = report["purge"]
     assert purge["finished_runs"] >= 300

@@ -1,0 +1,203 @@
+"""Prometheus metrics: what happened, counted in each process; what is now, read from Postgres.
+
+Two sources, each where it stays right when processes die:
+- Counters and histograms (steps timed, runs started and finished, events, sweeps, partner
+  errors, model tokens) are written by whichever process saw the thing happen, a gunicorn
+  worker or a Celery pool child, into prometheus_client's multiprocess files (one per process,
+  in PROMETHEUS_MULTIPROC_DIR). A scrape adds them up. A killed process's file stays, so no
+  series goes backwards or disappears when a pool child is SIGKILLed mid-step; its replacement
+  writes a file of its own.
+- Gauges of state (active runs by workflow and status, overdue, needs attention, the sweeper's
+  age) are read from Postgres at scrape time: a gauge kept in a process would die with it. The
+  queries are served by the partial indexes over active and parked runs, so a scrape costs the
+  same at a million finished runs as at none.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.db.models import Count, Q, QuerySet
+from django.db.models.functions import Now
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agentflow import metric_files, registry
+from agentflow.models import WorkflowRun
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+
+logger = logging.getLogger(__name__)
+
+metric_files.install()  # before the first metric: files named host-pidns-pid-start
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+RUNS_STARTED = Counter("agentflow_runs_started", "Runs started, by workflow.", ["workflow"])
+RUNS_FINISHED = Counter(
+    "agentflow_runs_finished",
+    "Runs that reached COMPLETED, FAILED or CANCELLED (an operator retry of a failed run can "
+    "finish it again).",
+    ["workflow", "status"],
+)
+#: From a quick read step (~1 ms) to a partner call that times out (10 s and more).
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+STEP_SECONDS = Histogram(
+    "agentflow_step_duration_seconds",
+    "One step attempt in the worker, from its claim to its recorded outcome.",
+    ["workflow", "step", "kind"],
+    buckets=STEP_BUCKETS,
+)
+RUN_EVENTS = Counter(
+    "agentflow_run_events",
+    "Run events by kind: attempt_failed (a retry), takeover, outcome_unknown, sweep_requeue "
+    "(a re-enqueue), reconciled, late_completion, needs_attention and operator actions.",
+    ["kind"],
+)
+SWEEPS = Counter("agentflow_sweeps", "Sweeper passes.")
+SWEEP_REQUEUED = Counter("agentflow_sweep_requeued_runs", "Runs the sweeper re-published.")
+PARTNER_ERRORS = Counter(
+    "agentflow_partner_errors",
+    "Errors from partner calls, by partner and kind (retryable, permanent, unexpected).",
+    ["partner", "kind"],
+)
+MODEL_TOKENS_SPENT = Counter(
+    "agentflow_model_tokens_spent",
+    "Model tokens paid for, by workflow and model.",
+    ["workflow", "model"],
+)
+MODEL_TOKENS_SAVED = Counter(
+    "agentflow_model_tokens_saved",
+    "Model tokens not spent again because a recorded answer was replayed.",
+    ["workflow", "model"],
+)
+
+
+def model_tokens(*, workflow: str, model: str, spent: int = 0, saved: int = 0) -> None:
+    """Count a model call's tokens: `spent` when the model was asked, `saved` when its recorded
+    answer was replayed instead (agent mode calls this once per `ctx.llm`)."""
+    if spent < 0 or saved < 0:
+        raise ValueError("token counts cannot be negative")
+    if spent:
+        MODEL_TOKENS_SPENT.labels(workflow, model).inc(spent)
+    if saved:
+        MODEL_TOKENS_SAVED.labels(workflow, model).inc(saved)
+
+
+def active_runs_query() -> QuerySet[WorkflowRun, tuple[str, str, int, int]]:
+    """Active runs and overdue ones by workflow and status, served by `run_sweep_due` (whose
+    predicate is exactly this status list): its cost follows the runs in flight."""
+    return (
+        WorkflowRun.objects.filter(status__in=ACTIVE_RUN_STATUSES)
+        .order_by()
+        .values_list("workflow", "status")
+        .annotate(n=Count("pk"), late=Count("pk", filter=Q(wake_at__lte=Now())))
+    )
+
+
+def parked_runs_query() -> QuerySet[WorkflowRun, tuple[str, int]]:
+    """Parked runs by workflow, served by `run_needs_attention`."""
+    return (
+        WorkflowRun.objects.filter(status=RunStatus.NEEDS_ATTENTION)
+        .order_by()
+        .values_list("workflow")
+        .annotate(n=Count("pk"))
+    )
+
+
+class _StateFromDatabase(Collector):
+    """Gauges read at scrape time, in three statements that touch no finished run."""
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "agentflow_database_up",
+            "1 when the scrape could read the state gauges from the database.",
+        )
+        try:
+            gauges = list(self._gauges())
+        except DatabaseError as exc:
+            # The counters still go out: a scrape that fails whole would hide them too.
+            logger.warning("metrics: the database gauges are missing this scrape: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from gauges
+
+    def _gauges(self) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            "agentflow_runs_active", "Runs not finished, by workflow and status.",
+            labels=["workflow", "status"],
+        )  # fmt: skip
+        overdue = GaugeMetricFamily(
+            "agentflow_runs_overdue",
+            "Active runs past their wake-up time (the sweeper's backlog).",
+            labels=["workflow"],
+        )
+        parked = GaugeMetricFamily(
+            "agentflow_runs_needs_attention",
+            "Runs parked for an operator (NEEDS_ATTENTION).",
+            labels=["workflow"],
+        )
+        known = sorted(registry.names())
+        counts = {(name, str(status)): 0 for name in known for status in ACTIVE_RUN_STATUSES}
+        late = dict.fromkeys(known, 0)
+        for workflow, status, n, n_late in active_runs_query():
+            counts[workflow, status] = n
+            late[workflow] = late.get(workflow, 0) + n_late
+        for (workflow, status), n in sorted(counts.items()):
+            active.add_metric([workflow, str(status)], n)
+        for workflow, n in sorted(late.items()):
+            overdue.add_metric([workflow], n)
+        waiting = dict.fromkeys(known, 0)
+        waiting.update(parked_runs_query())
+        for workflow, n in sorted(waiting.items()):
+            parked.add_metric([workflow], n)
+        from agentflow.store import heartbeat_read  # the store logs events through us
+
+        beat = heartbeat_read()
+        sweeper = GaugeMetricFamily(
+            "agentflow_sweeper_seconds_since_last_sweep",
+            "Seconds since the recovery sweeper last finished a pass, by the database's clock "
+            "(+Inf if it never ran against this database).",
+            value=math.inf if beat is None else max(beat.age_seconds, 0.0),
+        )
+        yield from (active, overdue, parked, sweeper)
+
+
+class _EveryProcess(Collector):
+    """The counters and histograms of every process, live or dead, added up."""
+
+    def collect(self) -> Iterator[Metric]:
+        metric_files.fold_dead()  # keeps the files read to the live processes plus one
+        yield from metric_files.collect()
+
+
+def exposition() -> bytes:
+    """The text a scrape returns: every process's counters, then the database's gauges."""
+    scrape = CollectorRegistry(auto_describe=False)
+    scrape.register(_EveryProcess())
+    scrape.register(_StateFromDatabase())
+    return generate_latest(scrape)
+
+
+def file_count() -> int:
+    """How many per-process files a scrape reads."""
+    return len(metric_files.readable_files())
+
+
+def authorized(header: str) -> bool:
+    """True when no token is configured, or `header` is `Bearer <the token>` (constant time)."""
+    token = settings.AGENTFLOW_METRICS_TOKEN
+    if not token:
+        return True
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )

@@ -1,0 +1,255 @@
+"""The engine's observation points: one call each from the engine, fanned out to metrics, logs
+and traces, so the engine's own modules carry a line per point and nothing more.
+
+Counters move only after the transaction that made the fact true commits (a rolled-back
+retry is not a retry). Per step this costs about 10 µs (context binding and one histogram
+observation); an attempt that went to plan logs at DEBUG, so no line is formatted for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from celery.signals import beat_init, worker_process_init
+from django.conf import settings
+from django.db import transaction
+
+from agentflow import leases, logs, metric_files, metrics, tracing
+from agentflow.context import idempotency_key
+from agentflow.exceptions import PermanentStepError, RetryableStepError
+
+logger = logging.getLogger("agentflow.steps")
+run_logger = logging.getLogger("agentflow.runs")
+sweep_logger = logging.getLogger("agentflow.recovery")
+
+#: Events that mark the attempt's span as failed (the runtime handles the error itself, so
+#: the span never sees the exception).
+_FAILED_ATTEMPT = frozenset({"attempt_failed", "outcome_unknown", "needs_attention"})
+
+#: An attempt this slow gets an INFO line even when nothing else happened to it.
+SLOW_STEP_SECONDS = 5.0
+
+#: Run ids listed in full in a sweep's text message; the JSON line's `run_ids` has them all.
+SWEEP_IDS_SHOWN = 20
+
+
+class _Message:
+    """What the worker learned while handling one step message."""
+
+    __slots__ = (
+        "events", "key", "kind", "log_tokens", "parent", "run_id", "span", "started", "step",
+        "workflow",
+    )  # fmt: skip
+
+    def __init__(self, run_id: str, parent: Any) -> None:
+        self.run_id = run_id
+        self.parent = parent
+        self.started: float | None = None
+        self.workflow = self.step = self.kind = self.key = ""
+        self.span: tracing.StepSpan | None = None
+        self.events: list[str] = []
+        self.log_tokens: logs.Tokens | None = None
+
+
+_message: ContextVar[_Message | None] = ContextVar("agentflow_step_message", default=None)
+
+
+@contextmanager
+def step_message(run_id: str, seq: int, request: Any = None) -> Iterator[None]:
+    """Around one `run_step` message in the worker: binds the run to every line logged while
+    it is handled and, if a step ran (`step_started`), times it, logs it and ends its span."""
+    parent = tracing.message_context(request) if tracing.enabled() else None
+    message = _Message(run_id, parent)
+    tokens = logs.bind(run_id=run_id, seq=seq)
+    token = _message.set(message)
+    error: BaseException | None = None
+    try:
+        yield
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        _message.reset(token)
+        try:
+            _step_finished(message, error)
+        finally:
+            if message.log_tokens is not None:
+                logs.unbind(message.log_tokens)
+            logs.unbind(tokens)
+
+
+def step_started(
+    *, run_id: str, workflow: str, seq: int, step: str, kind: str, attempt: int
+) -> None:
+    """The runtime is about to run `step` (its attempt is known, a claim taken if it needs one)."""
+    message = _message.get()
+    if message is None or message.started is not None:
+        return  # outside a worker's message (a test calling the runtime), or already started
+    message.started = time.perf_counter()
+    message.workflow, message.step, message.kind = workflow, step, str(kind)
+    message.key = idempotency_key(run_id, seq)
+    message.log_tokens = logs.bind(
+        workflow=workflow,
+        step=step,
+        attempt=attempt,
+        idempotency_key=message.key,
+        owner=leases.owner_token() or f"{settings.AGENTFLOW_HOSTNAME}/{os.getpid()}",
+    )
+    if tracing.enabled():
+        parent = message.parent or _stored_context(run_id)
+        message.span = tracing.StepSpan(
+            run_id,
+            step,
+            parent,
+            workflow=workflow,
+            seq=seq,
+            attempt=attempt,
+            kind=str(kind),
+            idempotency_key=message.key,
+        )
+
+
+def _stored_context(run_id: str) -> Any:
+    from agentflow.store.traces import trace_parent_read
+
+    return tracing.context_from(trace_parent_read(run_id))
+
+
+def _step_finished(message: _Message, error: BaseException | None) -> None:
+    if message.started is None:
+        return
+    seconds = time.perf_counter() - message.started
+    metrics.STEP_SECONDS.labels(message.workflow, message.step, message.kind).observe(seconds)
+    if message.span is not None:
+        message.span.end(error)
+    # An attempt that went to plan is on the histogram and in the admin; its line is DEBUG
+    # (a log line costs a step more than all the rest of this). Retries, takeovers, reconciles
+    # and slow attempts are news: INFO.
+    notable = message.events or error is not None or seconds >= SLOW_STEP_SECONDS
+    level = logging.INFO if notable else logging.DEBUG
+    if logger.isEnabledFor(level):
+        logger.log(
+            level,
+            "step %s took %.1f ms%s",
+            message.step,
+            seconds * 1000,
+            f" ({', '.join(message.events)})" if message.events else "",
+            extra={"duration_ms": round(seconds * 1000, 3), **_if_any(events=message.events)},
+        )
+
+
+def _if_any(**fields: Any) -> dict[str, Any]:
+    return {key: value for key, value in fields.items() if value}
+
+
+# --- runs -----------------------------------------------------------------------------------
+def run_started(run_id: str, workflow: str) -> None:
+    """A new run exists (in the caller's transaction): count and log it once that commits, and
+    keep its trace context on the row if tracing is on."""
+    if tracing.enabled():
+        from agentflow.store.traces import trace_parent_record
+
+        trace_parent_record(run_id, tracing.run_started(run_id, workflow))
+
+    def committed() -> None:
+        metrics.RUNS_STARTED.labels(workflow).inc()
+        with logs.bound(run_id=run_id, workflow=workflow):
+            run_logger.info("run %s of %s started", run_id, workflow)
+
+    transaction.on_commit(committed)
+
+
+def run_finished(run_id: str, workflow: str, status: str) -> None:
+    """The store moved a run to COMPLETED, FAILED or CANCELLED in the current transaction."""
+
+    def committed() -> None:
+        metrics.RUNS_FINISHED.labels(workflow, str(status)).inc()
+        with logs.bound(run_id=run_id, workflow=workflow):
+            run_logger.info("run %s %s", run_id, str(status).lower())
+
+    transaction.on_commit(committed)
+
+
+def event_recorded(run_id: str, kind: str) -> None:
+    """`store.event_add` wrote an event (in the current transaction)."""
+    kind = str(kind)
+    message = _message.get()
+    if message is not None and message.run_id == run_id:
+        message.events.append(kind)
+        if message.span is not None:
+            message.span.event(kind, failed=kind in _FAILED_ATTEMPT)
+    transaction.on_commit(lambda: metrics.RUN_EVENTS.labels(kind).inc())
+
+
+# --- the sweeper ----------------------------------------------------------------------------
+def sweep_finished(*, requeued: list[str], parked: list[str], query_ms: float) -> None:
+    """One sweeper pass ended. Quiet when it found nothing; otherwise one INFO line saying how
+    many runs and which."""
+    metrics.SWEEPS.inc()
+    if requeued:
+        metrics.SWEEP_REQUEUED.inc(len(requeued))
+    if not (requeued or parked):
+        return
+    shown = ", ".join(requeued[:SWEEP_IDS_SHOWN])
+    more = f" and {len(requeued) - SWEEP_IDS_SHOWN} more" if len(requeued) > SWEEP_IDS_SHOWN else ""
+    sweep_logger.info(
+        "sweep re-published %d run(s)%s%s; parked %d; query %.1f ms",
+        len(requeued),
+        f": {shown}" if requeued else "",
+        more,
+        len(parked),
+        query_ms,
+        extra={
+            "query_ms": round(query_ms, 3),
+            **_if_any(run_ids=requeued, parked_run_ids=parked),
+        },
+    )
+
+
+@beat_init.connect
+def _beat_started(**kwargs: Any) -> None:
+    """Beat's one line: everything else it does (a sweep tick every interval) is silent. The
+    embedded beat of `worker -B` is a process of its own too: its lines say beat."""
+    logs.set_process_kind("beat")
+    logging.getLogger("agentflow.beat").info(
+        "beat started: the recovery sweeper is due every %d s", settings.AGENTFLOW_SWEEP_INTERVAL
+    )
+
+
+@worker_process_init.connect
+def _fold_the_dead(**kwargs: Any) -> None:
+    """A new pool child usually replaces one that died: fold the dead one's metric file now,
+    on its own host (the web, elsewhere, cannot tell whether this host's processes live)."""
+    try:
+        metric_files.fold_dead()
+    except OSError:
+        logger.warning("could not fold dead processes' metric files", exc_info=True)
+
+
+# --- partner calls --------------------------------------------------------------------------
+@contextmanager
+def partner_call(partner: str, operation: str) -> Iterator[None]:
+    """Around one call to a partner: a client span carrying the step's run id, step and
+    idempotency key, and the error count by partner and kind when it raises."""
+    message = _message.get()
+    attrs: dict[str, Any] = {}
+    if message is not None and message.span is not None:
+        attrs = {"run_id": message.run_id, "step": message.step, "idempotency_key": message.key}
+    with tracing.partner_span(partner, operation, **attrs):
+        try:
+            yield
+        except RetryableStepError:
+            metrics.PARTNER_ERRORS.labels(partner, "retryable").inc()
+            raise
+        except PermanentStepError:
+            metrics.PARTNER_ERRORS.labels(partner, "permanent").inc()
+            raise
+        except Exception:
+            metrics.PARTNER_ERRORS.labels(partner, "unexpected").inc()
+            raise

@@ -1,0 +1,228 @@
+"""OpenTelemetry traces: one trace per run, from the request that started it through every step.
+
+Off unless OTEL_EXPORTER_OTLP_ENDPOINT is set (then spans go there over OTLP/HTTP): with no
+tracer installed, `enabled` is False and every hook returns at its first line, so tracing costs
+a step nothing when it is off.
+
+How a run stays in one trace:
+- the run's first context (the form POST's span, or a root span when a script starts it) is
+  kept on the run row (`trace_parent`, W3C traceparent), written only when tracing is on;
+- each step message carries its publisher's context in the message headers (Celery's
+  `before_task_publish`, which `dispatch` fires too), so a step's span is the child of the step
+  that published it: the POST, then step 1, step 2, ... each parent-linked;
+- a message published outside the run's trace (the sweeper's re-publish, an operator's retry
+  from the admin) carries none, and the worker parents the step on the stored context instead.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from celery.signals import before_task_publish
+from django.conf import settings
+from django.core.exceptions import MiddlewareNotUsed
+from django.http import HttpRequest, HttpResponse
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+ATTRIBUTE_PREFIX = "agentflow."
+_propagator = TraceContextTextMapPropagator()
+_state: dict[str, Any] = {"tracer": None, "provider": None}
+#: The runs whose traces the current code works in, and the context each hands on to its step
+#: messages: set by the step span in a worker and by `run_started` in the request that created
+#: the run. Copied on write, so a reset token restores the previous mapping. None outside a
+#: request or a step: a script starting runs keeps nothing (its messages then carry no context
+#: and the worker uses the stored one).
+_run_traces: contextvars.ContextVar[Mapping[str, otel_context.Context] | None] = (
+    contextvars.ContextVar("agentflow_run_traces", default=None)
+)
+
+
+def enabled() -> bool:
+    return _state["tracer"] is not None
+
+
+def configure(exporter: SpanExporter | None = None) -> None:
+    """Install the tracer: with `exporter` (tests: the SDK's in-memory one) spans are handed
+    over as they end; otherwise, when OTEL_EXPORTER_OTLP_ENDPOINT is set, they are batched to
+    it. Neither: nothing is installed."""
+    if exporter is None:
+        if not settings.OTEL_EXPORTER_OTLP_ENDPOINT:
+            return
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        processor: Any = BatchSpanProcessor(OTLPSpanExporter())
+    else:
+        processor = SimpleSpanProcessor(exporter)
+    from agentflow.logs import process_kind
+
+    # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, when set, win over these defaults.
+    resource = Resource.create({"service.name": "agentflow", "process.kind": process_kind()})
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(processor)
+    _state.update(provider=provider, tracer=provider.get_tracer("agentflow"))
+    before_task_publish.connect(_inject_into_step_message, weak=False)
+
+
+def shutdown() -> None:
+    """Flush and uninstall (tests; processes flush at exit on their own)."""
+    provider = _state["provider"]
+    if provider is not None:
+        provider.shutdown()
+    _state.update(provider=None, tracer=None)
+    before_task_publish.disconnect(_inject_into_step_message)
+
+
+def _tracer() -> trace.Tracer:
+    return _state["tracer"]
+
+
+def attributes(**values: Any) -> dict[str, Any]:
+    """`agentflow.`-prefixed span attributes, without the empty ones."""
+    return {ATTRIBUTE_PREFIX + key: value for key, value in values.items() if value is not None}
+
+
+def traceparent(span_context: otel_context.Context | None = None) -> str:
+    """The W3C traceparent of a context (default: the current one), or "" if it has no span."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=span_context)
+    return carrier.get("traceparent", "")
+
+
+def context_from(traceparent_value: str | None) -> otel_context.Context | None:
+    if not traceparent_value:
+        return None
+    found = _propagator.extract({"traceparent": traceparent_value})
+    return found if trace.get_current_span(found).get_span_context().is_valid else None
+
+
+# --- the run's first span ---------------------------------------------------------------------
+def run_started(run_id: str, workflow: str) -> str:
+    """Tag the current span (the form POST) with the run, or open a root span for a run started
+    outside any; returns the context the run's steps hang under (its traceparent)."""
+    current = trace.get_current_span()
+    if current.is_recording() and not _run_traces.get():
+        current.set_attributes(attributes(run_id=run_id, workflow=workflow))
+        parent = otel_context.get_current()
+    else:  # a script, or a step of another run: a span of its own (a child if there is a parent)
+        root = _tracer().start_span(
+            f"run {workflow}", kind=SpanKind.PRODUCER, attributes=attributes(run_id=run_id)
+        )
+        root.end()
+        parent = trace.set_span_in_context(root)
+    scope = _run_traces.get()
+    if scope is not None:
+        _run_traces.set({**scope, run_id: parent})
+    return traceparent(parent)
+
+
+# --- step messages ----------------------------------------------------------------------------
+def _inject_into_step_message(
+    sender: str | None = None,
+    body: Any = None,
+    headers: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> None:
+    """before_task_publish: a step message of the run we are tracing carries our context."""
+    from agentflow.dispatch import RUN_STEP_TASK
+
+    if sender != RUN_STEP_TASK or headers is None:
+        return
+    args = body[0] if isinstance(body, list | tuple) and body else None
+    found = (_run_traces.get() or {}).get(args[0]) if args else None
+    if found is None:
+        return  # not in this run's trace: the worker parents the step on the stored context
+    _propagator.inject(headers, context=found)
+
+
+def message_context(request: Any) -> otel_context.Context | None:
+    """The context a step message carried (Celery puts message headers on the request)."""
+    value = getattr(request, "traceparent", None)
+    if value is None and isinstance(getattr(request, "headers", None), Mapping):
+        value = request.headers.get("traceparent")
+    return context_from(value)
+
+
+class StepSpan:
+    """The span of one step attempt, current (so its publishes and partner calls are its
+    children) from `start` until `end`."""
+
+    def __init__(self, run_id: str, name: str, parent: otel_context.Context | None, **attrs: Any):
+        self.span: Span = _tracer().start_span(
+            f"step {name}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes=attributes(run_id=run_id, step=name, **attrs),
+        )
+        here = trace.set_span_in_context(self.span)
+        self._token = otel_context.attach(here)
+        self._run_token = _run_traces.set({**(_run_traces.get() or {}), run_id: here})
+
+    def event(self, name: str, *, failed: bool = False) -> None:
+        self.span.add_event(name)
+        if failed:
+            self.span.set_status(Status(StatusCode.ERROR, name))
+
+    def end(self, error: BaseException | None = None) -> None:
+        if error is not None:
+            self.span.record_exception(error)
+            self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+        _run_traces.reset(self._run_token)
+        otel_context.detach(self._token)
+        self.span.end()
+
+
+@contextmanager
+def partner_span(partner: str, operation: str, **attrs: Any) -> Iterator[Span | None]:
+    """A client span around one partner call (None when tracing is off)."""
+    if not enabled():
+        yield None
+        return
+    with _tracer().start_as_current_span(
+        f"{partner} {operation}",
+        kind=SpanKind.CLIENT,
+        attributes=attributes(partner=partner, operation=operation, **attrs),
+    ) as span:
+        yield span
+
+
+# --- web requests -----------------------------------------------------------------------------
+class RequestSpanMiddleware:
+    """A server span per request (named by method and route), so a run's trace starts at the
+    form POST. Removed from the chain at start-up when tracing is off."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        if not enabled():
+            raise MiddlewareNotUsed
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        run_token = _run_traces.set({})  # nothing carries over between requests on a thread
+        try:
+            with _tracer().start_as_current_span(
+                f"{request.method} {request.path}",
+                kind=SpanKind.SERVER,
+                attributes={"http.request.method": request.method, "url.path": request.path},
+            ) as span:
+                response = self.get_response(request)
+                span.set_attribute("http.response.status_code", response.status_code)
+                match = getattr(request, "resolver_match", None)
+                if match is not None and match.route:
+                    span.update_name(f"{request.method} /{match.route}")
+                if response.status_code >= 500:
+                    span.set_status(Status(StatusCode.ERROR))
+                return response
+        finally:
+            _run_traces.reset(run_token)
