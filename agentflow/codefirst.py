@@ -181,6 +181,8 @@ class Diverged(BaseException):
 @dataclass(frozen=True, kw_only=True)
 class Finished:
     output: Any
+    #: The recorded tokens of the turns this last replay handed back.
+    tokens_saved: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -438,7 +440,9 @@ def replay(
     pending = ctx._recorded.get(seq)
     if pending is not None:  # it returned without making the call recorded (in flight) at `seq`
         return Divergent(divergence=_extra(Fingerprint.from_json(pending.arguments)))
-    return Finished(output=to_json(result, f"the result of {workflow.name}"))
+    return Finished(
+        output=to_json(result, f"the result of {workflow.name}"), tokens_saved=ctx._tokens
+    )
 
 
 def _check(recorded: Any, now: Fingerprint) -> None:

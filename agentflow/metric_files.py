@@ -79,6 +79,19 @@ def process_identifier() -> str:
 def install() -> None:
     """Name this process's files by `process_identifier` (before any metric is created)."""
     values.ValueClass = values.MultiProcessValue(process_identifier=process_identifier)
+    MmapedDict.close = _close_inherited  # type: ignore[method-assign]
+
+
+_close = MmapedDict.close
+
+
+def _close_inherited(self: MmapedDict) -> None:
+    """After a fork prometheus_client closes the parent's files before opening the child's.
+    Celery starts beat's process (`worker -B`) closing every inherited descriptor first, so
+    that close meets a descriptor that is gone (or is something else now): nothing is left to
+    close, and the child's own files open as usual."""
+    with suppress(OSError, ValueError):
+        _close(self)
 
 
 def directory() -> Path:

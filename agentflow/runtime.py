@@ -190,6 +190,9 @@ def _next_call(
     except Exception as exc:  # a bug in the run's function: fail readably, do not loop
         logger.exception("%s: the function of %s raised", run.id, workflow.name)
         outcome = codefirst.Failed(reason=f"unexpected {type(exc).__name__}: {exc}")
+    saved = getattr(outcome, "tokens_saved", 0)
+    if saved:
+        telemetry.model_tokens(workflow=workflow, saved=saved)
     if isinstance(outcome, codefirst.NextCall):
         logger.info(
             "%s position %d %s: replayed %d calls from checkpoints (%d model turns, %d tokens "
@@ -334,6 +337,8 @@ class _Attempt:
                 logger.warning(
                     "%s step %s: fenced out, result discarded", self.ctx.run_id, self.seq
                 )
+            elif self.step.kind == StepKind.LLM and isinstance(self.workflow, CodeWorkflow):
+                telemetry.model_tokens(workflow=self.workflow, spent=_tokens_of(output))
             return
 
     def _window(self) -> float | None:
@@ -464,6 +469,13 @@ class _Attempt:
             claimed=True,
             data={"attempt": self.claim.attempt, "fence": self.claim.fence, "error": error},
         )
+
+
+def _tokens_of(output: Any) -> int:
+    """A recorded model turn's total tokens (0 for anything else)."""
+    usage = output.get("usage") if isinstance(output, dict) else None
+    total = usage.get("total_tokens") if isinstance(usage, dict) else None
+    return total if isinstance(total, int) and total > 0 else 0
 
 
 def _describe(exc: BaseException) -> str:

@@ -15,7 +15,6 @@ from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
-from kombu import Queue
 
 from agentflow import deployment, logs
 from agentflow.env import env_bool, env_float, env_int, env_list, env_str
@@ -201,10 +200,8 @@ else:
         "unacked_restore_interval": 10,
         "unacked_restore_throttle": 1,
     }
-# The sweeper gets its own queue: behind a backlog of steps its short-lived ticks would expire
-# unseen, exactly when a broker restart or a dead worker needs it. Workers consume both.
-CELERY_TASK_QUEUES = (Queue("celery"), Queue("agentflow.sweeper"))
-CELERY_TASK_ROUTES = {"agentflow.sweep": {"queue": "agentflow.sweeper"}}
+# Beat runs the recovery sweeper itself (agentflow.beat), so no sweep ever queues behind steps.
+CELERY_BEAT_SCHEDULER = "agentflow.beat:Scheduler"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- Engine -----------------------------------------------------------------------------------

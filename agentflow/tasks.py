@@ -1,5 +1,5 @@
-"""Thin Celery tasks: take ids, call one function. The beat schedules (sweeper, retention)
-live here."""
+"""Thin Celery tasks: take ids, call one function. The retention schedule lives here; the
+recovery sweeper runs inside beat itself (agentflow.beat)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from celery.signals import worker_ready
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from agentflow import dispatch, recovery, runtime, store, telemetry
+from agentflow import dispatch, runtime, store, telemetry
 from agentflow.celery import app
 
 logger = logging.getLogger(__name__)
@@ -43,12 +43,6 @@ def run_step_task(self: Any, run_id: str, seq: int, fresh: dispatch.Fresh | None
             runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
 
 
-@shared_task(name="agentflow.sweep", acks_late=False)
-def sweep_task() -> None:
-    # Early ack: a lost sweep is replaced by the next tick, and a redelivered one is pointless.
-    recovery.sweep()
-
-
 @shared_task(name="agentflow.purge", acks_late=False)
 def purge_task() -> None:
     # Early ack: a lost tick is made up by the next one; a repeated one finds less to delete.
@@ -75,15 +69,6 @@ def _notice_dead_pool_children_quickly(sender: Any, **kwargs: Any) -> None:
     hub = getattr(getattr(sender, "controller", None), "hub", None)
     if pool is not None and hub is not None and hasattr(pool, "maintain_pool"):
         hub.call_repeatedly(0.5, pool.maintain_pool)
-
-
-@app.on_after_finalize.connect
-def _schedule_sweeper(sender: Any, **kwargs: Any) -> None:
-    interval = settings.AGENTFLOW_SWEEP_INTERVAL
-    # Expire unsent ticks so a backlog of sweeps does not pile up while workers are down.
-    sender.add_periodic_task(
-        float(interval), sweep_task.s(), name="agentflow-sweeper", expires=interval * 0.9
-    )
 
 
 @app.on_after_finalize.connect

@@ -187,6 +187,16 @@ def event_recorded(run_id: str, kind: str) -> None:
     transaction.on_commit(lambda: metrics.RUN_EVENTS.labels(kind).inc())
 
 
+# --- agent mode -----------------------------------------------------------------------------
+def model_tokens(*, workflow: Any, spent: int = 0, saved: int = 0) -> None:
+    """A code-first run's model tokens: `spent` on a turn just asked, `saved` on the turns a
+    replay handed back from checkpoints instead of asking again."""
+    model = getattr(getattr(workflow, "model", None), "model", "") or "unknown"
+    if settings.AGENTFLOW_LLM_BASE_URL:
+        model = settings.AGENTFLOW_LLM_MODEL or model
+    metrics.model_tokens(workflow=workflow.name, model=model, spent=spent, saved=saved)
+
+
 # --- the sweeper ----------------------------------------------------------------------------
 def sweep_finished(*, requeued: list[str], parked: list[str], query_ms: float) -> None:
     """One sweeper pass ended. Quiet when it found nothing; otherwise one INFO line saying how

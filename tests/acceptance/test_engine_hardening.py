@@ -81,7 +81,7 @@ def test_aba__owner_paused_since_attempt_1__wakes_after_an_operator_retry_and_ch
 
 # --- the database's clock (finding 3) -----------------------------------------------------------
 def test_clock__a_sweeper_running_5_s_ahead__wakes_a_retry_on_time_never_early(
-    workers: Workers,
+    workers: Workers, broker: Any
 ) -> None:
     """The sweeper used to decide due-ness with its own clock: 5 s ahead (with a 3 s grace),
     it re-published the waiting run before its retry time, the worker dropped it as an early
@@ -95,10 +95,11 @@ def test_clock__a_sweeper_running_5_s_ahead__wakes_a_retry_on_time_never_early(
         what="the first attempt to fail",
     )
     assert failed.retry_at is not None
-    steps.kill()  # its back-off message dies with it: only the sweeper can wake the run now
+    steps.kill()  # its back-off message dies with it (if it had taken it) ...
+    broker.client().flushall()  # ... or with the broker: only the sweeper can wake the run now
     workers.start(queues="celery", AGENTFLOW_LEASE_SECONDS="3")
-    sweeper = workers.start(
-        queues="agentflow.sweeper",
+    sweeper = workers.start(  # its embedded beat sweeps, in a process whose clock runs ahead
+        queues="no-steps-here",
         beat=True,
         AGENTFLOW_LEASE_SECONDS="3",
         AGENTFLOW_SWEEP_INTERVAL="1",

@@ -307,17 +307,16 @@ def test_logs__json_lines_of_web_worker_and_beat_carry_the_refunds_run_id(
     assert (retry["step"], retry["attempt"], retry["level"]) == ("update_crm", 1, "info")
     assert retry["events"] == ["attempt_failed"]
 
-    # The beat-driven sweeper brought the lost step back, and said which run.
+    # Beat's sweeper brought the lost step back, in beat's own process, and said which run.
+    beat_lines = json_lines(beat.log_path)
+    assert {line["process"] for line in beat_lines} == {"beat"}, beat_lines
     sweeps = [
         line
-        for line in json_lines(worker.log_path)
+        for line in beat_lines
         if line["logger"] == "agentflow.recovery" and run_id in line.get("run_ids", [])
     ]
     assert sweeps and run_id in sweeps[0]["event"]
     assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SWEEP_REQUEUE).exists()
-    # Beat itself only schedules the sweep (a worker runs it): its start line says so.
-    beat_lines = json_lines(beat.log_path)
-    assert {line["process"] for line in beat_lines} == {"beat"}, beat_lines
     assert [line["logger"] for line in beat_lines].count("agentflow.beat") == 1, beat_lines
 
 

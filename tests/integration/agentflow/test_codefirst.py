@@ -4,6 +4,7 @@ new step per task, memo by position and arguments, divergence, failure and compe
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -197,3 +198,27 @@ def test_fork__then_failing__undoes_the_superseded_effects_the_new_branch_did_no
         undo.idempotency_key: 1,
         StepCheckpoint.objects.get(run_id=run_id, name="tell").idempotency_key: 1,
     }
+
+
+def test_agent__tokens_spent_on_each_turn_and_saved_by_every_replay_are_counted(
+    drive: Callable[[str], WorkflowRun], client: Any
+) -> None:
+    from tests.integration.agentflow.test_ops_views import scrape, value
+
+    labels = {"workflow": workflows.agent.name, "model": "scripted-shopper"}
+    spent, saved = "agentflow_model_tokens_spent_total", "agentflow_model_tokens_saved_total"
+    before = scrape(client)
+    run_id = durable.start(workflows.agent.name)
+
+    assert drive(run_id).status == RunStatus.COMPLETED
+    after = scrape(client)
+
+    turns = {
+        cp.seq: cp.output["usage"]["total_tokens"]
+        for cp in StepCheckpoint.objects.filter(run_id=run_id, name="llm")
+    }
+    assert value(after, spent, **labels) - value(before, spent, **labels) == sum(turns.values())
+    # Every later task (positions 2..6 and the one that found the answer) replays each turn
+    # before it: a turn at position p is handed back 6 - p + 1 times.
+    expected = sum(tokens * (6 - seq + 1) for seq, tokens in turns.items())
+    assert value(after, saved, **labels) - value(before, saved, **labels) == expected
