@@ -76,16 +76,21 @@ def worker_kill_recovery(*, samples: int) -> Recovery:
 
 
 def _held_by(doomed: WorkerProcess, survivor: WorkerProcess) -> str:
-    """A held run whose step runs in `doomed` (those that `survivor` took are released)."""
-    for _ in range(20):
-        run_id = durable.start(workload.HOLD)
-        owner = _holding_pid(run_id)
-        if owner in doomed.children():
-            return run_id
-        workload.redis_client().set(workload.release_key(run_id), 1)
-        _completed_at(run_id)
-        wait_until(lambda: survivor.alive() or None, timeout=5, what=lambda: "the survivor")
-    raise BenchError("no held run landed on the worker to kill in 20 tries")
+    """A held run whose step runs in `doomed`. Two held runs, one after the other: each worker
+    runs one process and takes one message at a time (prefetch 1, late acks), so the second
+    run goes to whichever worker the first did not. The one on `survivor` is released."""
+    first = durable.start(workload.HOLD)
+    first_owner = _holding_pid(first)
+    second = durable.start(workload.HOLD)
+    second_owner = _holding_pid(second)
+    by_owner = {first_owner: first, second_owner: second}
+    target = next((run for pid, run in by_owner.items() if pid in doomed.children()), None)
+    for run in by_owner.values():
+        if run != target:
+            workload.redis_client().set(workload.release_key(run), 1)
+    if target is None or not any(pid in survivor.children() for pid in by_owner):
+        raise BenchError("the two held runs did not land one on each worker")
+    return target
 
 
 def bound_seconds() -> float:
