@@ -156,10 +156,13 @@ class PaymentGateway:
         """The refund made under `key` for this payment, if any: Stripe's refund list is
         consistent (a refund shows the moment it exists), so an absence is an answer."""
         with partner_call("stripe", "refund lookup"), _stripe_errors("refund lookup"):
-            found = self._client.v1.refunds.list({"payment_intent": payment_intent_id})
-        for refund in found.data:
-            if (refund.metadata or {}).get("idempotency_key") == key:
-                return _refund(refund, payment_intent_id)
+            found = self._client.v1.refunds.list(
+                {"payment_intent": payment_intent_id, "limit": 100}
+            )
+            for refund in found.auto_paging_iter():
+                metadata = refund.metadata.to_dict() if refund.metadata else {}
+                if metadata.get("idempotency_key") == key:
+                    return _refund(refund, payment_intent_id)
         return None
 
     def refund(

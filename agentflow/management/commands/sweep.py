@@ -1,4 +1,4 @@
-"""`manage.py sweep`: one recovery pass, the same as the beat task runs."""
+"""`manage.py sweep`: one recovery pass, the same pass celery beat runs every tick."""
 
 from __future__ import annotations
 
