@@ -196,6 +196,17 @@ def test_refund__replay_with_same_key_refunds_once(stripe_gw, clean_sandbox) -> 
     )
 
 
+def test_find_refund_by_key__finds_the_refund_made_under_the_key(stripe_gw) -> None:
+    payment = charge(stripe_gw)
+    made = stripe_gw.refund(
+        payment_intent_id=payment.id, amount_cents=1000, key=key(11), workflow_id=WF
+    )
+    stripe_gw.refund(payment_intent_id=payment.id, amount_cents=500, key=key(12), workflow_id=WF)
+
+    assert stripe_gw.find_refund_by_key(payment_intent_id=payment.id, key=key(11)) == made
+    assert stripe_gw.find_refund_by_key(payment_intent_id=payment.id, key=key(99)) is None
+
+
 # --- airline --------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("reference", "fare_class", "payment_method"),
@@ -269,6 +280,23 @@ def test_boarding_pass__replay_with_same_key_issues_once(airline, clean_sandbox)
     assert (entry["id"], entry["idempotency_key"]) == (first.boarding_pass_id, key(8))
 
 
+def test_find_seat_cancellation__finds_the_cancellation_made_under_the_key(airline) -> None:
+    made = airline.cancel_seat("ABC123", key=key(6), workflow_id=WF)
+    airline.cancel_seat("XYZ789", key=key(6, "wf_other"), workflow_id="wf_other")
+
+    assert airline.find_seat_cancellation(key=key(6)) == made
+    assert airline.find_seat_cancellation(key=key(99)) is None
+
+
+def test_find_boarding_pass__finds_the_pass_issued_under_the_key(airline) -> None:
+    made = airline.issue_boarding_pass(
+        "ABC123", flight="SK1240", date="2027-03-16", key=key(8), workflow_id=WF
+    )
+
+    assert airline.find_boarding_pass(key=key(8)) == made
+    assert airline.find_boarding_pass(key=key(99)) is None
+
+
 def test_boarding_pass__server_error_storm_is_retryable(airline, clean_sandbox) -> None:
     clean_sandbox.set_fault(endpoint="airline.boarding_pass", error_rate=1.0, error_status=500)
     with pytest.raises(RetryableStepError, match="HTTP 500"):
@@ -286,6 +314,20 @@ def test_crm_update__replay_with_same_key_records_once(clean_sandbox) -> None:
     assert crm.update(**update, key=key(9), workflow_id=WF) == first
     [entry] = clean_sandbox.ledger(workflow_id=WF)["crm_updates"]
     assert (entry["id"], entry["idempotency_key"], entry["note"]) == (first, key(9), "Rebooked")
+
+
+def test_crm_find_update__finds_the_update_recorded_under_the_key(clean_sandbox) -> None:
+    crm = CrmGateway(clean_sandbox.url)
+    made = crm.update(
+        customer_email="ada@example.com",
+        reference="ABC123",
+        note="Rebooked",
+        key=key(9),
+        workflow_id=WF,
+    )
+
+    assert crm.find_update(key=key(9)) == made
+    assert crm.find_update(key=key(99)) is None
 
 
 # --- email ----------------------------------------------------------------------------------
