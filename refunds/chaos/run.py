@@ -23,6 +23,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import DatabaseError, connections
 from django.test.utils import override_settings
+from django.utils import timezone
 
 from agentflow import durable
 from agentflow.models import WorkflowRun
@@ -33,6 +34,7 @@ from refunds.chaos import report, traffic
 from refunds.chaos.kills import Monkey, WorkerPool
 from refunds.chaos.processes import Beat, RedisBroker, Sandbox, publishing_to
 from refunds.models import RefundRequest
+from refunds.services import RESUBMIT_WINDOW
 
 #: Modest partner trouble on every endpoint; `drop_rate` applies the effect and then hangs up,
 #: the "charged, but the answer never came back" case. Retries must converge through all of it.
@@ -106,10 +108,12 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
     if not config.postgres_restarts:
         _refuse_leftovers()
     seed = config.seed if config.seed is not None else random.randrange(2**31)
+    customers = traffic.customers(random.Random(f"{seed}-traffic"), config.refunds)
+    if not config.postgres_restarts:
+        _refuse_repeated_words(customers, seed)
     workdir = Path(settings.VAR_DIR) / "chaos" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     workdir.mkdir(parents=True)
     progress(f"chaos: seed {seed}, logs in {workdir}")
-    customers = traffic.customers(random.Random(f"{seed}-traffic"), config.refunds)
     doubles = _double_submits(random.Random(f"{seed}-doubles"), config)
     submissions: list[traffic.Submission] = []
     planned = _planned_kills(config)
@@ -205,6 +209,26 @@ def _refuse_leftovers() -> None:
             "another user of it). Chaos workers would resume them against the chaos sandbox and "
             "mix their effects into the report: finish or cancel them (admin), or use a "
             "database of its own."
+        )
+
+
+def _refuse_repeated_words(customers: list[traffic.Customer], seed: int) -> None:
+    """A seed makes the same customers with the same words; sent again within the form's
+    resubmit window, the form (rightly) answers with the earlier request, and this run would
+    have nothing of its own to judge."""
+    since = timezone.now() - RESUBMIT_WINDOW
+    repeated = RefundRequest.objects.filter(
+        created_at__gt=since,
+        booking_reference__in=[c.booking_reference for c in customers],
+        message__in=[c.message for c in customers],
+    ).count()
+    if repeated:
+        minutes = int(RESUBMIT_WINDOW.total_seconds() // 60)
+        raise ChaosError(
+            f"seed {seed}'s customers sent these same words less than {minutes} minutes ago "
+            f"({repeated} requests in this database). The form treats the same words within "
+            f"{minutes} minutes as the same request, so this run would make no refunds of its "
+            "own: use another --seed, wait, or a database of its own."
         )
 
 

@@ -118,6 +118,7 @@ def submit(customer: Customer, *, double: str = "") -> Submission:
         "last_name": customer.last_name,
         "message": customer.message,
     }
+    earlier = patiently(lambda: set(_requests_of(customer)))  # a reused database's, or none
     if double == "concurrent":
         locations = _post_concurrently(client, data, patiently)
     else:
@@ -126,19 +127,31 @@ def submit(customer: Customer, *, double: str = "") -> Submission:
     if len(public_ids) != 1 or None in public_ids:
         return _failed(customer, f"POST answered {locations}", same=False if double else None)
     public_id = str(public_ids.pop())
-    ids = patiently(
-        lambda: dict(
-            RefundRequest.objects.filter(email=customer.email).values_list(
-                "public_id", "workflow_id"
-            )
+    if public_id in earlier:
+        return _failed(
+            customer,
+            f"the form answered with {public_id}, a request made before this run (the same "
+            "words within the resubmit window are the same request)",
+            same=False if double else None,
         )
-    )
+    ids = {
+        made: workflow_id
+        for made, workflow_id in patiently(lambda: _requests_of(customer)).items()
+        if made not in earlier
+    }
     return Submission(
         customer=customer,
         public_id=public_id,
         workflow_id=ids.get(public_id) or "",
-        same_refund=(len(ids) == 1) if double else None,
+        same_refund=(set(ids) == {public_id}) if double else None,
         database_retries=patiently.retries,
+    )
+
+
+def _requests_of(customer: Customer) -> dict[str, str | None]:
+    """The customer's refund requests: public id -> workflow id."""
+    return dict(
+        RefundRequest.objects.filter(email=customer.email).values_list("public_id", "workflow_id")
     )
 
 

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import shutil
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 
 from agentflow.models import WorkflowRun
 from agentflow.states import RunStatus, StepStatus
-from refunds.chaos import invariants
+from refunds.chaos import invariants, traffic
 from refunds.chaos.evidence import Checkpoint, Effect, Evidence
 from refunds.models import RefundRequest
 
@@ -62,6 +63,25 @@ def test_chaos__small_run_completes_every_refund_once_despite_a_child_kill() -> 
     # The rows stay as evidence: one refund per customer, double submits included.
     assert RefundRequest.objects.count() == 5
     assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_chaos__a_seed_sent_again_within_the_resubmit_window_is_refused_up_front() -> None:
+    """The form answers the same words within 15 minutes with the earlier request: a second
+    run of one seed on one database would judge no refunds of its own and look clean."""
+    if connection.vendor != "postgresql":
+        pytest.skip("chaos needs Postgres (set DATABASE_URL)")
+    (customer,) = traffic.customers(random.Random("11-traffic"), 1)
+    RefundRequest.objects.create(
+        email=customer.email,
+        booking_reference=customer.booking_reference,
+        last_name=customer.last_name,
+        message=customer.message,
+        submission_token="earlier-run",
+    )
+
+    with pytest.raises(CommandError, match=r"seed 11's customers sent these same words"):
+        call_command("chaos", "--refunds", "1", "--seed", "11", "--json", stdout=io.StringIO())
 
 
 @pytest.mark.django_db(transaction=True)
