@@ -23,4 +23,5 @@ class AgentflowConfig(AppConfig):
 
         registry.validate_all()
         faults.install_clock_offset(settings.AGENTFLOW_CLOCK_OFFSET_SECONDS)
+        faults.warn_if_crash_at_cannot_fire()
         tracing.configure()  # a no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set

@@ -9,6 +9,10 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+#: Where a step can be made to crash (SPEC §3.6): its claim committed; its partner call
+#: made, before the outcome is recorded; its completion committed, before the next message.
+CRASH_POINTS = ("after_claim", "after_effect", "after_complete")
+
 
 def enabled() -> bool:
     return os.environ.get("AGENTFLOW_FAULTS", "") in ("1", "true", "yes", "on")
@@ -31,6 +35,24 @@ def install_clock_offset(seconds: float) -> None:
 
     timezone.now = skewed_now  # type: ignore[assignment]
     logger.warning("fault injection: this process's clock runs %+.1f s off", seconds)
+
+
+def crash_at_problem(value: str) -> str | None:
+    """Why an AGENTFLOW_CRASH_AT value can never fire, or None. A misspelt point would
+    otherwise do nothing, silently, and a crash test or demo would prove nothing."""
+    if not value:
+        return None
+    step, _, point = value.rpartition(":")
+    if not step or point not in CRASH_POINTS:
+        points = ", ".join(CRASH_POINTS)
+        return f"AGENTFLOW_CRASH_AT={value!r} is not STEP:POINT with POINT one of {points}"
+    return None
+
+
+def warn_if_crash_at_cannot_fire() -> None:
+    problem = crash_at_problem(os.environ.get("AGENTFLOW_CRASH_AT", "")) if enabled() else None
+    if problem:
+        logger.error("fault injection: %s; no crash will happen", problem)
 
 
 def crash_point(step: str, point: str, attempt: int) -> None:
