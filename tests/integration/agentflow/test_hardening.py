@@ -13,7 +13,7 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from agentflow import durable, leases, runtime, store
+from agentflow import attempts, durable, leases, runtime, store
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef
 from agentflow.states import RunStatus, StepStatus
@@ -88,10 +88,10 @@ def test_retry_delay__is_always_finite_and_within_the_ceiling(settings: Any) -> 
     step = workflows.greedy.steps["charge"]
     for asked in (float("inf"), float("-inf"), float("nan"), 1e300, -1.0, None, "soon"):
         error = durable.RetryableStepError("429", retry_after_seconds=asked)  # type: ignore[arg-type]
-        delay = runtime.retry_delay(step, 1, error)
+        delay = attempts.retry_delay(step, 1, error)
         assert 0 <= delay <= 60, (asked, delay)
     asked_politely = durable.RetryableStepError("x", retry_after_seconds=42)
-    assert runtime.retry_delay(step, 1, asked_politely) == 42
+    assert attempts.retry_delay(step, 1, asked_politely) == 42
 
 
 # --- finding 9: every effect step has a key window ----------------------------------------------

@@ -1,0 +1,268 @@
+"""One claimed attempt of an effect or llm step: reconcile, call, fenced completion.
+
+The rule for effects (SPEC 3.3a): once an effect's call may have started, the step ends only
+COMPLETED (made, replayed, or found by its reconcile) or parked NEEDS_ATTENTION with "outcome
+unknown" — never FAILED — unless its reconcile proves the effect did not happen. FAILED means
+"did not happen", so a failed run undoes exactly the effects that are known to have happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
+
+from agentflow import faults, store, telemetry
+from agentflow.codefirst import CodeWorkflow
+from agentflow.context import StepContext
+from agentflow.exceptions import PermanentStepError, RetryableStepError
+from agentflow.models import RunEvent
+from agentflow.registry import StepDef, Workflow
+from agentflow.serialization import NotJSONError, to_json
+from agentflow.states import StepKind
+
+logger = logging.getLogger(__name__)
+
+#: How long a finished effect waits for a lost database before giving its result up (its
+#: lease, renewed meanwhile, still holds it; a takeover would reconcile).
+COMPLETION_RETRY_SECONDS = (0.5, 1.0, 2.0, 4.0)
+#: Errors that say "try again later under the same key": the partner's, the database's, and a
+#: soft time limit (a slow partner; the hard limit kills the process, which is a crash).
+TRANSIENT = (RetryableStepError, OperationalError, InterfaceError, SoftTimeLimitExceeded)
+
+
+class _Parked(Exception):
+    """The run was parked for an operator; nothing more to do for this message."""
+
+
+class ClaimedAttempt:
+    """One claimed attempt of an effect or llm step, from reconcile to its recorded end."""
+
+    def __init__(
+        self,
+        run: store.StepState,
+        workflow: Workflow,
+        step: StepDef,
+        seq: int,
+        claim: store.Claim,
+        ctx: StepContext,
+    ) -> None:
+        self.run_state, self.workflow, self.step, self.seq = run, workflow, step, seq
+        self.claim, self.ctx = claim, ctx
+
+    @property
+    def is_effect(self) -> bool:
+        return self.step.kind == StepKind.EFFECT
+
+    def run(self) -> None:
+        try:
+            output = self._produce()
+        except _Parked:
+            return
+        except NotJSONError as exc:
+            # The call returned, so its effect may stand: an operator decides.
+            self._park(
+                f"{self.step.name} ran but its result cannot be recorded ({exc}); check the "
+                "partner before retrying",
+                kind=RunEvent.Kind.NEEDS_ATTENTION,
+                error=str(exc),
+            )
+            return
+        except Exception as exc:
+            self._after_error(exc)
+            return
+        faults.crash_point(self.step.name, "after_effect", self.claim.attempt)
+        self._complete(output)
+
+    def _complete(self, output: Any) -> None:
+        """Record the outcome. The effect has happened and only this process knows its result,
+        so a lost database connection (a restart, a failover) is waited out for a few seconds
+        rather than dropping it: the lease is still renewed meanwhile, and the step's key keeps
+        a takeover safe if the database stays away longer."""
+        for pause in (*COMPLETION_RETRY_SECONDS, None):
+            try:
+                done = store.step_complete(
+                    self.run_state, self.workflow, self.step, self.seq, self.claim, output
+                )
+            except (OperationalError, InterfaceError):
+                if pause is None or (connection.connection is not None and connection.is_usable()):
+                    raise  # out of patience, or a lock timeout rather than a lost server
+                logger.warning(
+                    "%s step %s: the database went away before the result was recorded; "
+                    "trying again in %.1f s", self.ctx.run_id, self.seq, pause,
+                )  # fmt: skip
+                connection.close()
+                time.sleep(pause)
+                continue
+            if not done:
+                logger.warning(
+                    "%s step %s: fenced out, result discarded", self.ctx.run_id, self.seq
+                )
+            elif self.step.kind == StepKind.LLM and isinstance(self.workflow, CodeWorkflow):
+                telemetry.model_tokens(workflow=self.workflow, spent=_tokens_of(output))
+            return
+
+    def _window(self) -> float | None:
+        if not self.is_effect:
+            return None
+        window = self.step.key_window_seconds
+        return settings.AGENTFLOW_KEY_WINDOW_SECONDS if window is None else window
+
+    def _produce(self) -> Any:
+        """Reconcile an unknown outcome, apply the key-age guard, or run the step."""
+        window = self._window()
+        too_old = window is not None and self.claim.key_age_seconds > window
+        if self.claim.outcome_unknown or too_old:
+            if self.step.reconcile is None:
+                if too_old:
+                    self._park_unknown(
+                        f"its first attempt is older than the partner's idempotency window "
+                        f"({window:.0f} s) and there is no way to ask the partner what happened"
+                    )
+                    raise _Parked
+            else:
+                try:
+                    found = self.step.reconcile(self.ctx)
+                except Exception as exc:
+                    if too_old:
+                        self._park_unknown(
+                            f"its first attempt is older than the partner's idempotency window "
+                            f"({window:.0f} s) and the partner could not say whether it "
+                            f"happened ({describe(exc)})"
+                        )
+                        raise _Parked from None
+                    found = None  # inside the window the idempotency key protects the retry
+                else:
+                    if found is not None:
+                        return self._adopt(found)
+        return to_json(self.step.fn(self.ctx), f"output of step {self.step.name}")
+
+    def _adopt(self, found: Any) -> Any:
+        output = to_json(found, f"reconcile of {self.step.name}")
+        logger.info(
+            "%s step %d %s: the partner already has it; adopted, not repeated",
+            self.ctx.run_id, self.seq, self.step.name,
+        )  # fmt: skip
+        store.event_add(
+            self.ctx.run_id,
+            RunEvent.Kind.RECONCILED,
+            f"{self.step.name}: effect found at the partner; adopted, not repeated",
+            seq=self.seq,
+            data={"attempt": self.claim.attempt, "fence": self.claim.fence, "output": output},
+        )
+        return output
+
+    def _after_error(self, exc: Exception) -> None:
+        attempt = self.claim.attempt
+        if isinstance(exc, PermanentStepError):
+            # The partner refused: the effect did not happen, so the run may fail and undo.
+            self._fail(str(exc), retry_in_seconds=None)
+            return
+        if isinstance(exc, TRANSIENT):
+            message = describe(exc)
+            if not self.step.retry.exhausted(attempt):
+                self._fail(message, retry_in_seconds=retry_delay(self.step, attempt, exc))
+                return
+            reason = f"gave up after {attempt} attempts: {message}"
+        else:
+            logger.exception("%s step %s (%s) raised", self.ctx.run_id, self.seq, self.step.name)
+            reason = f"unexpected {type(exc).__name__}: {exc}"
+        if not self.is_effect:
+            self._fail(reason, retry_in_seconds=None)  # a model call changes nothing outside
+            return
+        self._resolve_unknown(reason)
+
+    def _resolve_unknown(self, reason: str) -> None:
+        """The call may have reached the partner and no answer says what it did: ask it."""
+        if self.step.reconcile is None:
+            self._park_unknown(reason)
+            return
+        try:
+            found = self.step.reconcile(self.ctx)
+        except Exception as exc:
+            self._park_unknown(f"{reason}; the partner could not say whether it happened "
+                               f"({describe(exc)})")  # fmt: skip
+            return
+        if found is None:
+            self._fail(f"{reason} (the partner confirms it did not happen)", retry_in_seconds=None)
+            return
+        try:
+            output = self._adopt(found)
+        except NotJSONError as exc:
+            self._park_unknown(f"the partner has it but it cannot be recorded ({exc})")
+            return
+        self._complete(output)
+
+    def _fail(self, error: str, *, retry_in_seconds: float | None) -> None:
+        if retry_in_seconds is None:
+            logger.warning(
+                "%s step %s (%s) failed permanently: %s",
+                self.ctx.run_id, self.seq, self.step.name, error,
+            )  # fmt: skip
+        store.step_fail(
+            self.run_state,
+            self.workflow,
+            self.step,
+            self.seq,
+            claim=self.claim,
+            seen=None,
+            error=error,
+            retry_in_seconds=retry_in_seconds,
+        )
+
+    def _park_unknown(self, reason: str) -> None:
+        self._park(
+            f"outcome unknown: {self.step.name} may or may not have taken effect: {reason}. "
+            "Retry asks the partner first and never repeats it blindly.",
+            kind=RunEvent.Kind.OUTCOME_UNKNOWN,
+            error=reason,
+        )
+
+    def _park(self, message: str, *, kind: str, error: str) -> None:
+        """Park the run, releasing our claim: the checkpoint stays IN_PROGRESS (its effect may
+        stand), so an operator's retry takes it over and asks the partner first."""
+        store.run_park(
+            self.ctx.run_id,
+            self.seq,
+            message,
+            kind=kind,
+            fence=self.claim.fence,
+            claimed=True,
+            data={"attempt": self.claim.attempt, "fence": self.claim.fence, "error": error},
+        )
+
+
+def _tokens_of(output: Any) -> int:
+    """A recorded model turn's total tokens (0 for anything else)."""
+    usage = output.get("usage") if isinstance(output, dict) else None
+    total = usage.get("total_tokens") if isinstance(usage, dict) else None
+    return total if isinstance(total, int) and total > 0 else 0
+
+
+def describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def retry_delay(step: StepDef, attempt: int, exc: BaseException) -> float:
+    """The back-off before the next attempt: the policy's, or longer if the partner asked
+    (Retry-After), never more than AGENTFLOW_MAX_BACKOFF: a partner cannot park a run for
+    years, and `inf` cannot break the arithmetic."""
+    ceiling = float(settings.AGENTFLOW_MAX_BACKOFF)
+    delay = step.retry.delay_seconds(attempt, rng=random.Random())
+    asked = getattr(exc, "retry_after_seconds", None)
+    if asked is not None:
+        try:
+            asked = float(asked)
+        except (TypeError, ValueError):
+            asked = None
+    if asked is not None and not math.isnan(asked):
+        delay = max(delay, asked)
+    if not math.isfinite(delay):
+        return ceiling
+    return min(max(delay, 0.0), ceiling)
