@@ -11,7 +11,7 @@ COPY . .
 RUN pip install --no-cache-dir --no-deps . \
  && DJANGO_DEBUG=1 python manage.py collectstatic --noinput \
  && useradd --system --user-group --uid 10001 --home-dir /app --no-create-home agentflow \
- && mkdir -p var/sandbox \
+ && mkdir -p var/sandbox var/metrics \
  && chown -R agentflow:agentflow var
 # Not root: a compromised process cannot rewrite the code or the image's Python.
 USER agentflow
