@@ -25,8 +25,11 @@ FORMATS = ("json", "text")
 #: Loggers whose INFO lines repeat for every step or every sweep tick and say nothing the
 #: engine's own lines do not: Celery's "Task ... received" / "succeeded in", beat's "Sending
 #: due task" every sweep interval, and the stripe library's two lines per request (the partner
-#: call's span and the step line say it). Their warnings and errors still show.
-_CHATTY_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "celery.beat", "stripe")
+#: call's span and the step line say it), and django-axes's "BEGIN version" at the start of
+#: every process, management commands included. Their warnings and errors still show.
+_CHATTY_LOGGERS = (
+    "celery.worker.strategy", "celery.app.trace", "celery.beat", "stripe", "axes.apps",
+)  # fmt: skip
 
 #: Fields the engine passes as `extra=` that belong in the line (others stay out of it).
 EXTRA_FIELDS = ("duration_ms", "events", "run_ids", "parked_run_ids", "query_ms")
@@ -179,3 +182,15 @@ def unbind(tokens: Tokens) -> None:
 def bound(**context: Any) -> Iterator[None]:
     with bound_contextvars(**context):
         yield
+
+
+@contextmanager
+def quieted(name: str, level: int = logging.WARNING) -> Iterator[None]:
+    """Raise one logger's level for a while (a command that would drown its own output)."""
+    logger = logging.getLogger(name)
+    previous = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)

@@ -14,7 +14,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from django.db import DatabaseError, connections
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from agentflow import durable
+from agentflow import durable, logs
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES
 from agentflow.workers import PostgresServer, current_database_url
@@ -127,7 +127,7 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
             stack.enter_context(postgres.serving_django())
             # While it is down, pages fail with a logged 500 and the customer sends again;
             # the report counts those (submission_database_retries) instead.
-            stack.enter_context(_logger_level("django.request", logging.CRITICAL))
+            stack.enter_context(logs.quieted("django.request", logging.CRITICAL))
             call_command("migrate", verbosity=0, interactive=False)
             db_url = postgres.url
         # Registered before anything that runs steps, so it runs after they stopped: unfinished
@@ -240,17 +240,6 @@ def _cancel_unfinished(submissions: list[traffic.Submission], why: str) -> None:
         with contextlib.suppress(durable.ActionRefused):
             # The operator action the admin uses; durable.py has no cancel yet.
             durable.cancel(run_id, actor="chaos", reason=f"{why} while {status} at {step}")
-
-
-@contextlib.contextmanager
-def _logger_level(name: str, level: int) -> Iterator[None]:
-    logger = logging.getLogger(name)
-    previous = logger.level
-    logger.setLevel(level)
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
 
 
 def _double_submits(rng: random.Random, config: ChaosConfig) -> dict[int, str]:

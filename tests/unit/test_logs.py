@@ -101,5 +101,11 @@ def test_config__rejects_an_unknown_format() -> None:
 
 def test_config__silences_celerys_per_task_and_per_tick_info_lines() -> None:
     loggers = logs.logging_config(format="json", level="INFO")["loggers"]
-    for name in ("celery.worker.strategy", "celery.app.trace", "celery.beat", "stripe"):
+    for name in (
+        "celery.worker.strategy",
+        "celery.app.trace",
+        "celery.beat",
+        "stripe",
+        "axes.apps",
+    ):
         assert loggers[name]["level"] == "WARNING"

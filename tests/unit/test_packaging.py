@@ -112,7 +112,6 @@ def test_compose__secrets_come_from_the_environment_and_redis_requires_a_passwor
         assert f"{passthrough}: ${{{passthrough}:-" in compose
 
 
-
 def test_compose__every_volume_the_app_writes_is_its_users() -> None:
     """The app runs as the image's user: a volume mounted where it writes must be that user's,
     or the first metric file (or the sandbox's state) fails to open. A named volume copies the
@@ -125,6 +124,7 @@ def test_compose__every_volume_the_app_writes_is_its_users() -> None:
     for directory in ("var/metrics", "var/sandbox"):
         assert directory in made.group(1).split(), f"the image must make {directory}"
     assert re.search(rf"type: tmpfs, device: tmpfs, o: \"uid={uid},gid={uid}", compose)
+
 
 # --- the lock -----------------------------------------------------------------------------------
 def pins(lock: str) -> dict[str, str]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from agentflow import logs
 from agentflow.benchmark.runner import BenchOptions, run_bench
 from agentflow.benchmark.throughput import BenchError
 
@@ -60,7 +61,9 @@ class Command(BaseCommand):
             worker_kills=options["worker_kills"],
         )
         try:
-            report = run_bench(bench, progress=lambda line: self.stderr.write(f"bench: {line}"))
+            # This process starts every run it measures: a line each would bury the progress.
+            with logs.quieted("agentflow.runs"):
+                report = run_bench(bench, progress=lambda line: self.stderr.write(f"bench: {line}"))
         except BenchError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(json.dumps(report) if options["json"] else render(report))

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from agentflow import logs
 from agentflow.workers import ProcessStartError
 from refunds.chaos.run import ChaosConfig, ChaosError, run
 
@@ -126,7 +127,9 @@ class Command(BaseCommand):
 
         previous = signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: clean up
         try:
-            report = run(config, progress=progress)
+            # Its customers start every run: a line each would bury the progress.
+            with logs.quieted("agentflow.runs"):
+                report = run(config, progress=progress)
         except (ChaosError, ProcessStartError) as exc:
             raise CommandError(str(exc)) from exc
         except KeyboardInterrupt:
