@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -70,16 +71,20 @@ class Command(BaseCommand):
 
 
 def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
+    return _whole(text, at_least=1)
 
 
 def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
+    return _whole(text, at_least=0)
+
+
+def _whole(text: str, *, at_least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = at_least - 1
+    if value < at_least:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {at_least} or more")
     return value
 
 

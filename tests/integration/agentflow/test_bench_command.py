@@ -6,7 +6,7 @@ import io
 import json
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from agentflow.benchmark import workload
 from agentflow.models import WorkflowRun
@@ -65,3 +65,9 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
         ).count()
         == 300
     )
+
+
+@pytest.mark.parametrize("args", [["--runs", "-1"], ["--runs", "0"], ["--child-kills", "x"]])
+def test_bench__a_count_that_is_not_one_says_so_before_anything_runs(args: list[str]) -> None:
+    with pytest.raises(CommandError, match=f"{args[1]!r} is not a whole number of"):
+        call_command("bench", *args)
