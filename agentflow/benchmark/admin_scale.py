@@ -24,6 +24,7 @@ from agentflow.admin.dashboard import dashboard
 from agentflow.benchmark.sweep_scale import HISTORY_ID_PREFIX, ensure_history
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import RunStatus
+from agentflow.store import synthetic
 
 PREFIX = "wf_benchadmin_"
 WORKFLOW = "bench_admin"
@@ -115,21 +116,13 @@ def _ensure_mix(progress: Callable[[str], None]) -> None:
         return
     progress("inserting failed, cancelled, parked and active runs")
     first = 1
-    with connection.cursor() as cursor:
-        for status, count, wake_at in MIX:
-            cursor.execute(
-                f"""
-                INSERT INTO {WorkflowRun._meta.db_table} (id, workflow, version, input, status,
-                    current_step, current_seq, output, error, business_key, compensations,
-                    wake_at, created_at, updated_at)
-                SELECT %s || lpad(g::text, 12, '0'), %s, 1, '{{}}'::jsonb, %s, 'step_3', 3,
-                    NULL, '', NULL, '[]'::jsonb, {wake_at or "NULL"},
-                    now() - g * interval '37 second', now() - g * interval '37 second'
-                FROM generate_series(%s, %s) AS g
-                """,
-                [PREFIX, WORKFLOW, status, first, first + count - 1],
-            )
-            first += count
+    for status, count, wake_at in MIX:
+        synthetic.runs_insert(
+            prefix=PREFIX, workflow=WORKFLOW, status=status, first=first,
+            last=first + count - 1, at_step=("step_3", 3), wake_at=wake_at or "NULL",
+            created_at="now() - g * interval '37 second'",
+        )  # fmt: skip
+        first += count
 
 
 def _ensure_events(history: int, count: int, progress: Callable[[str], None]) -> None:
@@ -138,27 +131,12 @@ def _ensure_events(history: int, count: int, progress: Callable[[str], None]) ->
     if RunEvent.objects.filter(run_id=first_run, detail="old").exists():
         return
     progress(f"inserting {count:,} old events and a last hour of activity")
-    table = RunEvent._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO {table} (run_id, at, kind, actor, detail, seq, data)
-            SELECT %s || lpad((1 + g %% %s)::text, 12, '0'), now() - interval '2 hours'
-                       - (%s - g) * interval '1 second',
-                   (ARRAY['attempt_failed', 'sweep_requeue', 'operator_retry'])[1 + g %% 3],
-                   'engine', 'old', 3, '{{}}'::jsonb
-            FROM generate_series(1, %s) AS g
-            """,
-            [HISTORY_ID_PREFIX, history, count, count],
-        )
-        cursor.execute(
-            f"""
-            INSERT INTO {table} (run_id, at, kind, actor, detail, seq, data)
-            SELECT %s || lpad((1 + g %% 500)::text, 12, '0'),
-                   now() - (3600 - g) * interval '1 second',
-                   (ARRAY['attempt_failed', 'sweep_requeue', 'takeover'])[1 + g %% 3],
-                   'engine', 'recent', 3, '{{}}'::jsonb
-            FROM generate_series(1, 3000) AS g
-            """,
-            [PREFIX],
-        )
+    synthetic.events_insert(
+        prefix=HISTORY_ID_PREFIX, runs=history, count=count,
+        at="now() - interval '2 hours' - (%(count)s - g) * interval '1 second'",
+        kinds=["attempt_failed", "sweep_requeue", "operator_retry"], detail="old",
+    )  # fmt: skip
+    synthetic.events_insert(
+        prefix=PREFIX, runs=500, count=3000, at="now() - (3600 - g) * interval '1 second'",
+        kinds=["attempt_failed", "sweep_requeue", "takeover"], detail="recent",
+    )  # fmt: skip

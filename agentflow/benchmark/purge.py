@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, connections
-from django.db.models import Model
+from django.db import connections
 from django.utils import timezone
 
 from agentflow import store
 from agentflow.benchmark import workload
 from agentflow.benchmark.throughput import BenchError, workflow_throughput
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepKind, StepStatus
+from agentflow.models import StepCheckpoint, WorkflowRun
+from agentflow.states import StepStatus
+from agentflow.store import synthetic
 
 AGED_ID_PREFIX = "wf_benchaged_"
 #: Aged runs were created from here on, one a second: long before any history run (those are
@@ -201,69 +201,15 @@ def _timed_purge(runs: int) -> PurgeRate:
 
 def insert_aged(runs: int) -> None:
     """`runs` finished runs created one second apart from AGED_FROM, each with STEPS
-    checkpoints and an event: one template written by the ORM (so every column gets its
-    model default, whatever columns are added later), cloned by SQL."""
-    template = _template()
+    checkpoints and an event: one template, cloned by SQL."""
+    template = synthetic.finished_template(
+        workflow=workload.AGED, steps=workload.STEPS, events=EVENTS_PER_RUN
+    )
     try:
         for first in range(1, runs + 1, CLONE_BATCH):
             last = min(first + CLONE_BATCH - 1, runs)
-            run_id = "%(prefix)s || lpad(g::text, 12, '0')"
-            created = "%(epoch)s::timestamptz + g * interval '1 second'"
-            params = {"prefix": AGED_ID_PREFIX, "epoch": AGED_FROM, "first": first, "last": last}
-            _clone(WorkflowRun, "id", template, {"id": run_id, "created_at": created,
-                                                 "updated_at": created}, params)  # fmt: skip
-            key = f"{run_id} || '_step_' || t.seq"
-            _clone(StepCheckpoint, "run_id", template,
-                   {"run_id": run_id, "idempotency_key": key}, params)  # fmt: skip
-            _clone(RunEvent, "run_id", template, {"run_id": run_id}, params)
+            synthetic.runs_clone(
+                template, prefix=AGED_ID_PREFIX, epoch=AGED_FROM, first=first, last=last
+            )
     finally:
         store.runs_delete(ids=[template])
-
-
-def _template() -> str:
-    now = timezone.now()
-    run = WorkflowRun.objects.create(
-        workflow=workload.AGED, version=1, status=RunStatus.COMPLETED,
-        current_step="", current_seq=workload.STEPS + 1, output={"done": True},
-    )  # fmt: skip
-    StepCheckpoint.objects.bulk_create(
-        StepCheckpoint(
-            run=run,
-            seq=seq,
-            name=f"step_{seq}",
-            kind=StepKind.READ,
-            status=StepStatus.COMPLETED,
-            idempotency_key=f"{run.id}_step_{seq}",
-            output={"step": f"step_{seq}", "seq": seq},
-            first_started_at=now,
-            started_at=now,
-            finished_at=now,
-        )
-        for seq in range(1, workload.STEPS + 1)
-    )
-    RunEvent.objects.bulk_create(
-        RunEvent(run=run, kind=RunEvent.Kind.SWEEP_REQUEUE, actor="sweeper", detail="aged")
-        for _ in range(EVENTS_PER_RUN)
-    )
-    return run.id
-
-
-def _clone(
-    model: type[Model], key: str, template: str, changed: dict[str, str], params: dict[str, Any]
-) -> None:
-    """INSERT … SELECT the template's rows of `model` once per g, with `changed` columns
-    computed; an auto-increment primary key is left to its sequence."""
-    columns = [
-        field.column
-        for field in model._meta.concrete_fields
-        if field.column in changed or not field.primary_key
-    ]
-    values = [changed.get(column, f"t.{column}") for column in columns]
-    table = model._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)} "
-            f"FROM {table} t, generate_series(%(first)s, %(last)s) g "
-            f"WHERE t.{key} = %(template)s",
-            {**params, "template": template},
-        )

@@ -16,6 +16,7 @@ from agentflow.benchmark import workload
 from agentflow.benchmark.scrape import ScrapeFigure, scrape_at_scale
 from agentflow.models import WorkflowRun
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
+from agentflow.store import synthetic
 
 #: Rows per INSERT statement: keeps each transaction and its WAL burst bounded.
 INSERT_BATCH = 250_000
@@ -23,15 +24,6 @@ HISTORY_ID_PREFIX = "wf_benchhistory_"
 STALE_ID_PREFIX = "wf_benchstale_"
 REPETITIONS = 7
 INDEX = "run_sweep_due"
-
-_INSERT = """
-INSERT INTO {table} (id, workflow, version, input, status, current_step, current_seq, output,
-                     error, business_key, compensations, wake_at, created_at, updated_at)
-SELECT %(prefix)s || lpad(g::text, 12, '0'), %(workflow)s, 1, '{{}}'::jsonb, %(status)s,
-       'step_9', 11, NULL, '', NULL, '[]'::jsonb, {wake_at}, {created_at}, {created_at}
-FROM generate_series(%(first)s, %(last)s) AS g
-ON CONFLICT (id) DO NOTHING
-"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,24 +131,13 @@ def ensure_history(count: int, *, progress: Callable[[str], None] = lambda _: No
 
 
 def _insert(prefix: str, workflow: str, status: str, first: int, last: int, *, stale: bool) -> int:
-    """Rows with ids `prefix` + zero-padded numbers; existing ids are skipped, so a partly
-    present history is completed rather than duplicated."""
     if stale:  # active: due a minute ago, as if its worker died
         wake_at = "now() - interval '1 minute' - g * interval '1 millisecond'"
         created_at = "now() - interval '1 hour'"
     else:  # finished: no wake-up time, spread over the past
         wake_at = "NULL"
         created_at = "now() - g * interval '1 second'"
-    sql = _INSERT.format(table=WorkflowRun._meta.db_table, wake_at=wake_at, created_at=created_at)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql,
-            {
-                "prefix": prefix,
-                "workflow": workflow,
-                "status": status,
-                "first": first,
-                "last": last,
-            },
-        )
-        return cursor.rowcount
+    return synthetic.runs_insert(
+        prefix=prefix, workflow=workflow, status=status, first=first, last=last,
+        at_step=("step_9", 11), wake_at=wake_at, created_at=created_at,
+    )  # fmt: skip

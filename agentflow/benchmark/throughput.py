@@ -18,6 +18,7 @@ from agentflow import durable
 from agentflow.benchmark import workload
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+from agentflow.store import synthetic
 from agentflow.workers import WorkerProcess, current_database_url
 
 T = TypeVar("T")
@@ -122,12 +123,10 @@ def naive_chain_throughput(chains: int) -> Throughput:
     does for agentflow inside its timed phase."""
 
     def links(done_key: str) -> list[Signature]:
-        run = WorkflowRun.objects.create(
-            workflow=workload.NAIVE, version=1, status=RunStatus.COMPLETED, current_seq=0
-        )
+        run_id = synthetic.yardstick_run_create(workload.NAIVE)
         last = workload.STEPS
         return [
-            workload.naive_link.si(run.pk, seq, *((done_key, chains) if seq == last else ()))
+            workload.naive_link.si(run_id, seq, *((done_key, chains) if seq == last else ()))
             for seq in range(1, last + 1)
         ]
 

@@ -8,12 +8,10 @@ from functools import cache
 
 import redis
 from celery import shared_task
-from django.utils import timezone
 
 from agentflow import durable
 from agentflow.celery import app
-from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import StepKind, StepStatus
+from agentflow.store import synthetic
 
 #: Every workflow of the benchmark has this many steps; the plain chain has as many links.
 STEPS = 10
@@ -77,19 +75,7 @@ def naive_link(run_id: str, seq: int, done_key: str | None = None, total: int = 
     """One link of a durable chain written by hand, the yardstick agentflow should not be slower
     than: two plain ORM commits per task (record the step, then advance the run), and none of
     the claim, fencing, lease, retry or recovery that make agentflow safe."""
-    now = timezone.now()
-    StepCheckpoint.objects.create(
-        run_id=run_id,
-        seq=seq,
-        name=f"step_{seq}",
-        kind=StepKind.READ,
-        status=StepStatus.COMPLETED,
-        idempotency_key=f"{run_id}_{seq}",
-        first_started_at=now,
-        started_at=now,
-        finished_at=now,
-    )
-    WorkflowRun.objects.filter(pk=run_id).update(current_seq=seq + 1, updated_at=now)
+    synthetic.yardstick_step_record(run_id, seq)
     if done_key is not None:
         _count_chain_done(done_key, total)
 
