@@ -16,23 +16,19 @@ import pytest
 
 from agentflow import durable
 from agentflow.agent import ModelRequest
-from agentflow.celery import app
 from agentflow.models import StepCheckpoint
 from agentflow.workers import WorkerProcess
-from refunds import engines, services
+from refunds import engines
 from refunds.agent.planner import plan_refund
 from refunds.agent.prompts import read_first_user_message
-from refunds.sandbox.airline import owner_of
-from tests.acceptance.test_refund_crashes import finished, partner_effects
 from tests.support.engine import stopped
 from tests.support.llm_server import LLMServer, SeenRequest, fail, planned_by, tool_calls
-from tests.support.processes import worker_database_url
+from tests.support.refunds import finished, partner_effects, refund_worker_env, submit
 from tests.support.sandbox import SandboxProcess
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-WORDS = "Hi, please move me to SK1240 on 2027-03-16. Thanks!"
 EFFECTS = ("payments", "seat_cancellations", "boarding_passes", "crm_updates", "emails")
 
 AgentWorker = Callable[..., WorkerProcess]
@@ -50,27 +46,16 @@ def agent_worker(
     started: list[WorkerProcess] = []
 
     def start(**overrides: str) -> WorkerProcess:
-        broker = app.conf.broker_write_url or app.conf.broker_url
-        env = {
-            "DATABASE_URL": worker_database_url(),
-            "CELERY_BROKER_URL": broker,
-            "REDIS_URL": broker,
-            "AGENTFLOW_VAR_DIR": str(settings.VAR_DIR),
-            "AGENTFLOW_WORKFLOW_MODULES": "",
-            "AGENTFLOW_LEASE_SECONDS": "5",
-            "AGENTFLOW_LLM_BASE_URL": llm_server.url,
-            "AGENTFLOW_LLM_MODEL": "test-model",
-            "AGENTFLOW_LLM_API_KEY": "sk-test",
-            "REFUNDS_ENGINE": "agent",
-            "SANDBOX_URL": clean_sandbox.url,
-            "SANDBOX_SMTP_PORT": str(clean_sandbox.smtp_port),
-            "STRIPE_API_BASE": clean_sandbox.url,
-            "EMAIL_HOST": "127.0.0.1",
-            "EMAIL_PORT": str(clean_sandbox.smtp_port),
-            "REFUNDS_PARTNER_MAX_ATTEMPTS": "4",
-            "REFUNDS_PARTNER_RETRY_BASE_SECONDS": "0.25",
+        env = refund_worker_env(
+            clean_sandbox,
+            AGENTFLOW_LLM_BASE_URL=llm_server.url,
+            AGENTFLOW_LLM_MODEL="test-model",
+            AGENTFLOW_LLM_API_KEY="sk-test",
+            REFUNDS_ENGINE="agent",
+            REFUNDS_PARTNER_MAX_ATTEMPTS="4",
+            REFUNDS_PARTNER_RETRY_BASE_SECONDS="0.25",
             **overrides,
-        }
+        )
         worker = WorkerProcess(concurrency=2, env=env, beat=True)
         started.append(worker)
         return worker.start(timeout=60)
@@ -80,20 +65,6 @@ def agent_worker(
     finally:
         for worker in started:
             worker.kill()
-
-
-def submit(reference: str) -> str:
-    owner = owner_of(reference)
-    request = services.refund_request_create(
-        email=owner.email,
-        booking_reference=reference,
-        last_name=owner.last_name,
-        message=WORDS,
-        submission_token=f"token-{reference}",
-        client_ip="127.0.0.1",
-    )
-    assert request.workflow_id is not None
-    return request.workflow_id
 
 
 def trajectory(run_id: str) -> list[str]:

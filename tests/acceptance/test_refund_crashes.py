@@ -9,104 +9,45 @@ and every run must end COMPLETED or FAILED with the customer told.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from django.conf import settings
-from django.db import transaction
 
 from agentflow import durable
-from agentflow.celery import app
 from agentflow.models import RunEvent
 from agentflow.workers import WorkerProcess
-from refunds.models import RefundRequest
-from refunds.sandbox.airline import owner_of
-from tests.support.processes import worker_database_url
+from tests.support.refunds import (
+    EFFECT_LISTS,
+    finished,
+    partner_effects,
+    refund_worker_env,
+    step,
+    submit,
+)
 from tests.support.sandbox import SandboxProcess
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CRASH_AT = "charge_customer:after_effect"
-EFFECT_LISTS = ("payments", "refunds", "seat_cancellations", "boarding_passes", "crm_updates")
 
 
 @pytest.fixture
 def worker(clean_sandbox: SandboxProcess, transactional_db: None) -> Iterator[WorkerProcess]:
     """One worker (two pool processes and an embedded beat) wired to the sandbox; SIGKILLed
     at teardown, before the test database is flushed."""
-    broker = app.conf.broker_write_url or app.conf.broker_url
-    env = {
-        "DATABASE_URL": worker_database_url(),
-        "CELERY_BROKER_URL": broker,
-        "REDIS_URL": broker,
-        "AGENTFLOW_VAR_DIR": str(settings.VAR_DIR),
-        "AGENTFLOW_WORKFLOW_MODULES": "",
-        "AGENTFLOW_FAULTS": "1",
-        "AGENTFLOW_CRASH_AT": CRASH_AT,
-        "AGENTFLOW_LEASE_SECONDS": "5",
-        "AGENTFLOW_SWEEP_INTERVAL": "2",
-        "SANDBOX_URL": clean_sandbox.url,
-        "SANDBOX_SMTP_PORT": str(clean_sandbox.smtp_port),
-        "STRIPE_API_BASE": clean_sandbox.url,
-        "EMAIL_HOST": "127.0.0.1",
-        "EMAIL_PORT": str(clean_sandbox.smtp_port),
-        "REFUNDS_SUBMIT_LIMIT": "0",
+    env = refund_worker_env(
+        clean_sandbox,
+        AGENTFLOW_FAULTS="1",
+        AGENTFLOW_CRASH_AT=CRASH_AT,
+        AGENTFLOW_SWEEP_INTERVAL="2",
         # Five quick attempts: a partner storm exhausts the budget in seconds, not minutes.
-        "REFUNDS_PARTNER_MAX_ATTEMPTS": "5",
-        "REFUNDS_PARTNER_RETRY_BASE_SECONDS": "0.25",
-    }
+        REFUNDS_PARTNER_MAX_ATTEMPTS="5",
+        REFUNDS_PARTNER_RETRY_BASE_SECONDS="0.25",
+    )
     process = WorkerProcess(concurrency=2, env=env, beat=True)
     try:
         yield process.start(timeout=60)
     finally:
         process.kill()
-
-
-def submit(reference: str) -> str:
-    """What the form's service does: the request row and its run, in one transaction."""
-    with transaction.atomic():
-        owner = owner_of(reference)
-        request = RefundRequest.objects.create(
-            email=owner.email,
-            last_name=owner.last_name,
-            booking_reference=reference,
-            message="Hi, please move me to SK1240 on 2027-03-16. Thanks!",
-            submission_token=f"token-{reference}",
-        )
-        run_id = durable.start(
-            "refund", input={"refund_id": request.public_id}, business_key=request.public_id
-        )
-        RefundRequest.objects.filter(pk=request.pk).update(workflow_id=run_id)
-    return run_id
-
-
-def finished(run_id: str, worker: WorkerProcess, timeout: float = 30) -> durable.RunSnapshot:
-    def done() -> durable.RunSnapshot | None:
-        assert worker.alive(), worker.log_tail()
-        run = durable.snapshot(run_id)
-        return run if run is not None and run.finished else None
-
-    try:
-        return wait_for(done, timeout=timeout, interval=0.05, what=f"run {run_id} to finish")
-    except AssertionError:
-        print(worker.log_tail(80))
-        raise
-
-
-def step(run: durable.RunSnapshot, name: str) -> durable.StepSnapshot:
-    [found] = [s for s in run.steps if s.name == name]
-    return found
-
-
-def partner_effects(sandbox: SandboxProcess, run_id: str) -> dict[str, Any]:
-    """This run's ledger, after checking I1: one effect per idempotency key, in every list."""
-    ledger = sandbox.ledger(workflow_id=run_id)
-    for kind in EFFECT_LISTS:
-        keys = [entry["idempotency_key"] for entry in ledger[kind]]
-        assert len(keys) == len(set(keys)), f"{kind}: {keys}"
-        assert all(key.startswith(f"{run_id}_") for key in keys), keys  # _step_N or _bB_step_N
-    return ledger
 
 
 def test_crash_right_after_the_charge__one_payment_and_the_run_completes(

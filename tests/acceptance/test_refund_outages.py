@@ -9,15 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from django.conf import settings
 
 from agentflow import durable
-from agentflow.celery import app
 from agentflow.models import RunEvent
 from agentflow.workers import WorkerProcess
-from tests.acceptance.test_refund_crashes import finished, partner_effects, step, submit
 from tests.support.engine import stopped
-from tests.support.processes import worker_database_url
+from tests.support.refunds import finished, partner_effects, refund_worker_env, step, submit
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,24 +23,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def worker(clean_sandbox: SandboxProcess, transactional_db: None) -> Iterator[WorkerProcess]:
     """One worker with beat, wired to the sandbox, no crash injection; quick partner retries."""
-    broker = app.conf.broker_write_url or app.conf.broker_url
-    env = {
-        "DATABASE_URL": worker_database_url(),
-        "CELERY_BROKER_URL": broker,
-        "REDIS_URL": broker,
-        "AGENTFLOW_VAR_DIR": str(settings.VAR_DIR),
-        "AGENTFLOW_WORKFLOW_MODULES": "",
-        "AGENTFLOW_FAULTS": "0",
-        "AGENTFLOW_LEASE_SECONDS": "5",
-        "SANDBOX_URL": clean_sandbox.url,
-        "SANDBOX_SMTP_PORT": str(clean_sandbox.smtp_port),
-        "STRIPE_API_BASE": clean_sandbox.url,
-        "EMAIL_HOST": "127.0.0.1",
-        "EMAIL_PORT": str(clean_sandbox.smtp_port),
-        "REFUNDS_SUBMIT_LIMIT": "0",
-        "REFUNDS_PARTNER_MAX_ATTEMPTS": "4",
-        "REFUNDS_PARTNER_RETRY_BASE_SECONDS": "0.25",
-    }
+    env = refund_worker_env(
+        clean_sandbox,
+        AGENTFLOW_FAULTS="0",
+        REFUNDS_PARTNER_MAX_ATTEMPTS="4",
+        REFUNDS_PARTNER_RETRY_BASE_SECONDS="0.25",
+    )
     process = WorkerProcess(concurrency=2, env=env, beat=True)
     try:
         yield process.start(timeout=60)

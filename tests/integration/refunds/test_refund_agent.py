@@ -12,27 +12,12 @@ import pytest
 from agentflow import durable
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus
-from refunds import engines, services
+from refunds import engines
 from refunds.sandbox.airline import owner_of
+from tests.support.refunds import submit
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
-
-WORDS = "Hi, please move me to SK1240 on 2027-03-16. Thanks!"
-
-
-def submit(reference: str, *, last_name: str | None = None, email: str | None = None) -> str:
-    owner = owner_of(reference)
-    request = services.refund_request_create(
-        email=email or owner.email,
-        booking_reference=reference,
-        last_name=last_name or owner.last_name,
-        message=WORDS,
-        submission_token=f"token-{reference}",
-        client_ip="127.0.0.1",
-    )
-    assert request.workflow_id is not None
-    return request.workflow_id
 
 
 def names(run_id: str) -> list[str]:

@@ -13,27 +13,12 @@ from django.utils import timezone
 from agentflow import durable, runtime, store
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
-from refunds import services
 from refunds.gateways import PaymentGateway
-from refunds.sandbox.airline import owner_of
 from refunds.workflows import refund
+from tests.support.refunds import submit
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
-
-
-def submit(reference: str) -> str:
-    owner = owner_of(reference)
-    request = services.refund_request_create(
-        email=owner.email,
-        booking_reference=reference,
-        last_name=owner.last_name,
-        message="Please move me to SK1240 on 2027-03-16.",
-        submission_token=f"token-{reference}",
-        client_ip="127.0.0.1",
-    )
-    assert request.workflow_id is not None
-    return request.workflow_id
 
 
 def step_until(run_id: str, name: str) -> WorkflowRun:
