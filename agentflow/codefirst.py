@@ -33,8 +33,16 @@ from agentflow.agent.clients import ModelClient, configured_client
 from agentflow.agent.conversation import Message, ModelRequest, ModelResponse, ToolCall
 from agentflow.agent.divergence import Change, Divergence, diverges
 from agentflow.agent.fingerprint import Fingerprint, step_fingerprint, tool_fingerprint
-from agentflow.agent.limits import AgentLimits
-from agentflow.agent.tools import PreparedCall, Toolbox, ToolContext, ToolOutcome, ToolRecord
+from agentflow.agent.limits import DEFAULT_TOOL_CALLS_PER_TURN, AgentLimits
+from agentflow.agent.tools import (
+    PreparedCall,
+    Toolbox,
+    ToolContext,
+    ToolOutcome,
+    ToolRecord,
+    refusal,
+    refused_call,
+)
 from agentflow.context import StepContext, idempotency_key
 from agentflow.exceptions import DefinitionError, PermanentStepError
 from agentflow.registry import StepDef, Workflow
@@ -60,6 +68,12 @@ class CodeWorkflow(Workflow):
     #: with an OpenAI-compatible server.
     model: ModelClient | None = None
     retry: RetryPolicy = DEFAULT_RETRY
+    #: What "done" means, in code: given the run's tool calls, None when the run did what it
+    #: is for, else why not (in words). When the function returns and it is not done, the run
+    #: fails and its compensations run: a model's final answer alone never completes a run.
+    done: Callable[[Sequence[ToolRecord]], str | None] | None = None
+    #: Tool calls one model turn may make (`AGENTFLOW_AGENT_MAX_TOOL_CALLS` caps the run).
+    max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN
     fn: Callable[[AgentContext], Any] | None = field(default=None, repr=False)
 
     def run(self, fn: Callable[[AgentContext], Any]) -> Callable[[AgentContext], Any]:
@@ -89,15 +103,21 @@ class CodeWorkflow(Workflow):
         if found is not None:
             return found
         undo = _UNDO.match(name)
-        if undo is None or self.toolbox is None or undo["tool"] not in self.toolbox:
+        if undo is None or self.toolbox is None or self.toolbox.undo_tool(undo["tool"]) is None:
             return None
         branch = int(undo["branch"]) if undo["branch"] is not None else None
         return self._undo_step(name, undo["tool"], int(undo["seq"]), branch)
 
-    def compensation_for(self, name: str, seq: int, *, branch: int | None = None) -> str | None:
+    def compensation_for(
+        self, name: str, seq: int, *, output: Any, branch: int | None = None
+    ) -> str | None:
         """`refund_fee@7` for the completed `charge_customer` call at 7 (`refund_fee@b0.7` for
-        one of superseded branch 0), if its tool has a compensation."""
+        one of superseded branch 0), if its tool has a compensation and the call ran: a
+        refused call (unknown, invalid, over a limit, refused by the tool) made no effect, so
+        nothing undoes it."""
         if self.toolbox is None or name not in self.toolbox:
+            return None
+        if not (isinstance(output, dict) and output.get("ok") is True):
             return None
         undo = self.toolbox[name].compensate
         if not undo:
@@ -119,7 +139,8 @@ class CodeWorkflow(Workflow):
     def _undo_step(self, name: str, tool: str, seq: int, branch: int | None) -> StepDef:
         toolbox = self.toolbox
         assert toolbox is not None
-        undo = toolbox[tool]
+        undo = toolbox.undo_tool(tool)
+        assert undo is not None
 
         def prepared(ctx: StepContext) -> tuple[PreparedCall, ToolContext]:
             from agentflow import store  # the store imports definitions, not the other way
@@ -134,7 +155,7 @@ class CodeWorkflow(Workflow):
             found = toolbox.compensation_call(original.name, _call_arguments(original))
             if found is None:
                 raise PermanentStepError(f"{name}: {original.name} has no compensation")
-            call = toolbox.prepare(*found)
+            call = toolbox.prepare_undo(*found)
             return call, _tool_context(ctx, tool, _history(calls, toolbox))
 
         def run(ctx: StepContext) -> Any:
@@ -237,6 +258,11 @@ class AgentContext:
         self._position = 0
         self._turns = 0
         self._tokens = 0
+        self._limits = AgentLimits.from_settings(
+            max_tool_calls_per_turn=workflow.max_tool_calls_per_turn
+        )
+        self._turn_calls = 0  # tool calls asked since the latest model turn
+        self._calls_run = 0  # tool calls of the run that the caps let through
         toolbox = workflow.toolbox
         self._history: list[ToolRecord] = []
         self._earlier: list[ToolRecord] = []  # completed calls of superseded branches
@@ -251,13 +277,14 @@ class AgentContext:
         request = ModelRequest(model=client.model, messages=tuple(messages), tools=tuple(tools))
         position = self._next()
         fingerprint = request.fingerprint(position)
+        self._turn_calls = 0
         recorded = self._replayed(fingerprint)
         if recorded is not None:
             response = ModelResponse.from_json(recorded)
             self._turns += 1
             self._tokens += response.usage.total_tokens
             return response
-        AgentLimits.from_settings().check_turn(turns_taken=self._turns, tokens_used=self._tokens)
+        self._limits.check_turn(turns_taken=self._turns, tokens_used=self._tokens)
 
         def ask(ctx: StepContext) -> Any:
             return client.complete(request).as_json()
@@ -265,12 +292,18 @@ class AgentContext:
         raise Suspend(self._step(fingerprint, StepKind.LLM, ask, extra={}))
 
     def tool(self, call: ToolCall) -> ToolOutcome:
-        """One tool call the model asked for; validated first (a refused call runs nothing
-        and its reason is the result); a side effect gets the call's idempotency key."""
+        """One tool call the model asked for; checked first (a call over a cap or its tool's
+        `max_calls`, or with invalid arguments, is refused: it runs nothing, its reason is the
+        result); a side effect gets the call's idempotency key."""
         toolbox = self.workflow.toolbox
         if toolbox is None:
             raise DefinitionError(f"{self.workflow.name} has no toolbox")
         position = self._next()
+        # Decided again on every replay from the same counts, so it needs no record of its own.
+        self._turn_calls += 1
+        capped = self._limits.tool_call_refusal(in_turn=self._turn_calls, in_run=self._calls_run)
+        if capped is None:
+            self._calls_run += 1
         fingerprint = tool_fingerprint(position, call.name, call.arguments)
         recorded = self._replayed(fingerprint)
         if recorded is not None:
@@ -285,9 +318,14 @@ class AgentContext:
                 )
             )
             return outcome
-        AgentLimits.from_settings().check_tokens(tokens_used=self._tokens)
-        prepared = toolbox.prepare(call.name, call.arguments)
+        self._limits.check_tokens(tokens_used=self._tokens)
         history = (*self._earlier, *self._history)
+        if capped is not None:
+            prepared = refused_call(
+                call.name, refusal("limit_reached", f"{call.name} was not called: {capped}.")
+            )
+        else:
+            prepared = toolbox.prepare(call.name, call.arguments, history=history)
 
         def run(ctx: StepContext) -> Any:
             return prepared.run(_tool_context(ctx, call.name, history)).as_json()
@@ -440,6 +478,9 @@ def replay(
     pending = ctx._recorded.get(seq)
     if pending is not None:  # it returned without making the call recorded (in flight) at `seq`
         return Divergent(divergence=_extra(Fingerprint.from_json(pending.arguments)))
+    unfinished = workflow.done(ctx.history) if workflow.done is not None else None
+    if unfinished:
+        return Failed(reason=unfinished)
     return Finished(
         output=to_json(result, f"the result of {workflow.name}"), tokens_saved=ctx._tokens
     )

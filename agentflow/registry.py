@@ -121,9 +121,12 @@ class Workflow:
         """The definition of the step a run is at (None: not in this version)."""
         return self.steps.get(name)
 
-    def compensation_for(self, name: str, seq: int, *, branch: int | None = None) -> str | None:
+    def compensation_for(
+        self, name: str, seq: int, *, output: Any, branch: int | None = None
+    ) -> str | None:
         """The compensation step that undoes the completed step `name` at `seq` (of a
-        superseded `branch`, for forked code-first runs), if any."""
+        superseded `branch`, for forked code-first runs), if any; `output` is what the step
+        recorded (a code-first run's refused call says it made nothing)."""
         if branch is not None:
             return None  # step graphs are never forked
         step = self.steps.get(name)

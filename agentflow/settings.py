@@ -245,6 +245,9 @@ if AGENTFLOW_LLM_BASE_URL and not AGENTFLOW_LLM_MODEL:
 # compensations run) instead of spending without end. A refund takes 6 turns and ~5k tokens.
 AGENTFLOW_AGENT_MAX_TURNS = env_int("AGENTFLOW_AGENT_MAX_TURNS", 20, minimum=1)
 AGENTFLOW_AGENT_MAX_TOKENS = env_int("AGENTFLOW_AGENT_MAX_TOKENS", 100_000, minimum=1)
+# Tool calls one run may make (a refund makes 8); a turn may make at most 10 of them. A call
+# past either is refused and the model told why: it runs nothing, and nothing undoes it.
+AGENTFLOW_AGENT_MAX_TOOL_CALLS = env_int("AGENTFLOW_AGENT_MAX_TOOL_CALLS", 40, minimum=1)
 
 # --- Partners and refunds -------------------------------------------------------------------
 SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8765")

@@ -37,13 +37,14 @@ def planned(run: durable.RunSnapshot | None) -> list[str]:
 
 def customer_steps(run: durable.RunSnapshot) -> list[durable.StepSnapshot]:
     """The run's steps as the status page names them: an agent run's tool calls and its
-    compensations by their tool's name, with the tool's result as the output."""
+    compensations by their tool's name, with the tool's result as the output. A call that was
+    refused (unknown, invalid, over a limit) did nothing, so it is not shown as a step done."""
     if run.workflow != AGENT:
         return list(run.steps)
     shown = []
     for step in run.steps:
         name = step.name.split(_UNDO_SUFFIX, 1)[0]
-        if name not in (*AGENT_STEPS, "refund_fee", "notify_failure"):
+        if name not in (*AGENT_STEPS, "refund_fee", "notify_failure") or _refused(step):
             continue
         shown.append(_as_graph_step(step, name))
     return shown
@@ -56,6 +57,11 @@ def outputs(steps: Sequence[durable.StepSnapshot]) -> dict[str, dict[str, Any]]:
         for step in steps
         if step.status == durable.StepStatus.COMPLETED and isinstance(step.output, dict)
     }
+
+
+def _refused(step: durable.StepSnapshot) -> bool:
+    output = step.output
+    return isinstance(output, dict) and output.get("ok") is False and "result" in output
 
 
 def _as_graph_step(step: durable.StepSnapshot, name: str) -> durable.StepSnapshot:

@@ -344,8 +344,11 @@ def _failure_reason(ctx: StepContext) -> str:
     failed = next(
         (s for s in reversed(run.steps) if s.status == durable.StepStatus.FAILED), None
     ) if run else None  # fmt: skip
-    if failed is None:
-        return "Something went wrong on our side."
+    if failed is None:  # it failed between steps: a limit, or the agent stopped short
+        error = run.error if run else ""
+        return (
+            error if error.startswith(_READABLE_PREFIXES) else "Something went wrong on our side."
+        )
     if failed.error.startswith(_READABLE_PREFIXES):
         return failed.error
     return _STEP_TROUBLE.get(failed.name, "Something went wrong on our side.")

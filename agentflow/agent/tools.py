@@ -3,9 +3,15 @@
 Every tool says whether it only reads (`read_only`: it runs as a `read` step) or changes the
 world (`side_effect`: an `effect` step, claimed and committed before it runs, and given the
 step's idempotency key). A tool that says neither, or both, is refused at registration.
-Arguments are validated before any call; a call that fails validation, names no known tool or
-is refused by the tool is not executed, and the model gets the reason as the tool's result,
-recorded like any other result so a replay hands it back unchanged.
+A side effect also says how many times one run may make it (`max_calls`, default 1).
+Arguments are validated before any call; a call that fails validation, names no known tool,
+is over its `max_calls` or is refused by the tool is not executed, and the model gets the
+reason as the tool's result, recorded like any other result so a replay hands it back unchanged.
+
+Compensations are registered apart (`toolbox.compensation`) and never offered to the model:
+only the engine runs one, to undo the completed call it is bound to when the run fails. A model
+that could call `refund_fee` could record "refunded" before any charge, or refund a fee and
+still take the new boarding pass.
 
     toolbox = Toolbox("refund_agent")
 
@@ -16,7 +22,7 @@ recorded like any other result so a replay hands it back unchanged.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +126,11 @@ def refusal(error: str, message: str, **details: Any) -> ToolOutcome:
     return ToolOutcome(ok=False, result={"error": error, "message": message, **details})
 
 
+def refused_call(name: str, outcome: ToolOutcome) -> PreparedCall:
+    """A call that runs nothing: recorded as a `read` (no claim) whose result is the refusal."""
+    return PreparedCall(name=name, kind=StepKind.READ, refused=outcome)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Tool:
     name: str
@@ -135,6 +146,9 @@ class Tool:
     compensate: str | None = None
     #: How long the partner keeps idempotency keys (SPEC §3.3b).
     key_window_seconds: float | None = None
+    #: How many calls of this tool one run may make that ran (None: no limit, for reads);
+    #: the next is refused, so one fee never buys a second boarding pass.
+    max_calls: int | None = None
 
     @property
     def step_kind(self) -> StepKind:
@@ -197,6 +211,7 @@ class Toolbox:
     def __init__(self, name: str) -> None:
         self.name = name
         self._tools: dict[str, Tool] = {}
+        self._compensations: dict[str, Tool] = {}
 
     def tool(
         self,
@@ -208,12 +223,15 @@ class Toolbox:
         reconcile: ToolFn | None = None,
         compensate: str | None = None,
         key_window_seconds: float | None = None,
+        max_calls: int | None = None,
     ) -> Callable[[ToolFn], ToolFn]:
-        """Register the decorated function as tool `name`.
+        """Register the decorated function as tool `name`, offered to the model.
+
+        `max_calls`: how many times one run may make it (side effects default to 1).
 
         Raises:
             DefinitionError: not exactly one of `read_only` / `side_effect`, a bad or taken
-                name, no description, or parameters without type hints.
+                name, no description, a `max_calls` below 1, or parameters without type hints.
         """
         if read_only == side_effect:
             said = "both" if read_only else "neither"
@@ -222,19 +240,15 @@ class Toolbox:
                 f"side_effect=True (it said {said}): whether a call may be repeated decides "
                 "how it is checkpointed"
             )
-        if not _TOOL_NAME.fullmatch(name or "") or name == LLM_CALL_NAME:
-            raise DefinitionError(
-                f"{self.name}: invalid tool name {name!r} (1-64 letters, digits, _ or -; "
-                f"{LLM_CALL_NAME!r} names model turns)"
-            )
-        if name in self._tools:
-            raise DefinitionError(f"{self.name}: tool {name!r} registered twice")
+        self._check_name(name)
         if not description.strip():
             raise DefinitionError(f"{self.name}: tool {name!r} needs a description for the model")
         if read_only and (reconcile or compensate or key_window_seconds):
             raise DefinitionError(
                 f"{self.name}: read-only tool {name!r} has nothing to reconcile or compensate"
             )
+        if max_calls is not None and max_calls < 1:
+            raise DefinitionError(f"{self.name}: tool {name!r} needs max_calls of at least 1")
 
         def decorator(fn: ToolFn) -> ToolFn:
             self._tools[name] = Tool(
@@ -246,10 +260,47 @@ class Toolbox:
                 reconcile=reconcile,
                 compensate=compensate,
                 key_window_seconds=key_window_seconds,
+                max_calls=max_calls if max_calls is not None or read_only else 1,
             )
             return fn
 
         return decorator
+
+    def compensation(
+        self,
+        name: str,
+        *,
+        reconcile: ToolFn | None = None,
+        key_window_seconds: float | None = None,
+    ) -> Callable[[ToolFn], ToolFn]:
+        """Register the decorated function as compensation `name`: a side effect that the
+        engine alone runs, to undo a completed call of a tool declaring `compensate=name`.
+        It is never offered to the model, and a model that names it is told no such tool
+        exists."""
+        self._check_name(name)
+
+        def decorator(fn: ToolFn) -> ToolFn:
+            self._compensations[name] = Tool(
+                name=name,
+                description="",
+                side_effect=True,
+                fn=fn,
+                arguments=ArgumentSpec(name, fn),
+                reconcile=reconcile,
+                key_window_seconds=key_window_seconds,
+            )
+            return fn
+
+        return decorator
+
+    def _check_name(self, name: str) -> None:
+        if not _TOOL_NAME.fullmatch(name or "") or name == LLM_CALL_NAME:
+            raise DefinitionError(
+                f"{self.name}: invalid tool name {name!r} (1-64 letters, digits, _ or -; "
+                f"{LLM_CALL_NAME!r} names model turns)"
+            )
+        if name in self._tools or name in self._compensations:
+            raise DefinitionError(f"{self.name}: tool {name!r} registered twice")
 
     def __getitem__(self, name: str) -> Tool:
         return self._tools[name]
@@ -265,17 +316,22 @@ class Toolbox:
         """Every tool in registration order: part of each model turn's fingerprint."""
         return [tool.openai_format() for tool in self._tools.values()]
 
+    def undo_tool(self, name: str) -> Tool | None:
+        """The compensation registered as `name` (never one of the model's tools)."""
+        return self._compensations.get(name)
+
     def validate(self) -> None:
-        """Cross-references, once every tool is registered: a compensation must be a side
-        effect of this toolbox whose parameters the compensated tool's arguments cover."""
+        """Cross-references, once every tool is registered: a compensation must be registered
+        with `compensation` and take only parameters the compensated tool's arguments cover."""
         for tool in self._tools.values():
             if tool.compensate is None:
                 continue
-            undo = self._tools.get(tool.compensate)
-            if undo is None or not undo.side_effect:
+            undo = self._compensations.get(tool.compensate)
+            if undo is None:
                 raise DefinitionError(
                     f"{self.name}: {tool.name!r} names {tool.compensate!r} as its compensation, "
-                    "which is not a side-effect tool of this toolbox"
+                    "which is not a compensation of this toolbox (register it with "
+                    "toolbox.compensation: the model never calls one)"
                 )
             missing = set(undo.arguments.names) - set(tool.arguments.names)
             if missing:
@@ -290,17 +346,19 @@ class Toolbox:
         tool = self._tools.get(name)
         if tool is None or tool.compensate is None:
             return None
-        undo = self._tools[tool.compensate]
+        undo = self._compensations[tool.compensate]
         return undo.name, {key: arguments[key] for key in undo.arguments.names if key in arguments}
 
-    def prepare(self, name: str, arguments: Any) -> PreparedCall:
-        """Look the tool up and validate the arguments; nothing runs yet."""
+    def prepare(
+        self, name: str, arguments: Any, *, history: Sequence[ToolRecord] = ()
+    ) -> PreparedCall:
+        """Look the tool up, validate the arguments and check its `max_calls` against the
+        run's earlier calls (`history`); nothing runs yet."""
         tool = self._tools.get(name)
         if tool is None:
-            return PreparedCall(
-                name=name,
-                kind=StepKind.READ,
-                refused=refusal(
+            return refused_call(
+                name,
+                refusal(
                     "unknown_tool",
                     f"There is no tool named {name!r}. Tools: {', '.join(self._tools)}.",
                 ),
@@ -308,13 +366,35 @@ class Toolbox:
         try:
             values = tool.arguments.validate(arguments)
         except InvalidArguments as exc:
-            return PreparedCall(
-                name=name,
-                kind=StepKind.READ,
-                refused=refusal(
+            return refused_call(
+                name,
+                refusal(
                     "invalid_arguments",
                     f"{name} was not called: {exc}.",
                     problems=[problem.as_json() for problem in exc.problems],
                 ),
             )
+        made = [record.position for record in history if record.ok and record.name == name]
+        if tool.max_calls is not None and len(made) >= tool.max_calls:
+            return refused_call(
+                name,
+                refusal(
+                    "limit_reached",
+                    f"{name} was not called: a run may make it {_times(tool.max_calls)}, and "
+                    f"this one has (the last was call {made[-1]}). Nothing was done.",
+                ),
+            )
         return PreparedCall(name=name, kind=tool.step_kind, tool=tool, values=values)
+
+    def prepare_undo(self, name: str, arguments: Any) -> PreparedCall:
+        """The compensation `name` with `arguments`, validated, for the engine to run."""
+        undo = self._compensations[name]
+        try:
+            values = undo.arguments.validate(arguments)
+        except InvalidArguments as exc:
+            return refused_call(name, refusal("invalid_arguments", f"{name}: {exc}."))
+        return PreparedCall(name=name, kind=StepKind.EFFECT, tool=undo, values=values)
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"

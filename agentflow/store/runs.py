@@ -374,14 +374,14 @@ def begin_undo(
 
 def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[str]:
     """Compensation steps for the effects known to have happened before `before_seq` (made or
-    adopted: COMPLETED), latest first, then those of superseded branches that the current one
-    did not adopt, then the workflow's `on_failure` step."""
+    adopted: COMPLETED, and not a refused call), latest first, then those of superseded
+    branches that the current one did not adopt, then the workflow's `on_failure` step."""
     done = StepCheckpoint.objects.filter(
         run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
     ).order_by("-seq")
     plan = []
-    for name, seq in done.values_list("name", "seq"):
-        undo = workflow.compensation_for(name, seq)
+    for name, seq, output in done.values_list("name", "seq", "output"):
+        undo = workflow.compensation_for(name, seq, output=output)
         if undo is not None:
             plan.append(undo)
     # A forked run: effects of a superseded branch that no current call adopted happened too.
@@ -391,8 +391,8 @@ def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[
         .exclude(idempotency_key__in=taken)
         .order_by("-branch", "-seq")
     )
-    for name, branch, seq in earlier.values_list("name", "branch", "seq"):
-        undo = workflow.compensation_for(name, seq, branch=branch)
+    for name, branch, seq, output in earlier.values_list("name", "branch", "seq", "output"):
+        undo = workflow.compensation_for(name, seq, output=output, branch=branch)
         if undo is not None:
             plan.append(undo)
     if workflow.on_failure:

@@ -15,9 +15,6 @@ from agentflow.agent import ToolRecord, ToolRefused
 from agentflow.durable import PermanentStepError
 from refunds import policy
 
-#: Effects a refund makes at most once per run, whatever the model asks.
-ONCE_PER_RUN = ("cancel_seat", "charge_customer", "refund_fee")
-
 
 class GuardrailViolation(PermanentStepError):
     """The agent asked for something a refund must never do; nothing was done."""
@@ -49,17 +46,6 @@ def check_own_booking(requested: str, booking_reference: str) -> None:
 def earlier_call(tool: str, history: Sequence[ToolRecord]) -> ToolRecord | None:
     """The run's earlier call of `tool` that ran, if any."""
     return next((record for record in history if record.ok and record.name == tool), None)
-
-
-def check_once_per_run(tool: str, history: Sequence[ToolRecord]) -> None:
-    """At most one seat cancellation and one charge per run: a second is refused outright."""
-    earlier = earlier_call(tool, history) if tool in ONCE_PER_RUN else None
-    if earlier is not None:
-        what = {"charge_customer": "charge", "cancel_seat": "seat cancellation"}.get(tool, tool)
-        raise GuardrailViolation(
-            f"The agent asked for a second {what} in this request (the first was call "
-            f"{earlier.position}); it was refused."
-        )
 
 
 def check_charge_amount(amount_cents: int, *, fee_cents: int, reference: str) -> None:

@@ -3,7 +3,10 @@
 Names and parameters are an interface (SPEC §5, README). Every tool first checks that it is
 asked about this run's refund and booking (the run's input, set in code); side effects carry
 the call's idempotency key exactly as graph steps do, and where the graph's step code fits it
-is reused through `ctx.step_context()` rather than copied.
+is reused through `ctx.step_context()` rather than copied. Each side effect may be made once
+per run (the engine's default `max_calls=1`): a second seat cancellation, charge, boarding
+pass, note or e-mail is refused and the model told. `refund_fee` is a compensation, not a
+tool: the model never sees it; the engine runs it to undo this run's charge when the run fails.
 """
 
 from __future__ import annotations
@@ -102,7 +105,6 @@ def check_cancellation_policy(
 )
 def cancel_seat(ctx: ToolContext, booking_reference: BookingReference) -> dict[str, Any]:
     reference = _own_booking(ctx, booking_reference)
-    guardrails.check_once_per_run("cancel_seat", ctx.history)
     released = AirlineGateway.from_settings().cancel_seat(
         reference, key=ctx.idempotency_key, workflow_id=ctx.run_id
     )
@@ -131,7 +133,6 @@ def charge_customer(
 ) -> dict[str, Any]:
     guardrails.check_own_refund(refund_id, _refund_id(ctx))
     reference = guardrails.normalise_reference(_request(ctx).booking_reference)
-    guardrails.check_once_per_run("charge_customer", ctx.history)
     booking = _booking(ctx, reference)
     rules = policy.policy_for(booking["fare_class"])
     if not rules.rebookable:
@@ -202,18 +203,11 @@ def send_confirmation_email(ctx: ToolContext, refund_id: RefundId) -> dict[str, 
     return steps.send_confirmation_email(ctx.step_context())
 
 
-# --- compensation (also the model's to call) -----------------------------------------------------
-@toolbox.tool(
-    "refund_fee",
-    side_effect=True,
-    description="Refund the change fee charged in this request, if one was (e.g. when the "
-    "boarding pass cannot be issued).",
-)
+# --- compensation (the engine's alone: never offered to the model) ------------------------------
+@toolbox.compensation("refund_fee")
 def refund_fee(ctx: ToolContext, refund_id: RefundId) -> dict[str, Any]:
+    """Undo `charge_customer` when the run fails after it, under this compensation's own key."""
     guardrails.check_own_refund(refund_id, _refund_id(ctx))
-    earlier = guardrails.earlier_call("refund_fee", ctx.history)
-    if earlier is not None:
-        return earlier.result  # refunded already: the same answer, no second refund
     return steps.refund_fee(ctx.step_context())
 
 

@@ -3,22 +3,58 @@ model choosing the order of the tools.
 
 Code, not the prompt, decides what must hold. Before the model is first asked, a step in code
 checks that the request comes from the booking's owner (as the graph workflow does before any
-effect); the tools enforce the fee, one charge and one seat per run; the engine enforces the
-turn and token limits. A failure undoes the fee (`refund_fee`, the charge's compensation) and
-tells the customer (`notify_failure`, the graph workflow's own step).
+effect); the tools enforce the fee; the engine enforces one call of each side effect per run
+(`max_calls`), the tool-call caps and the turn and token limits. The model's final answer ends
+the run only if `rebooked` says the change was made; otherwise the run fails. A failure undoes
+the fee (`refund_fee`, the charge's compensation, which only the engine runs) and tells the
+customer (`notify_failure`, the graph workflow's own step).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from agentflow import durable
-from agentflow.agent import tool_result_message
+from agentflow.agent import ToolRecord, tool_result_message
 from refunds import ownership, steps
 from refunds.agent import prompts
 from refunds.agent.planner import scripted_refund_model
 from refunds.agent.tools import toolbox
 from refunds.gateways import COMPENSATION_RETRY, AirlineGateway, BookingNotFound
+
+
+def results(history: Sequence[ToolRecord], tool: str) -> list[Any]:
+    """What the calls of `tool` that ran returned (refused calls did nothing)."""
+    return [record.result for record in history if record.ok and record.name == tool]
+
+
+def fee_kept_once(history: Sequence[ToolRecord]) -> bool:
+    """The fee is settled exactly once: one charge that took it, or said none was due (the
+    charge tool takes exactly the policy's fee, so "not charged" means a free change)."""
+    charges = results(history, "charge_customer")
+    return len(charges) == 1 and bool(
+        charges[0].get("charged") or charges[0].get("amount_cents") == 0
+    )
+
+
+def rebooked(history: Sequence[ToolRecord]) -> str | None:
+    """The refund's "done", over what its calls recorded: the seat changed once, the fee kept
+    once (or none due), one boarding pass, the customer told once. None when done; else what
+    is missing, in words a customer may read."""
+    missing = []
+    if len(results(history, "cancel_seat")) != 1:
+        missing.append("your seat was not changed")
+    if not fee_kept_once(history):
+        missing.append("the change fee was not settled")
+    if len(results(history, "issue_boarding_pass")) != 1:
+        missing.append("no new boarding pass was issued")
+    if len(results(history, "send_confirmation_email")) != 1:
+        missing.append("no confirmation was sent")
+    if not missing:
+        return None
+    return f"We couldn't finish changing your booking: {'; '.join(missing)}."
+
 
 refund_agent = durable.CodeWorkflow(
     "refund_agent",
@@ -26,6 +62,7 @@ refund_agent = durable.CodeWorkflow(
     toolbox=toolbox,
     model=scripted_refund_model,
     on_failure="notify_failure",
+    done=rebooked,
 )
 refund_agent.compensation("notify_failure", retry=COMPENSATION_RETRY)(steps.notify_failure)
 

@@ -272,7 +272,7 @@ def buy(ctx: ToolContext, item: str, qty: int) -> dict[str, Any]:
     return {"item": item, "qty": qty, **partner.apply(ctx.idempotency_key)}
 
 
-@shop.tool("refund", side_effect=True, description="Refund a purchase of an item.")
+@shop.compensation("refund")
 def refund_purchase(ctx: ToolContext, item: str) -> dict[str, Any]:
     _record_tool(ctx)
     return {"refunded": item, **partner.apply(ctx.idempotency_key)}
@@ -280,12 +280,30 @@ def refund_purchase(ctx: ToolContext, item: str) -> dict[str, Any]:
 
 def shopping_plan(request: ModelRequest) -> Any:
     """Turn 1: look both prices up at once; turn 2: buy two of the cheaper; then answer. Unless
-    the run's input says `fail_after_buy`, which the function checks in code."""
+    the run's input says `fail_after_buy`, which the function checks in code, or its `ask`
+    (the user message) plays a hostile model: "nothing" answers at once, "greedy" buys with
+    bad arguments, then twice, "flood" asks for twelve lookups in one turn."""
+    ask = next(m["content"] for m in request.messages if m.get("role") == "user")
+    if ask == "nothing":
+        return answer("Bought 2 apples at $3.")
     if request.turn == 1:
+        if ask == "flood":
+            return calls(*(call("lookup", item="apple") for _ in range(12)))
         return calls(call("lookup", item="apple"), call("lookup", item="pear"))
     if request.turn == 2:
+        if ask == "greedy":
+            return calls(
+                call("buy", item="apple", qty="two"),
+                call("buy", item="apple", qty=2),
+                call("buy", item="pear", qty=1),
+            )
         return calls(call("buy", item="apple", qty=2))
     return answer("Bought 2 apples at $3.")
+
+
+def bought(history: Any) -> str | None:
+    """The shop's "done": something was bought (a refused buy bought nothing)."""
+    return None if any(r.ok and r.name == "buy" for r in history) else "nothing was bought"
 
 
 agent = durable.CodeWorkflow(
@@ -294,6 +312,7 @@ agent = durable.CodeWorkflow(
     toolbox=shop,
     model=ScriptedModel("scripted-shopper", shopping_plan),
     on_failure="tell",
+    done=bought,
 )
 
 

@@ -222,3 +222,69 @@ def test_agent__tokens_spent_on_each_turn_and_saved_by_every_replay_are_counted(
     # before it: a turn at position p is handed back 6 - p + 1 times.
     expected = sum(tokens * (6 - seq + 1) for seq, tokens in turns.items())
     assert value(after, saved, **labels) - value(before, saved, **labels) == expected
+
+
+# --- what a model cannot make happen (issue 15) ---------------------------------------------------
+def test_agent__refused_calls_make_no_effect_and_are_never_compensated(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """Issue 19 8c: a call the engine refused (bad arguments, over its tool's max_calls) is
+    recorded as refused and made nothing, so a failing run plans no compensation for it."""
+    run_id = durable.start(workflows.agent.name, input={"ask": "greedy", "fail_after_buy": True})
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.FAILED
+    turn_2 = [(seq, name, kind) for seq, name, kind, _ in calls(run_id)][4:7]
+    assert turn_2 == [
+        (5, "buy", StepKind.READ),  # qty "two": invalid, refused, nothing claimed
+        (6, "buy", StepKind.EFFECT),
+        (7, "buy", StepKind.READ),  # a second buy: over max_calls, refused
+    ]
+    refused = StepCheckpoint.objects.get(run_id=run_id, seq=7).output
+    assert refused["ok"] is False and refused["result"]["error"] == "limit_reached"
+    event = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.COMPENSATION)
+    assert event.data["undo"] == ["refund@6"]
+    bought = [r for r in partner.executions(run_id) if r["step"] == "buy"]
+    assert [r["seq"] for r in bought] == [6]
+    refund = StepCheckpoint.objects.get(run_id=run_id, name="refund@6")
+    assert partner.effects() == {
+        durable.idempotency_key(run_id, 6): 1,
+        refund.idempotency_key: 1,
+        StepCheckpoint.objects.get(run_id=run_id, name="tell").idempotency_key: 1,
+    }
+
+
+def test_agent__a_final_answer_that_is_not_done_fails_the_run_never_completes(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.agent.name, input={"ask": "nothing"})
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.FAILED
+    assert run.error == "nothing was bought"
+    assert [name for _, name, _, _ in calls(run_id)] == ["llm", "tell"]  # told, nothing undone
+
+
+@pytest.mark.parametrize(
+    ("max_tool_calls", "ran"),
+    [("40", 10), ("3", 3)],  # the turn's cap (10), or the run's when lower
+)
+def test_agent__tool_calls_past_the_turn_s_or_run_s_cap_are_refused(
+    drive: Callable[[str], WorkflowRun], settings: Any, max_tool_calls: str, ran: int
+) -> None:
+    settings.AGENTFLOW_AGENT_MAX_TOOL_CALLS = int(max_tool_calls)
+    run_id = durable.start(workflows.agent.name, input={"ask": "flood"})
+
+    run = drive(run_id, max_steps=80)
+
+    lookups = StepCheckpoint.objects.filter(run_id=run_id, name="lookup").order_by("seq")
+    assert lookups.count() == 12  # every call the turn asked for has its result
+    assert [cp.output["ok"] for cp in lookups] == [True] * ran + [False] * (12 - ran)
+    assert lookups.last().output["result"]["error"] == "limit_reached"  # type: ignore[union-attr]
+    assert len([r for r in partner.executions(run_id) if r["step"] == "lookup"]) == ran
+    if ran == 3:  # the run's calls are spent: its buy is refused too, so it is not done
+        assert run.status == RunStatus.FAILED and run.error == "nothing was bought"
+    else:
+        assert run.status == RunStatus.COMPLETED, run.error

@@ -77,7 +77,8 @@ class AgentRun:
         """The model asks for `name`: it runs at the next position."""
         self.position += 1
         self.positions.setdefault(name, []).append(self.position)
-        outcome = toolbox.prepare(name, arguments).run(self.ctx(name, self.position))
+        prepared = toolbox.prepare(name, arguments, history=self.history)
+        outcome = prepared.run(self.ctx(name, self.position))
         self.history.append(
             ToolRecord(
                 position=self.position,
@@ -88,6 +89,12 @@ class AgentRun:
             )
         )
         return outcome
+
+    def undo(self, name: str, **arguments: Any) -> ToolOutcome:
+        """The engine runs compensation `name` at the next position (the run failed)."""
+        self.position += 1
+        self.positions.setdefault(name, []).append(self.position)
+        return toolbox.prepare_undo(name, arguments).run(self.ctx(name, self.position))
 
     def retry(self, name: str, **arguments: Any) -> ToolOutcome:
         """The same call again at its own position and key (a retry after a crash)."""
@@ -208,22 +215,47 @@ def test_charge__one_cent_is_refused_and_nothing_is_charged(partners) -> None:
     assert "payment_intents.create" not in partners.ledger()["requests"]
 
 
-def test_charge__a_second_charge_is_refused(partners) -> None:
+def test_charge__a_second_charge_is_refused_and_the_model_told(partners) -> None:
     run = AgentRun()
     run.through_charge()
 
-    with pytest.raises(GuardrailViolation, match="second charge in this request"):
-        run.call("charge_customer", refund_id=run.refund_id, amount_cents=4500)
+    again = run.call("charge_customer", refund_id=run.refund_id, amount_cents=4500)
 
+    assert again.ok is False and again.result["error"] == "limit_reached"
+    assert "charge_customer was not called: a run may make it once" in again.result["message"]
     assert len(partners.ledger(workflow_id=run.run_id)["payments"]) == 1
 
 
-def test_seat__a_second_cancellation_is_refused(partners) -> None:
+@pytest.mark.parametrize(
+    ("tool", "ledger_list"),
+    [
+        ("cancel_seat", "seat_cancellations"),
+        ("issue_boarding_pass", "boarding_passes"),
+        ("send_confirmation_email", "emails"),
+    ],
+)
+def test_effects__one_of_each_per_run_the_next_refused(
+    partners, tool: str, ledger_list: str
+) -> None:
+    """One fee never buys a second boarding pass, and the customer is e-mailed once."""
     run = AgentRun()
-    run.call("cancel_seat", booking_reference="ABC123")
-    with pytest.raises(GuardrailViolation, match="second seat cancellation"):
-        run.call("cancel_seat", booking_reference="abc123")
-    assert len(partners.ledger(workflow_id=run.run_id)["seat_cancellations"]) == 1
+    run.through_charge()
+    arguments = {
+        "cancel_seat": {"booking_reference": "abc123"},
+        "issue_boarding_pass": {
+            "booking_reference": "ABC123", "flight": "SK1240", "date": "2027-03-16",
+        },
+        "send_confirmation_email": {"refund_id": run.refund_id},
+    }  # fmt: skip
+    if tool == "send_confirmation_email":
+        run.call("issue_boarding_pass", **arguments["issue_boarding_pass"])
+    if tool != "cancel_seat":
+        assert run.call(tool, **arguments[tool]).ok
+
+    again = [run.call(tool, **arguments[tool]) for _ in range(2)]
+
+    assert [(o.ok, o.result["error"]) for o in again] == [(False, "limit_reached")] * 2
+    assert len(partners.ledger(workflow_id=run.run_id)[ledger_list]) == 1
 
 
 def test_scope__another_booking_or_refund_is_refused(partners) -> None:
@@ -308,15 +340,13 @@ def test_invalid_arguments__not_executed_and_explained(partners) -> None:
 
 
 # --- compensation and reconcile -------------------------------------------------------------------
-def test_refund_fee__once_under_its_key_and_repeats_answer_the_same(partners) -> None:
+def test_refund_fee__the_engine_s_alone_under_its_key(partners) -> None:
     run = AgentRun()
     run.through_charge()
 
-    first = run.call("refund_fee", refund_id=run.refund_id)
-    second = run.call("refund_fee", refund_id=run.refund_id)
+    undone = run.undo("refund_fee", refund_id=run.refund_id)
 
-    assert first.ok and (first.result["refunded"], first.result["amount_cents"]) == (True, 4500)
-    assert second.result == first.result
+    assert undone.ok and (undone.result["refunded"], undone.result["amount_cents"]) == (True, 4500)
     [refund] = partners.ledger(workflow_id=run.run_id)["refunds"]
     assert refund["idempotency_key"] == run.key("refund_fee")
     assert toolbox.compensation_call(
@@ -327,10 +357,26 @@ def test_refund_fee__once_under_its_key_and_repeats_answer_the_same(partners) ->
     )
 
 
+def test_refund_fee__not_a_tool_the_model_can_call_before_or_after_a_charge(partners) -> None:
+    """Finding 1: a model calling refund_fee before any charge recorded {"refunded": false}
+    as done, which a failing run then reused instead of refunding; called after the charge it
+    gave the fee back and still got the boarding pass."""
+    run = AgentRun()
+    assert "refund_fee" not in toolbox.names
+
+    before = run.call("refund_fee", refund_id=run.refund_id)
+    run.through_charge()
+    after = run.call("refund_fee", refund_id=run.refund_id)
+
+    assert [(o.ok, o.result["error"]) for o in (before, after)] == [(False, "unknown_tool")] * 2
+    ledger = partners.ledger(workflow_id=run.run_id)
+    assert ledger["refunds"] == [] and len(ledger["payments"]) == 1
+
+
 def test_refund_fee__nothing_charged_nothing_refunded(partners) -> None:
     run = AgentRun(reference="FLX123")
     run.through_charge(fee=0)
-    assert run.call("refund_fee", refund_id=run.refund_id).result == {
+    assert run.undo("refund_fee", refund_id=run.refund_id).result == {
         "refunded": False,
         "amount_cents": 0,
     }

@@ -130,7 +130,7 @@ def test_estimate_tokens__a_quarter_of_the_json_text() -> None:
 
 
 # --- limits ------------------------------------------------------------------------------------
-LIMITS = AgentLimits(max_turns=3, max_tokens=1000)
+LIMITS = AgentLimits(max_turns=3, max_tokens=1000, max_tool_calls=5, max_tool_calls_per_turn=2)
 
 
 def test_limits__within_both_passes() -> None:
@@ -168,4 +168,20 @@ def test_limits__error_crosses_process_boundaries() -> None:
 def test_limits__from_settings(settings) -> None:  # type: ignore[no-untyped-def]
     settings.AGENTFLOW_AGENT_MAX_TURNS = 7
     settings.AGENTFLOW_AGENT_MAX_TOKENS = 1234
-    assert AgentLimits.from_settings() == AgentLimits(max_turns=7, max_tokens=1234)
+    settings.AGENTFLOW_AGENT_MAX_TOOL_CALLS = 30
+    assert AgentLimits.from_settings() == AgentLimits(
+        max_turns=7, max_tokens=1234, max_tool_calls=30, max_tool_calls_per_turn=10
+    )
+    assert AgentLimits.from_settings(max_tool_calls_per_turn=4).max_tool_calls_per_turn == 4
+    settings.AGENTFLOW_AGENT_MAX_TOOL_CALLS = 3  # a turn never may make more than the run
+    assert AgentLimits.from_settings().max_tool_calls_per_turn == 3
+
+
+def test_tool_call_caps__past_the_turn_s_or_the_run_s_share_a_call_is_refused() -> None:
+    assert LIMITS.tool_call_refusal(in_turn=2, in_run=4) is None
+    assert LIMITS.tool_call_refusal(in_turn=3, in_run=0) == (
+        "one turn may make at most 2 tool calls; this was call 3 of the turn"
+    )
+    assert LIMITS.tool_call_refusal(in_turn=1, in_run=5) == (
+        "this run has made all 5 of the tool calls it may make"
+    )

@@ -130,12 +130,14 @@ def test_register__read_only_tools_reconcile_and_compensate_nothing() -> None:
         Toolbox("unit").tool("r", read_only=True, description="d", compensate="x")
 
 
-def test_validate__compensation_must_be_a_side_effect_of_the_toolbox(box: Toolbox) -> None:
+def test_validate__a_compensation_must_be_registered_as_one_not_as_a_tool(box: Toolbox) -> None:
     @box.tool("charge_again", side_effect=True, description="d", compensate="fetch_booking")
     def charge_again(ctx: ToolContext, booking_reference: str) -> None:
         return None
 
-    with pytest.raises(DefinitionError, match="'fetch_booking' as its compensation, which is not"):
+    with pytest.raises(
+        DefinitionError, match="'fetch_booking' as its compensation, which is not a compensation"
+    ):
         box.validate()
 
 
@@ -150,25 +152,54 @@ def test_validate__unknown_compensation_is_refused() -> None:
         toolbox.validate()
 
 
-def test_compensation_call__takes_the_arguments_it_needs(box: Toolbox) -> None:
-    @box.tool("refund_fee", side_effect=True, description="Give the fee back.")
+def with_refund(box: Toolbox) -> Toolbox:
+    @box.compensation("refund_fee")
     def refund_fee(ctx: ToolContext, refund_id: str) -> dict[str, Any]:
-        return {}
+        return {"refunded": True, "key": ctx.idempotency_key}
 
     @box.tool("charge_twice", side_effect=True, description="d", compensate="refund_fee")
     def charge_twice(ctx: ToolContext, refund_id: str, amount_cents: int) -> dict[str, Any]:
         return {}
 
     box.validate()
+    return box
+
+
+def test_compensation_call__takes_the_arguments_it_needs(box: Toolbox) -> None:
+    with_refund(box)
     assert box.compensation_call("charge_twice", {"refund_id": "rf_1", "amount_cents": 4500}) == (
         "refund_fee",
         {"refund_id": "rf_1"},
     )
     assert box.compensation_call("fetch_booking", {"booking_reference": "ABC123"}) is None
+    undo = box.prepare_undo("refund_fee", {"refund_id": "rf_1"})
+    assert undo.kind == StepKind.EFFECT
+    assert undo.run(context("refund_fee")).result == {"refunded": True, "key": "wf_abc_step_4"}
+
+
+def test_compensation__never_offered_to_the_model_and_refused_if_it_names_one(
+    box: Toolbox,
+) -> None:
+    """A model that could call refund_fee could record "refunded" before any charge, or give
+    the fee back and still take the boarding pass: only the engine runs a compensation."""
+    with_refund(box)
+
+    assert "refund_fee" not in box.names and "refund_fee" not in box
+    assert "refund_fee" not in [t["function"]["name"] for t in box.openai_tools()]
+    called = box.prepare("refund_fee", {"refund_id": "rf_1"})
+    assert called.kind == StepKind.READ  # nothing to claim: it runs nothing
+    outcome = called.run(context("refund_fee"))
+    assert outcome.ok is False and outcome.result["error"] == "unknown_tool"
+    assert "refund_fee" not in outcome.result["message"].split("Tools: ")[1]
+
+
+def test_compensation__a_name_is_a_tool_or_a_compensation_never_both(box: Toolbox) -> None:
+    with pytest.raises(DefinitionError, match="registered twice"):
+        box.compensation("fetch_booking")
 
 
 def test_validate__compensation_needing_more_arguments_is_refused(box: Toolbox) -> None:
-    @box.tool("undo", side_effect=True, description="d")
+    @box.compensation("undo")
     def undo(ctx: ToolContext, refund_id: str, reason: str) -> None:
         return None
 
@@ -178,6 +209,57 @@ def test_validate__compensation_needing_more_arguments_is_refused(box: Toolbox) 
 
     with pytest.raises(DefinitionError, match=r"needs \['reason'\]"):
         box.validate()
+
+
+# --- how many times a run may make a call --------------------------------------------------------
+def ran(position: int, name: str, *, ok: bool = True) -> ToolRecord:
+    return ToolRecord(position=position, name=name, arguments={}, result={}, ok=ok)
+
+
+def test_max_calls__a_side_effect_is_made_once_per_run_unless_it_says_more(box: Toolbox) -> None:
+    issue = {"booking_reference": "ABC123", "flight": "SK1240", "date": "2027-03-16"}
+    assert box["issue_boarding_pass"].max_calls == 1
+    assert box["fetch_booking"].max_calls is None  # reads may repeat
+
+    first = box.prepare("issue_boarding_pass", issue, history=[ran(3, "fetch_booking")])
+    second = box.prepare("issue_boarding_pass", issue, history=[ran(5, "issue_boarding_pass")])
+
+    assert first.kind == StepKind.EFFECT and first.refused is None
+    assert second.kind == StepKind.READ  # refused: nothing claimed, nothing run
+    outcome = second.run(context("issue_boarding_pass"))
+    assert outcome == ToolOutcome(
+        ok=False,
+        result={
+            "error": "limit_reached",
+            "message": "issue_boarding_pass was not called: a run may make it once, and this "
+            "one has (the last was call 5). Nothing was done.",
+        },
+    )
+    assert box.calls == []  # type: ignore[attr-defined]
+    again = box.prepare(
+        "fetch_booking", {"booking_reference": "ABC123"}, history=[ran(3, "fetch_booking")]
+    )
+    assert again.refused is None
+
+
+def test_max_calls__a_refused_earlier_call_did_nothing_so_does_not_count(box: Toolbox) -> None:
+    charge = {"refund_id": "rf_1", "amount_cents": 4500}
+    assert (
+        box.prepare(
+            "charge_customer", charge, history=[ran(7, "charge_customer", ok=False)]
+        ).refused
+        is None
+    )
+
+
+def test_max_calls__declared_per_tool_and_at_least_one() -> None:
+    toolbox = Toolbox("unit")
+    toolbox.tool("note", side_effect=True, description="d", max_calls=3)(lambda ctx: None)
+    notes = [ran(n, "note") for n in (2, 3)]
+    assert toolbox.prepare("note", {}, history=notes).refused is None
+    assert toolbox.prepare("note", {}, history=[*notes, ran(4, "note")]).refused is not None
+    with pytest.raises(DefinitionError, match="max_calls of at least 1"):
+        toolbox.tool("never", side_effect=True, description="d", max_calls=0)
 
 
 # --- schema ------------------------------------------------------------------------------------

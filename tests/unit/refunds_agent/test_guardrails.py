@@ -33,32 +33,6 @@ def test_charge_amount__must_equal_the_policy_fee() -> None:
         guardrails.check_charge_amount(4500, fee_cents=0, reference="FLX123")
 
 
-@pytest.mark.parametrize(
-    ("tool", "what"),
-    [
-        ("charge_customer", "charge"),
-        ("cancel_seat", "seat cancellation"),
-        ("refund_fee", "refund_fee"),
-    ],
-)
-def test_once_per_run__a_second_effect_is_refused(tool: str, what: str) -> None:
-    guardrails.check_once_per_run(tool, [record(3, "fetch_booking")])
-    with pytest.raises(GuardrailViolation) as caught:
-        guardrails.check_once_per_run(tool, [record(3, "fetch_booking"), record(7, tool)])
-    assert str(caught.value) == (
-        f"The agent asked for a second {what} in this request (the first was call 7); "
-        "it was refused."
-    )
-
-
-def test_once_per_run__a_refused_earlier_call_did_nothing_so_does_not_count() -> None:
-    guardrails.check_once_per_run("charge_customer", [record(7, "charge_customer", ok=False)])
-
-
-def test_once_per_run__other_tools_may_repeat() -> None:
-    guardrails.check_once_per_run("fetch_booking", [record(2, "fetch_booking")])
-
-
 def test_own_refund_and_booking__others_are_refused() -> None:
     guardrails.check_own_refund(" rf_1 ", "rf_1")
     guardrails.check_own_booking("abc123 ", "ABC123")
