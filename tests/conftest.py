@@ -8,6 +8,7 @@ pytest_plugins: list[str] = [
     "tests.support.processes",
     "tests.support.engine",
     "tests.support.llm_server",
+    "tests.support.agent_workers",
     "tests.support.admin",
     "tests.support.browser",
 ]

@@ -9,7 +9,6 @@ call, and the same final state as an uninterrupted run.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,54 +16,19 @@ import pytest
 from agentflow import durable
 from agentflow.agent import ModelRequest
 from agentflow.models import StepCheckpoint
-from agentflow.workers import WorkerProcess
 from refunds import engines
 from refunds.agent.planner import plan_refund
 from refunds.agent.prompts import read_first_user_message
+from tests.support.agent_workers import AgentWorker
 from tests.support.engine import stopped
 from tests.support.llm_server import LLMServer, SeenRequest, fail, planned_by, tool_calls
-from tests.support.refunds import finished, partner_effects, refund_worker_env, submit
+from tests.support.refunds import finished, partner_effects, submit
 from tests.support.sandbox import SandboxProcess
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EFFECTS = ("payments", "seat_cancellations", "boarding_passes", "crm_updates", "emails")
-
-AgentWorker = Callable[..., WorkerProcess]
-
-
-@pytest.fixture
-def agent_worker(
-    clean_sandbox: SandboxProcess, llm_server: LLMServer, transactional_db: None, settings: Any
-) -> Iterator[AgentWorker]:
-    """Starts one worker (two pool processes, embedded beat) running refunds as agent runs,
-    its model the local server answering as the scripted refund planner would."""
-    settings.REFUNDS_ENGINE = "agent"
-    settings.REFUNDS_SUBMIT_LIMIT = settings.REFUNDS_BOOKING_LIMIT = 0
-    llm_server.script(planned_by(plan_refund))
-    started: list[WorkerProcess] = []
-
-    def start(**overrides: str) -> WorkerProcess:
-        env = refund_worker_env(
-            clean_sandbox,
-            AGENTFLOW_LLM_BASE_URL=llm_server.url,
-            AGENTFLOW_LLM_MODEL="test-model",
-            AGENTFLOW_LLM_API_KEY="sk-test",
-            REFUNDS_ENGINE="agent",
-            REFUNDS_PARTNER_MAX_ATTEMPTS="4",
-            REFUNDS_PARTNER_RETRY_BASE_SECONDS="0.25",
-            **overrides,
-        )
-        worker = WorkerProcess(concurrency=2, env=env, beat=True)
-        started.append(worker)
-        return worker.start(timeout=60)
-
-    try:
-        yield start
-    finally:
-        for worker in started:
-            worker.kill()
 
 
 def trajectory(run_id: str) -> list[str]:
@@ -215,10 +179,15 @@ def test_guardrails__a_model_that_charges_wrong_twice_or_loops__no_money_beyond_
     assert run.status == durable.RunStatus.FAILED
     reason = {
         "one cent": "charge_customer: The agent asked to charge $0.01, but the change fee",
-        "twice": "charge_customer: The agent asked for a second charge in this request",
+        "twice": "The agent used all 4 of its model turns without finishing.",
         "for ever": "The agent used all 4 of its model turns without finishing.",
     }[greed]
     assert run.error.startswith(reason), run.error
+    if greed == "twice":  # the second charge was refused (the model was told), not made
+        charges = StepCheckpoint.objects.filter(run_id=run_id, name="charge_customer")
+        outputs = [cp.output for cp in charges.order_by("seq")]
+        assert [o["ok"] for o in outputs] == [True, False]
+        assert outputs[1]["result"]["error"] == "limit_reached"
     ledger = partner_effects(clean_sandbox, run_id)
     kept = sum(p["amount"] for p in ledger["payments"]) - sum(
         r["amount"] for r in ledger["refunds"]

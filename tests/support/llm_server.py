@@ -14,9 +14,11 @@ the object, any other process from `GET /_llm/requests` (`requests_seen(url)`).
 
 A script is a list of answers indexed by turn (1 + the assistant messages already in the
 conversation, so a retried or replayed turn gets the same answer), a dict {turn: answer}, or a
-function of the request. It serves `POST /v1/chat/completions` (non-streaming, tool calls,
-usage) and answers 400 to a conversation a real server would refuse (a tool call left without
-its result), so a loop that builds bad conversations fails here too.
+function of the request. A plan (`plan(...)`) is a list whose turns may also be functions of the
+request: what a hostile model does, turn by turn, with ids it read from the conversation.
+It serves `POST /v1/chat/completions` (non-streaming, tool calls, usage) and answers 400 to a
+conversation a real server would refuse (a tool call left without its result), so a loop that
+builds bad conversations fails here too.
 """
 
 from __future__ import annotations
@@ -323,6 +325,23 @@ def llm_server() -> Iterator[LLMServer]:
         yield server
     finally:
         server.stop()
+
+
+Turn = Answer | Callable[[SeenRequest], Answer]
+
+
+def plan(*turns: Turn) -> Callable[[SeenRequest], Answer]:
+    """A script of one answer per turn, each an Answer or a function of the request (to use
+    ids the model read from its first messages), as a model that plays it out whatever the
+    tools answer; a turn past the plan is a 400, as with a list script."""
+
+    def answer(seen: SeenRequest) -> Answer:
+        if not 0 < seen.turn <= len(turns):
+            return fail(400, f"the test's plan has no answer for turn {seen.turn}")
+        turn = turns[seen.turn - 1]
+        return turn if isinstance(turn, Answer) else turn(seen)
+
+    return answer
 
 
 def planned_by(planner: Callable[[Any], Any]) -> Callable[[SeenRequest], Answer]:
