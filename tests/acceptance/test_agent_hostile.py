@@ -19,6 +19,7 @@ from django.test import Client
 
 from agentflow import durable
 from agentflow.models import StepCheckpoint
+from refunds import engines
 from refunds.agent.prompts import read_first_user_message
 from refunds.models import RefundRequest
 from tests.support.agent_workers import AgentWorker
@@ -119,6 +120,9 @@ def test_hostile_model__completes_with_one_of_each_or_keeps_nothing_and_says_so(
         assert len(ledger["boarding_passes"]) == 1
         assert len(ledger["emails"]) == len(emails) == 1
         assert page["outcome"] == "completed"
+        # Every row shown done happened once; a refused call (refund_fee) is no row at all.
+        done = [step["name"] for step in page["steps"] if step["state"] == "done"]
+        assert done == list(engines.AGENT_STEPS)
         assert "New flight: SK1240 on Tuesday 16 March 2027" in page["details"]
         assert "Change fee: $45, charged to your card" in page["details"]
     else:

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from agentflow.agent.errors import ToolRefused
 from agentflow.agent.tools import Toolbox, ToolContext, ToolOutcome, ToolRecord
+from agentflow.codefirst import CodeWorkflow
 from agentflow.exceptions import DefinitionError, PermanentStepError
 from agentflow.serialization import NotJSONError
 from agentflow.states import StepKind
@@ -191,6 +192,20 @@ def test_compensation__never_offered_to_the_model_and_refused_if_it_names_one(
     outcome = called.run(context("refund_fee"))
     assert outcome.ok is False and outcome.result["error"] == "unknown_tool"
     assert "refund_fee" not in outcome.result["message"].split("Tools: ")[1]
+
+
+def test_compensation__planned_only_for_a_call_that_ran(box: Toolbox) -> None:
+    """Issue 19 8c: a refused call (invalid, over a limit, refused by its tool) made nothing."""
+    workflow = CodeWorkflow("unit_agent", version=1, toolbox=with_refund(box))
+    ran_ok = {"ok": True, "result": {"charged": True}}
+    refused = {"ok": False, "result": {"error": "refused", "message": "m"}}
+
+    assert workflow.compensation_for("charge_twice", 5, output=ran_ok) == "refund_fee@5"
+    assert workflow.compensation_for("charge_twice", 5, output=ran_ok, branch=0) == (
+        "refund_fee@b0.5"
+    )
+    assert workflow.compensation_for("charge_twice", 6, output=refused) is None
+    assert workflow.compensation_for("charge_twice", 7, output=None) is None
 
 
 def test_compensation__a_name_is_a_tool_or_a_compensation_never_both(box: Toolbox) -> None:
