@@ -136,6 +136,8 @@ def test_hostile_model__completes_with_one_of_each_or_keeps_nothing_and_says_so(
             assert "The $45 change fee was refunded to your card." in page["details"]
         else:
             assert "You have not been charged." in page["message"]
+    if name == "answer at once after one lookup":  # the done predicate's words reach the page
+        assert page["message"].startswith("We couldn't finish changing your booking: ")
     assert worker.alive()
     assert run.status == EXPECTED[name], run.error
 

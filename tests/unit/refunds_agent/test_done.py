@@ -1,0 +1,49 @@
+"""The refund agent's "done": what its recorded calls must show before a final answer counts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentflow.agent import ToolRecord
+from refunds.agent.workflow import fee_kept_once, rebooked
+
+
+def ran(name: str, result: Any = None, *, ok: bool = True) -> ToolRecord:
+    return ToolRecord(position=0, name=name, arguments={}, result=result or {}, ok=ok)
+
+
+CHARGED = ran("charge_customer", {"charged": True, "amount_cents": 4500})
+REBOOKED = (
+    ran("cancel_seat"),
+    CHARGED,
+    ran("issue_boarding_pass"),
+    ran("update_crm"),
+    ran("send_confirmation_email"),
+)
+
+
+def test_done__seat_fee_pass_and_confirmation_once_each() -> None:
+    assert rebooked(REBOOKED) is None
+    free = ran("charge_customer", {"charged": False, "amount_cents": 0})  # a flex fare
+    assert rebooked((REBOOKED[0], free, *REBOOKED[2:])) is None
+
+
+def test_done__an_answer_after_one_lookup_did_nothing() -> None:
+    assert rebooked([ran("load_request")]) == (
+        "We couldn't finish changing your booking: your seat was not changed; the change fee "
+        "was not settled; no new boarding pass was issued; no confirmation was sent."
+    )
+
+
+def test_done__refused_calls_count_for_nothing() -> None:
+    refused = ran("issue_boarding_pass", {"error": "refused"}, ok=False)
+    assert rebooked((*REBOOKED[:2], refused, *REBOOKED[3:])) == (
+        "We couldn't finish changing your booking: no new boarding pass was issued."
+    )
+
+
+def test_fee_kept_once__one_charge_that_took_the_fee_or_said_none_was_due() -> None:
+    assert fee_kept_once([CHARGED])
+    assert not fee_kept_once([])
+    assert not fee_kept_once([CHARGED, CHARGED])
+    assert not fee_kept_once([ran("charge_customer", {"charged": False, "amount_cents": 4500})])
