@@ -138,6 +138,8 @@ def test_hostile_model__completes_with_one_of_each_or_keeps_nothing_and_says_so(
             assert "You have not been charged." in page["message"]
     if name == "answer at once after one lookup":  # the done predicate's words reach the page
         assert page["message"].startswith("We couldn't finish changing your booking: ")
+    if name == "sixty calls in one turn":
+        assert_ten_ran_and_fifty_were_refused(run_id, llm_server)
     assert worker.alive()
     assert run.status == EXPECTED[name], run.error
 
@@ -152,20 +154,16 @@ EXPECTED = {
 }
 
 
-def test_hostile_model__sixty_calls_in_a_turn__ten_asked_of_the_tools_the_rest_refused(
-    agent_worker: AgentWorker, llm_server: LLMServer, clean_sandbox: SandboxProcess
-) -> None:
-    llm_server.script(PLANS["sixty calls in one turn"])
-    worker = agent_worker()
-    run_id = submit(REFERENCE)
-
-    run = finished(run_id, worker, timeout=120)
-
-    assert run.status == durable.RunStatus.COMPLETED, run.error
-    passes = StepCheckpoint.objects.filter(run_id=run_id, name="issue_boarding_pass")
-    errors = [(cp.output["result"] or {}).get("error") for cp in passes.order_by("seq")]
-    assert errors == [None] + ["limit_reached"] * 57  # max_calls for 7, the turn's cap for 50
-    assert all(cp.kind == durable.StepKind.READ for cp in passes.order_by("seq")[1:])
+def assert_ten_ran_and_fifty_were_refused(run_id: str, llm_server: LLMServer) -> None:
+    """The turn's first ten calls were asked of the tools (the pass once, then max_calls
+    refused seven), the other fifty refused by the turn's cap; none claimed, the model told."""
+    passes = StepCheckpoint.objects.filter(run_id=run_id, name="issue_boarding_pass").order_by(
+        "seq"
+    )
+    errors = [(cp.output["result"] or {}).get("error") for cp in passes]
+    assert errors == [None] + ["limit_reached"] * 57
+    assert all(cp.kind == durable.StepKind.READ for cp in passes[1:])
     turn_4 = next(seen for seen in llm_server.requests if seen.turn == 4)
-    told = [m for m in turn_4.messages if m.get("role") == "tool"][-58:]
-    assert "one turn may make at most 10 tool calls" in told[-1]["content"]
+    told = [m["content"] for m in turn_4.messages if m.get("role") == "tool"][-58:]
+    assert "a run may make it once" in told[1]
+    assert "one turn may make at most 10 tool calls; this was call 11" in told[8]
