@@ -101,7 +101,7 @@ def run_fail_between_calls(run_id: str, workflow: Workflow, seq: int, reason: st
         ):
             return False
         try:
-            begin_undo(state, workflow, seq=seq, next_seq=seq, reason=reason)
+            begin_undo(state, workflow, seq=seq, reason=reason)
         except Fenced:
             return False
     return True

@@ -280,7 +280,6 @@ def _cancel_now(
         run,
         workflow,
         seq=seq,
-        next_seq=seq + 1 if cp is not None else seq,
         reason=reason,
         statuses=[*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION],
         ended=RunStatus.CANCELLED,

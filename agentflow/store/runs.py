@@ -319,7 +319,7 @@ def _fail_run(run: RunLike, workflow: Workflow, step: StepDef, seq: int, error: 
             raise Fenced
         event_add(run.id, RunEvent.Kind.NEEDS_ATTENTION, message, seq=seq)
         return
-    begin_undo(run, workflow, seq=seq, next_seq=seq + 1, reason=reason)
+    begin_undo(run, workflow, seq=seq, reason=reason)
 
 
 def begin_undo(
@@ -327,19 +327,22 @@ def begin_undo(
     workflow: Workflow,
     *,
     seq: int,
-    next_seq: int,
     reason: str,
     statuses: Sequence[str] = ACTIVE,
     ended: str | None = None,
 ) -> list[str]:
     """Fail (or cancel) the run: run the compensations of the effects it made, latest first,
-    then the workflow's `on_failure` step, at `next_seq` on; or end it now if there are none.
+    then the workflow's `on_failure` step, from `seq + 1` on; or end it now if there are none.
+    Never at `seq` itself, even when nothing was recorded there: that seq belongs to the
+    forward step, whose worker may still hold the run as it was (a compensation sharing it
+    would meet that step's checkpoint and park as a "non-deterministic definition").
 
     Fenced on the run being at `seq` in one of `statuses`; `ended`: the status to end with
     (default FAILED, or CANCELLED when cancel was requested). Part of the caller's transaction;
     raises Fenced if the run moved on. Returns the compensation plan (empty: it ended).
     """
     final = ended or (RunStatus.CANCELLED if run.cancel_requested else RunStatus.FAILED)
+    next_seq = seq + 1
     plan = compensation_plan(run.id, workflow, seq)
     changes: dict[str, Any] = {"error": reason, "updated_at": sql.at_now()}
     if final == RunStatus.CANCELLED:

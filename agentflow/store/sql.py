@@ -255,24 +255,30 @@ def move_run_and_step(
     step_insert: Mapping[str, Any] | None = None,
     step_where: StepWhere | None = None,
     step_changes: Mapping[str, Any] | None = None,
+    run_expected: Mapping[str, Any] | None = None,
     returning: Sequence[str] = (),
 ) -> tuple[Any, ...] | None:
-    """Atomically update the run (fenced: still active and at `seq`) and either insert the
-    step's checkpoint or update it (fenced by `step_where`).
+    """Atomically update the run (fenced: still active and at `seq`, and its `run_expected`
+    columns still as the caller read them) and either insert the step's checkpoint or update it
+    (fenced by `step_where`).
 
     Returns None, changing nothing, when a fence fails, else a tuple of the checkpoint's
     `returning` columns as written; raises IntegrityError when the insert loses to another
     worker's. On Postgres this is ONE statement, so one round trip and, outside a transaction,
     one commit; elsewhere it is a short transaction of two or three statements.
     """
+    expected = run_expected or {}
     if postgres():
         return _move_one_statement(
-            run_id, seq, active, run_changes, step_insert, step_where, step_changes, returning
-        )
+            run_id, seq, active, run_changes, step_insert, step_where, step_changes, expected,
+            returning,
+        )  # fmt: skip
+    expected_sql, expected_values = _expected(expected, "")
     run_fence = f"id = %s AND current_seq = %s AND status IN ({placeholders(active)})"
     try:
         with transaction.atomic():
-            if not update(RUNS, run_changes, run_fence, [run_id, seq, *active]):
+            run_params = [run_id, seq, *active, *expected_values]
+            if not update(RUNS, run_changes, run_fence + expected_sql, run_params):
                 raise _Rollback
             if step_insert is not None:
                 insert(STEPS, step_insert)
@@ -291,6 +297,12 @@ def move_run_and_step(
         return None
 
 
+def _expected(columns: Mapping[str, Any], prefix: str) -> tuple[str, list[Any]]:
+    """` AND <prefix>column = %s …` for the run's columns a write expects, and the parameters."""
+    where = "".join(f" AND {prefix}{column} = %s" for column in columns)
+    return where, [adapt(column, value) for column, value in columns.items()]
+
+
 def _move_one_statement(
     run_id: str,
     seq: int,
@@ -299,6 +311,7 @@ def _move_one_statement(
     step_insert: Mapping[str, Any] | None,
     step_where: StepWhere | None,
     step_changes: Mapping[str, Any] | None,
+    expected: Mapping[str, Any],
     returning: Sequence[str],
 ) -> tuple[Any, ...] | None:
     run_set, run_values = set_clause(run_changes)
@@ -309,10 +322,11 @@ def _move_one_statement(
         # NULLs are left to the column default: an untyped NULL in a SELECT list is text.
         values = {column: value for column, value in step_insert.items() if value is not None}
         columns, exprs, insert_values = _insert_parts(values)
+        expected_sql, expected_values = _expected(expected, "")
         query = f"""
             WITH moved AS (
                 UPDATE {RUNS} SET {run_set}
-                WHERE id = %s AND current_seq = %s AND status IN ({statuses})
+                WHERE id = %s AND current_seq = %s AND status IN ({statuses}){expected_sql}
                 RETURNING id
             ), step AS (
                 INSERT INTO {STEPS} ({columns})
@@ -321,16 +335,17 @@ def _move_one_statement(
             )
             SELECT {outputs} FROM step
         """
-        params = [*run_values, run_id, seq, *active, *insert_values]
+        params = [*run_values, run_id, seq, *active, *expected_values, *insert_values]
     else:
         assert step_where is not None and step_changes is not None
         step_set, step_values = set_clause(step_changes)
+        expected_sql, expected_values = _expected(expected, "r.")
         # `ok` locks both rows and checks both fences (re-checked after any lock wait), so the
         # two updates happen together or not at all.
         query = f"""
             WITH ok AS (
                 SELECT c.id FROM {STEPS} c JOIN {RUNS} r ON r.id = c.run_id
-                WHERE r.id = %s AND r.current_seq = %s AND r.status IN ({statuses})
+                WHERE r.id = %s AND r.current_seq = %s AND r.status IN ({statuses}){expected_sql}
                   AND c.seq = %s AND {step_where.render("c")}
                 FOR UPDATE
             ), step AS (
@@ -343,6 +358,7 @@ def _move_one_statement(
             run_id,
             seq,
             *active,
+            *expected_values,
             seq,
             *step_where.params,
             *step_values,

@@ -268,6 +268,7 @@ def step_claim(run: StepState, step: StepDef, seq: int, seen: CheckpointRow | No
                     "updated_at": sql.at_now(),
                 },
                 **_step_write(run.id, step, seq, seen, lease, claimable=True),
+                run_expected=_as_decided(run),
                 returning=("started_at", "first_started_at", sql.seconds_since("first_started_at")),
             )
             if row is None:
@@ -459,6 +460,7 @@ def unclaimed_complete(
             },
             claimable=False,
         ),
+        run_expected=_as_decided(run),
     )
     if done is not None:
         hint = _fresh(workflow, changes)
@@ -466,6 +468,17 @@ def unclaimed_complete(
         if next_seq is None:
             telemetry.run_finished(run.id, workflow.name, changes["status"])
     return done is not None
+
+
+def _as_decided(run: StepState) -> dict[str, Any]:
+    """What decided which step runs at the run's seq. A claim, and a read or db step's write,
+    is fenced on all of it being unchanged, so a worker that loaded the run before an operator
+    cancelled or forked it changes nothing after (I5): the fast path's claim checks the same."""
+    return {
+        "current_step": run.current_step,
+        "cancel_requested": run.cancel_requested,
+        "branch": run.branch,
+    }
 
 
 def _step_write(
