@@ -34,6 +34,10 @@ class WorkflowRun(models.Model):
     #: Code-first runs: how many times an operator forked it. Steps of earlier branches are kept
     #: as superseded history; new calls get idempotency keys that name the branch.
     branch = models.PositiveIntegerField(default=0, db_default=0)
+    #: The highest fence the checkpoints a fork set aside had: a checkpoint written after it
+    #: starts above this, so no fence is used twice at a position and a worker still holding a
+    #: set-aside claim matches nothing in the new branch (SPEC 3.3c).
+    fence_floor = models.PositiveBigIntegerField(default=0, db_default=0)
     #: When the sweeper should look again if nothing moved: a lease expiry, a retry time,
     #: or an enqueue grace. NULL exactly when the run needs no sweeper (terminal or parked).
     wake_at = models.DateTimeField(null=True, blank=True)

@@ -269,7 +269,7 @@ def _write_failed_checkpoint(
                 "name": step.name,
                 "kind": step.kind,
                 "attempts": 1,
-                "fence": 1,
+                "fence": sql.first_fence(run_id),
                 "idempotency_key": step.key or idempotency_key(run_id, seq),
                 "arguments": step.arguments,
                 "first_started_at": sql.at_now(),

@@ -118,6 +118,12 @@ def at_now_plus(seconds: float) -> Expr:
     return Expr(now_plus(), (float(seconds),))
 
 
+def first_fence(run_id: str) -> Expr:
+    """The fence of a checkpoint about to be inserted: above every fence of the checkpoints a
+    fork set aside at the same positions (the run's `fence_floor`), never 1 again."""
+    return Expr(f"(SELECT fence_floor + 1 FROM {RUNS} WHERE id = %s)", (run_id,))
+
+
 def keep_if_later(column: str, *, threshold_seconds: float, seconds: float) -> Expr:
     """Leave `column` alone when it is already at least now + `threshold_seconds`, else set it
     to now + `seconds`. Re-arming `wake_at` only when it is close keeps most step updates of a

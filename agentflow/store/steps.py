@@ -163,17 +163,18 @@ def _load_and_claim_query() -> str:
         WHERE r.id = %s AND r.current_seq = %s AND r.status IN (%s, %s) AND NOT r.cancel_requested
           AND r.workflow = %s AND r.version = %s AND r.current_step = %s
           AND NOT EXISTS (SELECT 1 FROM {sql.STEPS} c WHERE c.run_id = r.id AND c.seq = %s)
-        RETURNING r.id
+        RETURNING r.id, r.fence_floor
     ), claimed AS (
         INSERT INTO {sql.STEPS} (run_id, seq, name, kind, idempotency_key, status, attempts, fence,
                                  retryable, error, lease_owner, lease_lock, lease_expires_at,
                                  started_at, first_started_at)
-        SELECT id, %s, %s, %s, %s, %s, 1, 1, false, '', %s, %s, {sql.now_plus()}, {sql.now()},
-               {sql.now()}
+        SELECT id, %s, %s, %s, %s, %s, 1, fence_floor + 1, false, '', %s, %s, {sql.now_plus()},
+               {sql.now()}, {sql.now()}
         FROM claimed_run
-        RETURNING id, started_at
+        RETURNING id, started_at, fence
     )
-    SELECT {_STATE_COLUMNS}, (SELECT started_at FROM claimed) {_STATE_FROM}
+    SELECT {_STATE_COLUMNS}, (SELECT started_at FROM claimed), (SELECT fence FROM claimed)
+    {_STATE_FROM}
     """
 
 
@@ -209,7 +210,7 @@ def state_load_claiming(
     assert started is not None
     claim = Claim(
         attempt=1,
-        fence=1,
+        fence=int(row[_STATE_WIDTH + 1]),
         outcome_unknown=False,
         first_started_at=started,
         started_at=started,
@@ -242,11 +243,10 @@ def step_claim(run: StepState, step: StepDef, seq: int, seen: CheckpointRow | No
         return None
     owner, lock = leases.current_owner()
     attempt = seen.attempts + 1 if seen is not None else 1
-    fence = seen.fence + 1 if seen is not None else 1
     lease = {
         "status": StepStatus.IN_PROGRESS,
         "attempts": attempt,
-        "fence": fence,
+        "fence": seen.fence + 1 if seen is not None else sql.first_fence(run.id),
         "lease_owner": owner,
         "lease_lock": lock,
         "lease_expires_at": sql.at_now_plus(_lease_seconds()),
@@ -269,11 +269,16 @@ def step_claim(run: StepState, step: StepDef, seq: int, seen: CheckpointRow | No
                 },
                 **_step_write(run.id, step, seq, seen, lease, claimable=True),
                 run_expected=_as_decided(run),
-                returning=("started_at", "first_started_at", sql.seconds_since("first_started_at")),
+                returning=(
+                    "started_at",
+                    "first_started_at",
+                    sql.seconds_since("first_started_at"),
+                    "fence",
+                ),
             )
             if row is None:
                 return None
-            started = sql.read_datetime(row[0])
+            started, fence = sql.read_datetime(row[0]), int(row[3])
             if takeover:
                 assert seen is not None
                 _record_takeover(run.id, seq, seen, attempt, fence, started)
@@ -448,7 +453,7 @@ def unclaimed_complete(
             {
                 "status": StepStatus.COMPLETED,
                 "attempts": attempt,
-                "fence": seen.fence + 1 if seen is not None else 1,
+                "fence": seen.fence + 1 if seen is not None else sql.first_fence(run.id),
                 "output": output,
                 "error": "",
                 "started_at": sql.at_now(),

@@ -8,12 +8,15 @@ A "stale worker" is played in two phases with the calls the runtime makes: it lo
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 
-from agentflow import durable, runtime, store
-from agentflow.models import StepCheckpoint, WorkflowRun
+from agentflow import codefirst, durable, runtime, store
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.registry import StepDef
 from agentflow.states import RunStatus
 from tests.acceptance import workflows
 from tests.support import partner
@@ -79,3 +82,51 @@ def test_db_step__a_worker_that_loaded_it_before_a_cancel__writes_nothing(
     run = drive(run_id)
     assert run.status == RunStatus.CANCELLED, run.error
     assert _names(run_id) == ["book", "unbook", "notify"]
+
+
+# --- finding 5: a fork restarted fence numbers ------------------------------------------------
+def _next_call(run_id: str, seq: int) -> tuple[store.StepState, StepDef]:
+    """A worker's first phase on a code-first run: load it, replay up to its next call."""
+    state = store.state_load(run_id, seq)
+    assert state is not None
+    outcome = codefirst.replay(
+        workflows.agent,
+        run_id=run_id,
+        input=state.input,
+        seq=seq,
+        branch=state.branch,
+        recorded=store.calls_load(run_id, seq + 1),
+        reusable=lambda: store.superseded_reusable(run_id),
+    )
+    assert isinstance(outcome, codefirst.NextCall), outcome
+    return state, outcome.step
+
+
+def test_fork__a_stale_model_call_completing_after_it__matches_nothing_in_the_new_branch(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """The new branch's claim at the set-aside position used to get fence 1 again: the stale
+    worker's answer was recorded as the new branch's, and the new branch's worker fenced out."""
+    run_id = durable.start(workflows.agent.name)
+    for seq in (1, 2, 3):
+        runtime.run_step(run_id, seq)  # turn 1 and its two lookups
+    old, turn = _next_call(run_id, 4)
+    stale = store.step_claim(old, turn, 4, None)  # turn 2; its worker stalls past its lease
+    assert stale is not None
+    StepCheckpoint.objects.filter(run_id=run_id, seq=4).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1), lease_lock=None
+    )
+    assert store.run_park(run_id, 4, "set aside by an operator", fence=stale.fence)
+    durable.fork(run_id, position=4, actor="ops", reason="ask turn 2 again")
+    new, again = _next_call(run_id, 4)
+    fresh = store.step_claim(new, again, 4, None)
+    assert fresh is not None
+
+    late = store.step_complete(old, workflows.agent, turn, 4, stale, turn.fn(None))  # type: ignore[arg-type]
+    on_time = store.step_complete(new, workflows.agent, again, 4, fresh, again.fn(None))  # type: ignore[arg-type]
+
+    assert (late, on_time) == (False, True)
+    event = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.LATE_COMPLETION)
+    assert event.data["fence"] == stale.fence < fresh.fence
+    assert drive(run_id).status == RunStatus.COMPLETED
+
