@@ -34,6 +34,7 @@ class CheckpointRow:
 
     id: int
     name: str
+    kind: str
     status: str
     attempts: int
     fence: int
@@ -78,14 +79,14 @@ _STATE_COLUMNS = f"""
     CASE WHEN c.id IS NULL THEN false ELSE {sql.claimable("c")} END,
     COALESCE(c.lease_expires_at <= {sql.now()}, false),
     c.first_started_at, c.started_at, c.lease_expires_at, {sql.seconds_since("c.first_started_at")},
-    r.branch
+    r.branch, c.kind
 """
 _STATE_FROM = f"""
     FROM {sql.RUNS} r
     LEFT JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = %s
     WHERE r.id = %s
 """
-_STATE_WIDTH = 24
+_STATE_WIDTH = 25
 
 
 def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None:
@@ -105,6 +106,7 @@ def _state_from_row(run_id: str, row: tuple[Any, ...] | None) -> StepState | Non
         checkpoint = CheckpointRow(
             id=row[10],
             name=row[11],
+            kind=row[24],
             status=row[12],
             attempts=row[13],
             fence=row[14],

@@ -386,3 +386,16 @@ noted.step("note", kind="db")(read)
 noted.step("finish", kind="read")(_finish)
 noted.compensation("unbook")(effect)
 noted.compensation("notify")(effect)
+
+#: An agent function that changes its mind on replay (the partner flag `<run>/moody` set) and
+#: raises before the effect whose attempt is already recorded at the next position.
+moody = durable.CodeWorkflow("crash_moody", version=1)
+
+
+@moody.run
+def charge_unless_moody(ctx: durable.AgentContext) -> str:
+    ctx.step("prepare", read)
+    if partner.is_released(f"{ctx.run_id}/moody"):
+        raise RuntimeError("the function changed its mind")
+    ctx.step("charge", effect, kind="effect")
+    return "charged"

@@ -130,3 +130,34 @@ def test_fork__a_stale_model_call_completing_after_it__matches_nothing_in_the_ne
     assert event.data["fence"] == stale.fence < fresh.fence
     assert drive(run_id).status == RunStatus.COMPLETED
 
+
+# --- finding 6: a replay that raises over a recorded call -------------------------------------
+def test_replay__raises_while_an_effect_attempt_is_recorded_next__parked_outcome_unknown() -> None:
+    """`run_fail_between_calls` refused (a call is recorded there) and nothing else was written:
+    the run stayed active and the sweeper republished it for ever."""
+    run_id = durable.start(workflows.moody.name)
+    runtime.run_step(run_id, 1)  # prepare
+    state = store.state_load(run_id, 2)
+    assert state is not None
+    outcome = codefirst.replay(
+        workflows.moody, run_id=run_id, input=state.input, seq=2, branch=0,
+        recorded=store.calls_load(run_id, 3), reusable=list,
+    )  # fmt: skip
+    assert isinstance(outcome, codefirst.NextCall)
+    claim = store.step_claim(state, outcome.step, 2, None)  # the charge's worker dies...
+    assert claim is not None
+    StepCheckpoint.objects.filter(run_id=run_id, seq=2).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1), lease_lock=None
+    )
+    partner.release(f"{run_id}/moody")  # ...and the function no longer makes that call
+
+    runtime.run_step(run_id, 2, redelivered=True)
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.NEEDS_ATTENTION, (run.status, run.error)
+    assert run.error.startswith("outcome unknown: charge at position 2")
+    assert "the function changed its mind" in run.error
+    event = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.OUTCOME_UNKNOWN)
+    assert event.data["fence"] == claim.fence
+    runtime.run_step(run_id, 2)  # a duplicate changes nothing
+    assert WorkflowRun.objects.get(pk=run_id).error == run.error
