@@ -113,6 +113,9 @@ class StepCheckpoint(models.Model):
     #: The owner process's advisory lock (SPEC 3.7): free means the owner is gone, on any host.
     #: NULL when the owner holds none (SQLite, or its liveness connection was down): lease only.
     lease_lock = models.BigIntegerField(null=True, blank=True)
+    #: The database server that lock was held on (system identifier / timeline): a free lock
+    #: says the owner is gone only on that same server, not on a promoted standby or a copy.
+    lease_server = models.CharField(max_length=40, blank=True, db_default="")
     #: For a retryable FAILED attempt: the earliest database time the next one may be claimed.
     retry_at = models.DateTimeField(null=True, blank=True)
     #: When the first attempt began: the partner-key age guard measures from here.

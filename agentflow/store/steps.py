@@ -168,10 +168,10 @@ def _load_and_claim_query() -> str:
         RETURNING r.id, r.fence_floor
     ), claimed AS (
         INSERT INTO {sql.STEPS} (run_id, seq, name, kind, idempotency_key, status, attempts, fence,
-                                 retryable, error, lease_owner, lease_lock, lease_expires_at,
-                                 started_at, first_started_at)
-        SELECT id, %s, %s, %s, %s, %s, 1, fence_floor + 1, false, '', %s, %s, {sql.now_plus()},
-               {sql.now()}, {sql.now()}
+                                 retryable, error, lease_owner, lease_lock, lease_server,
+                                 lease_expires_at, started_at, first_started_at)
+        SELECT id, %s, %s, %s, %s, %s, 1, fence_floor + 1, false, '', %s, %s, %s,
+               {sql.now_plus()}, {sql.now()}, {sql.now()}
         FROM claimed_run
         RETURNING id, started_at, fence
     )
@@ -190,7 +190,7 @@ def state_load_claiming(
     another definition, a race) nothing is claimed and the caller decides as usual."""
     if not sql.postgres():
         return state_load(run_id, seq), None
-    owner, lock = leases.current_owner()
+    owner, lock, server = leases.current_owner()
     lease = _lease_seconds()
     params = [
         RunStatus.RUNNING, lease,
@@ -198,7 +198,7 @@ def state_load_claiming(
         workflow.name, workflow.version, step.name,
         seq,
         seq, step.name, step.kind, idempotency_key(run_id, seq), StepStatus.IN_PROGRESS,
-        owner, lock, lease,
+        owner, lock, server, lease,
         seq, run_id,
     ]  # fmt: skip
     try:
@@ -243,7 +243,7 @@ def step_claim(run: StepState, step: StepDef, seq: int, seen: CheckpointRow | No
     """
     if claim_blocker(seen) is not None:
         return None
-    owner, lock = leases.current_owner()
+    owner, lock, server = leases.current_owner()
     attempt = seen.attempts + 1 if seen is not None else 1
     lease = {
         "status": StepStatus.IN_PROGRESS,
@@ -251,6 +251,7 @@ def step_claim(run: StepState, step: StepDef, seq: int, seen: CheckpointRow | No
         "fence": seen.fence + 1 if seen is not None else sql.first_fence(run.id),
         "lease_owner": owner,
         "lease_lock": lock,
+        "lease_server": server,
         "lease_expires_at": sql.at_now_plus(_lease_seconds()),
         "started_at": sql.at_now(),
         "finished_at": None,

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from agentflow import codefirst, durable, runtime, store
+from agentflow import codefirst, durable, leases, runtime, store
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef
 from agentflow.states import RunStatus
@@ -161,3 +161,41 @@ def test_replay__raises_while_an_effect_attempt_is_recorded_next__parked_outcome
     assert event.data["fence"] == claim.fence
     runtime.run_step(run_id, 2)  # a duplicate changes nothing
     assert WorkflowRun.objects.get(pk=run_id).error == run.error
+
+
+# --- finding 8a: on a promoted standby every lock looks free ------------------------------------
+def _this_server() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {leases.SERVER_SQL}")
+        return str(cursor.fetchone()[0])
+
+
+def test_liveness__a_claim_recorded_on_another_server__its_free_lock_proves_nothing() -> None:
+    """A promoted standby holds none of the old primary's locks, and its postmaster may have
+    started long before the claims it replicated: they all looked abandoned, and live owners
+    were taken over. A free lock now counts only on the server the claim was made on."""
+    run_id = durable.start(workflows.chain.name)
+    runtime.run_step(run_id, 1)  # prepare
+    state = store.state_load(run_id, 2)
+    assert state is not None
+    claim = store.step_claim(state, workflows.chain.steps["charge"], 2, None)
+    assert claim is not None
+    here = _this_server()
+    cp = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    assert cp.lease_server == here
+    system_id, timeline = here.split("/")
+    gone = leases.lock_key("old-primary/1/dead")  # a lock nobody holds on this server
+
+    def claimable(server: str) -> bool:
+        StepCheckpoint.objects.filter(pk=cp.pk).update(lease_lock=gone, lease_server=server)
+        found = store.state_load(run_id, 2)
+        assert found is not None and found.checkpoint is not None
+        with transaction.atomic():
+            swept = [due.reason for due in store.sweep_due(10) if due.id == run_id]
+        assert swept == (["owner_gone"] if found.checkpoint.claimable else [])
+        return found.checkpoint.claimable
+
+    assert claimable(here)  # its owner died on this very server: taken over at once
+    promoted = f"{system_id}/{int(timeline, 16) - 1:08X}"  # copied from the old timeline
+    assert not claimable(promoted)  # the lease decides
+    assert not claimable("")  # a claim that recorded no server
