@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.utils import timezone
+from django.db.models import DateTimeField, ExpressionWrapper
+from django.db.models.functions import Now
 
 from agentflow import dispatch, telemetry
 from agentflow.context import idempotency_key
@@ -63,7 +64,6 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
         existing = _run_id_by_key(workflow.name, business_key)
         if existing:
             return existing, False
-    now = timezone.now()
     # Inside the caller's transaction a savepoint keeps a lost business-key race from aborting
     # it; alone, the INSERT is its own commit: one round trip instead of BEGIN/INSERT/COMMIT.
     own = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
@@ -77,7 +77,7 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
                 status=RunStatus.PENDING,
                 current_step=workflow.first_step(),
                 current_seq=1,
-                wake_at=now + enqueue_grace(),
+                wake_at=_db_now_plus(enqueue_grace()),
             )
             hint = dispatch.fresh_hint(workflow, run.current_step)
             dispatch.send_step_on_commit(run.id, 1, fresh=hint)
@@ -89,6 +89,12 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
             raise
         return existing, False
     return run.id, True
+
+
+def _db_now_plus(delta: timedelta) -> ExpressionWrapper:
+    """The database's clock plus `delta`, as the INSERT's value: the sweeper compares `wake_at`
+    with the database's clock, so a host whose clock is off must not set it."""
+    return ExpressionWrapper(Now() + delta, output_field=DateTimeField())
 
 
 def _run_id_by_key(workflow: str, business_key: str) -> str | None:

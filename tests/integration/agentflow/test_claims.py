@@ -12,12 +12,15 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from agentflow import codefirst, durable, leases, runtime, store
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef
 from agentflow.states import RunStatus
+from agentflow.store import sql
 from tests.acceptance import workflows
 from tests.support import partner
 
@@ -199,3 +202,40 @@ def test_liveness__a_claim_recorded_on_another_server__its_free_lock_proves_noth
     promoted = f"{system_id}/{int(timeline, 16) - 1:08X}"  # copied from the old timeline
     assert not claimable(promoted)  # the lease decides
     assert not claimable("")  # a claim that recorded no server
+
+
+# --- finding 8b: the database's clock, not the app host's ---------------------------------------
+def _host_clock_ahead(monkeypatch: pytest.MonkeyPatch, by: timedelta) -> None:
+    """This process's clock off, as `AGENTFLOW_CLOCK_OFFSET_SECONDS` makes a worker's."""
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + by)
+
+
+def test_start__on_a_host_whose_clock_runs_an_hour_ahead__wakes_by_the_databases_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`wake_at` came from the host's clock: an hour ahead, a lost first message waited an
+    hour for the sweeper instead of one enqueue grace."""
+    _host_clock_ahead(monkeypatch, timedelta(hours=1))
+
+    run_id = durable.start(workflows.chain.name)
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.wake_at is not None
+    due_by = sql.db_now() + store.enqueue_grace()
+    assert due_by - timedelta(seconds=30) <= run.wake_at <= due_by
+
+
+def test_purge__on_a_host_whose_clock_runs_a_day_ahead__keeps_what_the_database_says_is_young(
+    drive: Callable[[str], WorkflowRun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id = durable.start(workflows.chain.name)
+    assert drive(run_id).status == RunStatus.COMPLETED
+    aged = ExpressionWrapper(Now() - timedelta(days=29, hours=12), output_field=DateTimeField())
+    WorkflowRun.objects.filter(pk=run_id).update(created_at=aged, updated_at=aged)
+    _host_clock_ahead(monkeypatch, timedelta(days=1))
+
+    deleted = store.runs_purge(older_than=timedelta(days=30))
+
+    assert deleted.runs == 0
+    assert WorkflowRun.objects.filter(pk=run_id).exists()
