@@ -7,10 +7,16 @@ A "stale worker" is played in two phases with the calls the runtime makes: it lo
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
@@ -85,6 +91,60 @@ def test_db_step__a_worker_that_loaded_it_before_a_cancel__writes_nothing(
     run = drive(run_id)
     assert run.status == RunStatus.CANCELLED, run.error
     assert _names(run_id) == ["book", "unbook", "notify"]
+
+
+#: The same stale claim on the embedded SQLite default (`make run`), where every claim takes
+#: the slow path: run in a `manage.py shell` of its own, since this suite's database is Postgres.
+SQLITE_STALE_CLAIM = """
+import json
+from agentflow import durable, runtime, store
+from agentflow.models import StepCheckpoint, WorkflowRun
+from agentflow.states import ACTIVE_RUN_STATUSES
+from tests.acceptance import workflows
+
+run_id = durable.start(workflows.cancellable.name)
+runtime.run_step(run_id, 1)
+stale = store.state_load(run_id, 2)
+durable.cancel(run_id, actor="ops", reason="customer withdrew")
+claim = store.step_claim(stale, workflows.cancellable.steps["charge"], 2, None)
+for _ in range(10):
+    run = WorkflowRun.objects.get(pk=run_id)
+    if run.status not in ACTIVE_RUN_STATUSES:
+        break
+    runtime.run_step(run_id, run.current_seq)
+steps = StepCheckpoint.objects.filter(run_id=run_id).order_by("seq")
+names = list(steps.values_list("name", flat=True))
+print(json.dumps({"claimed": claim is not None, "status": run.status, "steps": names}))
+"""
+
+
+def test_claim__on_the_embedded_sqlite_default__a_stale_worker_charges_nothing_either(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+        "AGENTFLOW_VAR_DIR": str(tmp_path),
+        "CELERY_BROKER_URL": "agentflowfs://localhost//",
+        "AGENTFLOW_WORKFLOW_MODULES": "tests.acceptance.workflows",
+    }
+
+    def manage(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    manage("migrate", "--noinput", "-v", "0")
+    report = json.loads(manage("shell", "-c", SQLITE_STALE_CLAIM).strip().splitlines()[-1])
+
+    assert report == {
+        "claimed": False,
+        "status": RunStatus.CANCELLED,
+        "steps": ["book", "unbook", "notify"],
+    }
+    assert [e["step"] for e in partner.executions()] == ["book", "unbook", "notify"]
 
 
 # --- finding 5: a fork restarted fence numbers ------------------------------------------------
