@@ -3,8 +3,9 @@
 A `read` step costs one commit (completion and advance together), an `effect` step two (the
 claim before the call, the fenced completion after). Every write is a compare-and-set whose
 row count decides who won, and is fenced on the checkpoint's fence number, which every write
-but a lease renewal increments and nothing ever resets: a worker whose claim was taken over,
-retried or cancelled past cannot change anything (I5), however long it slept.
+but a lease renewal increments and nothing ever resets (a checkpoint written after a fork
+starts above those it set aside): a worker whose claim was taken over, retried, cancelled or
+forked past cannot change anything (I5), however long it slept.
 """
 
 from __future__ import annotations
