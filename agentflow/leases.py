@@ -39,6 +39,16 @@ PING_SECONDS = 1.0
 FIRST_LOCK_WAIT_SECONDS = 2.0
 
 
+#: Which database server this is, as SQL: its system identifier (shared by a physical standby)
+#: and the timeline it writes WAL on (a promoted standby starts a new one at once; the timeline
+#: in `pg_control_checkpoint()` moves only at its next checkpoint, minutes later). Only a
+#: primary answers: a standby takes no claims.
+SERVER_SQL = (
+    "((SELECT system_identifier FROM pg_control_system())::text || '/' "
+    "|| substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
+)
+
+
 def lock_key(token: str) -> int:
     """The advisory lock named by an owner token: a positive 62-bit integer, so its two 32-bit
     halves (how `pg_locks` shows it) are plain non-negative numbers."""
@@ -105,6 +115,8 @@ class _Process:
         self.conninfo: str | None = None
         self.conn: psycopg.Connection[Any] | None = None
         self.connected_to: str | None = None
+        #: The server the lock is held on (`SERVER_SQL`), read when it was taken.
+        self.server = ""
         self.held = threading.Event()
         self.first_attempt = threading.Event()
         self.last_ok = 0.0
@@ -124,6 +136,8 @@ class _Process:
         if not row or not row[0]:
             conn.close()
             raise RuntimeError(f"advisory lock {self.key} of {self.token} is held by another")
+        server = conn.execute(f"SELECT {SERVER_SQL}").fetchone()
+        self.server = server[0] if server else ""
         self.conn, self.connected_to = conn, conninfo
         self.last_ok = time.monotonic()
         self.held.set()
@@ -200,7 +214,7 @@ class _Process:
             if not kept:
                 on_lost()
 
-    def owner(self) -> tuple[str, int | None]:
+    def owner(self) -> tuple[str, int | None, str]:
         source = _source()
         if source != self.source:
             self.source, self.conninfo = source, liveness_conninfo()
@@ -208,9 +222,11 @@ class _Process:
             self.held.clear()
             self.wake.set()
         if self.conninfo is None:
-            return self.token, None
+            return self.token, None, ""
         self.first_attempt.wait(FIRST_LOCK_WAIT_SECONDS)
-        return self.token, self.key if self.held.is_set() else None
+        if not self.held.is_set():
+            return self.token, None, ""
+        return self.token, self.key, self.server
 
     def release(self, timeout: float = 5.0) -> None:
         """Close the liveness connection (its lock goes with it) until the next claim."""
@@ -243,9 +259,9 @@ def interval() -> float:
     return max(settings.AGENTFLOW_LEASE_SECONDS / 3, 0.2)
 
 
-def current_owner() -> tuple[str, int | None]:
+def current_owner() -> tuple[str, int | None, str]:
     """This process's owner token, and its lock key if it holds its liveness lock right now
-    (None: claims fall back to the lease alone)."""
+    (None: claims fall back to the lease alone) with the server it is held on."""
     return _this_process().owner()
 
 

@@ -34,6 +34,10 @@ class WorkflowRun(models.Model):
     #: Code-first runs: how many times an operator forked it. Steps of earlier branches are kept
     #: as superseded history; new calls get idempotency keys that name the branch.
     branch = models.PositiveIntegerField(default=0, db_default=0)
+    #: The highest fence the checkpoints a fork set aside had: a checkpoint written after it
+    #: starts above this, so no fence is used twice at a position and a worker still holding a
+    #: set-aside claim matches nothing in the new branch (SPEC 3.3c).
+    fence_floor = models.PositiveBigIntegerField(default=0, db_default=0)
     #: When the sweeper should look again if nothing moved: a lease expiry, a retry time,
     #: or an enqueue grace. NULL exactly when the run needs no sweeper (terminal or parked).
     wake_at = models.DateTimeField(null=True, blank=True)
@@ -109,6 +113,9 @@ class StepCheckpoint(models.Model):
     #: The owner process's advisory lock (SPEC 3.7): free means the owner is gone, on any host.
     #: NULL when the owner holds none (SQLite, or its liveness connection was down): lease only.
     lease_lock = models.BigIntegerField(null=True, blank=True)
+    #: The database server that lock was held on (system identifier / timeline): a free lock
+    #: says the owner is gone only on that same server, not on a promoted standby or a copy.
+    lease_server = models.CharField(max_length=40, blank=True, db_default="")
     #: For a retryable FAILED attempt: the earliest database time the next one may be claimed.
     retry_at = models.DateTimeField(null=True, blank=True)
     #: When the first attempt began: the partner-key age guard measures from here.

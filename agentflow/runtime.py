@@ -305,7 +305,9 @@ def _run_db_step(
             return
         output = to_json(step.fn(ctx), f"output of step {step.name}")
         faults.crash_point(step.name, "after_effect", ctx.attempt)
-        if not store.unclaimed_complete(locked, workflow, step, seq, seen, output):
+        # Fenced on the run as `run_step` found it when it chose this step (a cancel since then
+        # moved the run on to undoing), not merely on the state it holds locked now.
+        if not store.unclaimed_complete(run, workflow, step, seq, seen, output):
             raise store.Fenced  # rolls the step's own writes back too
 
 

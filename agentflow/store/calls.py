@@ -8,12 +8,12 @@ from typing import Any
 
 from django.db import transaction
 
-from agentflow.models import StepCheckpoint, SupersededStep
+from agentflow.models import RunEvent, StepCheckpoint, SupersededStep
 from agentflow.registry import Workflow
-from agentflow.states import RunStatus, StepStatus
+from agentflow.states import RunStatus, StepKind, StepStatus
 from agentflow.store import sql
-from agentflow.store.runs import Fenced, begin_undo
-from agentflow.store.steps import ACTIVE, state_load
+from agentflow.store.runs import Fenced, begin_undo, run_park
+from agentflow.store.steps import ACTIVE, CheckpointRow, state_load
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,18 +90,45 @@ def run_finish(run_id: str, seq: int, output: Any) -> bool:
 
 def run_fail_between_calls(run_id: str, workflow: Workflow, seq: int, reason: str) -> bool:
     """The run's function raised (a guardrail, a budget, a refusal) before its next call: fail
-    the run, undoing the effects known to have happened. Fenced like `run_finish`."""
+    the run, undoing the effects known to have happened. Fenced like `run_finish`.
+
+    When an attempt of a call is recorded at `seq` (the function made it before and no longer
+    does), the run is parked instead, fenced on that checkpoint: failing would forget an attempt
+    that may have acted, and doing nothing would have it republished for ever. A live owner's
+    attempt is left to finish first: its completion moves the run on.
+    """
     with transaction.atomic():
         state = state_load(run_id, seq, lock=True)
-        if (
-            state is None
-            or state.status not in ACTIVE
-            or state.current_seq != seq
-            or state.checkpoint is not None
-        ):
+        if state is None or state.status not in ACTIVE or state.current_seq != seq:
             return False
+        recorded = state.checkpoint
+        if recorded is not None:
+            if recorded.status == StepStatus.IN_PROGRESS and not recorded.claimable:
+                return False
+            return _park_over(run_id, seq, recorded, reason)
         try:
-            begin_undo(state, workflow, seq=seq, next_seq=seq, reason=reason)
+            begin_undo(state, workflow, seq=seq, reason=reason)
         except Fenced:
             return False
     return True
+
+
+def _park_over(run_id: str, seq: int, recorded: CheckpointRow, reason: str) -> bool:
+    attempt = f"{recorded.name} at position {seq} (attempt {recorded.attempts}, {recorded.status})"
+    if recorded.kind == StepKind.EFFECT:
+        message = (
+            f"outcome unknown: {attempt} may have acted, and the function now raises before "
+            f"making that call: {reason}; check the partner, then retry or fork"
+        )
+        kind = RunEvent.Kind.OUTCOME_UNKNOWN
+    else:
+        message = f"the function now raises before making its recorded call {attempt}: {reason}"
+        kind = RunEvent.Kind.NEEDS_ATTENTION
+    return run_park(
+        run_id,
+        seq,
+        message,
+        kind=kind,
+        fence=recorded.fence,
+        data={"attempt": recorded.attempts, "fence": recorded.fence, "error": reason[:1000]},
+    )

@@ -280,7 +280,6 @@ def _cancel_now(
         run,
         workflow,
         seq=seq,
-        next_seq=seq + 1 if cp is not None else seq,
         reason=reason,
         statuses=[*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION],
         ended=RunStatus.CANCELLED,
@@ -355,6 +354,8 @@ def run_fork(run_id: str, *, position: int, actor: str, reason: str) -> None:
             {
                 "status": RunStatus.RUNNING,
                 "branch": run.branch + 1,
+                # A stale worker's claim on a set-aside checkpoint must match nothing new.
+                "fence_floor": max([run.fence_floor, *(cp.fence for cp in superseded)]),
                 "current_seq": position,
                 "current_step": NEXT_CALL,
                 "compensations": [],

@@ -16,10 +16,10 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Model
-from django.utils import timezone
 
 from agentflow.models import WorkflowRun
 from agentflow.states import TERMINAL_RUN_STATUSES
+from agentflow.store import sql
 
 #: Runs per transaction (SPEC §3.8): about 12,000 rows with their checkpoints and events, a
 #: fraction of a second of locks and WAL, however large the backlog.
@@ -74,7 +74,7 @@ def runs_purge(
     bounds one call, so a beat tick stays short however large the backlog; the next goes on.
     """
     _check_batch_size(batch_size)
-    cutoff = timezone.now() - older_than
+    cutoff = sql.db_now() - older_than  # the database's clock: a host's may be off
     finished = " AND ".join(
         [
             "created_at < %s",

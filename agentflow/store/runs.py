@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.utils import timezone
+from django.db.models import DateTimeField, ExpressionWrapper
+from django.db.models.functions import Now
 
 from agentflow import dispatch, telemetry
 from agentflow.context import idempotency_key
@@ -63,7 +64,6 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
         existing = _run_id_by_key(workflow.name, business_key)
         if existing:
             return existing, False
-    now = timezone.now()
     # Inside the caller's transaction a savepoint keeps a lost business-key race from aborting
     # it; alone, the INSERT is its own commit: one round trip instead of BEGIN/INSERT/COMMIT.
     own = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
@@ -77,7 +77,7 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
                 status=RunStatus.PENDING,
                 current_step=workflow.first_step(),
                 current_seq=1,
-                wake_at=now + enqueue_grace(),
+                wake_at=_db_now_plus(enqueue_grace()),
             )
             hint = dispatch.fresh_hint(workflow, run.current_step)
             dispatch.send_step_on_commit(run.id, 1, fresh=hint)
@@ -89,6 +89,12 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
             raise
         return existing, False
     return run.id, True
+
+
+def _db_now_plus(delta: timedelta) -> ExpressionWrapper:
+    """The database's clock plus `delta`, as the INSERT's value: the sweeper compares `wake_at`
+    with the database's clock, so a host whose clock is off must not set it."""
+    return ExpressionWrapper(Now() + delta, output_field=DateTimeField())
 
 
 def _run_id_by_key(workflow: str, business_key: str) -> str | None:
@@ -269,7 +275,7 @@ def _write_failed_checkpoint(
                 "name": step.name,
                 "kind": step.kind,
                 "attempts": 1,
-                "fence": 1,
+                "fence": sql.first_fence(run_id),
                 "idempotency_key": step.key or idempotency_key(run_id, seq),
                 "arguments": step.arguments,
                 "first_started_at": sql.at_now(),
@@ -319,7 +325,7 @@ def _fail_run(run: RunLike, workflow: Workflow, step: StepDef, seq: int, error: 
             raise Fenced
         event_add(run.id, RunEvent.Kind.NEEDS_ATTENTION, message, seq=seq)
         return
-    begin_undo(run, workflow, seq=seq, next_seq=seq + 1, reason=reason)
+    begin_undo(run, workflow, seq=seq, reason=reason)
 
 
 def begin_undo(
@@ -327,19 +333,22 @@ def begin_undo(
     workflow: Workflow,
     *,
     seq: int,
-    next_seq: int,
     reason: str,
     statuses: Sequence[str] = ACTIVE,
     ended: str | None = None,
 ) -> list[str]:
     """Fail (or cancel) the run: run the compensations of the effects it made, latest first,
-    then the workflow's `on_failure` step, at `next_seq` on; or end it now if there are none.
+    then the workflow's `on_failure` step, from `seq + 1` on; or end it now if there are none.
+    Never at `seq` itself, even when nothing was recorded there: that seq belongs to the
+    forward step, whose worker may still hold the run as it was (a compensation sharing it
+    would meet that step's checkpoint and park as a "non-deterministic definition").
 
     Fenced on the run being at `seq` in one of `statuses`; `ended`: the status to end with
     (default FAILED, or CANCELLED when cancel was requested). Part of the caller's transaction;
     raises Fenced if the run moved on. Returns the compensation plan (empty: it ended).
     """
     final = ended or (RunStatus.CANCELLED if run.cancel_requested else RunStatus.FAILED)
+    next_seq = seq + 1
     plan = compensation_plan(run.id, workflow, seq)
     changes: dict[str, Any] = {"error": reason, "updated_at": sql.at_now()}
     if final == RunStatus.CANCELLED:

@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from agentflow import leases
 from agentflow.models import RunEvent, StepCheckpoint, SweeperHeartbeat, WorkflowRun
 
 RUNS = WorkflowRun._meta.db_table
@@ -69,8 +70,9 @@ def db_now() -> datetime:
 def owner_gone(alias: str) -> str:
     """SQL, true when the checkpoint's owner process has provably lost its advisory lock
     (SPEC 3.7): it died, on whatever host, or its liveness connection did. False without a
-    lock to look at (SQLite, an owner that held none, or a claim older than the server's last
-    start, whose lock the restart freed): "cannot tell" is never "dead".
+    lock to look at (SQLite, an owner that held none, a claim older than the server's last
+    start, whose lock the restart freed, or one made on another server: a promoted standby or
+    a restored copy has every lock free): "cannot tell" is never "dead".
 
     Written as a CASE so the scan of `pg_locks` runs only when the answer depends on it."""
     if not postgres():
@@ -78,7 +80,8 @@ def owner_gone(alias: str) -> str:
     # A lock freed by a restart of the server says nothing of its owner: trust a free lock only
     # for a claim made since the server started (else the lease decides).
     return f"""(CASE WHEN {alias}.lease_lock IS NULL
-                   OR {alias}.started_at <= pg_postmaster_start_time() THEN false
+                   OR {alias}.started_at <= pg_postmaster_start_time()
+                   OR {alias}.lease_server <> {leases.SERVER_SQL} THEN false
               ELSE NOT EXISTS (
         SELECT 1 FROM pg_locks l
         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
@@ -116,6 +119,12 @@ def at_now() -> Expr:
 
 def at_now_plus(seconds: float) -> Expr:
     return Expr(now_plus(), (float(seconds),))
+
+
+def first_fence(run_id: str) -> Expr:
+    """The fence of a checkpoint about to be inserted: above every fence of the checkpoints a
+    fork set aside at the same positions (the run's `fence_floor`), never 1 again."""
+    return Expr(f"(SELECT fence_floor + 1 FROM {RUNS} WHERE id = %s)", (run_id,))
 
 
 def keep_if_later(column: str, *, threshold_seconds: float, seconds: float) -> Expr:
@@ -255,24 +264,30 @@ def move_run_and_step(
     step_insert: Mapping[str, Any] | None = None,
     step_where: StepWhere | None = None,
     step_changes: Mapping[str, Any] | None = None,
+    run_expected: Mapping[str, Any] | None = None,
     returning: Sequence[str] = (),
 ) -> tuple[Any, ...] | None:
-    """Atomically update the run (fenced: still active and at `seq`) and either insert the
-    step's checkpoint or update it (fenced by `step_where`).
+    """Atomically update the run (fenced: still active and at `seq`, and its `run_expected`
+    columns still as the caller read them) and either insert the step's checkpoint or update it
+    (fenced by `step_where`).
 
     Returns None, changing nothing, when a fence fails, else a tuple of the checkpoint's
     `returning` columns as written; raises IntegrityError when the insert loses to another
     worker's. On Postgres this is ONE statement, so one round trip and, outside a transaction,
     one commit; elsewhere it is a short transaction of two or three statements.
     """
+    expected = run_expected or {}
     if postgres():
         return _move_one_statement(
-            run_id, seq, active, run_changes, step_insert, step_where, step_changes, returning
-        )
+            run_id, seq, active, run_changes, step_insert, step_where, step_changes, expected,
+            returning,
+        )  # fmt: skip
+    expected_sql, expected_values = _expected(expected, "")
     run_fence = f"id = %s AND current_seq = %s AND status IN ({placeholders(active)})"
     try:
         with transaction.atomic():
-            if not update(RUNS, run_changes, run_fence, [run_id, seq, *active]):
+            run_params = [run_id, seq, *active, *expected_values]
+            if not update(RUNS, run_changes, run_fence + expected_sql, run_params):
                 raise _Rollback
             if step_insert is not None:
                 insert(STEPS, step_insert)
@@ -291,6 +306,12 @@ def move_run_and_step(
         return None
 
 
+def _expected(columns: Mapping[str, Any], prefix: str) -> tuple[str, list[Any]]:
+    """` AND <prefix>column = %s …` for the run's columns a write expects, and the parameters."""
+    where = "".join(f" AND {prefix}{column} = %s" for column in columns)
+    return where, [adapt(column, value) for column, value in columns.items()]
+
+
 def _move_one_statement(
     run_id: str,
     seq: int,
@@ -299,6 +320,7 @@ def _move_one_statement(
     step_insert: Mapping[str, Any] | None,
     step_where: StepWhere | None,
     step_changes: Mapping[str, Any] | None,
+    expected: Mapping[str, Any],
     returning: Sequence[str],
 ) -> tuple[Any, ...] | None:
     run_set, run_values = set_clause(run_changes)
@@ -309,10 +331,11 @@ def _move_one_statement(
         # NULLs are left to the column default: an untyped NULL in a SELECT list is text.
         values = {column: value for column, value in step_insert.items() if value is not None}
         columns, exprs, insert_values = _insert_parts(values)
+        expected_sql, expected_values = _expected(expected, "")
         query = f"""
             WITH moved AS (
                 UPDATE {RUNS} SET {run_set}
-                WHERE id = %s AND current_seq = %s AND status IN ({statuses})
+                WHERE id = %s AND current_seq = %s AND status IN ({statuses}){expected_sql}
                 RETURNING id
             ), step AS (
                 INSERT INTO {STEPS} ({columns})
@@ -321,16 +344,17 @@ def _move_one_statement(
             )
             SELECT {outputs} FROM step
         """
-        params = [*run_values, run_id, seq, *active, *insert_values]
+        params = [*run_values, run_id, seq, *active, *expected_values, *insert_values]
     else:
         assert step_where is not None and step_changes is not None
         step_set, step_values = set_clause(step_changes)
+        expected_sql, expected_values = _expected(expected, "r.")
         # `ok` locks both rows and checks both fences (re-checked after any lock wait), so the
         # two updates happen together or not at all.
         query = f"""
             WITH ok AS (
                 SELECT c.id FROM {STEPS} c JOIN {RUNS} r ON r.id = c.run_id
-                WHERE r.id = %s AND r.current_seq = %s AND r.status IN ({statuses})
+                WHERE r.id = %s AND r.current_seq = %s AND r.status IN ({statuses}){expected_sql}
                   AND c.seq = %s AND {step_where.render("c")}
                 FOR UPDATE
             ), step AS (
@@ -343,6 +367,7 @@ def _move_one_statement(
             run_id,
             seq,
             *active,
+            *expected_values,
             seq,
             *step_where.params,
             *step_values,

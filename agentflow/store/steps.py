@@ -3,8 +3,9 @@
 A `read` step costs one commit (completion and advance together), an `effect` step two (the
 claim before the call, the fenced completion after). Every write is a compare-and-set whose
 row count decides who won, and is fenced on the checkpoint's fence number, which every write
-but a lease renewal increments and nothing ever resets: a worker whose claim was taken over,
-retried or cancelled past cannot change anything (I5), however long it slept.
+but a lease renewal increments and nothing ever resets (a checkpoint written after a fork
+starts above those it set aside): a worker whose claim was taken over, retried, cancelled or
+forked past cannot change anything (I5), however long it slept.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class CheckpointRow:
 
     id: int
     name: str
+    kind: str
     status: str
     attempts: int
     fence: int
@@ -78,14 +80,14 @@ _STATE_COLUMNS = f"""
     CASE WHEN c.id IS NULL THEN false ELSE {sql.claimable("c")} END,
     COALESCE(c.lease_expires_at <= {sql.now()}, false),
     c.first_started_at, c.started_at, c.lease_expires_at, {sql.seconds_since("c.first_started_at")},
-    r.branch
+    r.branch, c.kind
 """
 _STATE_FROM = f"""
     FROM {sql.RUNS} r
     LEFT JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = %s
     WHERE r.id = %s
 """
-_STATE_WIDTH = 24
+_STATE_WIDTH = 25
 
 
 def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None:
@@ -105,6 +107,7 @@ def _state_from_row(run_id: str, row: tuple[Any, ...] | None) -> StepState | Non
         checkpoint = CheckpointRow(
             id=row[10],
             name=row[11],
+            kind=row[24],
             status=row[12],
             attempts=row[13],
             fence=row[14],
@@ -163,17 +166,18 @@ def _load_and_claim_query() -> str:
         WHERE r.id = %s AND r.current_seq = %s AND r.status IN (%s, %s) AND NOT r.cancel_requested
           AND r.workflow = %s AND r.version = %s AND r.current_step = %s
           AND NOT EXISTS (SELECT 1 FROM {sql.STEPS} c WHERE c.run_id = r.id AND c.seq = %s)
-        RETURNING r.id
+        RETURNING r.id, r.fence_floor
     ), claimed AS (
         INSERT INTO {sql.STEPS} (run_id, seq, name, kind, idempotency_key, status, attempts, fence,
-                                 retryable, error, lease_owner, lease_lock, lease_expires_at,
-                                 started_at, first_started_at)
-        SELECT id, %s, %s, %s, %s, %s, 1, 1, false, '', %s, %s, {sql.now_plus()}, {sql.now()},
-               {sql.now()}
+                                 retryable, error, lease_owner, lease_lock, lease_server,
+                                 lease_expires_at, started_at, first_started_at)
+        SELECT id, %s, %s, %s, %s, %s, 1, fence_floor + 1, false, '', %s, %s, %s,
+               {sql.now_plus()}, {sql.now()}, {sql.now()}
         FROM claimed_run
-        RETURNING id, started_at
+        RETURNING id, started_at, fence
     )
-    SELECT {_STATE_COLUMNS}, (SELECT started_at FROM claimed) {_STATE_FROM}
+    SELECT {_STATE_COLUMNS}, (SELECT started_at FROM claimed), (SELECT fence FROM claimed)
+    {_STATE_FROM}
     """
 
 
@@ -187,7 +191,7 @@ def state_load_claiming(
     another definition, a race) nothing is claimed and the caller decides as usual."""
     if not sql.postgres():
         return state_load(run_id, seq), None
-    owner, lock = leases.current_owner()
+    owner, lock, server = leases.current_owner()
     lease = _lease_seconds()
     params = [
         RunStatus.RUNNING, lease,
@@ -195,7 +199,7 @@ def state_load_claiming(
         workflow.name, workflow.version, step.name,
         seq,
         seq, step.name, step.kind, idempotency_key(run_id, seq), StepStatus.IN_PROGRESS,
-        owner, lock, lease,
+        owner, lock, server, lease,
         seq, run_id,
     ]  # fmt: skip
     try:
@@ -209,7 +213,7 @@ def state_load_claiming(
     assert started is not None
     claim = Claim(
         attempt=1,
-        fence=1,
+        fence=int(row[_STATE_WIDTH + 1]),
         outcome_unknown=False,
         first_started_at=started,
         started_at=started,
@@ -240,15 +244,15 @@ def step_claim(run: StepState, step: StepDef, seq: int, seen: CheckpointRow | No
     """
     if claim_blocker(seen) is not None:
         return None
-    owner, lock = leases.current_owner()
+    owner, lock, server = leases.current_owner()
     attempt = seen.attempts + 1 if seen is not None else 1
-    fence = seen.fence + 1 if seen is not None else 1
     lease = {
         "status": StepStatus.IN_PROGRESS,
         "attempts": attempt,
-        "fence": fence,
+        "fence": seen.fence + 1 if seen is not None else sql.first_fence(run.id),
         "lease_owner": owner,
         "lease_lock": lock,
+        "lease_server": server,
         "lease_expires_at": sql.at_now_plus(_lease_seconds()),
         "started_at": sql.at_now(),
         "finished_at": None,
@@ -268,11 +272,17 @@ def step_claim(run: StepState, step: StepDef, seq: int, seen: CheckpointRow | No
                     "updated_at": sql.at_now(),
                 },
                 **_step_write(run.id, step, seq, seen, lease, claimable=True),
-                returning=("started_at", "first_started_at", sql.seconds_since("first_started_at")),
+                run_expected=_as_decided(run),
+                returning=(
+                    "started_at",
+                    "first_started_at",
+                    sql.seconds_since("first_started_at"),
+                    "fence",
+                ),
             )
             if row is None:
                 return None
-            started = sql.read_datetime(row[0])
+            started, fence = sql.read_datetime(row[0]), int(row[3])
             if takeover:
                 assert seen is not None
                 _record_takeover(run.id, seq, seen, attempt, fence, started)
@@ -447,7 +457,7 @@ def unclaimed_complete(
             {
                 "status": StepStatus.COMPLETED,
                 "attempts": attempt,
-                "fence": seen.fence + 1 if seen is not None else 1,
+                "fence": seen.fence + 1 if seen is not None else sql.first_fence(run.id),
                 "output": output,
                 "error": "",
                 "started_at": sql.at_now(),
@@ -459,6 +469,7 @@ def unclaimed_complete(
             },
             claimable=False,
         ),
+        run_expected=_as_decided(run),
     )
     if done is not None:
         hint = _fresh(workflow, changes)
@@ -466,6 +477,17 @@ def unclaimed_complete(
         if next_seq is None:
             telemetry.run_finished(run.id, workflow.name, changes["status"])
     return done is not None
+
+
+def _as_decided(run: StepState) -> dict[str, Any]:
+    """What decided which step runs at the run's seq. A claim, and a read or db step's write,
+    is fenced on all of it being unchanged, so a worker that loaded the run before an operator
+    cancelled or forked it changes nothing after (I5): the fast path's claim checks the same."""
+    return {
+        "current_step": run.current_step,
+        "cancel_requested": run.cancel_requested,
+        "branch": run.branch,
+    }
 
 
 def _step_write(

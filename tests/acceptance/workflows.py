@@ -396,3 +396,25 @@ def shop_with_a_changing_prompt(ctx: durable.AgentContext) -> str:
         if partner.is_released(prompt_changed(ctx.run_id)):
             messages.append(user_message(PRICES_NOTE))
     return turn.text
+
+
+#: An effect, then a db step: a worker that loaded the db step before a cancel writes nothing.
+noted = durable.Workflow("crash_noted", version=1, on_failure="notify")
+noted.step("book", kind="effect", compensate="unbook")(effect)
+noted.step("note", kind="db")(read)
+noted.step("finish", kind="read")(_finish)
+noted.compensation("unbook")(effect)
+noted.compensation("notify")(effect)
+
+#: An agent function that changes its mind on replay (the partner flag `<run>/moody` set) and
+#: raises before the effect whose attempt is already recorded at the next position.
+moody = durable.CodeWorkflow("crash_moody", version=1)
+
+
+@moody.run
+def charge_unless_moody(ctx: durable.AgentContext) -> str:
+    ctx.step("prepare", read)
+    if partner.is_released(f"{ctx.run_id}/moody"):
+        raise RuntimeError("the function changed its mind")
+    ctx.step("charge", effect, kind="effect")
+    return "charged"

@@ -162,12 +162,12 @@ def test_conversation__a_failed_run__its_compensation_and_on_failure_step(
     page = text(admin_client.get(detail_url(run)))
 
     calls = conversation(page)
-    assert sorted(calls) == [1, 2, 3, 4, 5, 6, 7]
-    undo = words(calls[6])
-    assert undo.startswith("#6 Compensation refund@5 side effect")
+    assert sorted(calls) == [1, 2, 3, 4, 5, 7, 8]  # 6 was the function's next call's
+    undo = words(calls[7])
+    assert undo.startswith("#7 Compensation refund@5 side effect")
     assert "undoes the call at #5 arguments" not in undo  # it recorded no call of its own
     assert "undoes the call at #5" in undo and '"refunded": "apple"' in undo
-    assert words(calls[7]).startswith("#7 Step tell effect")
+    assert words(calls[8]).startswith("#8 Step tell effect")
     # Fork is offered on a failed agent run (the store still decides).
     assert 'class="af-tool-fork"' in page
 
