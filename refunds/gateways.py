@@ -95,6 +95,18 @@ class BoardingPass:
     barcode: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScheduledFlight:
+    """The airline's answer for one flight on one date: sold then, or why not (`past`,
+    `beyond_horizon`, `not_operating`)."""
+
+    flight: str
+    date: str
+    operates: bool
+    reason: str
+    last_bookable_date: str
+
+
 # --- Stripe ---------------------------------------------------------------------------------
 @lru_cache(maxsize=8)
 def _stripe_client(api_key: str, api_base: str) -> stripe.StripeClient:
@@ -363,6 +375,17 @@ class AirlineGateway:
             passenger_name=passenger["name"],
             passenger_last_name=passenger["last_name"],
             **fields,
+        )
+
+    def scheduled_flight(self, flight: str, date: str) -> ScheduledFlight:
+        """Whether the airline sells `flight` on `date` (ISO) today, from its schedule."""
+        data = self._http.call("GET", "/schedule", query={"flight": flight, "date": date})
+        return ScheduledFlight(
+            flight=data["flight"],
+            date=data["date"],
+            operates=bool(data["operates"]),
+            reason=str(data.get("reason", "")),
+            last_bookable_date=str(data.get("last_bookable_date", "")),
         )
 
     def cancel_seat(self, reference: str, *, key: str, workflow_id: str) -> SeatCancellation:
