@@ -48,6 +48,7 @@ $(DEV_KEY):
 	umask 077 && $(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
 
 run: export AGENTFLOW_LOG_FORMAT ?= text
+run: export AGENTFLOW_METRICS_PUBLIC ?= 1  # served on 127.0.0.1 only: the printed URL just works
 run: $(INSTALLED) $(DEV_KEY)
 	rm -rf "$(AGENTFLOW_VAR_DIR)/metrics"  # counters start again with the processes that write them
 	$(WITH_KEY) $(PY) manage.py migrate --noinput

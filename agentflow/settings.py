@@ -289,8 +289,11 @@ try:
     )
 except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
-#: Bearer token /metrics requires when set (empty: open, e.g. scraped over a private network).
+#: Bearer token /metrics requires when set. Unset, /metrics is open only under DEBUG or with
+#: AGENTFLOW_METRICS_PUBLIC=1 (scraped over a private network); else it answers 404, since its
+#: counters say what the service is doing (a system check warns, agentflow.checks).
 AGENTFLOW_METRICS_TOKEN = env_str("AGENTFLOW_METRICS_TOKEN", "")
+AGENTFLOW_METRICS_PUBLIC = env_bool("AGENTFLOW_METRICS_PUBLIC", False)
 # Counters and histograms from every process (gunicorn workers, Celery's pool children) live in
 # one directory of prometheus_client's multiprocess files, which /metrics adds up. Web, worker
 # and beat must share it (compose mounts one volume); it must be set before prometheus_client
