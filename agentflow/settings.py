@@ -21,7 +21,7 @@ from agentflow.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("AGENTFLOW_VAR_DIR", str(BASE_DIR / "var")))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # sessions and customers' data: ours alone
 
 # --- Django core -----------------------------------------------------------------------------
 DEBUG = env_bool("DJANGO_DEBUG", False)
