@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
+from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from agentflow import deployment, logs
@@ -44,6 +45,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "agentflow.tracing.RequestSpanMiddleware",  # first, so the span covers the whole request
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",  # a Content-Security-Policy on every response (below)
     "whitenoise.middleware.WhiteNoiseMiddleware",  # static files without a separate server
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -88,6 +90,22 @@ SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", _HTTPS)
 SECURE_PROXY_SSL_HEADER = deployment.proxy_ssl_header(env_str("DJANGO_SECURE_PROXY_SSL_HEADER", ""))
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 X_FRAME_OPTIONS = "DENY"
+# Every page says where its scripts, styles and images may come from (django-csp; Django's own
+# arrives in 6.0): this site's static files only, so text a customer or a model wrote cannot
+# run as script or load anything. The one inline block, the admin's run styles, carries the
+# request's nonce; nothing else is inline.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, NONCE],
+        "img-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 # The client's address: REMOTE_ADDR, or behind proxies (a count of hops, or their CIDRs) the
 # first X-Forwarded-For hop that is not one of them. Every per-address limit counts by it.
 AGENTFLOW_TRUSTED_PROXIES = deployment.trusted_proxies(env_str("AGENTFLOW_TRUSTED_PROXIES", ""))
