@@ -274,10 +274,15 @@ STRIPE_API_KEY = env_str("STRIPE_API_KEY", "sk_test_agentflow_sandbox")
 STRIPE_API_BASE = os.environ.get(
     "STRIPE_API_BASE", "" if os.environ.get("STRIPE_API_KEY") else SANDBOX_URL
 )
+# Requests per client address per hour, and per e-mail per hour of those not found to be the
+# booking's owner's. 0 turns it off.
 REFUNDS_SUBMIT_LIMIT = env_int("REFUNDS_SUBMIT_LIMIT", 5)
-# Requests per booking reference per day, whoever sends them: bounds guessing a passenger's
-# name and e-mail for one booking. 0 turns it off.
+# Requests per booking reference per day not found to be its owner's: bounds guessing a
+# passenger's name and e-mail for one booking, without locking the owner out (refunds.services).
+# 0 turns it off.
 REFUNDS_BOOKING_LIMIT = env_int("REFUNDS_BOOKING_LIMIT", 3)
+# A verified owner's own requests per booking per day. 0 turns it off.
+REFUNDS_OWNER_LIMIT = env_int("REFUNDS_OWNER_LIMIT", 10)
 # Which engine handles new refunds: the graph workflow, or the same refund as an agent run.
 REFUNDS_ENGINE = env_str("REFUNDS_ENGINE", "graph").strip().lower()
 if REFUNDS_ENGINE not in ("graph", "agent"):
