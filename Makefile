@@ -44,19 +44,25 @@ $(INSTALLED): $(DEV_LOCK) pyproject.toml
 	touch $(INSTALLED)
 
 $(DEV_KEY):
-	mkdir -p $(@D)
+	mkdir -p -m 700 $(@D)
 	umask 077 && $(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
 
 run: export AGENTFLOW_LOG_FORMAT ?= text
+run: export AGENTFLOW_METRICS_PUBLIC ?= 1  # served on 127.0.0.1 only: the printed URL just works
+# var/ holds sessions, customers' requests, the sandbox's state and the key: the owner's alone.
+# Everything run makes is made under umask 077 (0700 directories, 0600 files), and what an
+# earlier run left readable is closed first.
 run: $(INSTALLED) $(DEV_KEY)
+	chmod -R go-rwx "$(AGENTFLOW_VAR_DIR)"
 	rm -rf "$(AGENTFLOW_VAR_DIR)/metrics"  # counters start again with the processes that write them
-	$(WITH_KEY) $(PY) manage.py migrate --noinput
-	@$(WITH_KEY) $(PY) manage.py ensure_admin
+	umask 077 && $(WITH_KEY) $(PY) manage.py migrate --noinput
+	@umask 077 && $(WITH_KEY) $(PY) manage.py ensure_admin
 	@echo "Refund form:   http://127.0.0.1:$(PORT)/refunds/new/"
 	@echo "Admin:         http://127.0.0.1:$(PORT)/admin/"
 	@echo "Health:        http://127.0.0.1:$(PORT)/healthz   Metrics: http://127.0.0.1:$(PORT)/metrics"
 	@echo "Ctrl-C stops web, worker, beat and sandbox."
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(WITH_KEY) exec $(VENV)/bin/honcho --no-colour -f Procfile start
+	umask 077 && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(WITH_KEY) \
+	  exec $(VENV)/bin/honcho --no-colour -f Procfile start
 
 test: $(INSTALLED)
 	bash .ci/services

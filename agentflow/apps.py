@@ -19,7 +19,7 @@ class AgentflowConfig(AppConfig):
         autodiscover_modules("workflows")
         for module in settings.AGENTFLOW_WORKFLOW_MODULES:
             importlib.import_module(module)
-        from agentflow import faults, registry, tracing
+        from agentflow import checks, faults, registry, tracing  # noqa: F401 (checks registers)
 
         registry.validate_all()
         faults.install_clock_offset(settings.AGENTFLOW_CLOCK_OFFSET_SECONDS)

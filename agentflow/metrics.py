@@ -192,11 +192,19 @@ def file_count() -> int:
     return len(metric_files.readable_files())
 
 
+def closed() -> bool:
+    """No token and nobody said /metrics may be open: with DEBUG off it is not served at all."""
+    return not (
+        settings.AGENTFLOW_METRICS_TOKEN or settings.AGENTFLOW_METRICS_PUBLIC or settings.DEBUG
+    )
+
+
 def authorized(header: str) -> bool:
-    """True when no token is configured, or `header` is `Bearer <the token>` (constant time)."""
+    """True when no token is configured (and not `closed()`), or `header` is `Bearer <the
+    token>` (constant time)."""
     token = settings.AGENTFLOW_METRICS_TOKEN
     if not token:
-        return True
+        return not closed()
     scheme, _, given = header.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(
         given.strip().encode(), token.encode()

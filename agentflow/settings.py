@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
+from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from agentflow import deployment, logs
@@ -21,7 +22,7 @@ from agentflow.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("AGENTFLOW_VAR_DIR", str(BASE_DIR / "var")))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # sessions and customers' data: ours alone
 
 # --- Django core -----------------------------------------------------------------------------
 DEBUG = env_bool("DJANGO_DEBUG", False)
@@ -44,6 +45,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "agentflow.tracing.RequestSpanMiddleware",  # first, so the span covers the whole request
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",  # a Content-Security-Policy on every response (below)
     "whitenoise.middleware.WhiteNoiseMiddleware",  # static files without a separate server
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -88,6 +90,22 @@ SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", _HTTPS)
 SECURE_PROXY_SSL_HEADER = deployment.proxy_ssl_header(env_str("DJANGO_SECURE_PROXY_SSL_HEADER", ""))
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 X_FRAME_OPTIONS = "DENY"
+# Every page says where its scripts, styles and images may come from (django-csp; Django's own
+# arrives in 6.0): this site's static files only, so text a customer or a model wrote cannot
+# run as script or load anything. The one inline block, the admin's run styles, carries the
+# request's nonce; nothing else is inline.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, NONCE],
+        "img-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 # The client's address: REMOTE_ADDR, or behind proxies (a count of hops, or their CIDRs) the
 # first X-Forwarded-For hop that is not one of them. Every per-address limit counts by it.
 AGENTFLOW_TRUSTED_PROXIES = deployment.trusted_proxies(env_str("AGENTFLOW_TRUSTED_PROXIES", ""))
@@ -259,10 +277,15 @@ STRIPE_API_KEY = env_str("STRIPE_API_KEY", "sk_test_agentflow_sandbox")
 STRIPE_API_BASE = os.environ.get(
     "STRIPE_API_BASE", "" if os.environ.get("STRIPE_API_KEY") else SANDBOX_URL
 )
+# Requests per client address per hour, and per e-mail per hour of those not found to be the
+# booking's owner's. 0 turns it off.
 REFUNDS_SUBMIT_LIMIT = env_int("REFUNDS_SUBMIT_LIMIT", 5)
-# Requests per booking reference per day, whoever sends them: bounds guessing a passenger's
-# name and e-mail for one booking. 0 turns it off.
+# Requests per booking reference per day not found to be its owner's: bounds guessing a
+# passenger's name and e-mail for one booking, without locking the owner out (refunds.services).
+# 0 turns it off.
 REFUNDS_BOOKING_LIMIT = env_int("REFUNDS_BOOKING_LIMIT", 3)
+# A verified owner's own requests per booking per day. 0 turns it off.
+REFUNDS_OWNER_LIMIT = env_int("REFUNDS_OWNER_LIMIT", 10)
 # Which engine handles new refunds: the graph workflow, or the same refund as an agent run.
 REFUNDS_ENGINE = env_str("REFUNDS_ENGINE", "graph").strip().lower()
 if REFUNDS_ENGINE not in ("graph", "agent"):
@@ -292,8 +315,11 @@ try:
     )
 except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
-#: Bearer token /metrics requires when set (empty: open, e.g. scraped over a private network).
+#: Bearer token /metrics requires when set. Unset, /metrics is open only under DEBUG or with
+#: AGENTFLOW_METRICS_PUBLIC=1 (scraped over a private network); else it answers 404, since its
+#: counters say what the service is doing (a system check warns, agentflow.checks).
 AGENTFLOW_METRICS_TOKEN = env_str("AGENTFLOW_METRICS_TOKEN", "")
+AGENTFLOW_METRICS_PUBLIC = env_bool("AGENTFLOW_METRICS_PUBLIC", False)
 # Counters and histograms from every process (gunicorn workers, Celery's pool children) live in
 # one directory of prometheus_client's multiprocess files, which /metrics adds up. Web, worker
 # and beat must share it (compose mounts one volume); it must be set before prometheus_client

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from agentflow import metrics as run_metrics
@@ -61,6 +61,8 @@ def _sweeper() -> tuple[str, float | None]:
 
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
+    if run_metrics.closed():
+        raise Http404("no metrics here")  # as if there were no such page
     if not run_metrics.authorized(request.headers.get("Authorization", "")):
         response = HttpResponse(
             "a bearer token is required\n", status=401, content_type="text/plain"

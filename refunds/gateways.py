@@ -95,6 +95,18 @@ class BoardingPass:
     barcode: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScheduledFlight:
+    """The airline's answer for one flight on one date: sold then, or why not (`past`,
+    `beyond_horizon`, `not_operating`)."""
+
+    flight: str
+    date: str
+    operates: bool
+    reason: str
+    last_bookable_date: str
+
+
 # --- Stripe ---------------------------------------------------------------------------------
 @lru_cache(maxsize=8)
 def _stripe_client(api_key: str, api_base: str) -> stripe.StripeClient:
@@ -282,11 +294,27 @@ class _PartnerHttp:
         self.timeout = timeout
         self.session = requests.Session()
 
-    def call(self, method: str, path: str, **options: Any) -> dict[str, Any]:
-        """One traced, counted request (see `durable.partner_call`)."""
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        not_found: PermanentStepError | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """One traced, counted request (see `durable.partner_call`).
+
+        A 404 the caller expects (`not_found`) is raised outside the count: "no such booking" is
+        the partner's answer, not its error, and counting it would tell /metrics' readers which
+        references exist.
+        """
         slug = self.partner.removeprefix("the ").lower()
         with partner_call(slug, f"{method} {path.split('/')[1]}"):
-            return self._call(method, path, **options)
+            answer = self._call(method, path, expect_not_found=not_found is not None, **options)
+        if answer is None:
+            assert not_found is not None  # _call answers None only when told to expect a 404
+            raise not_found
+        return answer
 
     def _call(
         self,
@@ -296,8 +324,9 @@ class _PartnerHttp:
         key: str | None = None,
         body: dict[str, Any] | None = None,
         query: dict[str, str] | None = None,
-        not_found: PermanentStepError | None = None,
-    ) -> dict[str, Any]:
+        expect_not_found: bool = False,
+    ) -> dict[str, Any] | None:
+        """The answer's JSON, or None for a 404 when `expect_not_found`."""
         headers = {"Idempotency-Key": key} if key else {}
         try:
             response = self.session.request(
@@ -316,8 +345,8 @@ class _PartnerHttp:
                 f"could not reach {self.partner}: {type(exc).__name__}"
             ) from exc
         status = response.status_code
-        if status == 404 and not_found is not None:
-            raise not_found
+        if status == 404 and expect_not_found:
+            return None
         if status in (408, 409, 425, 429) or status >= 500:
             raise RetryableStepError(
                 f"{self.partner} answered HTTP {status}",
@@ -363,6 +392,17 @@ class AirlineGateway:
             passenger_name=passenger["name"],
             passenger_last_name=passenger["last_name"],
             **fields,
+        )
+
+    def scheduled_flight(self, flight: str, date: str) -> ScheduledFlight:
+        """Whether the airline sells `flight` on `date` (ISO) today, from its schedule."""
+        data = self._http.call("GET", "/schedule", query={"flight": flight, "date": date})
+        return ScheduledFlight(
+            flight=data["flight"],
+            date=data["date"],
+            operates=bool(data["operates"]),
+            reason=str(data.get("reason", "")),
+            last_bookable_date=str(data.get("last_bookable_date", "")),
         )
 
     def cancel_seat(self, reference: str, *, key: str, workflow_id: str) -> SeatCancellation:

@@ -17,6 +17,7 @@ STEP_LABELS: Mapping[str, str] = {
     "load_request": "Receiving your request",
     "parse_flight_details": "Reading your request",
     "fetch_booking": "Finding your booking and checking your details",
+    "check_flight": "Checking your new flight in the airline's schedule",
     "check_cancellation_policy": "Checking the fare rules",
     "calculate_penalty_fee": "Working out the fee",
     "cancel_seat": "Releasing your seat",

@@ -1,23 +1,27 @@
-"""Write paths behind the customer pages: create a refund request once, and rate-limit them."""
+"""Write paths behind the customer pages: create a refund request once, and rate-limit them
+without letting strangers lock a booking's owner out."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Lower
 from django.utils import timezone
 
 from agentflow import durable
-from refunds import engines
+from agentflow.models import StepCheckpoint
+from refunds import engines, ownership
+from refunds.gateways import AirlineGateway
 from refunds.models import RefundRequest, new_public_id
 
 #: The window REFUNDS_SUBMIT_LIMIT counts in (SPEC §6: "per hour").
 LIMIT_WINDOW = timedelta(hours=1)
-#: The window REFUNDS_BOOKING_LIMIT counts in (SPEC §6: "per day").
+#: The window REFUNDS_BOOKING_LIMIT and REFUNDS_OWNER_LIMIT count in (SPEC §6: "per day").
 BOOKING_LIMIT_WINDOW = timedelta(days=1)
 #: The same words from the same customer within this window are the same request: a browser
 #: without a back/forward cache re-fetches the form (a fresh token) when they go back.
@@ -93,49 +97,103 @@ def _same_request_recently(
     )
 
 
-def submissions_allowed(*, email: str, client_ip: str | None) -> tuple[bool, int]:
-    """Whether another submission fits REFUNDS_SUBMIT_LIMIT per hour, per e-mail and per
-    client address (its limit key, see agentflow.proxies); if not, the seconds until one does
-    (for Retry-After). Checked before a request or its run is created.
+@dataclass(frozen=True, kw_only=True)
+class Refusal:
+    """A request over a limit: the seconds until one fits (for Retry-After), and whether the
+    booking's own limit is what refused it (the page says so)."""
 
-    Counted from the requests table rather than a cache, so the limits hold across web
-    processes and restarts with nothing else to run. Two simultaneous submissions may both
-    squeeze under a limit; it is a brake on abuse, not an invariant.
+    retry_after: int
+    per_booking: bool
+
+
+def refusal(
+    *, email: str, booking_reference: str, last_name: str, client_ip: str | None
+) -> Refusal | None:
+    """Why another request does not fit the limits now, or None if it does. Checked before a
+    request or its run is created.
+
+    - Per client address (its limit key, see agentflow.proxies): REFUNDS_SUBMIT_LIMIT an hour,
+      every request counted.
+    - Per e-mail (an hour, REFUNDS_SUBMIT_LIMIT) and per booking (a day, REFUNDS_BOOKING_LIMIT):
+      only requests not found to come from the booking's owner (`_verified(..., False)`: their
+      run failed the ownership check, or has not made it yet). They bound guessing a booking's
+      name and e-mail, and since a reference is printed on every bag tag, a stranger's guesses
+      must not lock its owner out: over either limit, the airline is asked at once whether
+      these details are the owner's (refunds.ownership), and only a stranger is refused.
+    - A verified owner's requests for the booking: REFUNDS_OWNER_LIMIT a day, their own.
+
+    Counted from the requests table and their runs' recorded ownership checks rather than a
+    cache, so the limits hold across web processes and restarts with nothing else to run. Two
+    simultaneous submissions may both squeeze under a limit; it is a brake on abuse, not an
+    invariant.
     """
-    limit = settings.REFUNDS_SUBMIT_LIMIT
-    if limit <= 0:
-        return True, 0
     now = timezone.now()
-    recent = RefundRequest.objects.filter(created_at__gt=now - LIMIT_WINDOW)
-    by_email = recent.annotate(email_ci=Lower("email")).filter(email_ci=email.lower())
-    retry_after = _seconds_until_a_slot(by_email, limit, now, LIMIT_WINDOW)
-    if client_ip:
-        by_address = recent.filter(client_ip=client_ip)
-        retry_after = max(retry_after, _seconds_until_a_slot(by_address, limit, now, LIMIT_WINDOW))
-    return retry_after == 0, retry_after
-
-
-def booking_requests_allowed(booking_reference: str) -> tuple[bool, int]:
-    """Whether another request for this booking fits REFUNDS_BOOKING_LIMIT per day, whoever
-    sends it, and if not the seconds until one does. It bounds guessing a booking's name and
-    e-mail from many addresses; a failed guess counts like any request."""
-    limit = settings.REFUNDS_BOOKING_LIMIT
-    if limit <= 0:
-        return True, 0
-    now = timezone.now()
-    by_booking = RefundRequest.objects.filter(
-        booking_reference=booking_reference, created_at__gt=now - BOOKING_LIMIT_WINDOW
+    address_limit = settings.REFUNDS_SUBMIT_LIMIT
+    if client_ip and address_limit > 0:
+        by_address = RefundRequest.objects.filter(client_ip=client_ip)
+        wait = _seconds_until_a_slot(by_address, address_limit, now, LIMIT_WINDOW)
+        if wait:
+            return Refusal(retry_after=wait, per_booking=False)
+    by_booking = RefundRequest.objects.filter(booking_reference=booking_reference)
+    owner_wait = _seconds_until_a_slot(
+        _verified(by_booking, True), settings.REFUNDS_OWNER_LIMIT, now, BOOKING_LIMIT_WINDOW
     )
-    retry_after = _seconds_until_a_slot(by_booking, limit, now, BOOKING_LIMIT_WINDOW)
-    return retry_after == 0, retry_after
+    if owner_wait:
+        return Refusal(retry_after=owner_wait, per_booking=True)
+    by_email = RefundRequest.objects.annotate(email_ci=Lower("email")).filter(
+        email_ci=email.lower()
+    )
+    email_wait = _seconds_until_a_slot(
+        _verified(by_email, False), settings.REFUNDS_SUBMIT_LIMIT, now, LIMIT_WINDOW
+    )
+    booking_wait = _seconds_until_a_slot(
+        _verified(by_booking, False), settings.REFUNDS_BOOKING_LIMIT, now, BOOKING_LIMIT_WINDOW
+    )
+    if not (email_wait or booking_wait):
+        return None
+    if _owner_now(booking_reference=booking_reference, last_name=last_name, email=email):
+        return None
+    return Refusal(retry_after=max(email_wait, booking_wait), per_booking=bool(booking_wait))
+
+
+#: The steps that record a run's ownership check: the graph workflow's and the agent's.
+OWNERSHIP_STEPS = ("fetch_booking", "verify_ownership")
+
+
+def _verified(requests: QuerySet[RefundRequest], verified: bool) -> QuerySet[RefundRequest]:
+    """The requests whose run passed its ownership check (True), or did not, yet or ever."""
+    passed = StepCheckpoint.objects.filter(
+        run_id=OuterRef("workflow_id"),
+        name__in=OWNERSHIP_STEPS,
+        status=durable.StepStatus.COMPLETED,
+    )
+    return requests.filter(Exists(passed) if verified else ~Exists(passed))
+
+
+def _owner_now(*, booking_reference: str, last_name: str, email: str) -> bool:
+    """Whether the airline's booking says these are its owner's details, asked from the web
+    only when a stranger's limit is reached. An airline that cannot answer is a no."""
+    try:
+        booking = AirlineGateway.from_settings().booking(booking_reference)
+    except durable.AgentflowError:  # unknown booking, unreachable, refused
+        return False
+    return ownership.is_owner(
+        last_name=last_name,
+        email=email,
+        passenger_last_name=booking.passenger_last_name,
+        contact_email=booking.contact_email,
+    )
 
 
 def _seconds_until_a_slot(
     requests: QuerySet[RefundRequest], limit: int, now: datetime, window: timedelta
 ) -> int:
-    """0 if fewer than `limit` fall in the window; else when the oldest of the newest `limit`
-    leaves it (at least 1 second)."""
-    created = requests.order_by("-created_at").values_list("created_at", flat=True)
+    """0 if fewer than `limit` fall in the window (or `limit` is 0: off); else when the oldest
+    of the newest `limit` leaves it (at least 1 second)."""
+    if limit <= 0:
+        return 0
+    recent = requests.filter(created_at__gt=now - window)
+    created = recent.order_by("-created_at").values_list("created_at", flat=True)
     newest = list(created[:limit])
     if len(newest) < limit:
         return 0

@@ -15,7 +15,7 @@ from django.template.loader import render_to_string
 
 from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
-from refunds import ownership, policy, progress
+from refunds import ownership, policy, progress, timetable
 from refunds.gateways import (
     AirlineGateway,
     BookingNotFound,
@@ -72,6 +72,13 @@ def fetch_booking(ctx: StepContext) -> dict[str, Any]:
     ):
         raise PermanentStepError(ownership.MISMATCH)
     return asdict(booking)
+
+
+def check_flight(ctx: StepContext) -> dict[str, Any]:
+    """The new flight and date (the customer's, else their booking's) are in the airline's
+    schedule, before any effect: a flight that does not fly that day changes nothing."""
+    flight, date = _new_flight(ctx)
+    return timetable.check_flight(flight, date)
 
 
 def check_cancellation_policy(ctx: StepContext) -> dict[str, Any]:
@@ -330,6 +337,7 @@ def notify_failure(ctx: StepContext) -> dict[str, Any]:
 #: (retries exhausted, a bug). Permanent errors from gateways and the policy are.
 _STEP_TROUBLE = {
     "fetch_booking": "We couldn't reach the airline to look up your booking.",
+    "check_flight": "We couldn't reach the airline to check your new flight.",
     "cancel_seat": "The airline's system didn't respond when we tried to change your seat.",
     "charge_customer": "We couldn't reach our payment provider to take the change fee.",
     "issue_boarding_pass": "The airline couldn't issue your new boarding pass.",

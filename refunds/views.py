@@ -57,12 +57,14 @@ def refund_new(request: HttpRequest) -> HttpResponse:
         return _form_page(request, form, status=400)
     data = form.cleaned_data
     ip = proxies.client_key(request)
-    allowed, retry_after = services.submissions_allowed(email=data["email"], client_ip=ip)
-    if not allowed:
-        return _too_many(request, retry_after, per_booking=False)
-    allowed, retry_after = services.booking_requests_allowed(data["booking_reference"])
-    if not allowed:
-        return _too_many(request, retry_after, per_booking=True)
+    refused = services.refusal(
+        email=data["email"],
+        booking_reference=data["booking_reference"],
+        last_name=data["last_name"],
+        client_ip=ip,
+    )
+    if refused is not None:
+        return _too_many(request, refused.retry_after, per_booking=refused.per_booking)
     refund = services.refund_request_create(
         email=data["email"],
         booking_reference=data["booking_reference"],

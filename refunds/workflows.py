@@ -8,11 +8,13 @@ from refunds.gateways import COMPENSATION_RETRY, PARTNER_RETRY, STRIPE_KEY_WINDO
 
 #: v2: `fetch_booking` checks the requester owns the booking, and mail goes to its contact
 #: on file (v1 runs still in flight are parked for an operator rather than guessed at).
-refund = durable.Workflow("refund", version=2, on_failure="notify_failure")
+#: v3: `check_flight` asks the airline's schedule for the new flight before any effect.
+refund = durable.Workflow("refund", version=3, on_failure="notify_failure")
 
 refund.step("load_request", kind="read")(steps.load_request)
 refund.step("parse_flight_details", kind="read")(steps.parse_flight_details)
 refund.step("fetch_booking", kind="read", retry=PARTNER_RETRY)(steps.fetch_booking)
+refund.step("check_flight", kind="read", retry=PARTNER_RETRY)(steps.check_flight)
 refund.step("check_cancellation_policy", kind="read")(steps.check_cancellation_policy)
 refund.step("calculate_penalty_fee", kind="read")(steps.calculate_penalty_fee)
 refund.step(

@@ -17,9 +17,9 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from agentflow.agent import Toolbox, ToolContext
+from agentflow.agent import Toolbox, ToolContext, ToolRefused
 from agentflow.durable import PermanentStepError
-from refunds import policy, steps
+from refunds import policy, steps, timetable
 from refunds.agent import guardrails
 from refunds.gateways import STRIPE_KEY_WINDOW_SECONDS, AirlineGateway, CrmGateway
 from refunds.models import RefundRequest
@@ -159,6 +159,11 @@ def issue_boarding_pass(
 ) -> dict[str, Any]:
     reference = _own_booking(ctx, booking_reference)
     guardrails.check_ready_to_issue(ctx.history)
+    try:
+        timetable.check_flight(flight, date.isoformat())
+    except timetable.FlightNotSold as refused:
+        hint = "Issue the flight and date the customer asked for."
+        raise ToolRefused(f"Not issued: {refused} {hint}") from None
     issued = AirlineGateway.from_settings().issue_boarding_pass(
         reference,
         flight=flight.upper(),

@@ -1,13 +1,14 @@
 """The refund as an agent run (`REFUNDS_ENGINE=agent`): the same refund, the same partners, the
 model choosing the order of the tools.
 
-Code, not the prompt, decides what must hold. Before the model is first asked, a step in code
-checks that the request comes from the booking's owner (as the graph workflow does before any
-effect); the tools enforce the fee; the engine enforces one call of each side effect per run
-(`max_calls`), the tool-call caps and the turn and token limits. The model's final answer ends
-the run only if `rebooked` says the change was made; otherwise the run fails. A failure undoes
-the fee (`refund_fee`, the charge's compensation, which only the engine runs) and tells the
-customer (`notify_failure`, the graph workflow's own step).
+Code, not the prompt, decides what must hold. Before the model is first asked, steps in code
+check that the request comes from the booking's owner and that the flight asked for is in the
+airline's schedule (as the graph workflow does before any effect); the tools enforce the fee;
+the engine enforces one call of each side effect per run (`max_calls`), the tool-call caps and
+the turn and token limits. The model's final answer ends the run only if `rebooked` says the
+change was made; otherwise the run fails. A failure undoes the fee (`refund_fee`, the charge's
+compensation, which only the engine runs) and tells the customer (`notify_failure`, the graph
+workflow's own step).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import Any
 
 from agentflow import durable
 from agentflow.agent import ToolRecord, tool_result_message
-from refunds import ownership, steps
+from refunds import ownership, steps, timetable
 from refunds.agent import prompts
 from refunds.agent.planner import scripted_refund_model
 from refunds.agent.tools import toolbox
 from refunds.gateways import COMPENSATION_RETRY, AirlineGateway, BookingNotFound
+from refunds.parsing import parse_request
 
 
 def results(history: Sequence[ToolRecord], tool: str) -> list[Any]:
@@ -56,9 +58,11 @@ def rebooked(history: Sequence[ToolRecord]) -> str | None:
     return f"We couldn't finish changing your booking: {'; '.join(missing)}."
 
 
+#: v2: `check_flight` asks the airline's schedule in code before the model is first asked, and
+#: `refund_fee` is no longer offered to the model.
 refund_agent = durable.CodeWorkflow(
     "refund_agent",
-    version=1,
+    version=2,
     toolbox=toolbox,
     model=scripted_refund_model,
     on_failure="notify_failure",
@@ -87,10 +91,25 @@ def verify_ownership(ctx: durable.StepContext) -> dict[str, Any]:
     return {"verified": True, "booking_reference": reference}
 
 
+def check_flight(ctx: durable.StepContext) -> dict[str, Any]:
+    """The flight and date the customer asked for (else their booking's, as the graph reads
+    them) are in the airline's schedule: a refusal the customer can read, before any effect."""
+    request = steps.request_of(ctx)
+    reference = request.booking_reference.strip().upper()
+    wanted = parse_request(request.message, reference, today=request.created_at.date())
+    flight, date = wanted.flight, wanted.date
+    if not (flight and date):
+        booking = AirlineGateway.from_settings().booking(reference)
+        flight, date = flight or booking.flight, date or booking.date
+    return timetable.check_flight(flight, date)
+
+
 @refund_agent.run
 def rebook(ctx: durable.AgentContext) -> str:
-    """Check the owner in code, then let the model work through the tools until it answers."""
+    """Check the owner and the flight asked for in code, then let the model work through the
+    tools until it answers."""
     ctx.step("verify_ownership", verify_ownership)
+    ctx.step("check_flight", check_flight)
     request = steps.request_of_refund_id(ctx.input["refund_id"])
     messages = list(prompts.opening_messages(request.public_id, request.message))
     while not (turn := ctx.llm(messages)).is_final:

@@ -24,7 +24,7 @@ from django.db import InterfaceError, OperationalError, connections
 from django.test import Client
 
 from refunds.models import RefundRequest
-from refunds.sandbox.airline import owner_of
+from refunds.sandbox.airline import next_operating_day, owner_of
 
 FORM_URL = "/refunds/new/"
 _STATUS_URL = re.compile(r"/refunds/(?P<public_id>rf_[A-Za-z0-9_-]+)/$")
@@ -72,10 +72,10 @@ def customers(rng: random.Random, count: int) -> list[Customer]:
         references.add(rng.choice(_FIRST) + rng.choice(string.digits) + tail)
     result = []
     for reference in sorted(references):
-        day = date.today() + timedelta(days=rng.randint(14, 200))
-        message = rng.choice(_MESSAGES).format(
-            flight=f"SK{rng.randint(100, 9999)}", day=day.strftime("%-d %B %Y")
-        )
+        flight = f"SK{rng.randint(100, 9999)}"
+        # A day that flight flies (the airline's schedule refuses any other).
+        day = next_operating_day(flight, date.today() + timedelta(days=rng.randint(14, 200)))
+        message = rng.choice(_MESSAGES).format(flight=flight, day=day.strftime("%-d %B %Y"))
         owner = owner_of(reference)
         result.append(
             Customer(

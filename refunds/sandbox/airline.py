@@ -1,4 +1,5 @@
-"""The airline partner: bookings derived from their reference, seat cancels, boarding passes."""
+"""The airline partner: bookings derived from their reference, its schedule derived from the
+flight number and date, seat cancels, boarding passes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import secrets
 import sqlite3
 import unicodedata
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from refunds.sandbox import faults
@@ -40,12 +41,14 @@ def booking(reference: str) -> dict[str, Any]:
     rng = random.Random(hashlib.sha256(ref.encode()).hexdigest())
     origin, destination = rng.sample(AIRPORTS, 2)
     first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
+    flight = f"SK{rng.randint(100, 9999)}"
+    booked_day = date(2027, 1, 1) + timedelta(days=rng.randrange(365))
     return {
         "reference": ref,
         "passenger": {"name": f"{first} {last}", "first_name": first, "last_name": last},
         "contact_email": contact_email(first, last, ref),
-        "flight": f"SK{rng.randint(100, 9999)}",
-        "date": (date(2027, 1, 1) + timedelta(days=rng.randrange(365))).isoformat(),
+        "flight": flight,
+        "date": next_operating_day(flight, booked_day).isoformat(),
         "origin": origin,
         "destination": destination,
         "seat": _seat(rng),
@@ -103,6 +106,69 @@ def _known_reference(store: Store, reference: Any) -> str:
 
 def get_booking(store: Store, reference: str) -> Response:
     return Response(status=200, body=booking(_known_reference(store, reference)))
+
+
+# --- the schedule -----------------------------------------------------------------------------
+#: How far ahead the airline sells seats (days after today, by the airline's clock).
+HORIZON_DAYS = 330
+#: Skyways' own flights, numbered as bookings are (SK100 to SK9999); no other airline's fly here.
+SKYWAYS_FLIGHT = re.compile(r"SK[1-9][0-9]{2,3}")
+
+
+def operating_weekdays(flight: str) -> frozenset[int]:
+    """The weekdays (Monday is 0) a flight flies: six of the seven for a Skyways flight, the
+    day off seeded by the flight number's hash (as a booking is by its reference); none else."""
+    if not SKYWAYS_FLIGHT.fullmatch(flight):
+        return frozenset()
+    rng = random.Random(hashlib.sha256(flight.encode()).hexdigest())
+    return frozenset(rng.sample(range(7), 6))
+
+
+def operates(flight: str, day: date) -> bool:
+    """Whether `flight` is in the timetable on `day`, whatever the day's distance from today."""
+    return day.weekday() in operating_weekdays(flight)
+
+
+def next_operating_day(flight: str, day: date) -> date:
+    """`day`, or the first day after it on which `flight` flies (`day` itself if it never does)."""
+    for ahead in range(7):
+        if operates(flight, day + timedelta(days=ahead)):
+            return day + timedelta(days=ahead)
+    return day
+
+
+def schedule_answer(flight: str, day: date, *, today: date) -> dict[str, Any]:
+    """Whether seats on `flight` on `day` can be sold today, and if not why: `past`,
+    `beyond_horizon` (more than HORIZON_DAYS ahead) or `not_operating` (no such flight that day)."""
+    if day < today:
+        reason = "past"
+    elif day > today + timedelta(days=HORIZON_DAYS):
+        reason = "beyond_horizon"
+    elif not operates(flight, day):
+        reason = "not_operating"
+    else:
+        reason = ""
+    return {
+        "flight": flight,
+        "date": day.isoformat(),
+        "operates": not reason,
+        "reason": reason,
+        "horizon_days": HORIZON_DAYS,
+        "last_bookable_date": (today + timedelta(days=HORIZON_DAYS)).isoformat(),
+    }
+
+
+def get_schedule(request: Request) -> Response:
+    """`GET /airline/schedule?flight=SK1240&date=2027-03-16`: whether that flight flies then."""
+    flight = request.query.get("flight", "").strip().upper()
+    try:
+        day = date.fromisoformat(request.query.get("date", ""))
+    except ValueError:
+        raise Invalid(partner_error(400, "invalid_request", "date must be YYYY-MM-DD")) from None
+    if not flight:
+        raise Invalid(partner_error(400, "invalid_request", "flight is required"))
+    today = datetime.now(UTC).date()
+    return Response(status=200, body=schedule_answer(flight, day, today=today))
 
 
 def injected(status: int) -> Response:

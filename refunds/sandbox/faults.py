@@ -20,6 +20,7 @@ ENDPOINTS = frozenset(
         "refunds.create",
         "refunds.list",
         "airline.booking",
+        "airline.schedule",
         "airline.cancel_seat",
         "airline.boarding_pass",
         "crm.update",

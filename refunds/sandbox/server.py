@@ -66,6 +66,10 @@ class Sandbox:
                 airline.injected,
                 lambda: airline.get_booking(self.store, reference),
             )
+        if method == "GET" and path == "/airline/schedule":
+            return self._read(
+                "airline.schedule", airline.injected, lambda: airline.get_schedule(request)
+            )
         if method == "POST" and (match := CANCEL_SEAT.fullmatch(path)):
             return self._effect(airline.cancel_seat(self.store, match.group(1)), request)
         if method == "POST" and path == "/airline/boarding-passes":

@@ -61,7 +61,7 @@ def test_uninterrupted__six_turns_one_request_each_one_effect_each(
 
 #: What an uninterrupted refund agent run records, in order.
 UNINTERRUPTED = [
-    "verify_ownership",
+    "verify_ownership", "check_flight",
     "llm", "load_request",
     "llm", "fetch_booking", "check_cancellation_policy",
     "llm", "cancel_seat", "charge_customer",

@@ -53,6 +53,7 @@ def stack(tmp_path: Path, request: pytest.FixtureRequest):
             "DJANGO_SETTINGS_MODULE",
             "DJANGO_SECRET_KEY",
             "DJANGO_DEBUG",
+            "PROMETHEUS_MULTIPROC_DIR",  # the suite's own (its settings set it): var/metrics here
         }
     }
     env.update(
@@ -62,6 +63,10 @@ def stack(tmp_path: Path, request: pytest.FixtureRequest):
         PYTHONUNBUFFERED="1",
         **getattr(request, "param", {}),
     )
+    # What a checkout that ran before looks like: var/ and a file in it readable by all.
+    (tmp_path / "var").mkdir(mode=0o755)
+    (tmp_path / "var" / "leftover.log").write_text("an earlier run's file\n")
+    os.chmod(tmp_path / "var" / "leftover.log", 0o644)
     log_path = tmp_path / "make-run.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -155,6 +160,7 @@ def test_make_run__completes_a_demo_run_and_a_refund_then_stops_on_ctrl_c(stack)
         text=True,
         timeout=60,
         check=True,
+        umask=0o077,  # as `make run` runs its own commands (this one counts a started run)
     )
     run_id = started.stdout.strip().splitlines()[-1]
     assert run_id.startswith("wf_")
@@ -175,7 +181,8 @@ def test_make_run__completes_a_demo_run_and_a_refund_then_stops_on_ctrl_c(stack)
         timeout=90,
         what="the refund submitted through the form to complete",
     )
-    assert [step["status"] for step in final["steps"]] == ["COMPLETED"] * 10
+    assert [step["status"] for step in final["steps"]] == ["COMPLETED"] * 11
+    _assert_private(stack["var"])
     # The access log saw every poll of the status page, yet names neither it nor the customer.
     log = stack["log"].read_text()
     assert "gunicorn.access" in log and "/status.json" in log
@@ -202,6 +209,20 @@ def test_make_run__completes_a_demo_run_and_a_refund_then_stops_on_ctrl_c(stack)
         os.killpg(proc.pid, 0)
 
 
+def _assert_private(var: Path) -> None:
+    """var/ and everything in it (the SQLite database and its WAL, the sandbox's state, the
+    metrics files, the key, the broker's queue) are the owner's alone: 0700 and 0600."""
+    made = {path.name for path in var.iterdir()}
+    assert {"agentflow.sqlite3", "sandbox.sqlite3", "secret-key.txt", "metrics", "broker"} <= made
+    loose = {
+        str(path.relative_to(var)): oct(path.stat().st_mode & 0o777)
+        for path in (var, *var.rglob("*"))
+        if path.stat().st_mode & 0o077
+    }
+    assert loose == {}
+    assert var.stat().st_mode & 0o777 == 0o700
+
+
 def _group_gone(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -221,5 +242,5 @@ def test_make_run__agent_engine__a_refund_through_the_form_completes_offline(sta
         what="the agent's refund to complete",
     )
     names = [step["name"] for step in final["steps"]]
-    assert names[:2] == ["verify_ownership", "llm"] and "charge_customer" in names
+    assert names[:3] == ["verify_ownership", "check_flight", "llm"] and "charge_customer" in names
     assert all(step["status"] == "COMPLETED" for step in final["steps"])

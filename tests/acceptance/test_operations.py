@@ -58,7 +58,7 @@ def stack_env(
             AGENTFLOW_LOG_FORMAT="json",
             AGENTFLOW_LEASE_SECONDS="2",
             AGENTFLOW_SWEEP_INTERVAL="1",
-            **overrides,
+            **{"AGENTFLOW_METRICS_PUBLIC": "1", **overrides},  # scraped as on a private network
         )
 
     return build
@@ -269,6 +269,12 @@ def test_metrics__bearer_token_is_required_when_set(stack: Stack) -> None:
     assert "agentflow_runs_active" in {
         f.name for f in text_string_to_metric_families(body.decode())
     }
+
+
+def test_metrics__closed_with_debug_off_and_neither_a_token_nor_public(stack: Stack) -> None:
+    web = stack.web(AGENTFLOW_METRICS_PUBLIC="0")
+
+    assert web.get("/metrics")[0] == 404
 
 
 # --- logs -------------------------------------------------------------------------------------

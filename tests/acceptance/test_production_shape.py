@@ -81,14 +81,17 @@ def production_variables() -> dict[str, str]:
     block = re.search(r"<!-- production-variables -->\s*```sh\n(.*?)```", readme, re.S)
     assert block, "README.md documents the production variables in a marked block"
     values = dict(re.findall(r"^([A-Z_]+)=(\S*)", block.group(1), re.M))
-    assert values.pop("DJANGO_SECRET_KEY").startswith("$(")  # generated, never written down
-    return {**values, "DJANGO_SECRET_KEY": secrets.token_urlsafe(50)}
+    for secret in ("DJANGO_SECRET_KEY", "AGENTFLOW_METRICS_TOKEN"):
+        assert values[secret].startswith("$(")  # generated, never written down
+        values[secret] = secrets.token_urlsafe(50)
+    return values
 
 
 def test_check_deploy__documented_production_variables_give_no_warning(tmp_path: Path) -> None:
     variables = production_variables()
     for needed in ("DJANGO_HTTPS", "DJANGO_SECURE_PROXY_SSL_HEADER", "DJANGO_CSRF_TRUSTED_ORIGINS",
-                   "DJANGO_ALLOWED_HOSTS", "AGENTFLOW_TRUSTED_PROXIES"):  # fmt: skip
+                   "DJANGO_ALLOWED_HOSTS", "AGENTFLOW_TRUSTED_PROXIES",
+                   "AGENTFLOW_METRICS_TOKEN"):  # fmt: skip
         assert needed in variables
     done = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
@@ -113,5 +116,6 @@ def test_check_deploy__without_them_it_warns(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode != 0
-    for warning in ("security.W004", "security.W008", "security.W012", "security.W016"):
+    for warning in ("security.W004", "security.W008", "security.W012", "security.W016",
+                    "agentflow.W001"):  # fmt: skip
         assert warning in done.stderr

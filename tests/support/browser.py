@@ -2,7 +2,7 @@
 
 Fixtures:
 - `page`: a fresh Chromium tab on pytest-django's live server (skipped without Chromium,
-  failed under CI=true).
+  failed under CI=true); a test fails if the tab broke the site's Content-Security-Policy.
 - `running`: one real worker (two pool processes) doing steps against a clean partner sandbox.
 `db(read)` runs a database read away from Playwright's event loop.
 """
@@ -64,15 +64,24 @@ def page(live_server: Any, settings: Any) -> Iterator[Any]:
             # is what brings back the very form (and token) that was sent.
             ignore_default_args=["--disable-back-forward-cache"],
         )
+        refused: list[str] = []  # what the Content-Security-Policy blocked, as Chromium says it
         try:
             context = browser.new_context(viewport=DESKTOP, base_url=live_server.url)
-            yield context.new_page()
+            tab = context.new_page()
+            tab.on("console", lambda message: _note_csp_refusal(message, refused))
+            yield tab
         finally:
             browser.close()
     # The live server answers each kept-alive connection in a thread holding a database
     # connection until the socket closes; the test database cannot be flushed or dropped
     # while one is still winding down.
     wait_for(_no_request_threads, timeout=30, what="live server request threads to finish")
+    assert refused == [], "the page broke its own Content-Security-Policy"
+
+
+def _note_csp_refusal(message: Any, refused: list[str]) -> None:
+    if "Content Security Policy" in message.text:
+        refused.append(message.text)
 
 
 def _no_request_threads() -> bool:

@@ -109,3 +109,48 @@ def test_parse_query__metadata_clauses_with_escaped_quotes_and_and():
 def test_parse_query__rejects_what_the_sandbox_cannot_search(query):
     with pytest.raises(ValueError):
         parse_query(query)
+
+
+# --- the airline's schedule -------------------------------------------------------------------
+TODAY = airline.date(2026, 12, 1)
+
+
+def test_schedule__a_skyways_flight_flies_six_weekdays_seeded_by_its_number():
+    assert airline.operating_weekdays("SK1240") == airline.operating_weekdays("SK1240")
+    assert len(airline.operating_weekdays("SK1240")) == 6
+    days_off = {
+        flight: set(range(7)) - airline.operating_weekdays(flight)
+        for flight in ("SK1240", "SK1234", "SK900", "SK77")
+    }
+    assert days_off["SK77"] == set(range(7))  # not a Skyways number: never flies
+    assert len({frozenset(days) for days in days_off.values()}) > 1  # not one day off for all
+
+
+def test_schedule__other_airlines_flights_do_not_fly_here():
+    assert airline.operating_weekdays("ZZ9999") == frozenset()
+    assert not airline.operates("LH400", airline.date(2027, 3, 16))
+
+
+@pytest.mark.parametrize(
+    ("flight", "day", "reason"),
+    [
+        ("SK1240", "2027-03-16", ""),
+        ("SK1240", "2026-11-30", "past"),
+        ("ZZ9999", "1999-01-01", "past"),
+        ("SK1234", "2027-10-27", ""),  # the 330th day ahead is still sold
+        ("SK1234", "2027-10-28", "beyond_horizon"),
+        ("SK1240", "2027-03-17", "not_operating"),  # a Wednesday, SK1240's day off
+        ("ZZ9999", "2027-03-16", "not_operating"),
+    ],
+)
+def test_schedule_answer__past_beyond_the_horizon_or_not_flying(flight, day, reason):
+    answer = airline.schedule_answer(flight, airline.date.fromisoformat(day), today=TODAY)
+
+    assert (answer["operates"], answer["reason"]) == (not reason, reason)
+    assert answer["last_bookable_date"] == "2027-10-27"
+
+
+def test_booking__its_own_flight_flies_on_its_own_date():
+    for reference in ("ABC123", "MKR123", "XYZ789", "QX7K2M", "F00000", "DECAAA"):
+        booked = airline.booking(reference)
+        assert airline.operates(booked["flight"], airline.date.fromisoformat(booked["date"]))

@@ -201,9 +201,11 @@ def test_fork__then_failing__undoes_the_superseded_effects_the_new_branch_did_no
 
 
 def test_agent__tokens_spent_on_each_turn_and_saved_by_every_replay_are_counted(
-    drive: Callable[[str], WorkflowRun], client: Any
+    drive: Callable[[str], WorkflowRun], client: Any, settings: Any
 ) -> None:
     from tests.integration.agentflow.test_ops_views import scrape, value
+
+    settings.AGENTFLOW_METRICS_PUBLIC = True  # DEBUG is off in tests: /metrics is closed
 
     labels = {"workflow": workflows.agent.name, "model": "scripted-shopper"}
     spent, saved = "agentflow_model_tokens_spent_total", "agentflow_model_tokens_saved_total"

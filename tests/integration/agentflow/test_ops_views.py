@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core import checks
 from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -20,12 +21,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentflow import durable, metrics, store
 from agentflow.models import RunEvent, SweeperHeartbeat, WorkflowRun
 from agentflow.states import RunStatus
-from refunds.gateways import CrmGateway
+from refunds.gateways import AirlineGateway, BookingNotFound, CrmGateway
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.django_db
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture(autouse=True)
+def metrics_public(settings: Any) -> None:
+    """Scraped as over a private network unless a test says otherwise (DEBUG is off here)."""
+    settings.AGENTFLOW_METRICS_PUBLIC = True
 
 
 def _run(status: str, *, wake_in_seconds: float | None, workflow: str = "demo") -> WorkflowRun:
@@ -147,6 +154,40 @@ def test_metrics__bearer_token_required_when_configured(client: Client, settings
     assert scrape(client, Authorization="Bearer t0ken")
 
 
+def test_metrics__debug_off_without_a_token_or_public_is_not_served(
+    client: Client, settings: Any
+) -> None:
+    settings.AGENTFLOW_METRICS_PUBLIC = False
+
+    assert client.get("/metrics").status_code == 404
+    assert client.get("/metrics", headers={"Authorization": "Bearer anything"}).status_code == 404
+    settings.DEBUG = True
+    assert scrape(client)  # a developer's machine
+    settings.DEBUG, settings.AGENTFLOW_METRICS_TOKEN = False, "t0ken"
+    assert client.get("/metrics").status_code == 401
+    assert scrape(client, Authorization="Bearer t0ken")
+
+
+@pytest.mark.parametrize(
+    ("debug", "token", "public", "warned"),
+    [
+        (False, "", False, True),
+        (False, "t0ken", False, False),
+        (False, "", True, False),
+        (True, "", False, False),
+    ],
+)
+def test_system_check__warns_when_metrics_are_closed_to_every_scraper(
+    settings: Any, debug: bool, token: str, public: bool, warned: bool
+) -> None:
+    settings.DEBUG, settings.AGENTFLOW_METRICS_TOKEN = debug, token
+    settings.AGENTFLOW_METRICS_PUBLIC = public
+
+    found = [m.id for m in checks.run_checks(tags=[checks.Tags.security])]
+
+    assert ("agentflow.W001" in found) is warned
+
+
 # --- /metrics: counters from every process's files ---------------------------------------------
 @pytest.mark.django_db(transaction=True)
 def test_metrics__events_count_only_once_their_transaction_commits(client: Client) -> None:
@@ -205,6 +246,22 @@ def test_partner_errors__counted_by_partner_and_kind(
         )
 
     assert value(scrape(client), "agentflow_partner_errors_total", **labels) == before + 1
+
+
+def test_partner_errors__an_unknown_booking_is_an_answer_not_an_error(
+    client: Client, clean_sandbox: SandboxProcess
+) -> None:
+    """Otherwise the permanent count would move only for references that do not exist."""
+    clean_sandbox.set_fault(unknown_bookings=["NOSUCH"])
+    labels = {"partner": "airline", "kind": "permanent"}
+    before = value(scrape(client), "agentflow_partner_errors_total", **labels)
+    airline = AirlineGateway(clean_sandbox.url)
+
+    with pytest.raises(BookingNotFound):
+        airline.booking("NOSUCH")
+    airline.booking("ABC123")
+
+    assert value(scrape(client), "agentflow_partner_errors_total", **labels) == before
 
 
 def test_root__sends_a_visitor_to_the_refund_form(client: Client) -> None:

@@ -315,6 +315,18 @@ def test_boarding_pass__before_cancel_and_charge_is_refused_not_issued(partners)
     assert partners.ledger(workflow_id=run.run_id)["boarding_passes"] == []
 
 
+def test_boarding_pass__for_a_flight_not_on_the_schedule_is_refused_not_issued(partners) -> None:
+    run = AgentRun()
+    run.through_charge()
+    outcome = run.call(
+        "issue_boarding_pass", booking_reference="ABC123", flight="ZZ9999", date="2027-03-16"
+    )
+
+    assert outcome.ok is False and outcome.result["error"] == "refused"
+    assert "We couldn't find flight ZZ9999 on Tuesday 16 March 2027" in outcome.result["message"]
+    assert partners.ledger(workflow_id=run.run_id)["boarding_passes"] == []
+
+
 def test_confirmation__before_the_boarding_pass_is_refused_not_sent(partners) -> None:
     run = AgentRun()
     run.through_charge()

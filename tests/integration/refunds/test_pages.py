@@ -7,6 +7,7 @@ import itertools
 import re
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.admin.utils import quote
@@ -661,3 +662,35 @@ def test_admin__is_read_only(staff_client: Client) -> None:
     assert staff_client.post(f"{base}{refund.pk}/change/", {"email": "x@y.z"}).status_code == 403
     assert staff_client.post(f"{base}{refund.pk}/delete/", {"post": "yes"}).status_code == 403
     assert RefundRequest.objects.get().email == VALID["email"]
+
+
+# --- Content-Security-Policy ----------------------------------------------------------------------
+def policy_of(response: Any) -> dict[str, str]:
+    header = response.headers.get("Content-Security-Policy", "")
+    return dict(part.strip().partition(" ")[::2] for part in header.split(";") if part.strip())
+
+
+def test_csp__every_customer_page_allows_this_site_s_scripts_and_nothing_inline(
+    client: Client,
+) -> None:
+    refund = create_refund(client)
+    for path in (
+        "/refunds/new/",
+        f"/refunds/{refund.public_id}/",
+        f"/refunds/{refund.public_id}/status.json",
+        "/refunds/rf_nosuchrefund/",
+        "/admin/login/",
+    ):
+        policy = policy_of(client.get(path))
+        assert policy.get("default-src") == "'self'", path
+        assert policy.get("script-src") == "'self'", path  # no inline script, no eval
+        assert policy.get("object-src") == "'none'" and policy.get("frame-ancestors") == "'none'"
+
+
+def test_csp__the_admin_s_one_inline_style_block_carries_the_request_s_nonce(
+    staff_client: Client,
+) -> None:
+    response = staff_client.get("/admin/agentflow/workflowrun/")
+
+    [nonce] = re.findall(r'<style nonce="([^"]+)">', response.content.decode())
+    assert policy_of(response)["style-src"] == f"'self' 'nonce-{nonce}'"

@@ -37,7 +37,8 @@ def test_agent_engine__rebooks_with_one_of_each_effect_and_the_graph_s_outcome(
     assert run.workflow == engines.AGENT
     assert run.status == RunStatus.COMPLETED, run.error
     assert run.output.startswith("You're booked on SK1240 on 2027-03-16, seat ")
-    assert names(run_id)[:2] == ["verify_ownership", "llm"]  # the owner first, in code
+    # the owner and the flight first, in code
+    assert names(run_id)[:3] == ["verify_ownership", "check_flight", "llm"]
     ledger = partners.ledger(workflow_id=run_id)
     for kind in ("payments", "seat_cancellations", "boarding_passes", "crm_updates", "emails"):
         assert len(ledger[kind]) == 1, kind
