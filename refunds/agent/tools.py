@@ -16,7 +16,7 @@ from pydantic import Field
 
 from agentflow.agent import Toolbox, ToolContext
 from agentflow.durable import PermanentStepError
-from refunds import policy, steps
+from refunds import fee, policy, steps
 from refunds.agent import guardrails
 from refunds.gateways import STRIPE_KEY_WINDOW_SECONDS, AirlineGateway, CrmGateway
 from refunds.models import RefundRequest
@@ -98,11 +98,13 @@ def check_cancellation_policy(
 @toolbox.tool(
     "cancel_seat",
     side_effect=True,
-    description="Cancel the seat on the booked flight (once per request).",
+    description="Cancel the seat on the booked flight (once per request, after charge_customer).",
+    compensate="reinstate_seat",
 )
 def cancel_seat(ctx: ToolContext, booking_reference: BookingReference) -> dict[str, Any]:
     reference = _own_booking(ctx, booking_reference)
     guardrails.check_once_per_run("cancel_seat", ctx.history)
+    guardrails.check_fee_secured(ctx.history)
     released = AirlineGateway.from_settings().cancel_seat(
         reference, key=ctx.idempotency_key, workflow_id=ctx.run_id
     )
@@ -114,14 +116,15 @@ def cancel_seat(ctx: ToolContext, booking_reference: BookingReference) -> dict[s
 
 
 def find_charge(ctx: ToolContext, refund_id: str, amount_cents: int) -> dict[str, Any] | None:
-    """Reconcile for `charge_customer`: the payment made under this call's key, if any."""
-    return steps.find_fee(ctx.idempotency_key) if amount_cents > 0 else None
+    """Reconcile for `charge_customer`: the hold made under this call's key, if any."""
+    return fee.find_hold(ctx.idempotency_key) if amount_cents > 0 else None
 
 
 @toolbox.tool(
     "charge_customer",
     side_effect=True,
-    description="Charge the change fee to the card on the booking (once per request).",
+    description="Secure the change fee on the card on the booking, before the seat is touched "
+    "(once per request). The fee is held, and taken only once the new boarding pass is issued.",
     reconcile=find_charge,
     compensate="refund_fee",
     key_window_seconds=STRIPE_KEY_WINDOW_SECONDS,
@@ -135,9 +138,9 @@ def charge_customer(
     booking = _booking(ctx, reference)
     rules = policy.policy_for(booking["fare_class"])
     if not rules.rebookable:
-        raise guardrails.GuardrailViolation(rules.refusal)
+        raise PermanentStepError(rules.refusal)  # the fare's rule, already in customer words
     guardrails.check_charge_amount(amount_cents, fee_cents=rules.fee_cents, reference=reference)
-    return steps.take_fee(
+    return fee.hold(
         amount_cents=rules.fee_cents,
         currency=policy.CURRENCY,
         payment_method=booking["payment_method"],
@@ -202,12 +205,12 @@ def send_confirmation_email(ctx: ToolContext, refund_id: RefundId) -> dict[str, 
     return steps.send_confirmation_email(ctx.step_context())
 
 
-# --- compensation (also the model's to call) -----------------------------------------------------
+# --- compensations (the engine runs them when the run fails) ------------------------------------
 @toolbox.tool(
     "refund_fee",
     side_effect=True,
-    description="Refund the change fee charged in this request, if one was (e.g. when the "
-    "boarding pass cannot be issued).",
+    description="Give back the change fee of this request: release the hold, or refund a fee "
+    "already taken (e.g. when the boarding pass cannot be issued).",
 )
 def refund_fee(ctx: ToolContext, refund_id: RefundId) -> dict[str, Any]:
     guardrails.check_own_refund(refund_id, _refund_id(ctx))
@@ -215,6 +218,19 @@ def refund_fee(ctx: ToolContext, refund_id: RefundId) -> dict[str, Any]:
     if earlier is not None:
         return earlier.result  # refunded already: the same answer, no second refund
     return steps.refund_fee(ctx.step_context())
+
+
+@toolbox.tool(
+    "reinstate_seat",
+    side_effect=True,
+    description="Give the customer back the seat this request released.",
+)
+def reinstate_seat(ctx: ToolContext, booking_reference: BookingReference) -> dict[str, Any]:
+    _own_booking(ctx, booking_reference)
+    earlier = guardrails.earlier_call("reinstate_seat", ctx.history)
+    if earlier is not None:
+        return earlier.result  # given back already: the same answer, no second call
+    return steps.reinstate_seat(ctx.step_context())
 
 
 toolbox.validate()

@@ -3,9 +3,13 @@ model choosing the order of the tools.
 
 Code, not the prompt, decides what must hold. Before the model is first asked, a step in code
 checks that the request comes from the booking's owner (as the graph workflow does before any
-effect); the tools enforce the fee, one charge and one seat per run; the engine enforces the
-turn and token limits. A failure undoes the fee (`refund_fee`, the charge's compensation) and
-tells the customer (`notify_failure`, the graph workflow's own step).
+effect); the tools enforce the fee, one charge and one seat per run, and the fee held before
+the seat is touched; the engine enforces the turn and token limits. The model's
+`charge_customer` only holds the fee: it is taken by `capture_fee`, a step in code after the
+model's answer, and only if a new boarding pass was issued — so no answer of the model's can
+keep money for a change that did not happen. A failure gives back what was taken (the hold
+released or the fee refunded: `refund_fee`; the seat: `reinstate_seat`, the compensations of
+the calls they undo) and tells the customer (`notify_failure`, the graph workflow's own step).
 """
 
 from __future__ import annotations
@@ -18,11 +22,19 @@ from refunds import ownership, steps
 from refunds.agent import prompts
 from refunds.agent.planner import scripted_refund_model
 from refunds.agent.tools import toolbox
-from refunds.gateways import COMPENSATION_RETRY, AirlineGateway, BookingNotFound
+from refunds.gateways import (
+    COMPENSATION_RETRY,
+    STRIPE_AUTHORIZATION_SECONDS,
+    STRIPE_KEY_WINDOW_SECONDS,
+    AirlineGateway,
+    BookingNotFound,
+)
 
+#: v2: the fee is held by `charge_customer` (before `cancel_seat`) and taken by `capture_fee` in
+#: code after the answer; v1 runs still in flight are parked for an operator.
 refund_agent = durable.CodeWorkflow(
     "refund_agent",
-    version=1,
+    version=2,
     toolbox=toolbox,
     model=scripted_refund_model,
     on_failure="notify_failure",
@@ -52,7 +64,8 @@ def verify_ownership(ctx: durable.StepContext) -> dict[str, Any]:
 
 @refund_agent.run
 def rebook(ctx: durable.AgentContext) -> str:
-    """Check the owner in code, then let the model work through the tools until it answers."""
+    """Check the owner in code, let the model work through the tools until it answers, then
+    take the held fee."""
     ctx.step("verify_ownership", verify_ownership)
     request = steps.request_of_refund_id(ctx.input["refund_id"])
     messages = list(prompts.opening_messages(request.public_id, request.message))
@@ -61,4 +74,11 @@ def rebook(ctx: durable.AgentContext) -> str:
         for call in turn.tool_calls:
             shown = prompts.shown_to_model(call.name, ctx.tool(call).result)
             messages.append(tool_result_message(call.id, shown))
+    ctx.step(
+        "capture_fee",
+        steps.capture_fee,
+        kind="effect",
+        reconcile=steps.find_fee_capture,
+        key_window_seconds=min(STRIPE_KEY_WINDOW_SECONDS, STRIPE_AUTHORIZATION_SECONDS),
+    )
     return turn.text
