@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import pytest
 import requests
+from django.core import mail
 
 from agentflow.durable import PermanentStepError
 from refunds import steps
-from tests.integration.refunds.test_refund_steps import SEQ, Flow
+from refunds.agent import guardrails
+from refunds.agent.guardrails import GuardrailViolation
+from tests.integration.refunds.test_refund_steps import SEQ, Flow, record_failure
 
 pytestmark = pytest.mark.django_db
 
@@ -112,3 +115,25 @@ def test_reinstate_seat__nothing_released_nothing_to_give_back(partners) -> None
     flow.run_through("charge_customer")
     assert flow.run("reinstate_seat", UNDO_SEQ) == {"reinstated": False}
     assert "airline.reinstate_seat" not in partners.ledger()["requests"]
+
+
+def test_notify_failure__a_guardrail_failure_reaches_the_customer_in_its_own_words(
+    partners, settings
+) -> None:
+    """Finding 4: an agent run its guardrails stopped at the charge used to tell the customer
+    "We couldn't reach our payment provider"; it now says what was refused, in their words."""
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    flow = Flow()
+    flow.run_through("calculate_penalty_fee")
+    with pytest.raises(GuardrailViolation) as refused:
+        guardrails.check_charge_amount(1, fee_cents=4500, reference="ABC123")
+    seq = record_failure(flow, "charge_customer", str(refused.value))
+
+    output = flow.run("notify_failure", seq)
+
+    assert output["reason"] == str(refused.value)
+    assert output["reason"].startswith("We stopped this change: our automated assistant asked")
+    assert "payment provider" not in output["reason"]
+    [message] = mail.outbox
+    assert f"Why: {refused.value}" in message.body
+    assert "You have not been charged anything." in message.body
