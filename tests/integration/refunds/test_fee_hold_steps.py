@@ -1,6 +1,6 @@
-"""The fee hold's steps run by hand against the sandbox (as test_refund_steps does): the hold
-taken once, released or refunded by the one compensation as the payment stands at Stripe, and a
-released seat given back; counted at the partners' ledger."""
+"""The fee hold's steps (and the agent's compensation tools) run by hand against the sandbox, as
+test_refund_steps does: the hold taken once, released or refunded by the one compensation as the
+payment stands at Stripe, and a released seat given back; counted at the partners' ledger."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from agentflow.durable import PermanentStepError
 from refunds import steps
 from refunds.agent import guardrails
 from refunds.agent.guardrails import GuardrailViolation
+from tests.integration.refunds.test_agent_tools import AgentRun
 from tests.integration.refunds.test_refund_steps import SEQ, Flow, record_failure
 
 pytestmark = pytest.mark.django_db
@@ -137,3 +138,22 @@ def test_notify_failure__a_guardrail_failure_reaches_the_customer_in_its_own_wor
     [message] = mail.outbox
     assert f"Why: {refused.value}" in message.body
     assert "You have not been charged anything." in message.body
+
+
+def test_agent_refund_fee__an_early_nothing_to_give_back_does_not_hide_a_later_hold(
+    partners,
+) -> None:
+    """Finding 1, first plan: a model that calls refund_fee before any charge records "nothing
+    to give back"; the later hold must still be released when the run fails, not "undone" by
+    reusing that answer."""
+    run = AgentRun()
+    early = run.call("refund_fee", refund_id=run.refund_id)
+    assert early.result["refunded"] is False and early.result["hold_released"] is False
+    run.through_charge()
+
+    undo = run.call("refund_fee", refund_id=run.refund_id)  # as the engine's compensation runs it
+
+    assert undo.result["hold_released"] is True
+    ledger = partners.ledger(workflow_id=run.run_id)
+    assert len(ledger["authorization_cancels"]) == 1
+    assert [a["status"] for a in ledger["authorizations"]] == ["canceled"]
