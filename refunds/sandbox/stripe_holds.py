@@ -31,16 +31,16 @@ CANCELLABLE = ("requires_payment_method", "requires_capture", "requires_confirma
 
 def expire(store: Store, *, after_seconds: float) -> None:
     """Lapse every hold older than `after_seconds` (Stripe: 7 days), before any read of it."""
+    stale = (
+        "SELECT id, body FROM effects WHERE kind = 'authorization' AND created < ?"
+        " AND json_extract(body, '$.status') = 'requires_capture'"
+    )
     cutoff = time.time() - after_seconds
+    if not store.select(stale, (cutoff,)):
+        return  # the usual case: no write lock taken on every Stripe request
     with store.transaction() as db:
-        rows = db.execute(
-            "SELECT id, body FROM effects WHERE kind = 'authorization' AND created < ?"
-            " AND json_extract(body, '$.status') = 'requires_capture'",
-            (cutoff,),
-        ).fetchall()
-        for row in rows:
-            lapsed = _cancelled(json.loads(row["body"]), "automatic")
-            _save(db, lapsed)
+        for row in db.execute(stale, (cutoff,)).fetchall():
+            _save(db, _cancelled(json.loads(row["body"]), "automatic"))
 
 
 def capture(intent_id: str) -> Effect:
