@@ -40,6 +40,9 @@ COMPENSATION_RETRY = RetryPolicy(max_attempts=8, base_seconds=0.5, max_seconds=6
 STRIPE_KEY_WINDOW_SECONDS = 24 * 3600
 #: An uncaptured card hold lapses after 7 days: capturing later fails and nothing is taken.
 STRIPE_AUTHORIZATION_SECONDS = 7 * 24 * 3600
+#: A capture retried later than this asks Stripe first: past the key window its key may be
+#: forgotten, past the hold's life the hold is gone.
+STRIPE_CAPTURE_WINDOW_SECONDS = min(STRIPE_KEY_WINDOW_SECONDS, STRIPE_AUTHORIZATION_SECONDS)
 #: Stripe calls: one attempt's timeout and the library's own retries (same key, so safe).
 STRIPE_TIMEOUT_SECONDS = 10
 STRIPE_NETWORK_RETRIES = 2

@@ -7,7 +7,7 @@ from refunds import steps
 from refunds.gateways import (
     COMPENSATION_RETRY,
     PARTNER_RETRY,
-    STRIPE_AUTHORIZATION_SECONDS,
+    STRIPE_CAPTURE_WINDOW_SECONDS,
     STRIPE_KEY_WINDOW_SECONDS,
 )
 
@@ -41,14 +41,13 @@ refund.step(
 refund.step(
     "issue_boarding_pass", kind="effect", retry=PARTNER_RETRY, reconcile=steps.find_boarding_pass
 )(steps.issue_boarding_pass)
-# No compensation of its own: the hold's (`refund_fee`) refunds a fee once it is taken. Past
-# Stripe's key window, or the hold's seven days, a takeover asks Stripe before capturing.
+# No compensation of its own: the hold's (`refund_fee`) refunds a fee once it is taken.
 refund.step(
     "capture_fee",
     kind="effect",
     retry=PARTNER_RETRY,
     reconcile=steps.find_fee_capture,
-    key_window_seconds=min(STRIPE_KEY_WINDOW_SECONDS, STRIPE_AUTHORIZATION_SECONDS),
+    key_window_seconds=STRIPE_CAPTURE_WINDOW_SECONDS,
 )(steps.capture_fee)
 refund.step("update_crm", kind="effect", retry=PARTNER_RETRY, reconcile=steps.find_crm_update)(
     steps.update_crm

@@ -215,8 +215,9 @@ def send_confirmation_email(ctx: ToolContext, refund_id: RefundId) -> dict[str, 
 def refund_fee(ctx: ToolContext, refund_id: RefundId) -> dict[str, Any]:
     guardrails.check_own_refund(refund_id, _refund_id(ctx))
     earlier = guardrails.earlier_call("refund_fee", ctx.history)
-    if earlier is not None and (earlier.result["refunded"] or earlier.result["hold_released"]):
-        return earlier.result  # given back already: the same answer, no second refund
+    given_back = earlier.result if earlier is not None else {}
+    if given_back.get("refunded") or given_back.get("hold_released"):
+        return given_back  # given back already: the same answer, no second refund
     return steps.refund_fee(ctx.step_context())  # an earlier "nothing to give back" proves none
 
 
@@ -228,7 +229,7 @@ def refund_fee(ctx: ToolContext, refund_id: RefundId) -> dict[str, Any]:
 def reinstate_seat(ctx: ToolContext, booking_reference: BookingReference) -> dict[str, Any]:
     _own_booking(ctx, booking_reference)
     earlier = guardrails.earlier_call("reinstate_seat", ctx.history)
-    if earlier is not None and earlier.result["reinstated"]:
+    if earlier is not None and earlier.result.get("reinstated"):
         return earlier.result  # given back already: the same answer, no second call
     return steps.reinstate_seat(ctx.step_context())
 

@@ -24,8 +24,7 @@ from refunds.agent.planner import scripted_refund_model
 from refunds.agent.tools import toolbox
 from refunds.gateways import (
     COMPENSATION_RETRY,
-    STRIPE_AUTHORIZATION_SECONDS,
-    STRIPE_KEY_WINDOW_SECONDS,
+    STRIPE_CAPTURE_WINDOW_SECONDS,
     AirlineGateway,
     BookingNotFound,
 )
@@ -79,6 +78,6 @@ def rebook(ctx: durable.AgentContext) -> str:
         steps.capture_fee,
         kind="effect",
         reconcile=steps.find_fee_capture,
-        key_window_seconds=min(STRIPE_KEY_WINDOW_SECONDS, STRIPE_AUTHORIZATION_SECONDS),
+        key_window_seconds=STRIPE_CAPTURE_WINDOW_SECONDS,
     )
     return turn.text
