@@ -175,7 +175,7 @@ def test_make_run__completes_a_demo_run_and_a_refund_then_stops_on_ctrl_c(stack)
         timeout=90,
         what="the refund submitted through the form to complete",
     )
-    assert [step["status"] for step in final["steps"]] == ["COMPLETED"] * 10
+    assert [step["status"] for step in final["steps"]] == ["COMPLETED"] * 11
     # The access log saw every poll of the status page, yet names neither it nor the customer.
     log = stack["log"].read_text()
     assert "gunicorn.access" in log and "/status.json" in log
