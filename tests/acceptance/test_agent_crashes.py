@@ -122,6 +122,7 @@ CRASHES = {
     "llm:after_complete": 1,  # the turn was recorded: never asked again
     "charge_customer:after_effect": 1,  # the charge made, not recorded: reconciled, not repeated
     "charge_customer:after_complete": 1,
+    "capture_fee:after_effect": 1,  # the fee taken in code, not recorded: found, not taken again
 }
 
 
