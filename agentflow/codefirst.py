@@ -129,9 +129,11 @@ class CodeWorkflow(Workflow):
         than its recorded `{"ok", "result"}`, so domain step code serves both engines."""
         view = {}
         for name, output in outputs.items():
-            if self.toolbox is not None and name in self.toolbox and isinstance(output, dict):
+            undo = _UNDO.match(name)
+            tool = undo["tool"] if undo is not None else name  # `refund_fee@7` reads as refund_fee
+            if self.toolbox is not None and tool in self.toolbox and isinstance(output, dict):
                 if output.get("ok"):
-                    view[name] = output.get("result")
+                    view[tool] = output.get("result")
             else:
                 view[name] = output
         return view
@@ -353,15 +355,27 @@ class AgentContext:
         *,
         kind: str = StepKind.READ,
         arguments: Any = None,
+        reconcile: Callable[[StepContext], Any] | None = None,
+        key_window_seconds: float | None = None,
     ) -> Any:
         """Any other durable step of the run (`read`, `effect` or `db`), e.g. a check in code
-        before the model is first asked."""
+        before the model is first asked; an effect may ask its partner what happened
+        (`reconcile`, `key_window_seconds`: SPEC §3.3a/b) as a graph step does."""
         position = self._next()
         fingerprint = step_fingerprint(position, name, arguments)
         recorded = self._replayed(fingerprint)
         if recorded is not None:
             return recorded
-        raise Suspend(self._step(fingerprint, StepKind(kind), fn, extra={}))
+        raise Suspend(
+            self._step(
+                fingerprint,
+                StepKind(kind),
+                fn,
+                extra={},
+                reconcile=reconcile,
+                key_window_seconds=key_window_seconds,
+            )
+        )
 
     # --- what the function may read --------------------------------------------------------
     @property

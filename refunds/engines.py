@@ -16,10 +16,11 @@ AGENT = "refund_agent"
 #: What the customer sees of an agent run: its tool calls, in the order a refund takes them
 #: (model turns and the owner check in code are the engine's business).
 AGENT_STEPS = (
-    "load_request", "fetch_booking", "check_cancellation_policy", "cancel_seat",
-    "charge_customer", "issue_boarding_pass", "update_crm", "send_confirmation_email",
+    "load_request", "fetch_booking", "check_cancellation_policy", "charge_customer",
+    "cancel_seat", "issue_boarding_pass", "update_crm", "send_confirmation_email", "capture_fee",
 )  # fmt: skip
-#: Compensations of an agent run are named after the call they undo (`refund_fee@7`).
+#: Its compensations, shown once they start (named after the call they undo: `refund_fee@7`).
+AGENT_COMPENSATIONS = ("refund_fee", "reinstate_seat", "notify_failure")
 _UNDO_SUFFIX = "@"
 
 
@@ -44,7 +45,7 @@ def customer_steps(run: durable.RunSnapshot) -> list[durable.StepSnapshot]:
     shown = []
     for step in run.steps:
         name = step.name.split(_UNDO_SUFFIX, 1)[0]
-        if name not in (*AGENT_STEPS, "refund_fee", "notify_failure") or _refused(step):
+        if name not in (*AGENT_STEPS, *AGENT_COMPENSATIONS) or _refused(step):
             continue
         shown.append(_as_graph_step(step, name))
     return shown

@@ -38,6 +38,11 @@ PARTNER_RETRY = RetryPolicy(
 COMPENSATION_RETRY = RetryPolicy(max_attempts=8, base_seconds=0.5, max_seconds=60)
 #: Stripe keeps idempotency keys for at least 24 hours; an older retry reconciles first.
 STRIPE_KEY_WINDOW_SECONDS = 24 * 3600
+#: An uncaptured card hold lapses after 7 days: capturing later fails and nothing is taken.
+STRIPE_AUTHORIZATION_SECONDS = 7 * 24 * 3600
+#: A capture retried later than this asks Stripe first: past the key window its key may be
+#: forgotten, past the hold's life the hold is gone.
+STRIPE_CAPTURE_WINDOW_SECONDS = min(STRIPE_KEY_WINDOW_SECONDS, STRIPE_AUTHORIZATION_SECONDS)
 #: Stripe calls: one attempt's timeout and the library's own retries (same key, so safe).
 STRIPE_TIMEOUT_SECONDS = 10
 STRIPE_NETWORK_RETRIES = 2
@@ -86,6 +91,15 @@ class SeatCancellation:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SeatReinstatement:
+    reinstatement_id: str
+    cancellation_id: str
+    reference: str
+    seat: str
+    status: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class BoardingPass:
     boarding_pass_id: str
     reference: str
@@ -121,7 +135,11 @@ def _stripe_client(api_key: str, api_base: str) -> stripe.StripeClient:
 
 class PaymentGateway:
     """Stripe through the official library. The key and workflow id go into metadata too, so a
-    payment can be found by its key after a crash (SPEC §3.3a)."""
+    payment can be found by its key after a crash (SPEC §3.3a).
+
+    The fee is held first (manual capture) and taken only once the change is made; a failure
+    before that releases the hold, so nothing ever reaches the customer's statement.
+    """
 
     def __init__(self, *, api_key: str, api_base: str = "") -> None:
         self._client = _stripe_client(api_key, api_base or "")
@@ -130,7 +148,7 @@ class PaymentGateway:
     def from_settings(cls) -> PaymentGateway:
         return cls(api_key=settings.STRIPE_API_KEY, api_base=settings.STRIPE_API_BASE)
 
-    def charge(
+    def authorize(
         self,
         *,
         amount_cents: int,
@@ -141,19 +159,61 @@ class PaymentGateway:
         workflow_id: str,
         metadata: dict[str, str] | None = None,
     ) -> Payment:
+        """Hold the amount on the card (`requires_capture`); `capture` takes it later."""
         params: Any = {
             "amount": amount_cents,
             "currency": currency,
             "payment_method": payment_method,
             "payment_method_types": ["card"],  # no redirect methods: confirm needs no return_url
+            "capture_method": "manual",
             "confirm": True,
             "description": description,
             "metadata": {**(metadata or {}), "idempotency_key": key, "workflow_id": workflow_id},
         }
-        with partner_call("stripe", "charge"), _stripe_errors("charge"):
+        with partner_call("stripe", "authorize"), _stripe_errors("payment"):
             intent = self._client.v1.payment_intents.create(
                 params, options={"idempotency_key": key}
             )
+        return _payment(intent)
+
+    def capture(self, *, payment_intent_id: str, key: str) -> Payment:
+        """Take the held amount. Already taken (an earlier attempt whose key Stripe has since
+        forgotten) is the same success; a hold that lapsed or was released cannot be taken."""
+        try:
+            with partner_call("stripe", "capture"), _stripe_errors("capture"):
+                intent = self._client.v1.payment_intents.capture(
+                    payment_intent_id, options={"idempotency_key": key}
+                )
+        except PermanentStepError as refused:
+            now = self.payment(payment_intent_id)
+            if now.status == "succeeded":
+                return now
+            if now.status == "canceled":
+                raise HoldLapsed from refused
+            raise
+        return _payment(intent)
+
+    def cancel_authorization(self, *, payment_intent_id: str, key: str) -> Payment:
+        """Release the hold: nothing is taken and nothing shows on the statement. One already
+        released (by us, or lapsed) is the same success; a captured one must be refunded."""
+        params: Any = {"cancellation_reason": "abandoned"}
+        try:
+            with partner_call("stripe", "cancel"), _stripe_errors("hold release"):
+                intent = self._client.v1.payment_intents.cancel(
+                    payment_intent_id, params, options={"idempotency_key": key}
+                )
+        except PermanentStepError:
+            now = self.payment(payment_intent_id)
+            if now.status == "canceled":
+                return now
+            raise
+        return _payment(intent)
+
+    def payment(self, payment_intent_id: str) -> Payment:
+        """The payment intent as Stripe has it now: a consistent read (unlike search), so the
+        reconcile of a capture or a hold release can trust what it says."""
+        with partner_call("stripe", "payment read"), _stripe_errors("payment read"):
+            intent = self._client.v1.payment_intents.retrieve(payment_intent_id)
         return _payment(intent)
 
     def find_payment_by_key(self, key: str) -> Payment | None:
@@ -188,6 +248,10 @@ class PaymentGateway:
         with partner_call("stripe", "refund"), _stripe_errors("refund"):
             refund = self._client.v1.refunds.create(params, options={"idempotency_key": key})
         return _refund(refund, payment_intent_id)
+
+
+class HoldLapsed(PermanentStepError):
+    """Your card's hold for the change fee ended before we finished: you have not been charged."""
 
 
 def _refund(refund: Any, payment_intent_id: str) -> Refund:
@@ -415,6 +479,24 @@ class AirlineGateway:
         )
         return _seat_cancellation(data)
 
+    def reinstate_seat(
+        self, reference: str, *, cancellation_id: str, key: str, workflow_id: str
+    ) -> SeatReinstatement:
+        """Give the seat `cancellation_id` released back to the booking (once, whatever key)."""
+        data = self._http.call(
+            "POST",
+            f"/bookings/{reference}/reinstate-seat",
+            key=key,
+            body={"workflow_id": workflow_id, "cancellation_id": cancellation_id},
+            not_found=PermanentStepError(_not_found(reference)),
+        )
+        return _seat_reinstatement(data)
+
+    def find_seat_reinstatement(self, *, key: str) -> SeatReinstatement | None:
+        """The reinstatement made under `key`, if any (a consistent read: none means none)."""
+        found = self._http.call("GET", "/seat-reinstatements", query={"idempotency_key": key})
+        return _seat_reinstatement(found["data"][0]) if found.get("data") else None
+
     def find_seat_cancellation(self, *, key: str) -> SeatCancellation | None:
         """The seat cancellation made under `key`, if any (a consistent read: none means none)."""
         found = self._http.call("GET", "/seat-cancellations", query={"idempotency_key": key})
@@ -448,6 +530,16 @@ class AirlineGateway:
 
 def _seat_cancellation(data: dict[str, Any]) -> SeatCancellation:
     return SeatCancellation(
+        cancellation_id=data["cancellation_id"],
+        reference=data["reference"],
+        seat=data["seat"],
+        status=data["status"],
+    )
+
+
+def _seat_reinstatement(data: dict[str, Any]) -> SeatReinstatement:
+    return SeatReinstatement(
+        reinstatement_id=data["reinstatement_id"],
         cancellation_id=data["cancellation_id"],
         reference=data["reference"],
         seat=data["seat"],

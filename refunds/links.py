@@ -14,8 +14,13 @@ from django.utils.http import urlencode
 from agentflow import durable
 from refunds.models import RefundRequest
 
-#: Steps whose output names a Stripe object, and the output field holding its id.
-STRIPE_OBJECTS = {"charge_customer": "payment_intent_id", "refund_fee": "refund_id"}
+#: Steps whose output names a Stripe object, and the output field holding its id (a hold and
+#: its capture are the same payment intent; a released hold has no refund to link).
+STRIPE_OBJECTS = {
+    "charge_customer": "payment_intent_id",
+    "capture_fee": "payment_intent_id",
+    "refund_fee": "refund_id",
+}
 
 
 def refund_links(run: durable.RunRef) -> list[durable.Link]:

@@ -20,26 +20,25 @@ STEP_LABELS: Mapping[str, str] = {
     "check_flight": "Checking your new flight in the airline's schedule",
     "check_cancellation_policy": "Checking the fare rules",
     "calculate_penalty_fee": "Working out the fee",
+    "charge_customer": "Securing the {fee} change fee on your card",
     "cancel_seat": "Releasing your seat",
-    "charge_customer": "Charging the {fee} change fee",
     "issue_boarding_pass": "Issuing your new boarding pass",
+    "capture_fee": "Taking the {fee} change fee",
     "update_crm": "Updating your file",
     "send_confirmation_email": "Emailing your confirmation",
     # Compensation: only shown once they start.
-    "refund_fee": "Refunding the {fee} fee",
+    "refund_fee": "Giving back the {fee} fee",
+    "reinstate_seat": "Giving your seat back",
     "notify_failure": "Letting you know",
 }
 #: Fares that change for free (flex) have nothing to charge or refund.
 NO_FEE_LABELS: Mapping[str, str] = {
     "charge_customer": "No change fee for your fare",
-    "refund_fee": "Refunding the fee",
+    "capture_fee": "No change fee to take",
+    "refund_fee": "No fee to give back",
 }
 #: A step added later without a label must not show its internal name to customers.
 GENERIC_LABEL = "Working on your request"
-
-#: The step whose completion means money was taken, and the one that gives it back.
-CHARGE_STEP = "charge_customer"
-REFUND_STEP = "refund_fee"
 
 
 class StepLike(Protocol):
@@ -127,6 +126,7 @@ def describe(
     reason: str = "",
     emailed: bool = False,
     details: Sequence[str] = (),
+    outputs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Progress:
     """Turn a run's status and checkpoints into what the status page says.
 
@@ -134,7 +134,8 @@ def describe(
     compensation steps appear only once they have a checkpoint. `fee_cents` is the fee the
     run worked out (None until it has); `reason` a failure explanation already written for
     customers, shown when the change could not be made; `emailed` whether the customer was
-    written to about it; `details` what changed (see `outcome_details`), shown once final.
+    written to about it; `details` what changed (see `outcome_details`), shown once final;
+    `outputs` the completed steps' outputs, which say what happened to the money.
     """
     fee = DEFAULT_FEE_CENTS if fee_cents is None else fee_cents
     latest = _latest_by_name(steps)
@@ -152,7 +153,10 @@ def describe(
         _row(cp.name, cp, status=status, current_step=current_step, stopped=False, fee=fee)
         for cp in extra
     ]
-    outcome, headline, message = _summary(status, latest, undoing=undoing, fee=fee, emailed=emailed)
+    money = Money.of(outputs or {})
+    outcome, headline, message = _summary(
+        status, latest, money, undoing=undoing, fee=fee, emailed=emailed
+    )
     if reason and outcome in ("failed", "refunded"):
         message = f"{reason.strip()} {message}"
     final = outcome != "working"
@@ -175,6 +179,38 @@ def date_in_words(iso: str) -> str:
     return f"{day:%A} {day.day} {day:%B %Y}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Money:
+    """What happened to the fee, read from the recorded outputs (never from step names)."""
+
+    cents: int = 0
+    #: Held on the card (`charge_customer`), taken (`capture_fee`), given back (`refund_fee`).
+    held: bool = False
+    taken: bool = False
+    refunded: bool = False
+    released: bool = False
+
+    @classmethod
+    def of(cls, outputs: Mapping[str, Mapping[str, Any]]) -> Money:
+        hold = outputs.get("charge_customer") or {}
+        capture = outputs.get("capture_fee") or {}
+        back = outputs.get("refund_fee") or {}
+        return cls(
+            cents=int(hold.get("amount_cents") or 0),
+            held=bool(hold.get("authorized")),
+            taken=bool(capture.get("captured")),
+            refunded=bool(back.get("refunded")),
+            released=bool(back.get("hold_released")),
+        )
+
+    @property
+    def unsettled(self) -> bool:
+        """Money taken and not refunded, or a hold neither taken nor released."""
+        if self.taken:
+            return not self.refunded
+        return self.held and not (self.released or self.refunded)
+
+
 def outcome_details(status: str, outputs: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
     """What a finished run changed, or did not, from its completed steps' outputs.
 
@@ -182,15 +218,15 @@ def outcome_details(status: str, outputs: Mapping[str, Mapping[str, Any]]) -> tu
     complete): its flight and seat are the owner's business, not the sender's.
     """
     booking = outputs.get("fetch_booking") or {}
-    charge = outputs.get(CHARGE_STEP) or {}
-    fee = format_fee(int(charge.get("amount_cents") or 0))
+    money = Money.of(outputs)
+    fee = format_fee(money.cents)
     if status == RunStatus.COMPLETED:
         issued = outputs.get("issue_boarding_pass") or {}
         lines = [
             f"New flight: {issued.get('flight', '')} on {date_in_words(issued.get('date', ''))}",
             f"New seat: {issued.get('seat', '')}",
             f"Change fee: {fee}, charged to your card"
-            if charge.get("charged")
+            if money.taken
             else "Change fee: none for your fare",
         ]
         if outputs.get("send_confirmation_email"):
@@ -205,12 +241,22 @@ def outcome_details(status: str, outputs: Mapping[str, Mapping[str, Any]]) -> tu
         )
     released = outputs.get("cancel_seat") or {}
     old = f"{booking.get('flight', '')} on {date_in_words(booking.get('date', ''))}"
-    if released:
+    if released and (outputs.get("reinstate_seat") or {}).get("reinstated"):
+        lines = [
+            f"Your seat {released.get('seat', '')} on {old} was released during the change and "
+            "has been given back to you: your booking is as it was."
+        ]
+    elif released:
         lines = [f"Your original seat {released.get('seat', '')} on {old} was released."]
     else:
         lines = [f"Your booking was not changed: still {old}, seat {booking.get('seat', '')}."]
-    if charge.get("charged") and (outputs.get(REFUND_STEP) or {}).get("refunded"):
+    if money.refunded:
         lines.append(f"The {fee} change fee was refunded to your card.")
+    elif money.released:
+        lines.append(
+            f"The {fee} change fee was only held on your card, and the hold was released: "
+            "you have not been charged."
+        )
     if (outputs.get("notify_failure") or {}).get("sent"):
         lines.append("We've emailed the details to the address on your booking.")
     return tuple(lines)
@@ -280,22 +326,26 @@ def _row_state(
 
 
 def _summary(
-    status: str, latest: Mapping[str, StepLike], *, undoing: bool, fee: int, emailed: bool
+    status: str,
+    latest: Mapping[str, StepLike],
+    money: Money,
+    *,
+    undoing: bool,
+    fee: int,
+    emailed: bool,
 ) -> tuple[str, str, str]:
-    charged = _done(latest, CHARGE_STEP) and fee > 0
-    refunded = charged and _done(latest, REFUND_STEP)
-    amount = format_fee(fee)
+    amount = format_fee(money.cents or fee)
     if status == RunStatus.COMPLETED:
         return (
             "completed",
             "All done — your new boarding pass is on its way",
             "We've changed your booking and emailed your confirmation and new boarding pass.",
         )
-    if status == RunStatus.FAILED and charged and not refunded:
+    if status == RunStatus.FAILED and money.unsettled:
         # The engine never ends like this (a failed refund parks the run); if it ever does,
         # a person must look rather than the page claiming anything about money.
         return _needs_attention()
-    if status == RunStatus.FAILED and refunded:
+    if status == RunStatus.FAILED and money.refunded:
         return (
             "refunded",
             f"We couldn't complete the change; the {amount} fee was refunded",
@@ -306,7 +356,8 @@ def _summary(
         return (
             "failed",
             "We couldn't complete the change",
-            "You have not been charged. "
+            "You have not been charged"
+            + (": the hold on your card was released. " if money.released else ". ")
             + ("We've emailed you; you're" if emailed else "You're")
             + " welcome to try again or contact us.",
         )
@@ -353,8 +404,3 @@ def _needs_attention() -> tuple[str, str, str]:
         "Something unusual happened, so a person will check your request and email you. "
         "You don't need to do anything.",
     )
-
-
-def _done(latest: Mapping[str, StepLike], name: str) -> bool:
-    cp = latest.get(name)
-    return cp is not None and cp.status == StepStatus.COMPLETED

@@ -15,22 +15,17 @@ from django.template.loader import render_to_string
 
 from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
-from refunds import ownership, policy, progress, timetable
+from refunds import fee, ownership, policy, progress, timetable
 from refunds.gateways import (
     AirlineGateway,
     BookingNotFound,
     CrmGateway,
     Mailer,
-    Payment,
-    PaymentGateway,
-    Refund,
     SeatCancellation,
+    SeatReinstatement,
 )
 from refunds.models import RefundRequest
 from refunds.parsing import parse_request
-
-#: Payment intent states in which the money is (or will be) taken.
-CHARGED_STATUSES = ("succeeded", "processing", "requires_capture")
 
 
 # --- reads ----------------------------------------------------------------------------------
@@ -116,12 +111,13 @@ def _cancellation_output(released: SeatCancellation) -> dict[str, Any]:
 
 
 def charge_customer(ctx: StepContext) -> dict[str, Any]:
-    """Charge the change fee. Every parameter comes from earlier checkpoints, so a retry sends
-    exactly the same request under the same key and Stripe replays instead of charging again."""
-    fee = ctx.output_of("calculate_penalty_fee")
-    return take_fee(
-        amount_cents=fee["amount_cents"],
-        currency=fee["currency"],
+    """Hold the change fee on the card before the seat is touched (refunds.fee). Every
+    parameter comes from earlier checkpoints, so a retry sends exactly the same request under
+    the same key and Stripe replays instead of holding twice."""
+    charge = ctx.output_of("calculate_penalty_fee")
+    return fee.hold(
+        amount_cents=charge["amount_cents"],
+        currency=charge["currency"],
         payment_method=ctx.output_of("fetch_booking")["payment_method"],
         reference=_reference(ctx),
         refund_id=ctx.input["refund_id"],
@@ -130,75 +126,33 @@ def charge_customer(ctx: StepContext) -> dict[str, Any]:
     )
 
 
-def take_fee(
-    *,
-    amount_cents: int,
-    currency: str,
-    payment_method: str,
-    reference: str,
-    refund_id: str,
-    key: str,
-    workflow_id: str,
-) -> dict[str, Any]:
-    """The fee charge both engines make: nothing for a free change, else one payment under
-    `key`, refused readably when the bank wants more than a card."""
-    if amount_cents <= 0:
-        return {"charged": False, "amount_cents": 0}
-    payment = PaymentGateway.from_settings().charge(
-        amount_cents=amount_cents,
-        currency=currency,
-        payment_method=payment_method,
-        description=f"Change fee for booking {reference}",
-        key=key,
-        workflow_id=workflow_id,
-        metadata={"refund_id": refund_id, "booking_reference": reference},
-    )
-    if payment.status == "requires_action":
-        raise PermanentStepError(
-            "Your bank asked for an extra check on this payment, which we can't do by email. "
-            "You have not been charged."
-        )
-    if payment.status not in CHARGED_STATUSES:
-        raise PermanentStepError(f"Your payment did not go through ({payment.status}).")
-    return _charge_output(payment)
-
-
-def find_fee_payment(ctx: StepContext) -> dict[str, Any] | None:
-    """Reconcile for `charge_customer` (SPEC §3.3a): the payment made under this step's key.
+def find_fee_hold(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `charge_customer` (SPEC §3.3a): the hold made under this step's key.
 
     Finding none proves nothing: Stripe's search index can lag a fresh payment by up to a
     minute, so "not found" is `OutcomeUnknown`. Inside Stripe's 24-hour key window the engine
     then retries under the same key (Stripe replays a payment that exists); after the retries,
     or past the window, it parks the run for an operator rather than guess with money.
     """
-    fee = ctx.output_of("calculate_penalty_fee")
-    if not fee or fee["amount_cents"] <= 0:
+    charge = ctx.output_of("calculate_penalty_fee")
+    if not charge or charge["amount_cents"] <= 0:
         return None  # nothing is ever sent for a free change: running the step again is safe
-    return find_fee(ctx.idempotency_key)
+    return fee.find_hold(ctx.idempotency_key)
 
 
-def find_fee(key: str) -> dict[str, Any] | None:
-    """The fee payment made under `key`, as `take_fee` would have returned it; None when it
-    exists but took no money (declined, needs action). Raises OutcomeUnknown when Stripe's
-    search shows none: it can lag a fresh payment by a minute, so that is no proof."""
-    payment = PaymentGateway.from_settings().find_payment_by_key(key)
-    if payment is None:
-        raise durable.OutcomeUnknown(
-            "Stripe's search shows no payment under this key yet (it can lag a minute)"
+def capture_fee(ctx: StepContext) -> dict[str, Any]:
+    """Take the held fee, once the new boarding pass is issued (both engines: in agent mode it
+    runs in code after the model's answer, and only if the pass exists)."""
+    if not ctx.output_of("issue_boarding_pass"):
+        raise PermanentStepError(
+            "We couldn't finish changing your booking, so we did not take the change fee."
         )
-    if payment.status not in CHARGED_STATUSES:
-        return None  # it exists but took no money: nothing to keep
-    return _charge_output(payment)
+    return fee.capture(ctx.output_of("charge_customer") or {}, key=ctx.idempotency_key)
 
 
-def _charge_output(payment: Payment) -> dict[str, Any]:
-    return {
-        "charged": True,
-        "payment_intent_id": payment.id,
-        "amount_cents": payment.amount_cents,
-        "currency": payment.currency,
-        "status": payment.status,
-    }
+def find_fee_capture(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `capture_fee`: the payment as Stripe has it now (refunds.fee)."""
+    return fee.find_capture(ctx.output_of("charge_customer") or {})
 
 
 def issue_boarding_pass(ctx: StepContext) -> dict[str, Any]:
@@ -218,11 +172,10 @@ def find_boarding_pass(ctx: StepContext) -> dict[str, Any] | None:
 
 def update_crm(ctx: StepContext) -> dict[str, Any]:
     issued = ctx.output_of("issue_boarding_pass")
-    charge = ctx.output_of("charge_customer")
-    fee = _fee_text(charge)
+    taken = _fee_text(ctx.output_of("capture_fee"))
     note = (
         f"Rebooked onto {issued['flight']} on {issued['date']}, seat {issued['seat']} "
-        f"(boarding pass {issued['boarding_pass_id']}). Fee: {fee}. "
+        f"(boarding pass {issued['boarding_pass_id']}). Fee: {taken}. "
         f"Customer asked: {ctx.output_of('parse_flight_details')['summary']}."
     )
     update_id = CrmGateway.from_settings().update(
@@ -244,7 +197,9 @@ def find_crm_update(ctx: StepContext) -> dict[str, Any] | None:
 def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
     booking = ctx.output_of("fetch_booking")
     issued = ctx.output_of("issue_boarding_pass")
-    charge = ctx.output_of("charge_customer")
+    # The agent's model e-mails before its answer, which the capture follows: then the fee
+    # is the hold that capture takes.
+    charge = ctx.output_of("capture_fee") or ctx.output_of("charge_customer") or {}
     context = {
         **issued,
         "reference": _reference(ctx),
@@ -256,7 +211,7 @@ def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
         "old_flight": booking["flight"],
         "old_date_words": progress.date_in_words(booking["date"]),
         "old_seat": booking["seat"],
-        "fee_charged": charge["charged"],
+        "fee_charged": _fee_due(charge),
         "fee": _fee_text(charge),
         "payment_intent_id": charge.get("payment_intent_id", ""),
     }
@@ -264,54 +219,68 @@ def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
     return {"message_id": message_id}
 
 
-# --- compensation ---------------------------------------------------------------------------
+# --- compensations ---------------------------------------------------------------------------
+def undone_output(ctx: StepContext, step: str) -> dict[str, Any]:
+    """The recorded output of the call a compensation undoes: the one place compensations look
+    it up, so that binding them to their exact call (SPEC §3.3c) changes only this."""
+    return ctx.output_of(step) or {}
+
+
 def refund_fee(ctx: StepContext) -> dict[str, Any]:
-    """Give the fee back after a later permanent failure, under this step's own key."""
-    charge = ctx.output_of("charge_customer")
-    if not charge or not charge.get("charged"):
-        return {"refunded": False, "amount_cents": 0}
-    refund = PaymentGateway.from_settings().refund(
-        payment_intent_id=charge["payment_intent_id"],
-        amount_cents=charge["amount_cents"],
-        key=ctx.idempotency_key,
-        workflow_id=ctx.run_id,
+    """Give the fee back after a later permanent failure, under this step's own key: the hold
+    released if the fee was not taken yet, else a refund in full (refunds.fee)."""
+    return fee.give_back(
+        undone_output(ctx, "charge_customer"), key=ctx.idempotency_key, workflow_id=ctx.run_id
     )
-    return _refund_output(refund, charge)
 
 
 def find_fee_refund(ctx: StepContext) -> dict[str, Any] | None:
-    """Reconcile for `refund_fee`: the refund made under this step's key, found in the
-    payment's refund list (consistent, unlike search), so a retry days later, past Stripe's key
-    window, finishes instead of parking for ever. None: no refund was made."""
-    charge = ctx.output_of("charge_customer")
-    if not charge or not charge.get("charged"):
-        return {"refunded": False, "amount_cents": 0}
-    refund = PaymentGateway.from_settings().find_refund_by_key(
-        payment_intent_id=charge["payment_intent_id"], key=ctx.idempotency_key
+    """Reconcile for `refund_fee`: the refund under this step's key, found in the payment's
+    refund list (consistent, unlike search), or the hold already gone; so a retry days later,
+    past Stripe's key window, finishes instead of parking for ever. None: nothing given back."""
+    return fee.find_given_back(undone_output(ctx, "charge_customer"), key=ctx.idempotency_key)
+
+
+def reinstate_seat(ctx: StepContext) -> dict[str, Any]:
+    """Give the customer their released seat back after a later failure (once, by key)."""
+    released = undone_output(ctx, "cancel_seat")
+    if not released:
+        return {"reinstated": False}
+    back = AirlineGateway.from_settings().reinstate_seat(
+        _reference(ctx),
+        cancellation_id=released["cancellation_id"],
+        key=ctx.idempotency_key,
+        workflow_id=ctx.run_id,
     )
-    return _refund_output(refund, charge) if refund is not None else None
+    return _reinstatement_output(back)
 
 
-def _refund_output(refund: Refund, charge: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "refunded": True,
-        "refund_id": refund.id,
-        "amount_cents": refund.amount_cents,
-        "currency": charge["currency"],
-    }
+def find_seat_reinstatement(ctx: StepContext) -> dict[str, Any] | None:
+    """Reconcile for `reinstate_seat`: the airline's reinstatement under this step's key."""
+    if not undone_output(ctx, "cancel_seat"):
+        return {"reinstated": False}
+    found = AirlineGateway.from_settings().find_seat_reinstatement(key=ctx.idempotency_key)
+    return _reinstatement_output(found) if found is not None else None
+
+
+def _reinstatement_output(back: SeatReinstatement) -> dict[str, Any]:
+    return {"reinstated": True, "reinstatement_id": back.reinstatement_id, "seat": back.seat}
 
 
 def notify_failure(ctx: StepContext) -> dict[str, Any]:
-    """Tell the customer the change could not be made, why, and what happened to the fee.
+    """Tell the customer the change could not be made, why, and what happened to the fee and
+    the seat, read from what the run recorded (the hold, the capture, what was given back).
 
     Only a request found to come from the booking's owner gets mail, at the contact e-mail on
     file; for any other nothing is sent (the address typed is unverified), and the status page
     alone gives the reason.
     """
     booking = ctx.output_of("fetch_booking") or {}
-    charge = ctx.output_of("charge_customer") or {"charged": False, "amount_cents": 0}
-    refund = ctx.output_of("refund_fee") or {"refunded": False}
+    held = ctx.output_of("charge_customer") or {}
+    taken = ctx.output_of("capture_fee") or {}
+    given_back = ctx.output_of("refund_fee") or {}
     released = ctx.output_of("cancel_seat") or {}
+    reinstated = ctx.output_of("reinstate_seat") or {}
     reason = _failure_reason(ctx)
     contact = booking.get("contact_email", "")
     if not contact:
@@ -322,11 +291,16 @@ def notify_failure(ctx: StepContext) -> dict[str, Any]:
         "old_flight": booking.get("flight", ""),
         "old_date_words": progress.date_in_words(booking.get("date", "")),
         "reason": reason,
-        "fee_charged": charge.get("charged", False),
-        "fee_refunded": refund.get("refunded", False),
-        "fee": _fee_text(charge),
-        "refund_id": refund.get("refund_id", ""),
-        "seat_released": bool(released),
+        "fee_refunded": bool(given_back.get("refunded")),
+        "hold_released": bool(given_back.get("hold_released")),
+        # Taken and not given back, or held and not released: a person must put it right.
+        "fee_outstanding": bool(
+            (taken.get("captured") or held.get("authorized")) and not given_back
+        ),
+        "fee": _fee_text(held),
+        "refund_id": given_back.get("refund_id", ""),
+        "seat_released": bool(released) and not reinstated.get("reinstated"),
+        "seat_reinstated": bool(reinstated.get("reinstated")),
         "seat": released.get("seat", "") or booking.get("seat", ""),
     }
     message_id = _send(ctx, contact, "failure", context)
@@ -339,8 +313,9 @@ _STEP_TROUBLE = {
     "fetch_booking": "We couldn't reach the airline to look up your booking.",
     "check_flight": "We couldn't reach the airline to check your new flight.",
     "cancel_seat": "The airline's system didn't respond when we tried to change your seat.",
-    "charge_customer": "We couldn't reach our payment provider to take the change fee.",
+    "charge_customer": "We couldn't reach our payment provider to secure the change fee.",
     "issue_boarding_pass": "The airline couldn't issue your new boarding pass.",
+    "capture_fee": "We couldn't reach our payment provider to take the change fee.",
 }
 _READABLE_PREFIXES = ("We ", "Your ", "Basic fares ", "These details ")
 
@@ -386,8 +361,13 @@ def _new_flight(ctx: StepContext) -> tuple[str, str]:
     return parsed.get("flight") or booking["flight"], parsed.get("date") or booking["date"]
 
 
+def _fee_due(charge: dict[str, Any] | None) -> bool:
+    """A fee taken (`capture_fee`) or held to be taken (`charge_customer`)."""
+    return bool(charge and (charge.get("captured") or charge.get("authorized")))
+
+
 def _fee_text(charge: dict[str, Any] | None) -> str:
-    if not charge or not charge.get("charged"):
+    if not charge or not _fee_due(charge):
         return "none"
     return policy.format_amount(charge["amount_cents"], charge.get("currency", policy.CURRENCY))
 

@@ -203,6 +203,7 @@ def _progress(refund: RefundRequest, run: durable.RunSnapshot | None) -> progres
         reason=_customer_reason(notice),
         emailed=notice.get("sent") is True,
         details=progress.outcome_details(run.status, outputs),
+        outputs=outputs,
     )
 
 

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from agentflow import durable
 from refunds import steps
-from refunds.gateways import COMPENSATION_RETRY, PARTNER_RETRY, STRIPE_KEY_WINDOW_SECONDS
+from refunds.gateways import (
+    COMPENSATION_RETRY,
+    PARTNER_RETRY,
+    STRIPE_CAPTURE_WINDOW_SECONDS,
+    STRIPE_KEY_WINDOW_SECONDS,
+)
 
 #: v2: `fetch_booking` checks the requester owns the booking, and mail goes to its contact
 #: on file (v1 runs still in flight are parked for an operator rather than guessed at).
-#: v3: `check_flight` asks the airline's schedule for the new flight before any effect.
+#: v3: `check_flight` asks the airline's schedule for the new flight before any effect; the fee
+#: is held before the seat is touched (`charge_customer`) and taken after the pass
+#: (`capture_fee`); a failure releases the hold or refunds, and gives a released seat back
+#: (`reinstate_seat`). v2 runs still in flight are parked for an operator, as v1's were.
 refund = durable.Workflow("refund", version=3, on_failure="notify_failure")
 
 refund.step("load_request", kind="read")(steps.load_request)
@@ -18,19 +26,31 @@ refund.step("check_flight", kind="read", retry=PARTNER_RETRY)(steps.check_flight
 refund.step("check_cancellation_policy", kind="read")(steps.check_cancellation_policy)
 refund.step("calculate_penalty_fee", kind="read")(steps.calculate_penalty_fee)
 refund.step(
-    "cancel_seat", kind="effect", retry=PARTNER_RETRY, reconcile=steps.find_seat_cancellation
-)(steps.cancel_seat)
-refund.step(
     "charge_customer",
     kind="effect",
     retry=PARTNER_RETRY,
-    reconcile=steps.find_fee_payment,
+    reconcile=steps.find_fee_hold,
     compensate="refund_fee",
     key_window_seconds=STRIPE_KEY_WINDOW_SECONDS,
 )(steps.charge_customer)
 refund.step(
+    "cancel_seat",
+    kind="effect",
+    retry=PARTNER_RETRY,
+    reconcile=steps.find_seat_cancellation,
+    compensate="reinstate_seat",
+)(steps.cancel_seat)
+refund.step(
     "issue_boarding_pass", kind="effect", retry=PARTNER_RETRY, reconcile=steps.find_boarding_pass
 )(steps.issue_boarding_pass)
+# No compensation of its own: the hold's (`refund_fee`) refunds a fee once it is taken.
+refund.step(
+    "capture_fee",
+    kind="effect",
+    retry=PARTNER_RETRY,
+    reconcile=steps.find_fee_capture,
+    key_window_seconds=STRIPE_CAPTURE_WINDOW_SECONDS,
+)(steps.capture_fee)
 refund.step("update_crm", kind="effect", retry=PARTNER_RETRY, reconcile=steps.find_crm_update)(
     steps.update_crm
 )
@@ -44,6 +64,9 @@ refund.compensation(
     reconcile=steps.find_fee_refund,
     key_window_seconds=STRIPE_KEY_WINDOW_SECONDS,
 )(steps.refund_fee)
+refund.compensation(
+    "reinstate_seat", retry=COMPENSATION_RETRY, reconcile=steps.find_seat_reinstatement
+)(steps.reinstate_seat)
 refund.compensation("notify_failure", retry=COMPENSATION_RETRY)(steps.notify_failure)
 
 # The same refund as an agent run (REFUNDS_ENGINE=agent), registered with this one.

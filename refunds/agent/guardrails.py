@@ -17,7 +17,15 @@ from refunds import policy
 
 
 class GuardrailViolation(PermanentStepError):
-    """The agent asked for something a refund must never do; nothing was done."""
+    """The agent asked for something a refund must never do; nothing was done.
+
+    Its message is what the customer reads on the status page and in the e-mail: it starts
+    with `STOPPED`, then says what was refused.
+    """
+
+
+#: How every guardrail failure opens, for the customer's eyes.
+STOPPED = "We stopped this change: our automated assistant asked"
 
 
 def normalise_reference(reference: str) -> str:
@@ -28,8 +36,8 @@ def check_own_refund(requested: str, refund_id: str) -> None:
     """A tool acts only on the refund this run is about (set in code, not by the model)."""
     if requested.strip() != refund_id:
         raise GuardrailViolation(
-            f"The agent asked to act on request {requested.strip()!r}, not on this request "
-            f"({refund_id}); nothing was done."
+            f"{STOPPED} to act on request {requested.strip()!r}, not on this request "
+            f"({refund_id}), and nothing was done to it."
         )
 
 
@@ -37,9 +45,9 @@ def check_own_booking(requested: str, booking_reference: str) -> None:
     """…and only on that refund's booking, written in any case."""
     if normalise_reference(requested) != normalise_reference(booking_reference):
         raise GuardrailViolation(
-            f"The agent asked to act on booking {normalise_reference(requested)}, which is not "
-            f"the booking of this request ({normalise_reference(booking_reference)}); nothing "
-            "was done."
+            f"{STOPPED} to act on booking {normalise_reference(requested)}, which is not the "
+            f"booking of this request ({normalise_reference(booking_reference)}), and nothing "
+            "was done to it."
         )
 
 
@@ -52,14 +60,24 @@ def check_charge_amount(amount_cents: int, *, fee_cents: int, reference: str) ->
     """The charge is exactly the policy's fee for the booking: never more, never less."""
     if amount_cents != fee_cents:
         raise GuardrailViolation(
-            f"The agent asked to charge {policy.format_amount(amount_cents)}, but the change fee "
-            f"for booking {normalise_reference(reference)} is "
-            f"{policy.format_amount(fee_cents)}; no charge was made."
+            f"{STOPPED} to charge {policy.format_amount(amount_cents)}, but the change fee for "
+            f"booking {normalise_reference(reference)} is {policy.format_amount(fee_cents)}, "
+            "so no charge was made."
+        )
+
+
+def check_fee_secured(history: Sequence[ToolRecord]) -> None:
+    """The seat is released only once the fee is held (even a fee of 0 goes through
+    charge_customer): a declined card then fails the run with the customer's seat still theirs."""
+    if not earlier_call("charge_customer", history):
+        raise ToolRefused(
+            "call charge_customer first: the fee is secured on the card before the seat is "
+            "cancelled (charge 0 when the fee is 0)"
         )
 
 
 def check_ready_to_issue(history: Sequence[ToolRecord]) -> None:
-    """A new boarding pass only once the old seat is released and the fee is settled (even a
+    """A new boarding pass only once the old seat is released and the fee is secured (even a
     fee of 0 goes through charge_customer), so no one gets a seat they did not pay for."""
     missing = [
         tool for tool in ("cancel_seat", "charge_customer") if not earlier_call(tool, history)
@@ -67,7 +85,7 @@ def check_ready_to_issue(history: Sequence[ToolRecord]) -> None:
     if missing:
         raise ToolRefused(
             f"call {' and '.join(missing)} first: a new boarding pass is issued only after the "
-            "old seat is cancelled and the fee is charged (charge 0 when the fee is 0)"
+            "fee is secured and the old seat is cancelled (charge 0 when the fee is 0)"
         )
 
 

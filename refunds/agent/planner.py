@@ -2,7 +2,7 @@
 
 A deterministic function of the conversation so far: it reads which tools have answered and
 asks for what comes next, several calls per turn where they belong together (the two lookups;
-the seat and the fee; the note and the e-mail), then answers the customer. The same
+the fee, then the seat; the note and the e-mail), then answers the customer. The same
 conversation always gets the same turn, so a resumed run asks for exactly what the
 uninterrupted run would have. Six turns for a standard refund.
 """
@@ -18,7 +18,7 @@ from refunds.agent.prompts import read_first_user_message
 from refunds.parsing import parse_request
 
 #: The model name recorded in every turn's fingerprint: bump it when the planner's choices change.
-MODEL = "scripted-refund-planner-1"
+MODEL = "scripted-refund-planner-2"
 
 
 def plan_refund(request: ModelRequest) -> Plan:
@@ -44,11 +44,11 @@ def plan_refund(request: ModelRequest) -> Plan:
     if lookups:
         return calls(*lookups)
     effects = []
-    if "cancel_seat" not in done:
-        effects.append(call("cancel_seat", booking_reference=reference))
-    if "charge_customer" not in done:
+    if "charge_customer" not in done:  # the fee is secured before the seat is touched
         fee = done["check_cancellation_policy"]["fee_cents"]
         effects.append(call("charge_customer", refund_id=refund_id, amount_cents=fee))
+    if "cancel_seat" not in done:
+        effects.append(call("cancel_seat", booking_reference=reference))
     if effects:
         return calls(*effects)
     if "issue_boarding_pass" not in done:
@@ -88,7 +88,7 @@ def _parsed(words: str, reference: str, done: dict[str, Any]) -> Any:
 
 
 def _fee_text(charge: dict[str, Any]) -> str:
-    if not charge.get("charged"):
+    if not charge.get("authorized"):
         return "none"
     return policy.format_amount(charge["amount_cents"], charge.get("currency", policy.CURRENCY))
 
@@ -107,7 +107,7 @@ def _customer_answer(done: dict[str, Any]) -> str:
     issued, charge = done["issue_boarding_pass"], done["charge_customer"]
     fee = (
         f"We charged the {_fee_text(charge)} change fee."
-        if charge.get("charged")
+        if charge.get("authorized")
         else "There was no change fee."
     )
     return (

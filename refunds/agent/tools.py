@@ -19,7 +19,7 @@ from pydantic import Field
 
 from agentflow.agent import Toolbox, ToolContext, ToolRefused
 from agentflow.durable import PermanentStepError
-from refunds import policy, steps, timetable
+from refunds import fee, policy, steps, timetable
 from refunds.agent import guardrails
 from refunds.gateways import STRIPE_KEY_WINDOW_SECONDS, AirlineGateway, CrmGateway
 from refunds.models import RefundRequest
@@ -101,10 +101,12 @@ def check_cancellation_policy(
 @toolbox.tool(
     "cancel_seat",
     side_effect=True,
-    description="Cancel the seat on the booked flight (once per request).",
+    description="Cancel the seat on the booked flight (once per request, after charge_customer).",
+    compensate="reinstate_seat",
 )
 def cancel_seat(ctx: ToolContext, booking_reference: BookingReference) -> dict[str, Any]:
     reference = _own_booking(ctx, booking_reference)
+    guardrails.check_fee_secured(ctx.history)
     released = AirlineGateway.from_settings().cancel_seat(
         reference, key=ctx.idempotency_key, workflow_id=ctx.run_id
     )
@@ -116,14 +118,15 @@ def cancel_seat(ctx: ToolContext, booking_reference: BookingReference) -> dict[s
 
 
 def find_charge(ctx: ToolContext, refund_id: str, amount_cents: int) -> dict[str, Any] | None:
-    """Reconcile for `charge_customer`: the payment made under this call's key, if any."""
-    return steps.find_fee(ctx.idempotency_key) if amount_cents > 0 else None
+    """Reconcile for `charge_customer`: the hold made under this call's key, if any."""
+    return fee.find_hold(ctx.idempotency_key) if amount_cents > 0 else None
 
 
 @toolbox.tool(
     "charge_customer",
     side_effect=True,
-    description="Charge the change fee to the card on the booking (once per request).",
+    description="Secure the change fee on the card on the booking, before the seat is touched "
+    "(once per request). The fee is held, and taken only once the new boarding pass is issued.",
     reconcile=find_charge,
     compensate="refund_fee",
     key_window_seconds=STRIPE_KEY_WINDOW_SECONDS,
@@ -136,9 +139,9 @@ def charge_customer(
     booking = _booking(ctx, reference)
     rules = policy.policy_for(booking["fare_class"])
     if not rules.rebookable:
-        raise guardrails.GuardrailViolation(rules.refusal)
+        raise PermanentStepError(rules.refusal)  # the fare's rule, already in customer words
     guardrails.check_charge_amount(amount_cents, fee_cents=rules.fee_cents, reference=reference)
-    return steps.take_fee(
+    return fee.hold(
         amount_cents=rules.fee_cents,
         currency=policy.CURRENCY,
         payment_method=booking["payment_method"],
@@ -208,12 +211,19 @@ def send_confirmation_email(ctx: ToolContext, refund_id: RefundId) -> dict[str, 
     return steps.send_confirmation_email(ctx.step_context())
 
 
-# --- compensation (the engine's alone: never offered to the model) ------------------------------
+# --- compensations (the engine's alone: never offered to the model) -----------------------------
 @toolbox.compensation("refund_fee")
 def refund_fee(ctx: ToolContext, refund_id: RefundId) -> dict[str, Any]:
     """Undo `charge_customer` when the run fails after it, under this compensation's own key."""
     guardrails.check_own_refund(refund_id, _refund_id(ctx))
     return steps.refund_fee(ctx.step_context())
+
+
+@toolbox.compensation("reinstate_seat")
+def reinstate_seat(ctx: ToolContext, booking_reference: BookingReference) -> dict[str, Any]:
+    """Undo `cancel_seat` when the run fails after it: the customer gets their seat back."""
+    _own_booking(ctx, booking_reference)
+    return steps.reinstate_seat(ctx.step_context())
 
 
 toolbox.validate()

@@ -3,12 +3,15 @@ model choosing the order of the tools.
 
 Code, not the prompt, decides what must hold. Before the model is first asked, steps in code
 check that the request comes from the booking's owner and that the flight asked for is in the
-airline's schedule (as the graph workflow does before any effect); the tools enforce the fee;
-the engine enforces one call of each side effect per run (`max_calls`), the tool-call caps and
-the turn and token limits. The model's final answer ends the run only if `rebooked` says the
-change was made; otherwise the run fails. A failure undoes the fee (`refund_fee`, the charge's
-compensation, which only the engine runs) and tells the customer (`notify_failure`, the graph
-workflow's own step).
+airline's schedule (as the graph workflow does before any effect); the tools enforce the fee and
+that it is held before the seat is touched; the engine enforces one call of each side effect per
+run (`max_calls`), the tool-call caps and the turn and token limits. The model's
+`charge_customer` only holds the fee: it is taken by `capture_fee`, a step in code after the
+model's answer, and only once `rebooked` says the change was made — so no answer of the model's
+can keep money for a change that did not happen; otherwise the run fails. A failure gives back
+what was taken (the hold released or the fee refunded: `refund_fee`; the seat:
+`reinstate_seat`, the compensations of the calls they undo, which only the engine runs) and
+tells the customer (`notify_failure`, the graph workflow's own step).
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from refunds import ownership, steps, timetable
 from refunds.agent import prompts
 from refunds.agent.planner import scripted_refund_model
 from refunds.agent.tools import toolbox
-from refunds.gateways import COMPENSATION_RETRY, AirlineGateway, BookingNotFound
+from refunds.gateways import (
+    COMPENSATION_RETRY,
+    STRIPE_CAPTURE_WINDOW_SECONDS,
+    AirlineGateway,
+    BookingNotFound,
+)
 from refunds.parsing import parse_request
 
 
@@ -31,23 +39,24 @@ def results(history: Sequence[ToolRecord], tool: str) -> list[Any]:
     return [record.result for record in history if record.ok and record.name == tool]
 
 
-def fee_kept_once(history: Sequence[ToolRecord]) -> bool:
-    """The fee is settled exactly once: one charge that took it, or said none was due (the
-    charge tool takes exactly the policy's fee, so "not charged" means a free change)."""
+def fee_secured_once(history: Sequence[ToolRecord]) -> bool:
+    """The fee is settled exactly once: one charge call that held it on the card, or said none
+    was due (the charge tool takes exactly the policy's fee, so "nothing held" means a free
+    change). `capture_fee` takes a held fee only once the whole change is done."""
     charges = results(history, "charge_customer")
     return len(charges) == 1 and bool(
-        charges[0].get("charged") or charges[0].get("amount_cents") == 0
+        charges[0].get("authorized") or charges[0].get("amount_cents") == 0
     )
 
 
 def rebooked(history: Sequence[ToolRecord]) -> str | None:
-    """The refund's "done", over what its calls recorded: the seat changed once, the fee kept
-    once (or none due), one boarding pass, the customer told once. None when done; else what
-    is missing, in words a customer may read."""
+    """The refund's "done", over what its calls recorded: the seat changed once, the fee
+    secured once (or none due), one boarding pass, the customer told once. None when done; else
+    what is missing, in words a customer may read."""
     missing = []
     if len(results(history, "cancel_seat")) != 1:
         missing.append("your seat was not changed")
-    if not fee_kept_once(history):
+    if not fee_secured_once(history):
         missing.append("the change fee was not settled")
     if len(results(history, "issue_boarding_pass")) != 1:
         missing.append("no new boarding pass was issued")
@@ -58,8 +67,10 @@ def rebooked(history: Sequence[ToolRecord]) -> str | None:
     return f"We couldn't finish changing your booking: {'; '.join(missing)}."
 
 
-#: v2: `check_flight` asks the airline's schedule in code before the model is first asked, and
-#: `refund_fee` is no longer offered to the model.
+#: v2: `check_flight` asks the airline's schedule in code before the model is first asked; the
+#: fee is held by `charge_customer` (before `cancel_seat`) and taken by `capture_fee` in code
+#: after the answer; `refund_fee` and `reinstate_seat` are the engine's alone. v1 runs still in
+#: flight are parked for an operator.
 refund_agent = durable.CodeWorkflow(
     "refund_agent",
     version=2,
@@ -106,8 +117,8 @@ def check_flight(ctx: durable.StepContext) -> dict[str, Any]:
 
 @refund_agent.run
 def rebook(ctx: durable.AgentContext) -> str:
-    """Check the owner and the flight asked for in code, then let the model work through the
-    tools until it answers."""
+    """Check the owner and the flight asked for in code, let the model work through the tools
+    until it answers, then take the held fee if the change was made."""
     ctx.step("verify_ownership", verify_ownership)
     ctx.step("check_flight", check_flight)
     request = steps.request_of_refund_id(ctx.input["refund_id"])
@@ -117,4 +128,12 @@ def rebook(ctx: durable.AgentContext) -> str:
         for call in turn.tool_calls:
             shown = prompts.shown_to_model(call.name, ctx.tool(call).result)
             messages.append(tool_result_message(call.id, shown))
+    if rebooked(ctx.history) is None:  # else the engine's `done` fails the run: nothing taken
+        ctx.step(
+            "capture_fee",
+            steps.capture_fee,
+            kind="effect",
+            reconcile=steps.find_fee_capture,
+            key_window_seconds=STRIPE_CAPTURE_WINDOW_SECONDS,
+        )
     return turn.text

@@ -14,17 +14,26 @@ from typing import Any
 
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 
-#: Ledger lists, and the refund step whose idempotency key each effect carries.
+#: Ledger lists, and the refund step whose idempotency key each effect carries. `payments` is
+#: money taken (the hold's capture); `refund_fee` either releases a hold or refunds a fee taken.
 EFFECT_STEPS = {
-    "payments": "charge_customer",
+    "authorizations": "charge_customer",
+    "payments": "capture_fee",
     "refunds": "refund_fee",
+    "authorization_cancels": "refund_fee",
     "seat_cancellations": "cancel_seat",
+    "seat_reinstatements": "reinstate_seat",
     "boarding_passes": "issue_boarding_pass",
     "crm_updates": "update_crm",
     "emails": "send_confirmation_email",
 }
-#: What a completed refund must have made, exactly once each (`refunds`: none at all).
-ONE_PER_REFUND = ("payments", "seat_cancellations", "boarding_passes", "crm_updates", "emails")
+#: What a completed refund must have made, exactly once each...
+ONE_PER_REFUND = (
+    "authorizations", "payments", "seat_cancellations", "boarding_passes", "crm_updates",
+    "emails",
+)  # fmt: skip
+#: ...and what it must not have made at all (undoing belongs to failed runs).
+NONE_PER_COMPLETED = ("refunds", "authorization_cancels", "seat_reinstatements")
 _MESSAGE_ID_KEY = re.compile(r"^<?(?P<key>[^@<>]+)@")
 
 
@@ -71,8 +80,13 @@ class Evidence:
     def effects_of(self, kind: str) -> list[Effect]:
         return [e for e in self.effects if e.kind == kind]
 
+    def kinds_of(self, step: str) -> tuple[str, ...]:
+        """The ledger lists whose effects `step` makes under its key."""
+        return tuple(kind for kind, name in EFFECT_STEPS.items() if name == step)
+
     def money(self, kind: str) -> dict[str, int]:
-        """Cents per run of ours in `kind` (payments or refunds), zeros included."""
+        """Cents per run of ours in `kind` (payments or refunds), zeros included. Money kept
+        by a run is its payments (captured) minus its refunds."""
         totals: Counter[str] = Counter()
         for effect in self.effects_of(kind):
             totals[effect.workflow_id] += effect.amount

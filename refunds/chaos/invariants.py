@@ -10,7 +10,7 @@ from collections import Counter
 from datetime import datetime
 
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepStatus
-from refunds.chaos.evidence import EFFECT_STEPS, ONE_PER_REFUND, Evidence
+from refunds.chaos.evidence import EFFECT_STEPS, NONE_PER_COMPLETED, ONE_PER_REFUND, Evidence
 
 #: Endpoints whose client makes exactly one request per step attempt (plain HTTP, no client
 #: retries), so partner-side requests can be held to recorded attempts. Stripe is left out:
@@ -23,8 +23,9 @@ ONE_REQUEST_PER_ATTEMPT = {
 
 NOTES = {
     "I1": "at the sandbox: no idempotency key with more than one effect in any ledger list; "
-    "each COMPLETED refund has exactly one payment, seat cancellation, boarding pass, CRM "
-    "update and e-mail Message-ID and no fee refund; any other run at most one of each",
+    "each COMPLETED refund has exactly one fee hold, payment (its capture), seat "
+    "cancellation, boarding pass, CRM update and e-mail Message-ID, and no refund, hold "
+    "release or seat reinstatement; any other run at most one of each",
     "I2": "every run reached COMPLETED, FAILED or CANCELLED before the deadline",
     "I3": "executions are not visible from outside the workers; checked instead: every "
     "COMPLETED effect step has exactly one partner effect under its key, and partner requests "
@@ -35,8 +36,9 @@ NOTES = {
     "I5": "not checked here (fencing has its own crash tests)",
     "I6": "not checked here; sweeper re-enqueues and reconciles are counted under 'events'",
     "I7": "every run not finished has a live lease, a wake-up time, or is NEEDS_ATTENTION",
-    "I8": "money, counted at the sandbox: a FAILED or CANCELLED run has refunded every cent it "
-    "was charged; a NEEDS_ATTENTION run says why; a COMPLETED one kept exactly its fee (I1)",
+    "I8": "money and seats, counted at the sandbox: a FAILED or CANCELLED run keeps no money "
+    "(payments captured minus refunds), holds nothing on the card, and has given back any "
+    "seat it released; a NEEDS_ATTENTION run says why; a COMPLETED one kept exactly its fee (I1)",
 }
 
 
@@ -58,10 +60,10 @@ def i1_one_effect(evidence: Evidence) -> list[str]:
         problems += [f"{kind}: {n} effects under key {key}" for key, n in keys.items() if n > 1]
         strangers = [e.key for e in evidence.effects_of(kind) if e.workflow_id not in evidence.runs]
         problems += [f"{kind}: effect {key} names no run of this chaos run" for key in strangers]
-    for kind in (*ONE_PER_REFUND, "refunds"):
+    for kind in (*ONE_PER_REFUND, *NONE_PER_COMPLETED):
         for run_id, n in evidence.per_refund(kind).items():
             completed = evidence.runs[run_id].status == RunStatus.COMPLETED
-            expected = (0 if kind == "refunds" else 1) if completed else None
+            expected = (0 if kind in NONE_PER_COMPLETED else 1) if completed else None
             if (expected is not None and n != expected) or n > 1:
                 problems.append(f"{run_id} ({evidence.runs[run_id].status}): {n} {kind}")
     return problems
@@ -79,10 +81,12 @@ def i3_no_rerun(evidence: Evidence) -> list[str]:
     problems = []
     keys = Counter((e.kind, e.key) for e in evidence.effects)
     for cp in evidence.checkpoints.values():
-        kind = next((k for k, step in EFFECT_STEPS.items() if step == cp.name), None)
-        made = keys[(kind, cp.idempotency_key)] if kind else 0
-        if kind and cp.status == StepStatus.COMPLETED and made != 1:
-            problems.append(f"{cp.idempotency_key} {cp.name} COMPLETED with {made} {kind}")
+        kinds = evidence.kinds_of(cp.name)
+        made = sum(keys[(kind, cp.idempotency_key)] for kind in kinds)
+        if kinds and cp.status == StepStatus.COMPLETED and made != 1:
+            problems.append(
+                f"{cp.idempotency_key} {cp.name} COMPLETED with {made} {'/'.join(kinds)}"
+            )
     requests = evidence.ledger.get("requests", {})
     for endpoint, step in ONE_REQUEST_PER_ATTEMPT.items():
         tried = sum(cp.attempts for cp in evidence.checkpoints.values() if cp.name == step)
@@ -130,10 +134,22 @@ def i7_owned(evidence: Evidence, now: datetime) -> list[str]:
 def i8_no_money_kept(evidence: Evidence) -> list[str]:
     problems = []
     charged, refunded = evidence.money("payments"), evidence.money("refunds")
+    held = Counter(
+        a.get("workflow_id")
+        for a in evidence.ledger.get("authorizations", [])
+        if a.get("status") == "requires_capture"
+    )
+    released = evidence.per_refund("seat_cancellations")
+    given_back = evidence.per_refund("seat_reinstatements")
     for run in evidence.runs.values():
         kept = charged[run.id] - refunded[run.id]
-        if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and kept:
-            problems.append(f"{run.id} is {run.status} and keeps {kept} cents")
+        if run.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+            if kept:
+                problems.append(f"{run.id} is {run.status} and keeps {kept} cents")
+            if held[run.id]:
+                problems.append(f"{run.id} is {run.status} and still holds a fee on the card")
+            if released[run.id] > given_back[run.id]:
+                problems.append(f"{run.id} is {run.status} and kept the customer's seat")
         if run.status == RunStatus.NEEDS_ATTENTION and not run.error:
             problems.append(f"{run.id} needs attention without a reason")
         if kept < 0:

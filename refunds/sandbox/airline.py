@@ -1,9 +1,10 @@
 """The airline partner: bookings derived from their reference, its schedule derived from the
-flight number and date, seat cancels, boarding passes."""
+flight number and date, seat cancels and reinstatements, boarding passes."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
 import secrets
@@ -105,7 +106,8 @@ def _known_reference(store: Store, reference: Any) -> str:
 
 
 def get_booking(store: Store, reference: str) -> Response:
-    return Response(status=200, body=booking(_known_reference(store, reference)))
+    ref = _known_reference(store, reference)
+    return Response(status=200, body={**booking(ref), "seat_held": seat_held(store, ref)})
 
 
 # --- the schedule -----------------------------------------------------------------------------
@@ -261,6 +263,79 @@ def boarding_pass(store: Store) -> Effect:
 
     return Effect(
         name="airline.boarding_pass",
+        scope="airline",
+        key_required=True,
+        parse=parse,
+        execute=execute,
+        injected=injected,
+    )
+
+
+def seat_held(store: Store, reference: str) -> bool:
+    """Whether the booking still holds its seat: every cancellation of it was reinstated."""
+    released = store.select(
+        "SELECT id FROM effects WHERE kind = 'seat_cancellation' AND subject = ?", (reference,)
+    )
+    reinstated = {
+        row["cancellation_id"]
+        for row in store.select(
+            "SELECT json_extract(body, '$.cancellation_id') AS cancellation_id FROM effects"
+            " WHERE kind = 'seat_reinstatement' AND subject = ?",
+            (reference,),
+        )
+    }
+    return all(row["id"] in reinstated for row in released)
+
+
+def reinstate_seat(store: Store, reference: str) -> Effect:
+    """Give a released seat back to its booking (undoing `cancel_seat` after a failed change).
+
+    Idempotent by key like every effect, and by cancellation too: a cancellation already
+    reinstated answers with that reinstatement, so the seat is never given back twice.
+    """
+
+    def parse(request: Request) -> dict[str, Any]:
+        body = request.json()
+        _string(body, "workflow_id")
+        _string(body, "cancellation_id")
+        return {**body, "reference": _known_reference(store, reference)}
+
+    def execute(db: sqlite3.Connection, params: dict[str, Any], key: str | None) -> Response:
+        cancelled = db.execute(
+            "SELECT body FROM effects WHERE kind = 'seat_cancellation' AND id = ? AND subject = ?",
+            (params["cancellation_id"], params["reference"]),
+        ).fetchone()
+        if cancelled is None:
+            return partner_error(
+                404, "cancellation_not_found", f"no seat cancellation {params['cancellation_id']}"
+            )
+        earlier = db.execute(
+            "SELECT body FROM effects WHERE kind = 'seat_reinstatement'"
+            " AND json_extract(body, '$.cancellation_id') = ?",
+            (params["cancellation_id"],),
+        ).fetchone()
+        if earlier is not None:
+            return Response(status=200, body=json.loads(earlier["body"]))
+        answer = {
+            "reinstatement_id": f"sr_{secrets.token_hex(12)}",
+            "cancellation_id": params["cancellation_id"],
+            "reference": params["reference"],
+            "seat": json.loads(cancelled["body"])["seat"],
+            "status": "held",
+        }
+        add_effect(
+            db,
+            kind="seat_reinstatement",
+            id=answer["reinstatement_id"],
+            idempotency_key=key,
+            workflow_id=params["workflow_id"],
+            subject=params["reference"],
+            body=answer,
+        )
+        return Response(status=200, body=answer)
+
+    return Effect(
+        name="airline.reinstate_seat",
         scope="airline",
         key_required=True,
         parse=parse,

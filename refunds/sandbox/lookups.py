@@ -11,6 +11,7 @@ from refunds.sandbox.state import Store
 #: Path -> the effect kind it lists, for the airline's and the CRM's lookups.
 BY_KEY = {
     "/airline/seat-cancellations": "seat_cancellation",
+    "/airline/seat-reinstatements": "seat_reinstatement",
     "/airline/boarding-passes": "boarding_pass",
     "/crm/updates": "crm_update",
 }

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from refunds.sandbox import airline, crm, faults, lookups, model, stripe_api
+from refunds.sandbox import airline, crm, faults, lookups, model, stripe_api, stripe_holds
 from refunds.sandbox.idempotency import Effect, run_effect
 from refunds.sandbox.ledger import ledger
 from refunds.sandbox.messages import Invalid, Request, Response, partner_error, stripe_error
@@ -25,15 +25,25 @@ logger = logging.getLogger(__name__)
 
 BOOKING = re.compile(r"/airline/bookings/([^/]+)")
 CANCEL_SEAT = re.compile(r"/airline/bookings/([^/]+)/cancel-seat")
+REINSTATE_SEAT = re.compile(r"/airline/bookings/([^/]+)/reinstate-seat")
 INTENT = re.compile(r"/v1/payment_intents/([^/]+)")
+CAPTURE = re.compile(r"/v1/payment_intents/([^/]+)/capture")
+CANCEL_INTENT = re.compile(r"/v1/payment_intents/([^/]+)/cancel")
 
 
 class Sandbox:
     """Request in, response out: no sockets here, so the routing is plain to read and test."""
 
-    def __init__(self, store: Store, *, key_window_seconds: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        key_window_seconds: float,
+        authorization_seconds: float = stripe_holds.AUTHORIZATION_SECONDS,
+    ) -> None:
         self.store = store
         self.key_window_seconds = key_window_seconds
+        self.authorization_seconds = authorization_seconds
 
     def handle(self, request: Request) -> Response:
         try:
@@ -72,6 +82,8 @@ class Sandbox:
             )
         if method == "POST" and (match := CANCEL_SEAT.fullmatch(path)):
             return self._effect(airline.cancel_seat(self.store, match.group(1)), request)
+        if method == "POST" and (match := REINSTATE_SEAT.fullmatch(path)):
+            return self._effect(airline.reinstate_seat(self.store, match.group(1)), request)
         if method == "POST" and path == "/airline/boarding-passes":
             return self._effect(airline.boarding_pass(self.store), request)
         if method == "POST" and path == "/crm/updates":
@@ -88,8 +100,13 @@ class Sandbox:
         denied = stripe_api.check_auth(request)
         if denied is not None:
             return denied
+        stripe_holds.expire(self.store, after_seconds=self.authorization_seconds)
         if method == "POST" and path == "/v1/payment_intents":
             return self._effect(stripe_api.CREATE_INTENT, request)
+        if method == "POST" and (match := CAPTURE.fullmatch(path)):
+            return self._effect(stripe_holds.capture(match.group(1)), request)
+        if method == "POST" and (match := CANCEL_INTENT.fullmatch(path)):
+            return self._effect(stripe_holds.cancel(match.group(1)), request)
         if method == "POST" and path == "/v1/refunds":
             return self._effect(stripe_api.CREATE_REFUND, request)
         if method == "GET" and path == "/v1/refunds":
@@ -134,6 +151,7 @@ class Sandbox:
         if method == "GET" and path == "/_sandbox/health":
             return Response(status=200, body={"status": "ok"})
         if method == "GET" and path == "/_sandbox/ledger":
+            stripe_holds.expire(self.store, after_seconds=self.authorization_seconds)
             return Response(
                 status=200, body=ledger(self.store, workflow_id=request.query.get("workflow_id"))
             )
@@ -218,11 +236,17 @@ def serve(
     smtp_port: int,
     state_path: str | Path,
     key_window_seconds: float,
+    authorization_seconds: float = stripe_holds.AUTHORIZATION_SECONDS,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Run the HTTP and SMTP servers until Ctrl-C or SIGTERM, then close both and the store."""
     store = Store(state_path)
-    httpd = SandboxHTTPServer((host, port), Sandbox(store, key_window_seconds=key_window_seconds))
+    app = Sandbox(
+        store,
+        key_window_seconds=key_window_seconds,
+        authorization_seconds=authorization_seconds,
+    )
+    httpd = SandboxHTTPServer((host, port), app)
     smtp = start_smtp(store, host=host, port=smtp_port)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:

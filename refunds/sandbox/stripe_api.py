@@ -1,4 +1,5 @@
-"""The Stripe subset: payment intents (create with confirm, retrieve, search) and refunds.
+"""The Stripe subset: payment intents (create with confirm, retrieve, search) and refunds;
+manual capture (capture, cancel, a hold's lapse) is in stripe_holds.
 
 Bodies are form-encoded with Stripe's bracket syntax; answers and errors are shaped like Stripe's
 so the real `stripe` library parses them into its own objects and exceptions.
@@ -47,10 +48,13 @@ INTENT_PARAMS = frozenset(
         "statement_descriptor",
         "statement_descriptor_suffix",
         "customer",
+        "capture_method",
     }
 )
 REFUND_PARAMS = frozenset({"payment_intent", "amount", "metadata", "reason", "expand"})
 REFUND_REASONS = frozenset({"duplicate", "fraudulent", "requested_by_customer"})
+#: Effect kinds whose body is a payment intent: charged at once, or held for a later capture.
+INTENT_KINDS = ("payment", "authorization")
 
 
 def new_id(prefix: str) -> str:
@@ -73,7 +77,7 @@ def injected(status: int) -> Response:
     return stripe_error(status, "api_error", f"Injected sandbox fault ({status}).")
 
 
-def _form(request: Request, allowed: frozenset[str]) -> dict[str, Any]:
+def form(request: Request, allowed: frozenset[str]) -> dict[str, Any]:
     try:
         params = decode_form(request.body.decode("utf-8", "replace"))
     except ValueError as exc:
@@ -139,7 +143,7 @@ def _required(params: dict[str, Any], name: str) -> str:
 
 
 def _parse_intent(request: Request) -> dict[str, Any]:
-    params = _form(request, INTENT_PARAMS)
+    params = form(request, INTENT_PARAMS)
     _amount(params, required=True)
     if not re.fullmatch(r"[A-Za-z]{3}", _required(params, "currency")):
         raise Invalid(
@@ -153,6 +157,12 @@ def _parse_intent(request: Request) -> dict[str, Any]:
                 "invalid_request_error",
                 "The sandbox only supports confirm=true.",
                 param="confirm",
+            )
+        )
+    if params.get("capture_method", "automatic") not in ("automatic", "manual"):
+        raise Invalid(
+            stripe_error(
+                400, "invalid_request_error", "Invalid capture_method", param="capture_method"
             )
         )
     return params
@@ -173,13 +183,14 @@ def _create_intent(db: sqlite3.Connection, params: dict[str, Any], key: str | No
     intent_id = new_id("pi")
     amount = int(params["amount"])
     metadata = params.get("metadata", {})
+    manual = params.get("capture_method") == "manual"
     intent = {
         "id": intent_id,
         "object": "payment_intent",
         "amount": amount,
-        "amount_capturable": 0,
-        "amount_received": amount,
-        "capture_method": "automatic",
+        "amount_capturable": amount if manual else 0,
+        "amount_received": 0 if manual else amount,
+        "capture_method": "manual" if manual else "automatic",
         "client_secret": f"{intent_id}_secret_{secrets.token_hex(8)}",
         "confirmation_method": "automatic",
         "created": int(time.time()),
@@ -190,11 +201,12 @@ def _create_intent(db: sqlite3.Connection, params: dict[str, Any], key: str | No
         "metadata": metadata,
         "payment_method": payment_method,
         "payment_method_types": ["card"],
-        "status": "succeeded",
+        "status": "requires_capture" if manual else "succeeded",
     }
     add_effect(
         db,
-        kind="payment",
+        # A hold is its own kind: the ledger's `payments` are money taken (stripe_holds).
+        kind="authorization" if manual else "payment",
         id=intent_id,
         idempotency_key=key,
         workflow_id=metadata.get("workflow_id"),
@@ -215,7 +227,9 @@ CREATE_INTENT = Effect(
 
 
 def retrieve_intent(store: Store, intent_id: str) -> Response:
-    rows = store.select("SELECT body FROM effects WHERE kind = 'payment' AND id = ?", (intent_id,))
+    rows = store.select(
+        "SELECT body FROM effects WHERE kind IN (?, ?) AND id = ?", (*INTENT_KINDS, intent_id)
+    )
     if not rows:
         return stripe_error(
             404,
@@ -244,7 +258,10 @@ def search_intents(store: Store, request: Request) -> Response:
             400, "invalid_request_error", f"The sandbox cannot search by: {exc}", param="query"
         )
     found = []
-    for row in store.select("SELECT body FROM effects WHERE kind = 'payment' ORDER BY seq DESC"):
+    rows = store.select(
+        "SELECT body FROM effects WHERE kind IN (?, ?) ORDER BY seq DESC", INTENT_KINDS
+    )
+    for row in rows:
         intent = json.loads(row["body"])
         if all(_matches(intent, mkey, field, value) for mkey, field, value in clauses):
             found.append(intent)
@@ -269,7 +286,7 @@ def _matches(intent: dict[str, Any], mkey: str | None, field: str | None, value:
 
 
 def _parse_refund(request: Request) -> dict[str, Any]:
-    params = _form(request, REFUND_PARAMS)
+    params = form(request, REFUND_PARAMS)
     _required(params, "payment_intent")
     _amount(params, required=False)
     if "reason" in params and params["reason"] not in REFUND_REASONS:
@@ -280,7 +297,7 @@ def _parse_refund(request: Request) -> dict[str, Any]:
 def _create_refund(db: sqlite3.Connection, params: dict[str, Any], key: str | None) -> Response:
     intent_id = params["payment_intent"]
     row = db.execute(
-        "SELECT body FROM effects WHERE kind = 'payment' AND id = ?", (intent_id,)
+        "SELECT body FROM effects WHERE kind IN (?, ?) AND id = ?", (*INTENT_KINDS, intent_id)
     ).fetchone()
     if row is None:
         return stripe_error(
@@ -291,6 +308,14 @@ def _create_refund(db: sqlite3.Connection, params: dict[str, Any], key: str | No
             param="payment_intent",
         )
     intent = json.loads(row["body"])
+    if intent["status"] != "succeeded":
+        return stripe_error(
+            400,
+            "invalid_request_error",
+            f"This PaymentIntent ({intent_id}) does not have a successful charge to refund "
+            f"(status {intent['status']}); cancel an uncaptured PaymentIntent instead.",
+            code="charge_not_refundable",
+        )
     refunded = db.execute(
         "SELECT COALESCE(SUM(amount), 0) FROM effects WHERE kind = 'refund' AND subject = ?",
         (intent_id,),

@@ -22,13 +22,16 @@ from refunds.agent.prompts import read_first_user_message
 from tests.support.agent_workers import AgentWorker
 from tests.support.engine import stopped
 from tests.support.llm_server import LLMServer, SeenRequest, fail, planned_by, tool_calls
-from tests.support.refunds import finished, partner_effects, submit
+from tests.support.refunds import finished, holds_left, money_kept, partner_effects, submit
 from tests.support.sandbox import SandboxProcess
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-EFFECTS = ("payments", "seat_cancellations", "boarding_passes", "crm_updates", "emails")
+EFFECTS = (
+    "authorizations", "payments", "seat_cancellations", "boarding_passes", "crm_updates",
+    "emails",
+)  # fmt: skip
 
 
 def trajectory(run_id: str) -> list[str]:
@@ -64,10 +67,10 @@ UNINTERRUPTED = [
     "verify_ownership", "check_flight",
     "llm", "load_request",
     "llm", "fetch_booking", "check_cancellation_policy",
-    "llm", "cancel_seat", "charge_customer",
+    "llm", "charge_customer", "cancel_seat",
     "llm", "issue_boarding_pass",
     "llm", "update_crm", "send_confirmation_email",
-    "llm",
+    "llm", "capture_fee",
 ]  # fmt: skip
 
 #: crash point -> requests per model turn the server must see.
@@ -76,6 +79,7 @@ CRASHES = {
     "llm:after_complete": 1,  # the turn was recorded: never asked again
     "charge_customer:after_effect": 1,  # the charge made, not recorded: reconciled, not repeated
     "charge_customer:after_complete": 1,
+    "capture_fee:after_effect": 1,  # the fee taken in code, not recorded: found, not taken again
 }
 
 
@@ -126,15 +130,15 @@ def test_deploy_changes_turn_3__parked_with_the_diff__fork_from_it_completes_wit
         f"diverged from its recorded history: Position {turn_3} diverged"
     )
     assert ".seat: " in parked.error  # the diff names what changed
-    charged = partner_effects(clean_sandbox, run_id)["payments"]
-    assert len(charged) == 1
+    held = partner_effects(clean_sandbox, run_id)["authorizations"]
+    assert len(held) == 1
 
     durable.fork(run_id, position=turn_3, actor="ops", reason="the deploy changed turn 3")
     run = stopped(run_id, timeout=60)
 
     assert run.status == durable.RunStatus.COMPLETED, run.error
     ledger = partner_effects(clean_sandbox, run_id)
-    assert ledger["payments"] == charged  # reused, not charged again
+    assert [a["id"] for a in ledger["authorizations"]] == [h["id"] for h in held]  # reused
     assert all(len(ledger[kind]) == 1 for kind in EFFECTS)
     assert ledger["refunds"] == []
 
@@ -178,7 +182,8 @@ def test_guardrails__a_model_that_charges_wrong_twice_or_loops__no_money_beyond_
 
     assert run.status == durable.RunStatus.FAILED
     reason = {
-        "one cent": "charge_customer: The agent asked to charge $0.01, but the change fee",
+        "one cent": "charge_customer: We stopped this change: our automated assistant asked to "
+        "charge $0.01, but the change fee",
         "twice": "The agent used all 4 of its model turns without finishing.",
         "for ever": "The agent used all 4 of its model turns without finishing.",
     }[greed]
@@ -189,9 +194,7 @@ def test_guardrails__a_model_that_charges_wrong_twice_or_loops__no_money_beyond_
         assert [o["ok"] for o in outputs] == [True, False]
         assert outputs[1]["result"]["error"] == "limit_reached"
     ledger = partner_effects(clean_sandbox, run_id)
-    kept = sum(p["amount"] for p in ledger["payments"]) - sum(
-        r["amount"] for r in ledger["refunds"]
-    )
-    assert kept == 0  # nothing kept: never charged, or the one charge refunded
-    assert len(ledger["payments"]) <= 1 and all(p["amount"] == 4500 for p in ledger["payments"])
+    assert money_kept(ledger) == 0  # nothing kept: never taken, or the one fee given back
+    assert holds_left(ledger) == []
+    assert ledger["payments"] == []  # the fee is taken only after an answer with a pass
     assert worker.alive()

@@ -96,8 +96,8 @@ def test_customer__submits_the_form_and_watches_it_finish_without_reloading(
     assert page.url == status_url
 
     assert page.locator('[aria-live="polite"]').inner_text().startswith(DONE)
-    assert page.locator(".step--done").count() == 11  # every step of the graph refund (v3)
-    assert page.get_by_text("Charging the $45 change fee").is_visible()
+    assert page.locator(".step--done").count() == 12  # every step of the graph refund (v3)
+    assert page.get_by_text("Securing the $45 change fee on your card").is_visible()
     shoot(page, "completed")
 
     refund = refund_of(status_url)

@@ -368,7 +368,7 @@ def test_tracing__one_refund_is_one_trace_from_the_post_through_every_step(
             steps = {s.name for s in spans if s.attributes.get("agentflow.run_id") == run_id}
             done = {f"step {name}" for name in REFUND_STEPS} <= steps
             calls = sum(s.name == "crm POST updates" for s in spans)
-            return spans if done and calls == 2 and "stripe charge" in names(spans) else None
+            return spans if done and calls == 2 and "stripe authorize" in names(spans) else None
 
         try:
             spans = wait_for(whole_trace, timeout=30, what="every span to be exported")
@@ -392,7 +392,7 @@ def test_tracing__one_refund_is_one_trace_from_the_post_through_every_step(
             f"{run_id}_step_{span.attributes['agentflow.seq']}"
         )
         assert span.parent_span_id in by_id  # parent-linked, all in the one trace
-    [charge] = [s for s in trace if s.name == "stripe charge"]
+    [charge] = [s for s in trace if s.name == "stripe authorize"]
     assert by_id[charge.parent_span_id].name == "step charge_customer"
     assert (
         charge.attributes["agentflow.idempotency_key"]

@@ -1,7 +1,7 @@
 """The refund workflow under real crashes (SPEC §3.6, §5): real workers, the real sandbox.
 
 Every worker runs with `AGENTFLOW_CRASH_AT=charge_customer:after_effect`: the article's crash,
-right after the card was charged and before the checkpoint. Whatever else goes wrong, the
+right after the fee was secured on the card and before the checkpoint. Whatever else goes wrong, the
 sandbox's ledger must show one effect per idempotency key and at most one payment per refund,
 and every run must end COMPLETED or FAILED with the customer told.
 """
@@ -62,9 +62,11 @@ def test_crash_right_after_the_charge__one_payment_and_the_run_completes(
     charge = step(run, "charge_customer")
     assert charge.attempts == 2  # the killed attempt, then the redelivered one
     ledger = partner_effects(clean_sandbox, run_id)
-    [payment] = ledger["payments"]
-    assert payment["idempotency_key"] == durable.idempotency_key(run_id, charge.seq)
-    assert charge.output["payment_intent_id"] == payment["id"]
+    [hold] = ledger["authorizations"]
+    assert hold["idempotency_key"] == durable.idempotency_key(run_id, charge.seq)
+    assert charge.output["payment_intent_id"] == hold["id"]
+    [payment] = ledger["payments"]  # the hold, taken once after the boarding pass
+    assert (payment["id"], payment["amount"]) == (hold["id"], 4500)
     assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.RECONCILED).exists()
     assert ledger["refunds"] == []
     assert [len(ledger[kind]) for kind in ("seat_cancellations", "boarding_passes")] == [1, 1]
@@ -102,7 +104,7 @@ def test_declined_card__fails_readably_no_payment_customer_told(
     assert run.error == "charge_customer: Your card was declined."
     ledger = partner_effects(clean_sandbox, run_id)
     assert ledger["payments"] == [] and ledger["refunds"] == []
-    assert len(ledger["seat_cancellations"]) == 1  # made before the charge, and owned up to
+    assert ledger["seat_cancellations"] == []  # the fee is secured before the seat is touched
     [email] = ledger["emails"]
     assert email["subject"] == "We couldn't change your booking DEC001"
     assert step(run, "notify_failure").output["reason"] == "Your card was declined."
@@ -128,7 +130,7 @@ def test_unknown_booking__fails_before_any_effect_like_any_mismatch(
     assert ledger["emails"] == []
 
 
-def test_airline_storm_after_the_charge__fee_refunded_exactly_once(
+def test_airline_storm_after_the_hold__hold_released_seat_given_back(
     worker: WorkerProcess, clean_sandbox: SandboxProcess
 ) -> None:
     clean_sandbox.set_fault(endpoint="airline.boarding_pass", error_rate=1.0, error_status=500)
@@ -140,10 +142,13 @@ def test_airline_storm_after_the_charge__fee_refunded_exactly_once(
     assert run.error.startswith("issue_boarding_pass: gave up after 5 attempts")
     assert step(run, "issue_boarding_pass").attempts == 5
     ledger = partner_effects(clean_sandbox, run_id)
-    [payment] = ledger["payments"]
-    [refund] = ledger["refunds"]
-    assert (refund["payment_intent"], refund["amount"]) == (payment["id"], 4500)
-    assert refund["idempotency_key"] == durable.idempotency_key(run_id, step(run, "refund_fee").seq)
+    [hold] = ledger["authorizations"]
+    [released] = ledger["authorization_cancels"]  # never taken: nothing to refund
+    assert (released["id"], released["amount"]) == (hold["id"], 4500)
+    undo = step(run, "refund_fee").seq
+    assert released["idempotency_key"] == durable.idempotency_key(run_id, undo)
+    assert ledger["payments"] == [] and ledger["refunds"] == []
+    assert len(ledger["seat_reinstatements"]) == 1
     assert ledger["boarding_passes"] == []
     [email] = ledger["emails"]
     assert email["subject"] == "We couldn't change your booking STM001"

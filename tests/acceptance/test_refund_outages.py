@@ -55,8 +55,9 @@ def parked_unknown(run_id: str, worker: WorkerProcess, sandbox: SandboxProcess) 
     assert step(run, "charge_customer").status == durable.StepStatus.IN_PROGRESS
     assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.OUTCOME_UNKNOWN).exists()
     ledger = partner_effects(sandbox, run_id)
-    assert len(ledger["payments"]) == 1  # Stripe took the money once; the replays added none
-    assert ledger["refunds"] == [] and ledger["boarding_passes"] == []
+    assert len(ledger["authorizations"]) == 1  # Stripe held the fee once; replays added none
+    assert ledger["payments"] == [] and ledger["refunds"] == []
+    assert ledger["seat_cancellations"] == []  # the seat waits for the fee to be secured
 
 
 def test_charge_applied_then_stripe_dark__parked_unknown__retry_adopts_the_payment(
@@ -79,7 +80,7 @@ def test_charge_applied_then_stripe_dark__parked_unknown__retry_adopts_the_payme
     assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.RECONCILED).exists()
 
 
-def test_charge_applied_then_stripe_dark__airline_then_fails_for_good__fee_refunded_once(
+def test_charge_applied_then_stripe_dark__airline_then_fails_for_good__hold_released_once(
     worker: WorkerProcess, clean_sandbox: SandboxProcess
 ) -> None:
     stripe_goes_dark(clean_sandbox)
@@ -94,9 +95,11 @@ def test_charge_applied_then_stripe_dark__airline_then_fails_for_good__fee_refun
     assert run.status == durable.RunStatus.FAILED
     assert run.error.startswith("issue_boarding_pass: the airline refused the request")
     ledger = partner_effects(clean_sandbox, run_id)
-    [payment] = ledger["payments"]
-    [refund] = ledger["refunds"]
-    assert (refund["payment_intent"], refund["amount"]) == (payment["id"], 4500)
+    [hold] = ledger["authorizations"]
+    [released] = ledger["authorization_cancels"]
+    assert (released["id"], released["amount"]) == (hold["id"], 4500)
+    assert ledger["payments"] == [] and ledger["refunds"] == []
+    assert len(ledger["seat_reinstatements"]) == 1
     assert ledger["boarding_passes"] == []
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import requests
 from django.conf import settings
 
 from agentflow import durable
@@ -17,7 +18,10 @@ from tests.support.sandbox import SandboxProcess
 from tests.support.waiting import wait_for
 
 WORDS = "Hi, please move me to SK1240 on 2027-03-16. Thanks!"
-EFFECT_LISTS = ("payments", "refunds", "seat_cancellations", "boarding_passes", "crm_updates")
+EFFECT_LISTS = (
+    "authorizations", "payments", "authorization_cancels", "refunds", "seat_cancellations",
+    "seat_reinstatements", "boarding_passes", "crm_updates",
+)  # fmt: skip
 
 
 def submit(
@@ -75,6 +79,24 @@ def finished(run_id: str, worker: WorkerProcess, timeout: float = 30) -> durable
 def step(run: durable.RunSnapshot, name: str) -> durable.StepSnapshot:
     [found] = [s for s in run.steps if s.name == name]
     return found
+
+
+def money_kept(ledger: dict[str, Any]) -> int:
+    """Cents a run keeps, counted at the partner: payments (captured) minus refunds."""
+    return sum(p["amount"] for p in ledger["payments"]) - sum(
+        r["amount"] for r in ledger["refunds"]
+    )
+
+
+def holds_left(ledger: dict[str, Any]) -> list[dict[str, Any]]:
+    """Fee holds still on the card (neither captured nor released)."""
+    return [a for a in ledger["authorizations"] if a["status"] == "requires_capture"]
+
+
+def seat_held(sandbox: SandboxProcess, reference: str) -> bool:
+    """Whether the airline says the booking still holds its seat."""
+    booking = requests.get(f"{sandbox.url}/airline/bookings/{reference}", timeout=10)
+    return bool(booking.json()["seat_held"])
 
 
 def partner_effects(sandbox: SandboxProcess, run_id: str) -> dict[str, Any]:

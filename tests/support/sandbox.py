@@ -45,7 +45,12 @@ class SandboxProcess:
     """One `manage.py sandbox` subprocess and a small client for its control endpoints."""
 
     def __init__(
-        self, *, state_path: Path, log_path: Path, key_window_seconds: float | None = None
+        self,
+        *,
+        state_path: Path,
+        log_path: Path,
+        key_window_seconds: float | None = None,
+        authorization_seconds: float | None = None,
     ) -> None:
         self.port = free_port(pair=True)
         self.smtp_port = self.port + 1
@@ -53,6 +58,7 @@ class SandboxProcess:
         self.state_path = state_path
         self.log_path = log_path
         self.key_window_seconds = key_window_seconds
+        self.authorization_seconds = authorization_seconds
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -62,6 +68,8 @@ class SandboxProcess:
         ]  # fmt: skip
         if self.key_window_seconds is not None:
             command += ["--key-window-seconds", str(self.key_window_seconds)]
+        if self.authorization_seconds is not None:
+            command += ["--authorization-seconds", str(self.authorization_seconds)]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -119,13 +127,20 @@ class SandboxProcess:
             return json.loads(response.read())
 
 
-def start_sandbox(directory: Path, *, key_window_seconds: float | None = None) -> SandboxProcess:
-    """Start a sandbox whose state and log live in `directory`; the caller must `stop()` it."""
+def start_sandbox(
+    directory: Path,
+    *,
+    key_window_seconds: float | None = None,
+    authorization_seconds: float | None = None,
+) -> SandboxProcess:
+    """Start a sandbox whose state and log live in `directory`; the caller must `stop()` it.
+    `authorization_seconds` shortens how long a card hold lasts (Stripe: 7 days)."""
     directory.mkdir(parents=True, exist_ok=True)
     server = SandboxProcess(
         state_path=directory / "sandbox.sqlite3",
         log_path=directory / "sandbox.log",
         key_window_seconds=key_window_seconds,
+        authorization_seconds=authorization_seconds,
     )
     server.start()
     return server

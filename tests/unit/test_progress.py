@@ -100,7 +100,7 @@ def test_undoing__compensation_in_progress_puts_things_right() -> None:
     assert not view.final
     assert view.headline == "Something went wrong, so we're putting things right"
     assert states(view) == ["done"] * 7 + ["failed", "skipped", "skipped", "active"]
-    assert view.steps[-1].label == "Refunding the $45 fee"
+    assert view.steps[-1].label == "Giving back the $45 fee"
 
 
 def test_failed_after_charge__refunded_and_told() -> None:
@@ -110,11 +110,12 @@ def test_failed_after_charge__refunded_and_told() -> None:
         Step(9, "refund_fee", "COMPLETED"),
         Step(10, "notify_failure", "COMPLETED"),
     ]
-    view = describe("FAILED", "notify_failure", steps, fee_cents=4500)
+    outputs = {"charge_customer": HELD, "capture_fee": TAKEN, "refund_fee": {"refunded": True}}
+    view = describe("FAILED", "notify_failure", steps, fee_cents=4500, outputs=outputs)
     assert view.outcome == "refunded"
     assert view.final
     assert view.headline == "We couldn't complete the change; the $45 fee was refunded"
-    assert [s.label for s in view.steps[-2:]] == ["Refunding the $45 fee", "Letting you know"]
+    assert [s.label for s in view.steps[-2:]] == ["Giving back the $45 fee", "Letting you know"]
     assert states(view)[-2:] == ["done", "done"]
     assert states(view)[7:10] == ["failed", "skipped", "skipped"]
 
@@ -149,8 +150,25 @@ def test_failed_with_a_free_change__no_fee_claimed_or_refunded() -> None:
 
 def test_failed_charged_but_not_refunded__never_claims_money_back() -> None:
     steps = [*done_until("charge_customer"), Step(8, "issue_boarding_pass", "FAILED")]
-    view = describe("FAILED", "issue_boarding_pass", steps)
-    assert view.outcome == "needs_attention"
+    for outputs in ({"charge_customer": HELD}, {"charge_customer": HELD, "capture_fee": TAKEN}):
+        view = describe("FAILED", "issue_boarding_pass", steps, outputs=outputs)
+        assert view.outcome == "needs_attention"
+        assert "refunded" not in view.headline
+
+
+def test_failed_with_the_hold_released__not_charged_and_says_so() -> None:
+    """What happened to the money is read from the outputs, not from which steps completed:
+    `refund_fee` completed, but it released a hold, so nothing is claimed as refunded."""
+    steps = [
+        *done_until("charge_customer"),
+        Step(8, "issue_boarding_pass", "FAILED"),
+        Step(9, "refund_fee", "COMPLETED"),
+        Step(10, "notify_failure", "COMPLETED"),
+    ]
+    outputs = {"charge_customer": HELD, "refund_fee": {"refunded": False, "hold_released": True}}
+    view = describe("FAILED", "notify_failure", steps, fee_cents=4500, outputs=outputs)
+    assert view.outcome == "failed"
+    assert view.message.startswith("You have not been charged: the hold on your card was released.")
     assert "refunded" not in view.headline
 
 
@@ -197,7 +215,7 @@ def test_format_fee(cents: int, text: str) -> None:
 
 def test_fee__label_follows_the_worked_out_amount() -> None:
     view = describe("RUNNING", "charge_customer", done_until("cancel_seat"), fee_cents=6000)
-    assert view.steps[6].label == "Charging the $60 change fee"
+    assert view.steps[6].label == "Securing the $60 change fee on your card"
 
 
 def test_every_planned_step_has_a_customer_label() -> None:
@@ -220,6 +238,8 @@ def test_as_json__carries_what_the_script_renders() -> None:
 
 # --- what changed ---------------------------------------------------------------------------
 BOOKING = {"flight": "SK100", "date": "2027-02-01", "seat": "12A", "contact_email": "a@b.c"}
+HELD = {"authorized": True, "payment_intent_id": "pi_1", "amount_cents": 4500, "currency": "usd"}
+TAKEN = {"captured": True, "payment_intent_id": "pi_1", "amount_cents": 4500, "currency": "usd"}
 ISSUED = {"flight": "SK1240", "date": "2027-03-16", "seat": "14C"}
 
 
@@ -231,8 +251,9 @@ def test_date_in_words__iso_dates_read_as_a_person_writes_them() -> None:
 def test_outcome_details__completed_names_the_new_flight_seat_and_fee_charged() -> None:
     outputs = {
         "fetch_booking": BOOKING,
-        "charge_customer": {"charged": True, "amount_cents": 4500},
+        "charge_customer": HELD,
         "issue_boarding_pass": ISSUED,
+        "capture_fee": TAKEN,
         "send_confirmation_email": {"message_id": "<m>"},
     }
     assert progress.outcome_details("COMPLETED", outputs) == (
@@ -245,7 +266,7 @@ def test_outcome_details__completed_names_the_new_flight_seat_and_fee_charged() 
 
 def test_outcome_details__completed_free_change_says_no_fee() -> None:
     outputs = {
-        "charge_customer": {"charged": False, "amount_cents": 0},
+        "charge_customer": {"authorized": False, "amount_cents": 0},
         "issue_boarding_pass": ISSUED,
     }
     assert "Change fee: none for your fare" in progress.outcome_details("COMPLETED", outputs)
@@ -271,12 +292,29 @@ def test_outcome_details__failed_after_the_charge_owns_up_to_the_seat_and_the_re
     outputs = {
         "fetch_booking": BOOKING,
         "cancel_seat": {"seat": "12A"},
-        "charge_customer": {"charged": True, "amount_cents": 4500},
+        "charge_customer": HELD,
+        "capture_fee": TAKEN,
         "refund_fee": {"refunded": True},
     }
     assert progress.outcome_details("FAILED", outputs) == (
         "Your original seat 12A on SK100 on Monday 1 February 2027 was released.",
         "The $45 change fee was refunded to your card.",
+    )
+
+
+def test_outcome_details__a_failed_change_gives_the_seat_and_the_hold_back() -> None:
+    outputs = {
+        "fetch_booking": BOOKING,
+        "charge_customer": HELD,
+        "cancel_seat": {"seat": "12A"},
+        "reinstate_seat": {"reinstated": True, "seat": "12A"},
+        "refund_fee": {"refunded": False, "hold_released": True},
+    }
+    assert progress.outcome_details("FAILED", outputs) == (
+        "Your seat 12A on SK100 on Monday 1 February 2027 was released during the change and "
+        "has been given back to you: your booking is as it was.",
+        "The $45 change fee was only held on your card, and the hold was released: you have "
+        "not been charged.",
     )
 
 

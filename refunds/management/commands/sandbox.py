@@ -39,6 +39,12 @@ class Command(BaseCommand):
             default=86400.0,
             help="how long idempotency keys are kept (Stripe: at least 24 h)",
         )
+        parser.add_argument(
+            "--authorization-seconds",
+            type=float,
+            default=7 * 86400.0,
+            help="how long an uncaptured card hold lasts before it lapses (Stripe: 7 days)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         port = options["port"]
@@ -61,5 +67,6 @@ class Command(BaseCommand):
             smtp_port=smtp_port,
             state_path=options["state"],
             key_window_seconds=options["key_window_seconds"],
+            authorization_seconds=options["authorization_seconds"],
             on_ready=ready,
         )

@@ -107,13 +107,13 @@ def test_partner_call__a_client_span_under_its_step_with_run_step_and_key(
             run_id="wf_trace", workflow="refund", seq=7, step="charge_customer", kind="effect",
             attempt=2,
         )  # fmt: skip
-        gateway.charge(
+        gateway.authorize(
             amount_cents=4500, currency="usd", payment_method="pm_card_visa", description="fee",
             key="wf_trace_step_7", workflow_id="wf_trace",
         )  # fmt: skip
 
     finished = {s.name: s for s in spans.get_finished_spans()}
-    charge, step = finished["stripe charge"], finished["step charge_customer"]
+    charge, step = finished["stripe authorize"], finished["step charge_customer"]
     assert charge.parent.span_id == step.context.span_id
     assert charge.attributes["agentflow.run_id"] == "wf_trace"
     assert charge.attributes["agentflow.step"] == "charge_customer"
@@ -127,10 +127,10 @@ def test_partner_call__an_error_marks_the_span(
     clean_sandbox.set_fault(endpoint="payment_intents.create", error_rate=1.0, error_status=500)
     gateway = PaymentGateway(api_key="sk_test_x", api_base=clean_sandbox.url)
     with pytest.raises(durable.RetryableStepError):
-        gateway.charge(
+        gateway.authorize(
             amount_cents=4500, currency="usd", payment_method="pm_card_visa", description="fee",
             key="wf_err_step_7", workflow_id="wf_err",
         )  # fmt: skip
-    [charge] = [s for s in spans.get_finished_spans() if s.name == "stripe charge"]
+    [charge] = [s for s in spans.get_finished_spans() if s.name == "stripe authorize"]
     assert not charge.status.is_ok
     assert charge.events[0].name == "exception"

@@ -31,7 +31,7 @@ def refund_run(*, payment: str | None = "pi_3Nsandbox123") -> tuple[RefundReques
         workflow_id=run.pk,
     )
     now = timezone.now()
-    output: dict[str, Any] = {"charged": payment is not None, "amount_cents": 4500}
+    output: dict[str, Any] = {"authorized": payment is not None, "amount_cents": 4500}
     if payment is not None:
         output["payment_intent_id"] = payment
     StepCheckpoint.objects.create(

@@ -119,8 +119,8 @@ class AgentRun:
         self.call("load_request", refund_id=self.refund_id)
         self.call("fetch_booking", booking_reference=self.request.booking_reference)
         self.call("check_cancellation_policy", booking_reference=self.request.booking_reference)
-        self.call("cancel_seat", booking_reference=self.request.booking_reference)
         assert self.call("charge_customer", refund_id=self.refund_id, amount_cents=fee).ok
+        self.call("cancel_seat", booking_reference=self.request.booking_reference)
 
 
 def test_scripted_agent__rebooks_charges_45_dollars_and_confirms(partners) -> None:
@@ -131,9 +131,11 @@ def test_scripted_agent__rebooks_charges_45_dollars_and_confirms(partners) -> No
     assert final.text.startswith("You're booked on SK1240 on 2027-03-16, seat ")
     assert "$45.00" in final.text
     ledger = partners.ledger(workflow_id=run.run_id)
-    assert [p["idempotency_key"] for p in ledger["payments"]] == [run.key("charge_customer")]
-    assert ledger["payments"][0]["amount"] == 4500
-    assert ledger["payments"][0]["metadata"]["refund_id"] == run.refund_id
+    # The model's charge only holds the fee; the run takes it in code after the answer.
+    assert [a["idempotency_key"] for a in ledger["authorizations"]] == [run.key("charge_customer")]
+    assert ledger["authorizations"][0]["amount"] == 4500
+    assert ledger["authorizations"][0]["metadata"]["refund_id"] == run.refund_id
+    assert ledger["payments"] == []
     assert [c["idempotency_key"] for c in ledger["seat_cancellations"]] == [run.key("cancel_seat")]
     [issued] = ledger["boarding_passes"]
     assert (issued["flight"], issued["date"]) == ("SK1240", "2027-03-16")
@@ -148,7 +150,7 @@ def test_scripted_agent__rebooks_charges_45_dollars_and_confirms(partners) -> No
     assert email["to"] == [run.owner.email]  # the booking's contact on file
     # the positions are the model's order: turn, call, turn, call, call, ...
     assert [run.positions[name][0] for name in toolbox.names if name in run.positions] == [
-        2, 4, 5, 7, 8, 10, 12, 13,
+        2, 4, 5, 8, 7, 10, 12, 13,
     ]  # fmt: skip
 
 
@@ -173,7 +175,9 @@ def test_openai_sdk_agent__same_refund_through_the_local_model_server(
     assert llm_server.count() == 6
     assert llm_server.requests[0].tool_names == toolbox.names
     ledger = partners.ledger(workflow_id=run.run_id)
-    for kind in ("payments", "seat_cancellations", "boarding_passes", "crm_updates", "emails"):
+    for kind in (
+        "authorizations", "seat_cancellations", "boarding_passes", "crm_updates", "emails",
+    ):  # fmt: skip
         assert len(ledger[kind]) == 1, kind
 
 
@@ -196,7 +200,7 @@ def test_effects__repeated_under_their_keys_happen_once(partners) -> None:
     run.retry("update_crm", refund_id=refund_id, note=run.history[-2].arguments["note"])
 
     ledger = partners.ledger(workflow_id=run.run_id)
-    for kind in ("seat_cancellations", "payments", "boarding_passes", "crm_updates"):
+    for kind in ("seat_cancellations", "authorizations", "boarding_passes", "crm_updates"):
         assert len(ledger[kind]) == 1, kind
 
 
@@ -223,7 +227,7 @@ def test_charge__a_second_charge_is_refused_and_the_model_told(partners) -> None
 
     assert again.ok is False and again.result["error"] == "limit_reached"
     assert "charge_customer was not called: a run may make it once" in again.result["message"]
-    assert len(partners.ledger(workflow_id=run.run_id)["payments"]) == 1
+    assert len(partners.ledger(workflow_id=run.run_id)["authorizations"]) == 1
 
 
 @pytest.mark.parametrize(
@@ -281,7 +285,7 @@ def test_flex_fare__charges_nothing_and_refuses_a_fee(partners) -> None:
     with pytest.raises(GuardrailViolation, match=r"fee for booking FLX123 is \$0\.00"):
         run.call("charge_customer", refund_id=run.refund_id, amount_cents=4500)
     assert run.call("charge_customer", refund_id=run.refund_id, amount_cents=0).result == {
-        "charged": False,
+        "authorized": False,
         "amount_cents": 0,
     }
     assert "payment_intents.create" not in partners.ledger()["requests"]
@@ -291,7 +295,7 @@ def test_basic_fare__refused_readably_before_any_effect(partners) -> None:
     run = AgentRun(reference="BAS123")
     with pytest.raises(PermanentStepError, match=r"^Basic fares can't be changed"):
         run.call("check_cancellation_policy", booking_reference="BAS123")
-    with pytest.raises(GuardrailViolation, match=r"^Basic fares can't be changed"):
+    with pytest.raises(PermanentStepError, match=r"^Basic fares can't be changed"):
         run.call("charge_customer", refund_id=run.refund_id, amount_cents=0)
 
 
@@ -300,7 +304,18 @@ def test_declined_card__permanent_and_readable(partners) -> None:
     run.call("fetch_booking", booking_reference="DEC123")
     with pytest.raises(PermanentStepError, match=r"^Your card was declined"):
         run.call("charge_customer", refund_id=run.refund_id, amount_cents=4500)
-    assert partners.ledger(workflow_id=run.run_id)["payments"] == []
+    ledger = partners.ledger(workflow_id=run.run_id)
+    assert ledger["payments"] == [] and ledger["authorizations"] == []
+
+
+def test_seat__not_released_before_the_fee_is_secured(partners) -> None:
+    """Finding 5: the seat is touched only once the fee is held, so a declined card can never
+    leave the customer without their seat; the model is told what to do first."""
+    run = AgentRun()
+    outcome = run.call("cancel_seat", booking_reference="ABC123")
+
+    assert outcome.ok is False and "call charge_customer first" in outcome.result["message"]
+    assert partners.ledger(workflow_id=run.run_id)["seat_cancellations"] == []
 
 
 # --- refusals the model reads ------------------------------------------------------------------
@@ -358,9 +373,15 @@ def test_refund_fee__the_engine_s_alone_under_its_key(partners) -> None:
 
     undone = run.undo("refund_fee", refund_id=run.refund_id)
 
-    assert undone.ok and (undone.result["refunded"], undone.result["amount_cents"]) == (True, 4500)
-    [refund] = partners.ledger(workflow_id=run.run_id)["refunds"]
-    assert refund["idempotency_key"] == run.key("refund_fee")
+    # Only held, never taken: the hold is released, and there is nothing to refund.
+    assert undone.ok and (undone.result["hold_released"], undone.result["amount_cents"]) == (
+        True,
+        4500,
+    )
+    ledger = partners.ledger(workflow_id=run.run_id)
+    [released] = ledger["authorization_cancels"]
+    assert released["idempotency_key"] == run.key("refund_fee")
+    assert ledger["refunds"] == [] and ledger["payments"] == []
     assert toolbox.compensation_call(
         "charge_customer", {"refund_id": run.refund_id, "amount_cents": 4500}
     ) == (
@@ -382,7 +403,7 @@ def test_refund_fee__not_a_tool_the_model_can_call_before_or_after_a_charge(part
 
     assert [(o.ok, o.result["error"]) for o in (before, after)] == [(False, "unknown_tool")] * 2
     ledger = partners.ledger(workflow_id=run.run_id)
-    assert ledger["refunds"] == [] and len(ledger["payments"]) == 1
+    assert ledger["refunds"] == [] and len(ledger["authorizations"]) == 1
 
 
 def test_refund_fee__nothing_charged_nothing_refunded(partners) -> None:
@@ -390,6 +411,7 @@ def test_refund_fee__nothing_charged_nothing_refunded(partners) -> None:
     run.through_charge(fee=0)
     assert run.undo("refund_fee", refund_id=run.refund_id).result == {
         "refunded": False,
+        "hold_released": False,
         "amount_cents": 0,
     }
     assert "refunds.create" not in partners.ledger()["requests"]
@@ -410,5 +432,5 @@ def test_charge_reconcile__adopts_the_payment_made_before_a_crash(partners) -> N
     adopted = prepared.reconcile(run.ctx("charge_customer", position, attempt=2))
 
     assert adopted == charged
-    assert len(partners.ledger(workflow_id=run.run_id)["payments"]) == 1
+    assert len(partners.ledger(workflow_id=run.run_id)["authorizations"]) == 1
     assert toolbox["charge_customer"].key_window_seconds == 24 * 3600

@@ -39,8 +39,10 @@ def airline(clean_sandbox: SandboxProcess) -> AirlineGateway:
     return AirlineGateway(clean_sandbox.url)
 
 
-def charge(gateway: PaymentGateway, *, seq: int = 7, amount: int = 4500, pm: str = "pm_card_visa"):
-    return gateway.charge(
+def authorize(
+    gateway: PaymentGateway, *, seq: int = 7, amount: int = 4500, pm: str = "pm_card_visa"
+):
+    return gateway.authorize(
         amount_cents=amount,
         currency="usd",
         payment_method=pm,
@@ -51,6 +53,11 @@ def charge(gateway: PaymentGateway, *, seq: int = 7, amount: int = 4500, pm: str
     )
 
 
+def captured(gateway: PaymentGateway):
+    """A fee held and then taken: what a refund gives back."""
+    return gateway.capture(payment_intent_id=authorize(gateway).id, key=key(10))
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -58,11 +65,15 @@ def closed_port() -> int:
 
 
 # --- Stripe ---------------------------------------------------------------------------------
-def test_charge__succeeds_with_key_and_workflow_in_metadata(stripe_gw, clean_sandbox) -> None:
-    payment = charge(stripe_gw)
+def test_authorize__succeeds_with_key_and_workflow_in_metadata(stripe_gw, clean_sandbox) -> None:
+    payment = authorize(stripe_gw)
 
-    assert (payment.status, payment.amount_cents, payment.currency) == ("succeeded", 4500, "usd")
-    [entry] = clean_sandbox.ledger(workflow_id=WF)["payments"]
+    assert (payment.status, payment.amount_cents, payment.currency) == (
+        "requires_capture",
+        4500,
+        "usd",
+    )
+    [entry] = clean_sandbox.ledger(workflow_id=WF)["authorizations"]
     assert entry["id"] == payment.id
     assert entry["idempotency_key"] == key(7)
     assert entry["metadata"] == {
@@ -72,22 +83,24 @@ def test_charge__succeeds_with_key_and_workflow_in_metadata(stripe_gw, clean_san
     }
 
 
-def test_charge__replay_with_same_key_returns_same_payment_once(stripe_gw, clean_sandbox) -> None:
-    first = charge(stripe_gw)
-    second = charge(stripe_gw)
+def test_authorize__replay_with_same_key_returns_same_payment_once(
+    stripe_gw, clean_sandbox
+) -> None:
+    first = authorize(stripe_gw)
+    second = authorize(stripe_gw)
 
     assert second == first
     ledger = clean_sandbox.ledger(workflow_id=WF)
-    assert len(ledger["payments"]) == 1
+    assert len(ledger["authorizations"]) == 1
     assert ledger["replays"]["payment_intents.create"] == 1
 
 
-def test_charge__declined_card_is_permanent_and_readable(stripe_gw, clean_sandbox) -> None:
+def test_authorize__declined_card_is_permanent_and_readable(stripe_gw, clean_sandbox) -> None:
     with pytest.raises(PermanentStepError, match=r"^Your card was declined"):
-        charge(stripe_gw, pm="pm_card_chargeDeclined")
+        authorize(stripe_gw, pm="pm_card_chargeDeclined")
     with pytest.raises(PermanentStepError, match="insufficient funds"):
-        charge(stripe_gw, seq=8, pm="pm_card_chargeDeclinedInsufficientFunds")
-    assert clean_sandbox.ledger(workflow_id=WF)["payments"] == []
+        authorize(stripe_gw, seq=8, pm="pm_card_chargeDeclinedInsufficientFunds")
+    assert clean_sandbox.ledger(workflow_id=WF)["authorizations"] == []
 
 
 @pytest.mark.parametrize(
@@ -98,86 +111,86 @@ def test_charge__declined_card_is_permanent_and_readable(stripe_gw, clean_sandbo
         "pm_card_chargeDeclinedFraudulent",
     ],
 )
-def test_charge__decline_revealing_card_state_is_the_generic_decline(stripe_gw, pm) -> None:
+def test_authorize__decline_revealing_card_state_is_the_generic_decline(stripe_gw, pm) -> None:
     """Whoever holds a stolen card must not learn from us that it was reported."""
     with pytest.raises(PermanentStepError) as raised:
-        charge(stripe_gw, pm=pm)
+        authorize(stripe_gw, pm=pm)
     assert str(raised.value) == "Your card was declined."
 
 
-def test_charge__same_key_other_amount_is_permanent_idempotency_error(stripe_gw) -> None:
-    charge(stripe_gw)
+def test_authorize__same_key_other_amount_is_permanent_idempotency_error(stripe_gw) -> None:
+    authorize(stripe_gw)
     with pytest.raises(PermanentStepError, match="same idempotency key"):
-        charge(stripe_gw, amount=4600)
+        authorize(stripe_gw, amount=4600)
 
 
-def test_charge__server_error_storm_is_retryable(stripe_gw, clean_sandbox) -> None:
+def test_authorize__server_error_storm_is_retryable(stripe_gw, clean_sandbox) -> None:
     clean_sandbox.set_fault(endpoint="payment_intents.create", error_rate=1.0, error_status=500)
 
     with pytest.raises(RetryableStepError, match="HTTP 500"):
-        charge(stripe_gw)
+        authorize(stripe_gw)
     ledger = clean_sandbox.ledger()
-    assert ledger["payments"] == []
+    assert ledger["authorizations"] == []
     assert ledger["requests"]["payment_intents.create"] == 3  # the library's 2 retries, same key
 
 
-def test_charge__rate_limit_is_retryable(stripe_gw, clean_sandbox) -> None:
+def test_authorize__rate_limit_is_retryable(stripe_gw, clean_sandbox) -> None:
     clean_sandbox.set_fault(endpoint="payment_intents.create", error_rate=1.0, error_status=429)
     with pytest.raises(RetryableStepError, match="rate limiting"):
-        charge(stripe_gw)
+        authorize(stripe_gw)
 
 
-def test_charge__dropped_answer_is_retried_by_library_into_one_payment(
+def test_authorize__dropped_answer_is_retried_by_library_into_one_payment(
     stripe_gw, clean_sandbox
 ) -> None:
     # The network dies after Stripe charged: the library asks again with the same key.
     clean_sandbox.set_fault(endpoint="payment_intents.create", drop_rate=1.0, count=1)
 
-    payment = charge(stripe_gw)
+    payment = authorize(stripe_gw)
 
     ledger = clean_sandbox.ledger(workflow_id=WF)
-    assert [p["id"] for p in ledger["payments"]] == [payment.id]
+    assert [p["id"] for p in ledger["authorizations"]] == [payment.id]
     assert ledger["replays"]["payment_intents.create"] == 1
 
 
-def test_charge__every_answer_dropped_is_retryable_then_same_key_adopts_it(
+def test_authorize__every_answer_dropped_is_retryable_then_same_key_adopts_it(
     stripe_gw, clean_sandbox
 ) -> None:
     clean_sandbox.set_fault(endpoint="payment_intents.create", drop_rate=1.0)
     with pytest.raises(RetryableStepError, match="could not reach Stripe"):
-        charge(stripe_gw)
+        authorize(stripe_gw)
     clean_sandbox.clear_faults()
 
-    payment = charge(stripe_gw)  # the engine's retry: same key
+    payment = authorize(stripe_gw)  # the engine's retry: same key
 
-    assert [p["id"] for p in clean_sandbox.ledger(workflow_id=WF)["payments"]] == [payment.id]
+    assert [p["id"] for p in clean_sandbox.ledger(workflow_id=WF)["authorizations"]] == [payment.id]
 
 
-def test_charge__stripe_unreachable_is_retryable() -> None:
+def test_authorize__stripe_unreachable_is_retryable() -> None:
     gateway = PaymentGateway(api_key="sk_test_x", api_base=f"http://127.0.0.1:{closed_port()}")
     with pytest.raises(RetryableStepError, match="could not reach Stripe"):
-        gateway.charge(
+        gateway.authorize(
             amount_cents=100, currency="usd", payment_method="pm_card_visa",
             description="x", key=key(7), workflow_id=WF,
         )  # fmt: skip
 
 
-def test_charge__bad_api_key_is_permanent(clean_sandbox) -> None:
+def test_authorize__bad_api_key_is_permanent(clean_sandbox) -> None:
     gateway = PaymentGateway(api_key="sk_live_wrong", api_base=clean_sandbox.url)
     with pytest.raises(PermanentStepError, match="credentials"):
-        charge(gateway)
+        authorize(gateway)
 
 
 def test_find_payment_by_key__finds_the_payment_made_under_the_key(stripe_gw) -> None:
-    payment = charge(stripe_gw)
-    charge(stripe_gw, seq=70)  # another key's payment is not mistaken for it
+    payment = authorize(stripe_gw)
+    authorize(stripe_gw, seq=70)  # another key's payment is not mistaken for it
 
     assert stripe_gw.find_payment_by_key(key(7)) == payment
     assert stripe_gw.find_payment_by_key(key(99)) is None
 
 
 def test_refund__replay_with_same_key_refunds_once(stripe_gw, clean_sandbox) -> None:
-    payment = charge(stripe_gw)
+    payment = captured(stripe_gw)
 
     refunds = [
         stripe_gw.refund(
@@ -197,7 +210,7 @@ def test_refund__replay_with_same_key_refunds_once(stripe_gw, clean_sandbox) -> 
 
 
 def test_find_refund_by_key__finds_the_refund_made_under_the_key(stripe_gw) -> None:
-    payment = charge(stripe_gw)
+    payment = captured(stripe_gw)
     made = stripe_gw.refund(
         payment_intent_id=payment.id, amount_cents=1000, key=key(11), workflow_id=WF
     )

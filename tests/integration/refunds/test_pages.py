@@ -502,7 +502,10 @@ def test_status_page__new_request_shows_received_and_polls(client: Client) -> No
     assert f'data-status-url="/refunds/{refund.public_id}/status.json"' in page
     assert '<noscript><meta http-equiv="refresh"' in page
     assert "/static/refunds/status.js" in page
-    for label in ("Reading your request", "Finding your booking", "Charging the $45 change fee"):
+    for label in (
+        "Reading your request", "Finding your booking", "Securing the $45 change fee on your card",
+        "Taking the $45 change fee",
+    ):  # fmt: skip
         assert label in page
 
 
@@ -582,14 +585,23 @@ def test_status_json__new_request_is_pending_with_no_steps(client: Client) -> No
 def test_status_json__refunded_after_a_failure(client: Client) -> None:
     refund = create_refund(client)
     names = ["load_request", "parse_flight_details", "fetch_booking", "check_cancellation_policy",
-             "calculate_penalty_fee", "cancel_seat", "charge_customer"]  # fmt: skip
+             "calculate_penalty_fee", "charge_customer", "cancel_seat", "issue_boarding_pass",
+             "capture_fee"]  # fmt: skip
     for seq, name in enumerate(names, start=1):
         add_step(refund.workflow_id, seq, name, "COMPLETED")
-    add_step(refund.workflow_id, 8, "issue_boarding_pass", "FAILED", error="airline said no")
-    add_step(refund.workflow_id, 9, "refund_fee", "COMPLETED")
-    add_step(refund.workflow_id, 10, "notify_failure", "COMPLETED")
+    add_step(refund.workflow_id, 10, "update_crm", "FAILED", error="CRM said no")
+    add_step(refund.workflow_id, 11, "reinstate_seat", "COMPLETED")
+    add_step(refund.workflow_id, 12, "refund_fee", "COMPLETED")
+    add_step(refund.workflow_id, 13, "notify_failure", "COMPLETED")
+    money = {"payment_intent_id": "pi_1", "amount_cents": 4500, "currency": "usd"}
+    for name, output in (
+        ("charge_customer", {"authorized": True, **money}),
+        ("capture_fee", {"captured": True, **money}),
+        ("refund_fee", {"refunded": True, "hold_released": False, "refund_id": "re_1", **money}),
+    ):  # what happened to the money is read from the outputs, not from the names
+        StepCheckpoint.objects.filter(run_id=refund.workflow_id, name=name).update(output=output)
     WorkflowRun.objects.filter(pk=refund.workflow_id).update(
-        status="FAILED", current_step="notify_failure", current_seq=10, wake_at=None
+        status="FAILED", current_step="notify_failure", current_seq=13, wake_at=None
     )
     data = client.get(f"/refunds/{refund.public_id}/status.json").json()
     assert data["status"] == "FAILED"
@@ -597,8 +609,9 @@ def test_status_json__refunded_after_a_failure(client: Client) -> None:
     assert customer["final"] is True
     assert customer["outcome"] == "refunded"
     assert customer["headline"] == "We couldn't complete the change; the $45 fee was refunded"
-    assert [s["label"] for s in customer["steps"][-2:]] == [
-        "Refunding the $45 fee",
+    assert [s["label"] for s in customer["steps"][-3:]] == [
+        "Giving your seat back",
+        "Giving back the $45 fee",
         "Letting you know",
     ]
 

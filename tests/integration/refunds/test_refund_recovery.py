@@ -5,6 +5,7 @@ window (SPEC 3.3b, finding 9)."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,8 @@ from agentflow.states import RunStatus, StepStatus
 from refunds.gateways import PaymentGateway
 from refunds.workflows import refund
 from tests.support.refunds import submit
-from tests.support.sandbox import SandboxProcess
+from tests.support.sandbox import SandboxProcess, start_sandbox
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
 
@@ -31,13 +33,92 @@ def step_until(run_id: str, name: str) -> WorkflowRun:
     raise AssertionError(f"{run_id} never reached {name}")
 
 
+def play_out(run_id: str) -> WorkflowRun:
+    for _ in range(8):
+        current = WorkflowRun.objects.get(pk=run_id)
+        if current.status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING):
+            break
+        runtime.run_step(run_id, current.current_seq)
+    return WorkflowRun.objects.get(pk=run_id)
+
+
+def claimed_then_died_days_ago(run_id: str, name: str) -> int:
+    """Claim the run's current step `name`, then age it: its worker died three days ago."""
+    run = step_until(run_id, name)
+    state = store.state_load(run_id, run.current_seq)
+    assert state is not None
+    assert store.step_claim(state, refund.steps[name], run.current_seq, None) is not None
+    days_ago = timezone.now() - timedelta(days=3)
+    StepCheckpoint.objects.filter(run_id=run_id, seq=run.current_seq).update(
+        first_started_at=days_ago, started_at=days_ago, lease_expires_at=days_ago, lease_lock=None
+    )
+    return run.current_seq
+
+
+def test_fee_capture__made_then_lost_days_ago__found_at_stripe_not_taken_twice(
+    partners: SandboxProcess,
+) -> None:
+    """Past Stripe's key window the capture is never sent blindly: the takeover reads the
+    payment (consistent) and adopts the capture the dead worker made."""
+    run_id = submit("RKW002")
+    seq = claimed_then_died_days_ago(run_id, "capture_fee")
+    hold = StepCheckpoint.objects.get(run_id=run_id, name="charge_customer").output
+    PaymentGateway.from_settings().capture(
+        payment_intent_id=hold["payment_intent_id"], key=durable.idempotency_key(run_id, seq)
+    )
+
+    finished = play_out(run_id)
+
+    assert finished.status == RunStatus.COMPLETED, finished.error
+    ledger = partners.ledger(workflow_id=run_id)
+    assert [p["amount"] for p in ledger["payments"]] == [4500]
+    assert ledger["requests"]["payment_intents.capture"] == 1  # the dead worker's, only
+
+
+def test_fee_capture__hold_lapsed_before_a_late_takeover__nothing_kept_seat_given_back(
+    tmp_path: Path, settings: Any
+) -> None:
+    """A run found after its hold lapsed (Stripe: 7 days; 2 s here) cannot take the fee: it
+    fails, the customer's seat is given back, nothing is kept, and the e-mail says so."""
+    server = start_sandbox(tmp_path / "short-holds", authorization_seconds=2)
+    try:
+        settings.SANDBOX_URL = settings.STRIPE_API_BASE = server.url
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", server.smtp_port
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        run_id = submit("RKW003")
+        claimed_then_died_days_ago(run_id, "capture_fee")
+        hold = StepCheckpoint.objects.get(run_id=run_id, name="charge_customer").output
+        wait_for(
+            lambda: (
+                PaymentGateway.from_settings().payment(hold["payment_intent_id"]).status
+                == "canceled"
+            ),
+            timeout=15,
+            interval=0.2,
+            what="the hold to lapse",
+        )
+
+        finished = play_out(run_id)
+
+        assert finished.status == RunStatus.FAILED, finished.error
+        assert "hold for the change fee ended" in finished.error
+        ledger = server.ledger(workflow_id=run_id)
+        assert ledger["payments"] == [] and ledger["refunds"] == []
+        assert len(ledger["seat_reinstatements"]) == 1
+        [email] = ledger["emails"]
+        assert "given it back to you" in email["body"]
+        assert "you have not been charged" in email["body"]
+    finally:
+        server.stop()
+
+
 def test_fee_refund__first_attempt_days_ago__found_at_stripe_and_adopted_not_parked(
     partners: SandboxProcess, settings: Any
 ) -> None:
     """The fee refund was made, its worker died before recording it, and the run was found
     three days later, past Stripe's 24-hour key window: retrying blindly could refund twice,
     parking would wait for ever. Its reconcile finds the refund by its key and adopts it."""
-    partners.set_fault(endpoint="airline.boarding_pass", error_rate=1.0, error_status=400)
+    partners.set_fault(endpoint="crm.update", error_rate=1.0, error_status=400)  # after the capture
     run_id = submit("RKW001")
     run = step_until(run_id, "refund_fee")
     state = store.state_load(run_id, run.current_seq)
@@ -57,13 +138,7 @@ def test_fee_refund__first_attempt_days_ago__found_at_stripe_and_adopted_not_par
         first_started_at=days_ago, started_at=days_ago, lease_expires_at=days_ago, lease_lock=None
     )
 
-    for _ in range(5):
-        current = WorkflowRun.objects.get(pk=run_id)
-        if current.status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING):
-            break
-        runtime.run_step(run_id, current.current_seq)
-
-    finished = WorkflowRun.objects.get(pk=run_id)
+    finished = play_out(run_id)
     assert finished.status == RunStatus.FAILED, finished.error  # not NEEDS_ATTENTION
     undone = StepCheckpoint.objects.get(run_id=run_id, name="refund_fee")
     assert (undone.status, undone.attempts) == (StepStatus.COMPLETED, 2)

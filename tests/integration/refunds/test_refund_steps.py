@@ -91,15 +91,17 @@ def test_steps__standard_fare_rebooks_charges_45_dollars_and_confirms(partners) 
     assert out["fetch_booking"]["fare_class"] == "standard"
     assert out["calculate_penalty_fee"] == {"amount_cents": 4500, "currency": "usd"}
     assert out["cancel_seat"]["status"] == "released"
-    assert out["charge_customer"]["charged"] is True
+    assert out["charge_customer"]["authorized"] is True
     assert out["charge_customer"]["amount_cents"] == 4500
+    assert out["capture_fee"]["captured"] is True
     assert (out["issue_boarding_pass"]["flight"], out["issue_boarding_pass"]["date"]) == (
         "SK1240",
         "2027-03-16",
     )
 
     ledger = partners.ledger(workflow_id=flow.run_id)
-    assert [p["idempotency_key"] for p in ledger["payments"]] == [flow.key("charge_customer")]
+    assert [a["idempotency_key"] for a in ledger["authorizations"]] == [flow.key("charge_customer")]
+    assert [p["idempotency_key"] for p in ledger["payments"]] == [flow.key("capture_fee")]
     assert ledger["payments"][0]["amount"] == 4500
     assert ledger["payments"][0]["id"] == out["charge_customer"]["payment_intent_id"]
     assert ledger["payments"][0]["metadata"]["refund_id"] == flow.request.public_id
@@ -121,11 +123,13 @@ def test_steps__every_effect_repeated_under_its_key_happens_once(partners) -> No
     flow.run_through("update_crm")
     first = dict(flow.outputs)
 
-    for name in ("cancel_seat", "charge_customer", "issue_boarding_pass", "update_crm"):
+    for name in ("charge_customer", "cancel_seat", "issue_boarding_pass", "capture_fee"):
         assert flow.run(name) == first[name]
+    assert flow.run("update_crm") == first["update_crm"]
 
     ledger = partners.ledger(workflow_id=flow.run_id)
-    for kind in ("seat_cancellations", "payments", "boarding_passes", "crm_updates"):
+    for kind in ("authorizations", "seat_cancellations", "payments", "boarding_passes",
+                 "crm_updates"):  # fmt: skip
         assert len(ledger[kind]) == 1, kind
 
 
@@ -159,25 +163,25 @@ def test_confirmation_email__friendly_text_with_pass_seat_and_fee(partners, sett
 
 def test_charge_customer__flex_fare_is_free_and_calls_no_stripe(partners) -> None:
     flow = Flow(reference="FLX123")
-    flow.run_through("cancel_seat")
+    flow.run_through("calculate_penalty_fee")
 
-    assert flow.run("charge_customer") == {"charged": False, "amount_cents": 0}
-    assert steps.find_fee_payment(flow.ctx("charge_customer")) is None
+    assert flow.run("charge_customer") == {"authorized": False, "amount_cents": 0}
+    assert steps.find_fee_hold(flow.ctx("charge_customer")) is None
     assert "payment_intents.create" not in partners.ledger()["requests"]
 
 
-def test_find_fee_payment__adopts_the_payment_made_before_a_crash(partners) -> None:
+def test_find_fee_hold__adopts_the_hold_made_before_a_crash(partners) -> None:
     flow = Flow()
-    flow.run_through("cancel_seat")
-    # Nothing charged yet, but search can lag a minute: "not found" is no proof of absence.
+    flow.run_through("calculate_penalty_fee")
+    # Nothing held yet, but search can lag a minute: "not found" is no proof of absence.
     with pytest.raises(durable.OutcomeUnknown, match="search shows no payment"):
-        steps.find_fee_payment(flow.ctx("charge_customer"))
+        steps.find_fee_hold(flow.ctx("charge_customer"))
 
-    charged = steps.charge_customer(flow.ctx("charge_customer"))  # ...then the worker died
-    adopted = steps.find_fee_payment(flow.ctx("charge_customer", attempt=2))
+    held = steps.charge_customer(flow.ctx("charge_customer"))  # ...then the worker died
+    adopted = steps.find_fee_hold(flow.ctx("charge_customer", attempt=2))
 
-    assert adopted == charged
-    assert len(partners.ledger(workflow_id=flow.run_id)["payments"]) == 1
+    assert adopted == held
+    assert len(partners.ledger(workflow_id=flow.run_id)["authorizations"]) == 1
 
 
 def test_load_request__missing_request_is_permanent(partners) -> None:
@@ -235,10 +239,11 @@ def test_check_cancellation_policy__basic_fare_is_refused_readably(partners) -> 
 
 def test_charge_customer__declined_card_is_permanent_and_charges_nothing(partners) -> None:
     flow = Flow(reference="DEC123")
-    flow.run_through("cancel_seat")
+    flow.run_through("calculate_penalty_fee")
     with pytest.raises(PermanentStepError, match=r"^Your card was declined"):
         flow.run("charge_customer")
-    assert partners.ledger(workflow_id=flow.run_id)["payments"] == []
+    ledger = partners.ledger(workflow_id=flow.run_id)
+    assert ledger["payments"] == [] and ledger["authorizations"] == []
 
 
 def test_parse_flight_details__form_reference_wins(partners) -> None:
@@ -252,8 +257,8 @@ def test_parse_flight_details__form_reference_wins(partners) -> None:
 
 def test_refund_fee__refunds_the_fee_once_under_its_own_key(partners) -> None:
     flow = Flow()
-    flow.run_through("charge_customer")
-    seq = SEQ["issue_boarding_pass"] + 1  # compensation runs after the failed step
+    flow.run_through("capture_fee")
+    seq = SEQ["update_crm"] + 1  # compensation runs after the failed step
 
     first = flow.run("refund_fee", seq)
     again = flow.run("refund_fee", seq)
@@ -268,8 +273,13 @@ def test_refund_fee__refunds_the_fee_once_under_its_own_key(partners) -> None:
 def test_refund_fee__skips_when_nothing_was_charged(partners) -> None:
     flow = Flow(reference="FLX123")
     flow.run_through("charge_customer")
-    assert flow.run("refund_fee", 9) == {"refunded": False, "amount_cents": 0}
-    assert "refunds.create" not in partners.ledger()["requests"]
+    assert flow.run("refund_fee", 9) == {
+        "refunded": False,
+        "hold_released": False,
+        "amount_cents": 0,
+    }
+    requests = partners.ledger()["requests"]
+    assert "refunds.create" not in requests and "payment_intents.cancel" not in requests
 
 
 def record_failure(flow: Flow, step: str, error: str) -> int:
@@ -288,8 +298,8 @@ def record_failure(flow: Flow, step: str, error: str) -> int:
 
 def test_notify_failure__says_why_and_that_the_fee_was_refunded(partners, settings) -> None:
     flow = Flow()
-    flow.run_through("charge_customer")
-    flow.run("refund_fee", SEQ["issue_boarding_pass"] + 1)
+    flow.run_through("capture_fee")
+    flow.run("refund_fee", SEQ["update_crm"] + 1)
     seq = record_failure(flow, "issue_boarding_pass", "gave up after 5 attempts: HTTP 500")
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 
@@ -307,7 +317,7 @@ def test_notify_failure__says_why_and_that_the_fee_was_refunded(partners, settin
 
 def test_notify_failure__readable_reason_is_passed_on_over_smtp(partners) -> None:
     flow = Flow(reference="DEC123")
-    flow.run_through("cancel_seat")
+    flow.run_through("calculate_penalty_fee")
     seq = record_failure(flow, "charge_customer", "Your card was declined.")
 
     output = flow.run("notify_failure", seq)
@@ -349,7 +359,7 @@ def test_charge_customer__stolen_card_reaches_the_customer_as_the_generic_declin
     partners,
 ) -> None:
     flow = Flow(reference="STL123")
-    flow.run_through("cancel_seat")
+    flow.run_through("calculate_penalty_fee")
     with pytest.raises(PermanentStepError) as raised:
         flow.run("charge_customer")
     assert str(raised.value) == "Your card was declined."

@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from agentflow.agent import ToolRecord
-from refunds.agent.workflow import fee_kept_once, rebooked
+from refunds.agent.workflow import fee_secured_once, rebooked
 
 
 def ran(name: str, result: Any = None, *, ok: bool = True) -> ToolRecord:
     return ToolRecord(position=0, name=name, arguments={}, result=result or {}, ok=ok)
 
 
-CHARGED = ran("charge_customer", {"charged": True, "amount_cents": 4500})
+HELD = ran("charge_customer", {"authorized": True, "amount_cents": 4500})
 REBOOKED = (
     ran("cancel_seat"),
-    CHARGED,
+    HELD,
     ran("issue_boarding_pass"),
     ran("update_crm"),
     ran("send_confirmation_email"),
@@ -24,7 +24,7 @@ REBOOKED = (
 
 def test_done__seat_fee_pass_and_confirmation_once_each() -> None:
     assert rebooked(REBOOKED) is None
-    free = ran("charge_customer", {"charged": False, "amount_cents": 0})  # a flex fare
+    free = ran("charge_customer", {"authorized": False, "amount_cents": 0})  # a flex fare
     assert rebooked((REBOOKED[0], free, *REBOOKED[2:])) is None
 
 
@@ -42,8 +42,9 @@ def test_done__refused_calls_count_for_nothing() -> None:
     )
 
 
-def test_fee_kept_once__one_charge_that_took_the_fee_or_said_none_was_due() -> None:
-    assert fee_kept_once([CHARGED])
-    assert not fee_kept_once([])
-    assert not fee_kept_once([CHARGED, CHARGED])
-    assert not fee_kept_once([ran("charge_customer", {"charged": False, "amount_cents": 4500})])
+def test_fee_secured_once__one_charge_that_held_the_fee_or_said_none_was_due() -> None:
+    assert fee_secured_once([HELD])
+    assert not fee_secured_once([])
+    assert not fee_secured_once([HELD, HELD])
+    unheld = ran("charge_customer", {"authorized": False, "amount_cents": 4500})
+    assert not fee_secured_once([unheld])

@@ -24,8 +24,8 @@ def test_charge_amount__must_equal_the_policy_fee() -> None:
     with pytest.raises(GuardrailViolation) as caught:
         guardrails.check_charge_amount(1, fee_cents=4500, reference="abc123")
     assert str(caught.value) == (
-        "The agent asked to charge $0.01, but the change fee for booking ABC123 is $45.00; "
-        "no charge was made."
+        "We stopped this change: our automated assistant asked to charge $0.01, but the change "
+        "fee for booking ABC123 is $45.00, so no charge was made."
     )
     with pytest.raises(GuardrailViolation, match=r"charge \$90\.00"):
         guardrails.check_charge_amount(9000, fee_cents=4500, reference="ABC123")
@@ -65,3 +65,24 @@ def test_results_present__names_what_is_missing() -> None:
             ("load_request", "fetch_booking", "issue_boarding_pass"),
             [record(1, "load_request")],
         )
+
+
+def test_fee_secured__before_the_seat_is_cancelled() -> None:
+    with pytest.raises(ToolRefused, match="call charge_customer first"):
+        guardrails.check_fee_secured([record(2, "fetch_booking")])
+    with pytest.raises(ToolRefused, match="call charge_customer first"):
+        guardrails.check_fee_secured([record(3, "charge_customer", ok=False)])
+    guardrails.check_fee_secured([record(3, "charge_customer")])
+
+
+def test_violations__open_with_a_sentence_for_the_customer() -> None:
+    """Finding 4: a guardrail failure reaches the customer in its own words, never as a
+    partner outage; the status page and the e-mail show messages that open with "We "."""
+    for raises in (
+        lambda: guardrails.check_charge_amount(1, fee_cents=4500, reference="ABC123"),
+        lambda: guardrails.check_own_refund("rf_2", "rf_1"),
+        lambda: guardrails.check_own_booking("xyz789", "abc123"),
+    ):
+        with pytest.raises(GuardrailViolation) as caught:
+            raises()
+        assert str(caught.value).startswith(guardrails.STOPPED)
