@@ -24,7 +24,14 @@ from refunds.agent.prompts import read_first_user_message
 from refunds.models import RefundRequest
 from tests.support.agent_workers import AgentWorker
 from tests.support.llm_server import Answer, LLMServer, SeenRequest, plan, reply, tool_calls
-from tests.support.refunds import finished, partner_effects, submit
+from tests.support.refunds import (
+    finished,
+    holds_left,
+    money_kept,
+    partner_effects,
+    seat_held,
+    submit,
+)
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -78,22 +85,16 @@ PLANS: dict[str, Callable[[SeenRequest], Answer]] = {
         asks(("cancel_seat", {"booking_reference": OTHER})),
     ),
     "charge, refund, finish the rebooking": plan(
-        LOAD, LOOKUPS, asks(CANCEL, CHARGE), asks(REFUND), asks(ISSUE), asks(NOTE, EMAIL), ALL_DONE
+        LOAD, LOOKUPS, asks(CHARGE, CANCEL), asks(REFUND), asks(ISSUE), asks(NOTE, EMAIL), ALL_DONE
     ),
     "three boarding passes and two e-mails in a turn": plan(
-        LOAD, LOOKUPS, asks(CANCEL, CHARGE), asks(ISSUE, ISSUE, ISSUE, NOTE, EMAIL, EMAIL), ALL_DONE
+        LOAD, LOOKUPS, asks(CHARGE, CANCEL), asks(ISSUE, ISSUE, ISSUE, NOTE, EMAIL, EMAIL), ALL_DONE
     ),
     "answer at once after one lookup": plan(LOAD, ALL_DONE),
     "sixty calls in one turn": plan(
-        LOAD, LOOKUPS, asks(CANCEL, CHARGE, *[ISSUE] * 58), asks(NOTE, EMAIL), ALL_DONE
+        LOAD, LOOKUPS, asks(CHARGE, CANCEL, *[ISSUE] * 58), asks(NOTE, EMAIL), ALL_DONE
     ),
 }
-
-
-def kept_cents(ledger: dict[str, Any]) -> int:
-    return sum(p["amount"] for p in ledger["payments"]) - sum(
-        r["amount"] for r in ledger["refunds"]
-    )
 
 
 def customer_page(run_id: str) -> dict[str, Any]:
@@ -115,7 +116,7 @@ def test_hostile_model__completes_with_one_of_each_or_keeps_nothing_and_says_so(
     page = customer_page(run_id)
     emails = {e["message_id"] for e in ledger["emails"]}
     if run.status == durable.RunStatus.COMPLETED:
-        assert kept_cents(ledger) == 4500 and len(ledger["payments"]) == 1
+        assert money_kept(ledger) == 4500 and len(ledger["payments"]) == 1
         assert len(ledger["seat_cancellations"]) == 1
         assert len(ledger["boarding_passes"]) == 1
         assert len(ledger["emails"]) == len(emails) == 1
@@ -126,8 +127,8 @@ def test_hostile_model__completes_with_one_of_each_or_keeps_nothing_and_says_so(
         assert "New flight: SK1240 on Tuesday 16 March 2027" in page["details"]
         assert "Change fee: $45, charged to your card" in page["details"]
     else:
-        assert kept_cents(ledger) == 0
-        assert ledger["seat_cancellations"] == []  # the seat is still the customer's
+        assert money_kept(ledger) == 0 and holds_left(ledger) == []
+        assert seat_held(clean_sandbox, REFERENCE)  # the seat is still the customer's
         assert ledger["boarding_passes"] == []
         assert page["outcome"] in ("failed", "refunded", "cancelled", "needs_attention"), page
         assert not page["headline"].startswith("All done")
@@ -135,7 +136,7 @@ def test_hostile_model__completes_with_one_of_each_or_keeps_nothing_and_says_so(
             assert page["outcome"] == "refunded"
             assert "The $45 change fee was refunded to your card." in page["details"]
         else:
-            assert "You have not been charged." in page["message"]
+            assert "You have not been charged" in page["message"]
     if name == "answer at once after one lookup":  # the done predicate's words reach the page
         assert page["message"].startswith("We couldn't finish changing your booking: ")
     if name == "sixty calls in one turn":
