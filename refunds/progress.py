@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any, Protocol
 
+from agentflow import durable
 from agentflow.durable import RunStatus, StepStatus
 
 #: The standard fare's change fee (SPEC §5), shown until the run has worked out the real one.
@@ -50,6 +51,10 @@ class StepLike(Protocol):
     def name(self) -> str: ...
     @property
     def status(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def retryable(self) -> bool: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,7 +286,9 @@ def _row_state(
 def _summary(
     status: str, latest: Mapping[str, StepLike], *, undoing: bool, fee: int, emailed: bool
 ) -> tuple[str, str, str]:
-    charged = _done(latest, CHARGE_STEP) and fee > 0
+    # The engine's one predicate: a charge whose answer was lost may have taken the money.
+    charge = latest.get(CHARGE_STEP)
+    charged = charge is not None and durable.may_have_happened(charge) and fee > 0
     refunded = charged and _done(latest, REFUND_STEP)
     amount = format_fee(fee)
     if status == RunStatus.COMPLETED:
@@ -290,7 +297,7 @@ def _summary(
             "All done — your new boarding pass is on its way",
             "We've changed your booking and emailed your confirmation and new boarding pass.",
         )
-    if status == RunStatus.FAILED and charged and not refunded:
+    if status in (RunStatus.FAILED, RunStatus.CANCELLED) and charged and not refunded:
         # The engine never ends like this (a failed refund parks the run); if it ever does,
         # a person must look rather than the page claiming anything about money.
         return _needs_attention()

@@ -259,8 +259,9 @@ def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
 
 # --- compensation ---------------------------------------------------------------------------
 def refund_fee(ctx: StepContext) -> dict[str, Any]:
-    """Give the fee back after a later permanent failure, under this step's own key."""
-    charge = ctx.output_of("charge_customer")
+    """Give back the fee of the exact charge this compensation undoes (`ctx.undoes`, from
+    whatever branch it ran in), under this step's own key."""
+    charge = _undone_charge(ctx)
     if not charge or not charge.get("charged"):
         return {"refunded": False, "amount_cents": 0}
     refund = PaymentGateway.from_settings().refund(
@@ -276,13 +277,19 @@ def find_fee_refund(ctx: StepContext) -> dict[str, Any] | None:
     """Reconcile for `refund_fee`: the refund made under this step's key, found in the
     payment's refund list (consistent, unlike search), so a retry days later, past Stripe's key
     window, finishes instead of parking for ever. None: no refund was made."""
-    charge = ctx.output_of("charge_customer")
+    charge = _undone_charge(ctx)
     if not charge or not charge.get("charged"):
         return {"refunded": False, "amount_cents": 0}
     refund = PaymentGateway.from_settings().find_refund_by_key(
         payment_intent_id=charge["payment_intent_id"], key=ctx.idempotency_key
     )
     return _refund_output(refund, charge) if refund is not None else None
+
+
+def _undone_charge(ctx: StepContext) -> dict[str, Any] | None:
+    """The output of the charge being undone, as the engine hands it over (never looked up
+    by name: after a fork the current branch may hold none, or another)."""
+    return ctx.undoes.output if ctx.undoes is not None else None
 
 
 def _refund_output(refund: Refund, charge: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from agentflow import dispatch, telemetry
+from agentflow import dispatch, outcomes, telemetry
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.registry import StepDef, Workflow
@@ -99,7 +99,13 @@ def _run_id_by_key(workflow: str, business_key: str) -> str | None:
     )
 
 
-def outputs_load(run_id: str, before_seq: int) -> dict[str, Any]:
+def outputs_load(run_id: str, before_seq: int, *, every_branch: bool = False) -> dict[str, Any]:
+    """Outputs of the completed steps before `before_seq`, by name (a later one wins).
+    `every_branch`: with those of the branches a fork set aside first, for a compensation."""
+    outputs: dict[str, Any] = {}
+    if every_branch:
+        earlier = SupersededStep.objects.filter(run_id=run_id, status=StepStatus.COMPLETED)
+        outputs.update(earlier.order_by("branch", "seq").values_list("name", "output"))
     rows = (
         StepCheckpoint.objects.filter(
             run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
@@ -107,7 +113,8 @@ def outputs_load(run_id: str, before_seq: int) -> dict[str, Any]:
         .order_by("seq")
         .values_list("name", "output")
     )
-    return dict(rows)
+    outputs.update(rows)
+    return outputs
 
 
 # --- parking ------------------------------------------------------------------------------------
@@ -375,29 +382,42 @@ def begin_undo(
 def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[str]:
     """Compensation steps for the effects known to have happened before `before_seq` (made or
     adopted: COMPLETED), latest first, then those of superseded branches that the current one
-    did not adopt, then the workflow's `on_failure` step."""
-    done = StepCheckpoint.objects.filter(
-        run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
-    ).order_by("-seq")
+    did not adopt, then the workflow's `on_failure` step. Each names the exact call it undoes.
+
+    Known, because an effect whose outcome is unknown cannot be undone blindly: cancel and fork
+    ask the partner first, and the forward path never moves past one (SPEC 3.3a)."""
+    done = StepCheckpoint.objects.filter(run_id=run_id, seq__lt=before_seq).order_by("-seq")
     plan = []
-    for name, seq in done.values_list("name", "seq"):
-        undo = workflow.compensation_for(name, seq)
-        if undo is not None:
-            plan.append(undo)
-    # A forked run: effects of a superseded branch that no current call adopted happened too.
+    for cp in done.only("name", "seq", "kind", "status", "retryable"):
+        if _happened(cp.kind, cp.status, cp.retryable):
+            undo = workflow.compensation_for(cp.name, cp.seq)
+            if undo is not None:
+                plan.append(undo)
+    # A forked run: effects of a superseded branch that no current call adopted happened too
+    # (a fork settles every set-aside effect first, so each is COMPLETED or FAILED for good).
     taken = StepCheckpoint.objects.filter(run_id=run_id).values("idempotency_key")
     earlier = (
-        SupersededStep.objects.filter(run_id=run_id, status=StepStatus.COMPLETED)
+        SupersededStep.objects.filter(run_id=run_id)
         .exclude(idempotency_key__in=taken)
         .order_by("-branch", "-seq")
     )
-    for name, branch, seq in earlier.values_list("name", "branch", "seq"):
-        undo = workflow.compensation_for(name, seq, branch=branch)
-        if undo is not None:
-            plan.append(undo)
+    for name, kind, status, branch, seq in earlier.values_list(
+        "name", "kind", "status", "branch", "seq"
+    ):
+        if _happened(kind, status, False):
+            undo = workflow.compensation_for(name, seq, branch=branch)
+            if undo is not None:
+                plan.append(undo)
     if workflow.on_failure:
         plan.append(workflow.on_failure)
     return plan
+
+
+def _happened(kind: str, status: str, retryable: bool) -> bool:
+    """Known to have happened: it may have, and its outcome is settled."""
+    return outcomes.may_have_happened(
+        kind=kind, status=status, retryable=retryable
+    ) and not outcomes.unsettled(kind=kind, status=status, retryable=retryable)
 
 
 def attempt_lost(run_id: str, step: StepDef, seq: int) -> CheckpointRow | None:

@@ -9,13 +9,13 @@ is reused through `ctx.step_context()` rather than copied.
 from __future__ import annotations
 
 import datetime
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Annotated, Any
 
 from pydantic import Field
 
-from agentflow.agent import Toolbox, ToolContext
-from agentflow.durable import PermanentStepError
+from agentflow.agent import Toolbox, ToolContext, ToolRecord
+from agentflow.durable import PermanentStepError, StepStatus, UndoneCall
 from refunds import policy, steps
 from refunds.agent import guardrails
 from refunds.gateways import STRIPE_KEY_WINDOW_SECONDS, AirlineGateway, CrmGateway
@@ -214,6 +214,10 @@ def refund_fee(ctx: ToolContext, refund_id: RefundId) -> dict[str, Any]:
     earlier = guardrails.earlier_call("refund_fee", ctx.history)
     if earlier is not None:
         return earlier.result  # refunded already: the same answer, no second refund
+    if ctx.undoes is None:  # the model asked, not the engine: undo this branch's one charge
+        charge = guardrails.earlier_call("charge_customer", ctx.history)
+        if charge is not None:
+            ctx = replace(ctx, undoes=_as_undone(charge))
     return steps.refund_fee(ctx.step_context())
 
 
@@ -221,6 +225,18 @@ toolbox.validate()
 
 
 # --- helpers --------------------------------------------------------------------------------
+def _as_undone(record: ToolRecord) -> UndoneCall:
+    return UndoneCall(
+        name=record.name,
+        seq=record.position,
+        branch=0,
+        status=StepStatus.COMPLETED,
+        arguments=record.arguments,
+        output=record.result,
+        idempotency_key="",
+    )
+
+
 def _refund_id(ctx: ToolContext) -> str:
     return str((ctx.input or {}).get("refund_id", ""))
 

@@ -229,13 +229,55 @@ greedy.step("charge", kind="effect")(greedy_effect)
 
 
 #: Two effects with compensations, then a partner that asks to wait: what an operator cancels.
+def find_effect(ctx: durable.StepContext) -> dict[str, Any] | None:
+    """Reconcile: the partner's effect under this step's key, or None; its ledger is
+    consistent, so none proves the effect did not happen."""
+    if partner.effects()[ctx.idempotency_key]:
+        return {"key": ctx.idempotency_key, "replayed": True}
+    return None
+
+
+def answer_lost_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Applied at the partner, then on the first attempt its answer is lost (a timeout after
+    the request went out): the step backs off while the effect stands."""
+    _record(ctx)
+    applied = partner.apply(ctx.idempotency_key)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("read timed out after the request was sent")
+    return applied
+
+
+def undo_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """A compensation that says which call the engine handed it to undo."""
+    _record(ctx)
+    undone = ctx.undoes.idempotency_key if ctx.undoes is not None else None
+    return {**partner.apply(ctx.idempotency_key), "undoes": undone}
+
+
 cancellable = durable.Workflow("crash_cancellable", version=1, on_failure="notify")
 cancellable.step("book", kind="effect", compensate="unbook")(effect)
 cancellable.step("charge", kind="effect", compensate="refund")(effect)
-cancellable.step("confirm", kind="effect", retry=durable.RetryPolicy(base_seconds=30))(flaky_effect)
+cancellable.step(
+    "confirm", kind="effect", retry=durable.RetryPolicy(base_seconds=30), reconcile=find_effect
+)(flaky_effect)
 cancellable.compensation("unbook")(effect)
 cancellable.compensation("refund")(effect)
 cancellable.compensation("notify")(effect)
+
+#: The charge is taken and its answer lost; it backs off while an operator cancels.
+lost_answer = durable.Workflow("crash_lost_answer", version=1, on_failure="notify")
+lost_answer.step("book", kind="effect", compensate="unbook")(effect)
+lost_answer.step(
+    "charge",
+    kind="effect",
+    compensate="refund",
+    reconcile=find_effect,
+    retry=durable.RetryPolicy(base_seconds=30),
+)(answer_lost_effect)
+lost_answer.step("confirm", kind="effect")(effect)
+lost_answer.compensation("unbook")(undo_effect)
+lost_answer.compensation("refund")(undo_effect)
+lost_answer.compensation("notify")(effect)
 
 
 # --- agent mode (code-first runs) -----------------------------------------------------------

@@ -27,6 +27,8 @@ class Step:
     seq: int
     name: str
     status: str
+    kind: str = "effect"
+    retryable: bool = False
 
 
 def done_until(name: str) -> list[Step]:
