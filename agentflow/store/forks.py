@@ -166,7 +166,7 @@ def _refuse_if_undoing(run: WorkflowRun, workflow: Workflow) -> None:
     """A run whose undo has started is not forked: the new branch would not know what was
     given back (and would give it back again). Its Retry finishes the undo."""
     step = workflow.step_named(run.current_step)
-    if step is not None and step.compensation_only:
+    if run.status != RunStatus.FAILED and step is not None and step.compensation_only:
         raise ActionRefused(
             f"its undo has started ({run.current_step} is next): a new branch would not know "
             "what was given back; Retry finishes the undo"

@@ -387,9 +387,17 @@ def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[
     Known, because an effect whose outcome is unknown cannot be undone blindly: cancel and fork
     ask the partner first, and the forward path never moves past one (SPEC 3.3a)."""
     done = StepCheckpoint.objects.filter(run_id=run_id, seq__lt=before_seq).order_by("-seq")
+    # A call of a forked run that adopted an earlier branch's call made no request of its own:
+    # the effect under its key is that call's.
+    adopted = dict(
+        SupersededStep.objects.filter(
+            run_id=run_id, idempotency_key__in=done.values("idempotency_key")
+        ).values_list("idempotency_key", "kind")
+    )
     plan = []
-    for cp in done.only("name", "seq", "kind", "status", "retryable"):
-        if _happened(cp.kind, cp.status, cp.retryable):
+    for cp in done.only("name", "seq", "kind", "status", "retryable", "idempotency_key"):
+        kind = adopted.get(cp.idempotency_key, cp.kind)
+        if _happened(kind, cp.status, cp.retryable):
             undo = workflow.compensation_for(cp.name, cp.seq)
             if undo is not None:
                 plan.append(undo)

@@ -357,6 +357,46 @@ def shop_for_apples(ctx: durable.AgentContext) -> str:
 agent.compensation("tell")(effect)
 
 
+# --- agent mode: a buy whose answer is lost, and a reconcile that asks the partner -------------
+#: The shopping agent whose buy is applied and then, on the first attempt, its answer lost: it
+#: backs off while the partner has the money. Its reconcile asks the partner under the key.
+careful_shop = Toolbox("crash_careful_agent")
+careful_shop.tool("lookup", read_only=True, description="The price of an item, in dollars.")(lookup)
+
+
+def find_purchase(ctx: ToolContext, item: str, qty: int) -> dict[str, Any] | None:
+    """Reconcile for a buy: the partner's effect under the call's key, or None (its ledger
+    is consistent, so none proves the buy did not happen)."""
+    if partner.effects()[ctx.idempotency_key]:
+        return {"item": item, "qty": qty, "key": ctx.idempotency_key, "replayed": True}
+    return None
+
+
+@careful_shop.tool(
+    "buy", side_effect=True, compensate="refund", reconcile=find_purchase, description="Buy."
+)
+def buy_answer_lost(ctx: ToolContext, item: str, qty: int) -> dict[str, Any]:
+    _record_tool(ctx)
+    applied = partner.apply(ctx.idempotency_key)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("read timed out after the request was sent")
+    return {"item": item, "qty": qty, **applied}
+
+
+careful_shop.tool("refund", side_effect=True, description="Refund a purchase of an item.")(
+    refund_purchase
+)
+careful_agent = durable.CodeWorkflow(
+    "crash_careful_agent",
+    version=1,
+    toolbox=careful_shop,
+    model=ScriptedModel("scripted-shopper", shopping_plan),
+    on_failure="tell",
+)
+careful_agent.run(shop_for_apples)
+careful_agent.compensation("tell")(effect)
+
+
 def effect_then_lose_the_database(ctx: durable.StepContext) -> dict[str, Any]:
     """Makes its effect, then its process's database session is ended (as a server restart
     or a failover would end it) before the result is recorded."""
