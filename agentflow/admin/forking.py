@@ -1,6 +1,7 @@
 """Fork a code-first run from a position, from the run page: a confirmation that lists what the
 fork sets aside — above all the side effects that happened — asks for a reason, then calls
-`store.run_fork`. The store decides what is safe; its refusals become messages.
+`agentflow.forks.fork` (which asks partners about effects that may have happened, then
+`store.run_fork`). The store decides what is safe; its refusals become messages.
 """
 
 from __future__ import annotations
