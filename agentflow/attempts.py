@@ -21,7 +21,7 @@ from django.db import InterfaceError, OperationalError, connection
 from agentflow import faults, store, telemetry
 from agentflow.codefirst import CodeWorkflow
 from agentflow.context import StepContext
-from agentflow.exceptions import PermanentStepError, RetryableStepError
+from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableStepError
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
@@ -38,7 +38,8 @@ TRANSIENT = (RetryableStepError, OperationalError, InterfaceError, SoftTimeLimit
 
 
 class _Parked(Exception):
-    """The run was parked for an operator; nothing more to do for this message."""
+    """The attempt's end is recorded already (parked for an operator, or settled for a
+    cancel); nothing more to do for this message."""
 
 
 class ClaimedAttempt:
@@ -55,6 +56,9 @@ class ClaimedAttempt:
     ) -> None:
         self.run_state, self.workflow, self.step, self.seq = run, workflow, step, seq
         self.claim, self.ctx = claim, ctx
+        #: An operator cancelled the run while this effect's outcome was unknown: the attempt
+        #: only asks the partner what happened, and never makes the effect (SPEC 3.3c).
+        self.settling = run.cancel_requested and self.is_effect and not step.compensation_only
 
     @property
     def is_effect(self) -> bool:
@@ -116,6 +120,8 @@ class ClaimedAttempt:
 
     def _produce(self) -> Any:
         """Reconcile an unknown outcome, apply the key-age guard, or run the step."""
+        if self.settling:
+            return self._settle()
         window = self._window()
         too_old = window is not None and self.claim.key_age_seconds > window
         if self.claim.outcome_unknown or too_old:
@@ -142,6 +148,39 @@ class ClaimedAttempt:
                     if found is not None:
                         return self._adopt(found)
         return to_json(self.step.fn(self.ctx), f"output of step {self.step.name}")
+
+    def _settle(self) -> Any:
+        """The run is cancelled and this effect may have happened: found at the partner, it is
+        adopted (and then undone by the cancel); proven absent, the step fails and the cancel
+        has nothing of it to undo; when the partner cannot tell, it is asked again after a
+        back-off, then the run parks "outcome unknown"."""
+        if self.step.reconcile is None:
+            self._park_unknown("the run was cancelled and there is no way to ask the partner")
+            raise _Parked
+        try:
+            found = self.step.reconcile(self.ctx)
+        except Exception as exc:
+            attempt = self.claim.attempt
+            if isinstance(exc, (*TRANSIENT, OutcomeUnknown)) and not self.step.retry.exhausted(
+                attempt
+            ):
+                self._fail(
+                    f"cancelled; asking whether it took effect: {describe(exc)}",
+                    retry_in_seconds=retry_delay(self.step, attempt, exc),
+                )
+            else:
+                self._park_unknown(
+                    f"the run was cancelled and the partner could not say whether it "
+                    f"happened ({describe(exc)})"
+                )
+            raise _Parked from None
+        if found is None:
+            self._fail(
+                "cancelled before it took effect (the partner confirms it did not happen)",
+                retry_in_seconds=None,
+            )
+            raise _Parked
+        return self._adopt(found)
 
     def _adopt(self, found: Any) -> Any:
         output = to_json(found, f"reconcile of {self.step.name}")

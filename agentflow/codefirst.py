@@ -23,9 +23,8 @@ readable diff, never replayed against the wrong history.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentflow.agent.canonical import canonical_json
@@ -43,9 +42,9 @@ from agentflow.agent.tools import (
     refusal,
     refused_call,
 )
-from agentflow.context import StepContext, idempotency_key
-from agentflow.exceptions import DefinitionError, PermanentStepError
-from agentflow.registry import StepDef, Workflow
+from agentflow.context import StepContext, UndoneCall, idempotency_key
+from agentflow.exceptions import DefinitionError, OutcomeUnknown, PermanentStepError
+from agentflow.registry import StepDef, Workflow, undo_name, undo_target, undoing
 from agentflow.retry import DEFAULT_RETRY, RetryPolicy
 from agentflow.serialization import to_json
 from agentflow.states import StepKind, StepStatus
@@ -53,9 +52,6 @@ from agentflow.states import StepKind, StepStatus
 #: The `current_step` of a code-first run between calls: which call comes next is known only
 #: once the function is replayed up to it.
 NEXT_CALL = "(next call)"
-#: A compensation of a code-first run undoes one recorded call: `refund_fee@7`, or a call of a
-#: branch an operator's fork set aside that the run did not adopt: `refund_fee@b0.7`.
-_UNDO = re.compile(r"^(?P<tool>[^@]+)@(?:b(?P<branch>\d+)\.)?(?P<seq>\d+)$")
 
 
 @dataclass(eq=False)
@@ -102,11 +98,10 @@ class CodeWorkflow(Workflow):
         found = self.steps.get(name)
         if found is not None:
             return found
-        undo = _UNDO.match(name)
-        if undo is None or self.toolbox is None or self.toolbox.undo_tool(undo["tool"]) is None:
+        target = undo_target(name)
+        if target is None or self.toolbox is None or self.toolbox.undo_tool(target[0]) is None:
             return None
-        branch = int(undo["branch"]) if undo["branch"] is not None else None
-        return self._undo_step(name, undo["tool"], int(undo["seq"]), branch)
+        return self._undo_step(name, *target)
 
     def compensation_for(
         self, name: str, seq: int, *, output: Any, branch: int | None = None
@@ -122,21 +117,52 @@ class CodeWorkflow(Workflow):
         undo = self.toolbox[name].compensate
         if not undo:
             return None
-        return f"{undo}@{seq}" if branch is None else f"{undo}@b{branch}.{seq}"
+        return undo_name(undo, seq, branch)
 
     def outputs_view(self, outputs: dict[str, Any]) -> dict[str, Any]:
         """Recorded outputs by name as a step function reads them: a tool call's result rather
         than its recorded `{"ok", "result"}`, so domain step code serves both engines."""
         view = {}
         for name, output in outputs.items():
-            undo = _UNDO.match(name)
-            tool = undo["tool"] if undo is not None else name  # `refund_fee@7` reads as refund_fee
-            if self.toolbox is not None and tool in self.toolbox and isinstance(output, dict):
+            target = undo_target(name)  # a compensation reads as its tool: `refund_fee@7`
+            tool = target[0] if target is not None else name
+            toolbox = self.toolbox
+            called = toolbox is not None and (
+                tool in toolbox or toolbox.undo_tool(tool) is not None
+            )
+            if called and isinstance(output, dict):
                 if output.get("ok"):
                     view[tool] = output.get("result")
             else:
                 view[name] = output
         return view
+
+    def ask_partner(self, *, run_id: str, input: Any, call: Any) -> Any | None:
+        """Whether the recorded tool call `call` took effect, asked of its partner through the
+        tool's reconcile (a fork asks before it sets the call aside): the output to adopt, or
+        None when it did not happen. Raises OutcomeUnknown when nothing can ask; whatever the
+        reconcile raises when the partner cannot tell."""
+        from agentflow import store  # the store imports definitions, not the other way
+
+        toolbox = self.toolbox
+        if toolbox is None or call.name not in toolbox:
+            raise OutcomeUnknown(f"{call.name} is not a tool of {self.name}")
+        prepared = toolbox.prepare(call.name, _call_arguments(call))
+        if prepared.tool is None or prepared.tool.reconcile is None:
+            raise OutcomeUnknown(f"{call.name} has no way to ask its partner")
+        ctx = StepContext(
+            run_id=run_id,
+            workflow=self.name,
+            seq=call.seq,
+            step=call.name,
+            attempt=call.attempts,
+            input=input,
+            load_outputs=dict,
+            key=call.idempotency_key,
+        )
+        history = _history(store.calls_load(run_id, call.seq), toolbox)
+        found = prepared.reconcile(_tool_context(ctx, call.name, history))
+        return found.as_json() if found is not None else None
 
     def _undo_step(self, name: str, tool: str, seq: int, branch: int | None) -> StepDef:
         toolbox = self.toolbox
@@ -147,18 +173,16 @@ class CodeWorkflow(Workflow):
         def prepared(ctx: StepContext) -> tuple[PreparedCall, ToolContext]:
             from agentflow import store  # the store imports definitions, not the other way
 
-            calls = store.calls_load(ctx.run_id, ctx.seq)
-            if branch is None:
-                original = next((c for c in calls if c.seq == seq), None)
-            else:
-                original = store.superseded_call(ctx.run_id, branch, seq)
+            original = ctx.undoes  # the engine hands over the exact call, from its branch
             if original is None or original.status != StepStatus.COMPLETED:
                 raise PermanentStepError(f"{name}: call {seq} to undo is not recorded")
             found = toolbox.compensation_call(original.name, _call_arguments(original))
             if found is None:
                 raise PermanentStepError(f"{name}: {original.name} has no compensation")
             call = toolbox.prepare_undo(*found)
-            return call, _tool_context(ctx, tool, _history(calls, toolbox))
+            history = _history(store.calls_load(ctx.run_id, ctx.seq), toolbox)
+            result = ToolOutcome.from_json(original.output).result
+            return call, _tool_context(ctx, tool, history, undoes=replace(original, output=result))
 
         def run(ctx: StepContext) -> Any:
             call, tctx = prepared(ctx)
@@ -180,6 +204,7 @@ class CodeWorkflow(Workflow):
             reconcile=reconcile if undo.reconcile is not None else None,
             key_window_seconds=undo.key_window_seconds,
             compensation_only=True,
+            arguments=undoing(seq, branch),
         )
 
 
@@ -552,7 +577,13 @@ def _history(calls: Sequence[Any], toolbox: Toolbox, *, positions: bool = True) 
     return records
 
 
-def _tool_context(ctx: StepContext, tool: str, history: Sequence[ToolRecord]) -> ToolContext:
+def _tool_context(
+    ctx: StepContext,
+    tool: str,
+    history: Sequence[ToolRecord],
+    *,
+    undoes: UndoneCall | None = None,
+) -> ToolContext:
     return ToolContext(
         run_id=ctx.run_id,
         workflow=ctx.workflow,
@@ -562,4 +593,5 @@ def _tool_context(ctx: StepContext, tool: str, history: Sequence[ToolRecord]) ->
         idempotency_key=ctx.idempotency_key,
         input=ctx.input,
         history=tuple(history),
+        undoes=undoes,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -14,6 +15,22 @@ def idempotency_key(run_id: str, seq: int, branch: int = 0) -> str:
     if branch:
         return f"{run_id}_b{branch}_step_{seq}"
     return f"{run_id}_step_{seq}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class UndoneCall:
+    """The exact call a compensation undoes, as recorded, from whatever branch it ran in: a
+    compensation reads the effect here and never looks it up by name (SPEC 3.3c)."""
+
+    name: str
+    seq: int
+    #: The branch it ran in (the run's current one, or one an operator's fork set aside).
+    branch: int
+    status: str
+    arguments: Any
+    #: Its recorded output (for a tool call, the tool's result).
+    output: Any
+    idempotency_key: str
 
 
 class StepContext:
@@ -32,6 +49,7 @@ class StepContext:
         "run_id",
         "seq",
         "step",
+        "undoes",
         "workflow",
     )
 
@@ -46,6 +64,7 @@ class StepContext:
         input: Any,
         load_outputs: Callable[[], dict[str, Any]],
         key: str | None = None,
+        undoes: UndoneCall | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -54,6 +73,8 @@ class StepContext:
         self.attempt = attempt
         self.input = input
         self.idempotency_key = key or idempotency_key(run_id, seq)
+        #: A compensation's: the call it undoes (None for every other step).
+        self.undoes = undoes
         self._load_outputs = load_outputs
         self._outputs: dict[str, Any] | None = None
         self._lost = threading.Event()

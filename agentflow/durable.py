@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agentflow import registry, store, telemetry
+from agentflow import forks, outcomes, registry, store, telemetry
 from agentflow.codefirst import AgentContext, CodeWorkflow
-from agentflow.context import StepContext, idempotency_key
+from agentflow.context import StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,
     InvalidInputError,
@@ -60,12 +60,14 @@ __all__ = [
     "StepRef",
     "StepSnapshot",
     "StepStatus",
+    "UndoneCall",
     "UnknownWorkflowError",
     "Workflow",
     "cancel",
     "delete_runs",
     "fork",
     "idempotency_key",
+    "may_have_happened",
     "partner_call",
     "register_links",
     "retry",
@@ -117,10 +119,11 @@ def fork(run_id: str, *, position: int, actor: str, reason: str) -> None:
     (see `store.run_fork`).
 
     Raises:
-        ActionRefused: not a code-first run, not stopped, or an effect after `position` has an
-            unknown outcome.
+        ActionRefused: not a code-first run, not stopped, a call still running, its undo
+            started, or an effect after `position` that may have happened and whose partner
+            could not say.
     """
-    store.run_fork(run_id, position=position, actor=actor, reason=reason)
+    forks.fork(run_id, position=position, actor=actor, reason=reason)
 
 
 def workflow_steps(workflow: str) -> list[str]:
@@ -166,6 +169,14 @@ class StepSnapshot:
     output: Any
     error: str
     finished_at: datetime | None
+    #: FAILED and to be tried again (an effect's answer lost: it may have happened).
+    retryable: bool = False
+
+
+def may_have_happened(step: outcomes.Recorded) -> bool:
+    """Whether this step's effect may have happened (SPEC 3.3a): made, or claimed and not yet
+    proven absent. A page must not say "you have not been charged" while this holds."""
+    return outcomes.may_have_happened(kind=step.kind, status=step.status, retryable=step.retryable)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +216,7 @@ def snapshot(run_id: str) -> RunSnapshot | None:
             output=cp.output,
             error=cp.error,
             finished_at=cp.finished_at,
+            retryable=cp.retryable,
         )
         for cp in run.steps.order_by("seq")
     ]

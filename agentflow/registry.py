@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agentflow.exceptions import DefinitionError, UnknownWorkflowError
@@ -17,6 +18,28 @@ StepFn = Callable[["StepContext"], Any]
 
 #: Returned by a branch function to end the workflow after this step.
 END = "__end__"
+#: A planned compensation names the call it undoes: `refund_fee@7` undoes the call at 7 of
+#: the run's current branch, `refund_fee@b0.7` the call at 7 of branch 0, set aside by a fork.
+_UNDO = re.compile(r"^(?P<undo>[^@]+)@(?:b(?P<branch>\d+)\.)?(?P<seq>\d+)$")
+
+
+def undo_name(compensation: str, seq: int, branch: int | None = None) -> str:
+    """The planned name of `compensation` undoing the call at `seq` (of a set-aside `branch`)."""
+    return f"{compensation}@{seq}" if branch is None else f"{compensation}@b{branch}.{seq}"
+
+
+def undo_target(name: str) -> tuple[str, int, int | None] | None:
+    """`refund_fee@b0.7` -> ("refund_fee", 7, 0); None for a name that undoes no call."""
+    found = _UNDO.match(name)
+    if found is None:
+        return None
+    branch = int(found["branch"]) if found["branch"] is not None else None
+    return found["undo"], int(found["seq"]), branch
+
+
+def undoing(seq: int, branch: int | None) -> dict[str, Any]:
+    """A compensation checkpoint's recorded arguments: the call it undoes (SPEC 3.3c)."""
+    return {"undoes": {"seq": seq, "branch": branch}}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,20 +141,31 @@ class Workflow:
 
     # --- navigation ---------------------------------------------------------------------------
     def step_named(self, name: str) -> StepDef | None:
-        """The definition of the step a run is at (None: not in this version)."""
-        return self.steps.get(name)
+        """The definition of the step a run is at (None: not in this version); a planned
+        compensation (`refund_fee@7`) is its step, recording the call it undoes."""
+        found = self.steps.get(name)
+        if found is not None:
+            return found
+        target = undo_target(name)
+        if target is None:
+            return None
+        undo, seq, branch = target
+        step = self.steps.get(undo)
+        if step is None or not step.compensation_only:
+            return None
+        return replace(step, arguments=undoing(seq, branch))
 
     def compensation_for(
         self, name: str, seq: int, *, output: Any, branch: int | None = None
     ) -> str | None:
-        """The compensation step that undoes the completed step `name` at `seq` (of a
-        superseded `branch`, for forked code-first runs), if any; `output` is what the step
-        recorded (a code-first run's refused call says it made nothing)."""
+        """The planned compensation (`refund_fee@7`) that undoes the step `name` at `seq`
+        (of a superseded `branch`, for forked code-first runs), if any; `output` is what the
+        step recorded (a code-first run's refused call says it made nothing)."""
         if branch is not None:
             return None  # step graphs are never forked
         step = self.steps.get(name)
         if step is not None and step.compensate and step.kind == StepKind.EFFECT:
-            return step.compensate
+            return undo_name(step.compensate, seq)
         return None
 
     @property

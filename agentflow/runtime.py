@@ -8,15 +8,16 @@ rule for effects (SPEC 3.3a).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
-from agentflow import codefirst, dispatch, faults, leases, registry, store, telemetry
+from agentflow import codefirst, dispatch, faults, leases, outcomes, registry, store, telemetry
 from agentflow.attempts import TRANSIENT, ClaimedAttempt, describe, retry_delay
 from agentflow.codefirst import NEXT_CALL, CodeWorkflow
-from agentflow.context import StepContext
+from agentflow.context import StepContext, idempotency_key
 from agentflow.exceptions import PermanentStepError
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
@@ -57,7 +58,7 @@ def run_step(
         return
     in_flight = seen is not None and seen.status == StepStatus.IN_PROGRESS
     if isinstance(workflow, CodeWorkflow) and run.current_step == NEXT_CALL:
-        if run.cancel_requested and not in_flight:
+        if run.cancel_requested and not in_flight and not _settles_first(None, seen):
             store.cancel_begin(run.id, seq)
             return
         step = _next_call(run, workflow, seq, seen)
@@ -65,6 +66,8 @@ def run_step(
             return  # finished, failed or parked by the replay
     else:
         step = workflow.step_named(run.current_step)
+    if step is not None and step.key is None and run.branch:
+        step = replace(step, key=idempotency_key(run.id, seq, run.branch))  # a compensation
     if step is None:
         store.run_park(
             run.id,
@@ -84,8 +87,12 @@ def run_step(
             fence=seen.fence,
         )
         return
-    if run.cancel_requested and not step.compensation_only and not in_flight:
-        store.cancel_begin(run.id, seq)  # an operator asked: undo instead of going on
+    # An operator asked: undo instead of going on. But if whether this effect happened is not
+    # known, its claimed attempt first asks the partner (never making it), and the cancel
+    # then undoes what it found.
+    cancelling = run.cancel_requested and not step.compensation_only and not in_flight
+    if cancelling and not _settles_first(step.kind, seen):
+        store.cancel_begin(run.id, seq)
         return
     if step.kind in CLAIMED_KINDS:
         _run_claimed(run, workflow, step, seq, seen, claim)
@@ -116,7 +123,14 @@ def _load(
         name, version, step_name = fresh
         workflow = registry.lookup(str(name), int(version))
         step = workflow.steps.get(str(step_name)) if workflow is not None else None
-        if workflow is not None and step is not None and step.kind in CLAIMED_KINDS:
+        # Not for a code-first run: after a fork its compensations' keys name the branch,
+        # which this statement does not know.
+        if (
+            workflow is not None
+            and not isinstance(workflow, CodeWorkflow)
+            and step is not None
+            and step.kind in CLAIMED_KINDS
+        ):
             return store.state_load_claiming(run_id, seq, workflow, step)
     return store.state_load(run_id, seq), None
 
@@ -134,6 +148,16 @@ def _drop_broken_connection() -> None:
             connection.close()
 
 
+def _settles_first(kind: str | None, seen: store.CheckpointRow | None) -> bool:
+    """Must a cancel learn first whether the step at `seen` took effect (SPEC 3.3c)? `kind`
+    None: a code-first call not replayed yet, which may be an effect."""
+    if seen is None:
+        return False
+    if kind is None:
+        return seen.status == StepStatus.FAILED and seen.retryable
+    return outcomes.unsettled(kind=kind, status=seen.status, retryable=seen.retryable)
+
+
 def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> StepContext:
     telemetry.step_started(
         run_id=run.id,
@@ -144,6 +168,10 @@ def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> Ste
         attempt=attempt,
     )
     view = getattr(registry.lookup(run.workflow, run.version), "outputs_view", None)
+    # A compensation sees every branch's calls (it tells the customer about the booking
+    # whichever branch fetched it) and is handed the exact call it undoes.
+    every_branch = step.compensation_only
+    undoes = (step.arguments or {}).get("undoes") if every_branch else None
     return StepContext(
         run_id=run.id,
         workflow=run.workflow,
@@ -151,8 +179,11 @@ def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> Ste
         step=step.name,
         attempt=attempt,
         input=run.input,
-        load_outputs=lambda: (view or _same)(store.outputs_load(run.id, seq)),
+        load_outputs=lambda: (view or _same)(
+            store.outputs_load(run.id, seq, every_branch=every_branch)
+        ),
         key=step.key,
+        undoes=store.undone_call(run.id, **undoes) if undoes else None,
     )
 
 
@@ -174,7 +205,7 @@ def _next_call(
             seq=seq,
             branch=run.branch,
             recorded=store.calls_load(run.id, seq + 1),
-            reusable=lambda: store.superseded_reusable(run.id),
+            reusable=lambda: store.superseded_reusable(run.id, workflow),
         )
     except Exception as exc:  # a bug in the run's function: fail readably, do not loop
         logger.exception("%s: the function of %s raised", run.id, workflow.name)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any, Protocol
 
+from agentflow import durable
 from agentflow.durable import RunStatus, StepStatus
 
 #: The standard fare's change fee (SPEC §5), shown until the run has worked out the real one.
@@ -41,6 +42,10 @@ NO_FEE_LABELS: Mapping[str, str] = {
 GENERIC_LABEL = "Working on your request"
 
 
+CHARGE_STEP = "charge_customer"
+REFUND_STEP = "refund_fee"
+
+
 class StepLike(Protocol):
     """What `durable.StepSnapshot` offers; tests pass plain stand-ins."""
 
@@ -50,6 +55,10 @@ class StepLike(Protocol):
     def name(self) -> str: ...
     @property
     def status(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def retryable(self) -> bool: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -335,13 +344,23 @@ def _summary(
     emailed: bool,
 ) -> tuple[str, str, str]:
     amount = format_fee(money.cents or fee)
+    # The engine's one predicate: a charge whose answer was lost may have held or taken the
+    # money, though no output says so; only a completed give-back settles it.
+    charge = latest.get(CHARGE_STEP)
+    lost = (
+        charge is not None
+        and charge.status != StepStatus.COMPLETED
+        and durable.may_have_happened(charge)
+        and fee > 0
+        and (latest.get(REFUND_STEP) is None or latest[REFUND_STEP].status != StepStatus.COMPLETED)
+    )
     if status == RunStatus.COMPLETED:
         return (
             "completed",
             "All done — your new boarding pass is on its way",
             "We've changed your booking and emailed your confirmation and new boarding pass.",
         )
-    if status == RunStatus.FAILED and money.unsettled:
+    if status in (RunStatus.FAILED, RunStatus.CANCELLED) and (money.unsettled or lost):
         # The engine never ends like this (a failed refund parks the run); if it ever does,
         # a person must look rather than the page claiming anything about money.
         return _needs_attention()

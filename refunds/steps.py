@@ -220,30 +220,29 @@ def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
 
 
 # --- compensations ---------------------------------------------------------------------------
-def undone_output(ctx: StepContext, step: str) -> dict[str, Any]:
-    """The recorded output of the call a compensation undoes: the one place compensations look
-    it up, so that binding them to their exact call (SPEC §3.3c) changes only this."""
-    return ctx.output_of(step) or {}
+def undone_output(ctx: StepContext) -> dict[str, Any]:
+    """The recorded output of the exact call a compensation undoes, as the engine hands it over
+    (`ctx.undoes`, from whatever branch it ran in): never looked up by name, since after a fork
+    the current branch may hold none of it, or another call's."""
+    return (ctx.undoes.output if ctx.undoes is not None else None) or {}
 
 
 def refund_fee(ctx: StepContext) -> dict[str, Any]:
     """Give the fee back after a later permanent failure, under this step's own key: the hold
     released if the fee was not taken yet, else a refund in full (refunds.fee)."""
-    return fee.give_back(
-        undone_output(ctx, "charge_customer"), key=ctx.idempotency_key, workflow_id=ctx.run_id
-    )
+    return fee.give_back(undone_output(ctx), key=ctx.idempotency_key, workflow_id=ctx.run_id)
 
 
 def find_fee_refund(ctx: StepContext) -> dict[str, Any] | None:
     """Reconcile for `refund_fee`: the refund under this step's key, found in the payment's
     refund list (consistent, unlike search), or the hold already gone; so a retry days later,
     past Stripe's key window, finishes instead of parking for ever. None: nothing given back."""
-    return fee.find_given_back(undone_output(ctx, "charge_customer"), key=ctx.idempotency_key)
+    return fee.find_given_back(undone_output(ctx), key=ctx.idempotency_key)
 
 
 def reinstate_seat(ctx: StepContext) -> dict[str, Any]:
     """Give the customer their released seat back after a later failure (once, by key)."""
-    released = undone_output(ctx, "cancel_seat")
+    released = undone_output(ctx)
     if not released:
         return {"reinstated": False}
     back = AirlineGateway.from_settings().reinstate_seat(
@@ -257,7 +256,7 @@ def reinstate_seat(ctx: StepContext) -> dict[str, Any]:
 
 def find_seat_reinstatement(ctx: StepContext) -> dict[str, Any] | None:
     """Reconcile for `reinstate_seat`: the airline's reinstatement under this step's key."""
-    if not undone_output(ctx, "cancel_seat"):
+    if not undone_output(ctx):
         return {"reinstated": False}
     found = AirlineGateway.from_settings().find_seat_reinstatement(key=ctx.idempotency_key)
     return _reinstatement_output(found) if found is not None else None

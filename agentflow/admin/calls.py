@@ -10,19 +10,18 @@ note saying what could not be read, never a traceback.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
 from agentflow.admin.display import Shown, compact
+from agentflow.registry import undo_target
 from agentflow.states import StepKind, StepStatus
 
 #: Words (a prompt, an answer, an error) are cut past this many characters.
 MAX_WORDS_CHARS = 4000
 #: A compensation step of a code-first run undoes the call at a position: `refund_fee@7`.
-_UNDO = re.compile(r"^(?P<tool>[^@]+)@(?P<seq>\d+)$")
 
 
 class Row(Protocol):
@@ -145,7 +144,7 @@ def read_call(row: Row) -> Call:
     if recorded is None:
         if call.part == Part.TURN:
             call.notes.append("its request is not recorded in the expected shape")
-        if row.arguments is not None:
+        if row.arguments is not None and call.part != Part.UNDO:  # an undo records its target
             call.arguments = compact(row.arguments)
     else:
         reused = recorded.get("reused")
@@ -157,8 +156,8 @@ def read_call(row: Row) -> Call:
         _read_turn(call, row)
     elif call.part in (Part.TOOL, Part.UNDO):
         _read_outcome(call, row.output, row.status)
-        undo = _UNDO.match(call.name) if call.part == Part.UNDO else None
-        call.undoes = int(undo["seq"]) if undo else None
+        undo = undo_target(call.name) if call.part == Part.UNDO else None
+        call.undoes = undo[1] if undo else None
     elif row.output is not None:
         call.result = compact(row.output)
     return call
@@ -212,7 +211,7 @@ def _part(row: Row, recorded: dict[str, Any] | None) -> Part:
         return Part.TOOL
     if kind == "step":
         return Part.STEP
-    if _UNDO.match(str(row.name)):
+    if undo_target(str(row.name)):
         return Part.UNDO
     return Part.OTHER
 

@@ -1,6 +1,7 @@
 """Fork a code-first run from a position, from the run page: a confirmation that lists what the
 fork sets aside — above all the side effects that happened — asks for a reason, then calls
-`store.run_fork`. The store decides what is safe; its refusals become messages.
+`agentflow.forks.fork` (which asks partners about effects that may have happened, then
+`store.run_fork`). The store decides what is safe; its refusals become messages.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from agentflow import registry, store
+from agentflow import forks, outcomes, registry, store
 from agentflow.admin import operator
 from agentflow.admin.calls import Part, read_call
 from agentflow.admin.display import badge
@@ -24,7 +25,7 @@ from agentflow.agent.fingerprint import LLM_CALL_NAME
 from agentflow.codefirst import CodeWorkflow
 from agentflow.forms import ReasonForm
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepKind, StepStatus
+from agentflow.states import RunStatus
 
 TEMPLATE = "admin/agentflow/workflowrun/fork_confirmation.html"
 #: Statuses whose run page offers Fork (the store still decides).
@@ -93,7 +94,7 @@ def fork_view(model_admin: Any, request: HttpRequest, object_id: str) -> HttpRes
 
 def _perform(request: HttpRequest, run: WorkflowRun, position: int, reason: str) -> None:
     def act(run_id: str, *, actor: str, reason: str) -> str:
-        store.run_fork(run_id, position=position, actor=actor, reason=reason)
+        forks.fork(run_id, position=position, actor=actor, reason=reason)
         branch = WorkflowRun.objects.filter(pk=run_id).values_list("branch", flat=True).first()
         return f"forked from position {position}; it continues there on branch {branch}"
 
@@ -117,7 +118,8 @@ def _confirmation(
     names: dict[int, str],
     form: ForkForm,
 ) -> TemplateResponse:
-    set_aside = [read_call(cp) for cp in store.fork_preview(run.pk, position)]
+    preview = store.fork_preview(run.pk, position)
+    set_aside = [read_call(cp) for cp in preview]
     turns = [c for c in set_aside if c.part == Part.TURN]
     context = {
         **model_admin.admin_site.each_context(request),
@@ -132,7 +134,9 @@ def _confirmation(
         "set_aside": set_aside,
         "effects": [c for c in set_aside if c.made_effect],
         "unknown": [
-            c for c in set_aside if c.kind == StepKind.EFFECT and c.status == StepStatus.IN_PROGRESS
+            read_call(cp)
+            for cp in preview
+            if outcomes.unsettled(kind=cp.kind, status=cp.status, retryable=cp.retryable)
         ],
         "turns_tokens": sum(c.tokens.total for c in turns if c.tokens is not None),
         "turns": len(turns),

@@ -69,8 +69,9 @@ CANCEL = Verb(
     explanation=(
         "Cancel stops each unfinished run for good without keeping any money: what it did is "
         "undone by its compensations (a fee is refunded) and the customer is told, then it ends "
-        "cancelled. A step that is running finishes first, so nothing is undone blindly. A run "
-        "whose last effect has an unknown outcome must be retried (it asks the partner) first."
+        "cancelled. A step that is running finishes first, so nothing is undone blindly. An "
+        "effect whose outcome is unknown is asked of the partner first: found, it is undone too; "
+        "if the partner cannot tell, the run is parked for a person."
     ),
     act=store.run_cancel,
 )

@@ -29,7 +29,7 @@ from typing import Any
 from agentflow.agent.arguments import ArgumentSpec, InvalidArguments
 from agentflow.agent.errors import ToolRefused
 from agentflow.agent.fingerprint import LLM_CALL_NAME
-from agentflow.context import StepContext
+from agentflow.context import StepContext, UndoneCall
 from agentflow.exceptions import DefinitionError
 from agentflow.serialization import to_json
 from agentflow.states import StepKind
@@ -70,6 +70,9 @@ class ToolContext:
     #: The run's earlier tool calls in order, so a tool can check what already happened (one
     #: charge per run) without trusting the model to say so.
     history: tuple[ToolRecord, ...] = ()
+    #: A compensation's: the exact call it undoes, whatever branch it ran in (its output is
+    #: the tool's result).
+    undoes: UndoneCall | None = None
 
     def results_of(self, tool: str) -> list[Any]:
         """Results of the earlier calls of `tool` that ran (refused ones excluded), in order."""
@@ -101,6 +104,7 @@ class ToolContext:
             attempt=self.attempt,
             input=self.input,
             load_outputs=lambda: outputs,
+            undoes=self.undoes,
         )
         context.idempotency_key = self.idempotency_key
         return context

@@ -12,18 +12,12 @@ from agentflow.store.calls import (
     calls_load,
     run_fail_between_calls,
     run_finish,
-    superseded_call,
     superseded_reusable,
+    undone_call,
 )
 from agentflow.store.events import event_add
-from agentflow.store.operator import (
-    cancel_begin,
-    fork_preview,
-    run_cancel,
-    run_fork,
-    run_resume,
-    run_retry,
-)
+from agentflow.store.forks import Settled, fork_preview, live_calls, run_fork
+from agentflow.store.operator import cancel_begin, run_cancel, run_resume, run_retry
 from agentflow.store.retention import Deleted, runs_delete, runs_purge
 from agentflow.store.runs import (
     ActionRefused,
@@ -67,6 +61,7 @@ __all__ = [
     "Fenced",
     "Heartbeat",
     "RecordedCall",
+    "Settled",
     "StepState",
     "attempt_lost",
     "calls_load",
@@ -79,6 +74,7 @@ __all__ = [
     "heartbeat_read",
     "heartbeat_record",
     "lease_renew",
+    "live_calls",
     "outputs_load",
     "run_cancel",
     "run_create",
@@ -95,10 +91,10 @@ __all__ = [
     "step_claim",
     "step_complete",
     "step_fail",
-    "superseded_call",
     "superseded_reusable",
     "sweep_due",
     "sweep_push",
     "sweep_statements",
     "unclaimed_complete",
+    "undone_call",
 ]

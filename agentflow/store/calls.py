@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
+from agentflow.context import UndoneCall
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep
 from agentflow.registry import Workflow
 from agentflow.states import RunStatus, StepKind, StepStatus
@@ -45,9 +46,10 @@ def calls_load(run_id: str, before_seq: int) -> list[RecordedCall]:
     return [RecordedCall(**row) for row in rows]
 
 
-def superseded_reusable(run_id: str) -> list[RecordedCall]:
+def superseded_reusable(run_id: str, workflow: Workflow) -> list[RecordedCall]:
     """Completed calls of earlier branches whose key no current checkpoint has taken yet: a
-    new branch that makes the same call adopts one instead of acting again."""
+    new branch that makes the same call adopts one instead of acting again. Compensations are
+    never reused: they undo a call, they are not one the function makes."""
     taken = StepCheckpoint.objects.filter(run_id=run_id).values("idempotency_key")
     rows = (
         SupersededStep.objects.filter(run_id=run_id, status=StepStatus.COMPLETED)
@@ -55,17 +57,44 @@ def superseded_reusable(run_id: str) -> list[RecordedCall]:
         .order_by("branch", "seq")
         .values(*_CALL_FIELDS)
     )
-    return [RecordedCall(**row) for row in rows]
+    calls = [RecordedCall(**row) for row in rows]
+    return [call for call in calls if not _is_compensation(workflow, call.name)]
 
 
-def superseded_call(run_id: str, branch: int, seq: int) -> RecordedCall | None:
-    """One call of a superseded branch (a compensation undoes it when the run fails)."""
-    row = (
-        SupersededStep.objects.filter(run_id=run_id, branch=branch, seq=seq)
-        .values(*_CALL_FIELDS)
-        .first()
+def _is_compensation(workflow: Workflow, name: str) -> bool:
+    step = workflow.step_named(name)
+    return step is not None and step.compensation_only
+
+
+def undone_call(run_id: str, *, seq: int, branch: int | None) -> UndoneCall | None:
+    """The call a compensation undoes: at `seq` of the run's current branch (`branch` None),
+    or of the branch a fork set aside."""
+    if branch is None:
+        found = (
+            StepCheckpoint.objects.filter(run_id=run_id, seq=seq)
+            .values(*_CALL_FIELDS, "run__branch")
+            .first()
+        )
+        if found is None:
+            return None
+        branch = found.pop("run__branch")
+    else:
+        found = (
+            SupersededStep.objects.filter(run_id=run_id, branch=branch, seq=seq)
+            .values(*_CALL_FIELDS)
+            .first()
+        )
+        if found is None:
+            return None
+    return UndoneCall(
+        name=found["name"],
+        seq=seq,
+        branch=branch,
+        status=found["status"],
+        arguments=found["arguments"],
+        output=found["output"],
+        idempotency_key=found["idempotency_key"],
     )
-    return RecordedCall(**row) if row else None
 
 
 def run_finish(run_id: str, seq: int, output: Any) -> bool:

@@ -12,8 +12,8 @@ from typing import Any
 
 from django.db import transaction
 
-from agentflow import dispatch, registry, telemetry
-from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
+from agentflow import dispatch, outcomes, registry, telemetry
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import Workflow
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow.store import sql
@@ -21,7 +21,7 @@ from agentflow.store.events import event_add, event_time
 from agentflow.store.runs import ActionRefused, Fenced, begin_undo, enqueue_grace
 
 
-def _locked_run(run_id: str) -> WorkflowRun:
+def locked_run(run_id: str) -> WorkflowRun:
     run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
     if run is None:
         raise ActionRefused("no such run")
@@ -32,7 +32,7 @@ def _checkpoint(run_id: str, seq: int) -> StepCheckpoint | None:
     return StepCheckpoint.objects.filter(run_id=run_id, seq=seq).first()
 
 
-def _wake_soon() -> sql.Expr:
+def wake_soon() -> sql.Expr:
     return sql.at_now_plus(enqueue_grace().total_seconds())
 
 
@@ -46,7 +46,7 @@ def run_retry(run_id: str, *, actor: str, reason: str) -> None:
     effects were undone would be resumed half-served.
     """
     with transaction.atomic():
-        run = _locked_run(run_id)
+        run = locked_run(run_id)
         if run.status == RunStatus.NEEDS_ATTENTION:
             seq, step_name = run.current_seq, run.current_step
             _release_for_retry(run_id, seq)
@@ -63,7 +63,7 @@ def run_retry(run_id: str, *, actor: str, reason: str) -> None:
                 "error": "",
                 "current_seq": seq,
                 "current_step": step_name,
-                "wake_at": _wake_soon(),
+                "wake_at": wake_soon(),
                 "updated_at": sql.at_now(),
             },
             "id = %s",
@@ -100,7 +100,7 @@ def _release_for_retry(run_id: str, seq: int) -> None:
     sql.update(sql.STEPS, changes, "id = %s AND fence = %s", [cp.id, cp.fence])
 
 
-def _refuse_if_undone(run: WorkflowRun) -> None:
+def refuse_if_undone(run: WorkflowRun) -> None:
     """A failed run whose compensation undid effects cannot be resumed: it would be served
     half (the fee refunded, the rebooking done)."""
     for event in RunEvent.objects.filter(run_id=run.id, kind=RunEvent.Kind.COMPENSATION):
@@ -117,7 +117,7 @@ def _resume_failed(run: WorkflowRun) -> tuple[int, str]:
     """Where a failed run resumes: its failed forward step, at the same seq if nothing ran
     after it, else at a new seq (the compensation steps that told the customer took the ones
     after it). The failed attempt's effect did not happen (SPEC 3.3a), so a new key is safe."""
-    _refuse_if_undone(run)
+    refuse_if_undone(run)
     workflow = registry.lookup(run.workflow, run.version)
     if workflow is None:
         raise ActionRefused(f"{run.workflow} v{run.version} is not deployed; it cannot resume")
@@ -152,7 +152,7 @@ def run_resume(run_id: str, *, actor: str, reason: str) -> None:
     the sweeper. The message goes out only once the event is committed.
     """
     with transaction.atomic():
-        run = _locked_run(run_id)
+        run = locked_run(run_id)
         if run.status not in ACTIVE_RUN_STATUSES:
             raise ActionRefused(
                 f"only active runs can be resumed now (this one is {run.status}); "
@@ -168,7 +168,7 @@ def run_resume(run_id: str, *, actor: str, reason: str) -> None:
             )
             sql.update(
                 sql.RUNS,
-                {"wake_at": _wake_soon(), "updated_at": sql.at_now()},
+                {"wake_at": wake_soon(), "updated_at": sql.at_now()},
                 "id = %s",
                 [run_id],
             )
@@ -190,22 +190,42 @@ def run_cancel(run_id: str, *, actor: str, reason: str) -> str | None:
     Effects it made are undone by their compensations (the fee refunded) and the customer is
     told (the `on_failure` step); then it ends CANCELLED. A step in flight finishes first, so
     its outcome is known before anything is undone: the cancel is recorded as requested and the
-    worker that moves the run on carries it out. Refused while an outcome is unknown or while
-    the run is already undoing a failure.
+    worker that moves the run on carries it out. An effect that may have happened (its answer
+    lost, backing off, or parked "outcome unknown") is settled first (SPEC 3.3c): a worker asks
+    the partner, adopts it if found (then it is undone), and parks the run "outcome unknown" if
+    the partner cannot tell. Refused while the run is already undoing a failure.
 
     Returns None when the run ended CANCELLED at once, else what happens next, in words.
     """
     why = reason or "(no reason given)"
     with transaction.atomic():
-        run = _locked_run(run_id)
+        run = locked_run(run_id)
         if run.status not in (*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION):
             raise ActionRefused("only unfinished runs can be cancelled")
         workflow = registry.lookup(run.workflow, run.version)
-        step = workflow.steps.get(run.current_step) if workflow is not None else None
+        step = workflow.step_named(run.current_step) if workflow is not None else None
+        cp = _checkpoint(run_id, run.current_seq)
+        unknown = cp is not None and outcomes.unsettled(
+            kind=cp.kind, status=cp.status, retryable=cp.retryable
+        )
+        if (
+            cp is not None
+            and unknown
+            and run.cancel_requested
+            and run.status == (RunStatus.NEEDS_ATTENTION)
+        ):
+            raise ActionRefused(
+                f"it is cancelled already and waits to learn whether {cp.name} took effect; "
+                "Retry asks the partner again"
+            )
         if run.cancel_requested or (step is not None and step.compensation_only):
             raise ActionRefused("it is already undoing its effects; it ends once the undo is done")
-        cp = _checkpoint(run_id, run.current_seq)
         in_flight = cp is not None and cp.status == StepStatus.IN_PROGRESS
+        if cp is not None and unknown and workflow is not None:
+            if run.status == RunStatus.NEEDS_ATTENTION:
+                return _settle_then_cancel(run, cp, actor=actor, why=why, release=True)
+            if cp.status == StepStatus.FAILED:
+                return _settle_then_cancel(run, cp, actor=actor, why=why, release=False)
         if in_flight and run.status == RunStatus.NEEDS_ATTENTION:
             raise ActionRefused(
                 f"whether {run.current_step} took effect is unknown; retry it first (it asks "
@@ -229,11 +249,46 @@ def run_cancel(run_id: str, *, actor: str, reason: str) -> str | None:
     return f"cancelling: undoing with {', '.join(undoing)} first" if undoing else None
 
 
+def _settle_then_cancel(
+    run: WorkflowRun, cp: StepCheckpoint, *, actor: str, why: str, release: bool
+) -> str:
+    """The current effect may have happened: a worker asks the partner now (the step's retry
+    made due; a parked one released under a new fence), and the cancel follows what it finds."""
+    if release:
+        _release_for_retry(run.id, cp.seq)
+    else:
+        sql.update(sql.STEPS, {"retry_at": sql.at_now()}, "id = %s", [cp.id])
+    sql.update(
+        sql.RUNS,
+        {
+            "cancel_requested": True,
+            "status": RunStatus.RUNNING if release else run.status,
+            "error": f"cancelled by {actor}: {why}",
+            "wake_at": wake_soon(),
+            "updated_at": sql.at_now(),
+        },
+        "id = %s",
+        [run.id],
+    )
+    event_add(
+        run.id,
+        RunEvent.Kind.OPERATOR_CANCEL,
+        f"{why} (requested: whether {cp.name} took effect is unknown; the partner is asked first)",
+        actor=actor,
+        seq=cp.seq,
+    )
+    dispatch.send_step_on_commit(run.id, cp.seq)
+    return (
+        f"cancel requested: whether {cp.name} took effect is unknown, so the partner is asked "
+        "first; what it did is then undone (or the run is parked if the partner cannot tell)"
+    )
+
+
 def cancel_begin(run_id: str, seq: int) -> bool:
     """Carry out a requested cancel at a step boundary (the worker calls this instead of
     running the next forward step). Returns False if the run moved on meanwhile."""
     with transaction.atomic():
-        run = _locked_run(run_id)
+        run = locked_run(run_id)
         if (
             run.status not in ACTIVE_RUN_STATUSES
             or run.current_seq != seq
@@ -254,15 +309,24 @@ def cancel_begin(run_id: str, seq: int) -> bool:
 def _cancel_now(
     run: WorkflowRun, workflow: Workflow | None, cp: StepCheckpoint | None, *, reason: str
 ) -> list[str]:
-    """Nothing is in flight: undo what was done and end CANCELLED. Returns the undo plan."""
+    """Nothing is in flight and every effect's outcome is known: undo what was done and end
+    CANCELLED. Returns the undo plan."""
     seq = run.current_seq
+    if cp is not None and outcomes.unsettled(
+        kind=cp.kind, status=cp.status, retryable=cp.retryable
+    ):
+        raise ActionRefused(f"whether {cp.name} took effect is unknown; the partner is asked first")
     if cp is not None:
         sql.update(sql.STEPS, {"fence": cp.fence + 1}, "id = %s", [cp.id])  # nothing resumes it
     if workflow is None:
-        made = StepCheckpoint.objects.filter(
-            run_id=run.id, status=StepStatus.COMPLETED, kind=StepKind.EFFECT
-        )
-        if made.exists():
+        made = [
+            done
+            for done in StepCheckpoint.objects.filter(run_id=run.id, kind=StepKind.EFFECT)
+            if outcomes.may_have_happened(
+                kind=done.kind, status=done.status, retryable=done.retryable
+            )
+        ]
+        if made:
             raise ActionRefused(
                 f"{run.workflow} v{run.version} is not deployed, so its effects cannot be "
                 "undone; deploy it, then cancel"
@@ -284,109 +348,3 @@ def _cancel_now(
         statuses=[*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION],
         ended=RunStatus.CANCELLED,
     )
-
-
-# --- fork (code-first runs) -------------------------------------------------------------------
-def fork_preview(run_id: str, position: int) -> list[StepCheckpoint]:
-    """The checkpoints a fork from `position` would set aside, in order (what the operator is
-    shown before confirming: above all, effects that happened)."""
-    return list(StepCheckpoint.objects.filter(run_id=run_id, seq__gte=position).order_by("seq"))
-
-
-def run_fork(run_id: str, *, position: int, actor: str, reason: str) -> None:
-    """Continue a diverged or failed code-first run from `position`, on a new branch.
-
-    Its checkpoints from `position` on are kept as superseded history (still shown, never
-    replayed); the run resumes at `position`. A call the new branch makes again with the same
-    arguments reuses the superseded result and key (it is not made again); every other new call
-    gets a key that names the branch, so no partner mistakes it for an earlier one.
-    """
-    from agentflow.codefirst import NEXT_CALL, CodeWorkflow
-
-    with transaction.atomic():
-        run = _locked_run(run_id)
-        workflow = registry.lookup(run.workflow, run.version)
-        if not isinstance(workflow, CodeWorkflow):
-            raise ActionRefused("only code-first (agent) runs can be forked")
-        if run.status not in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED):
-            raise ActionRefused(
-                f"only diverged, parked or failed runs can be forked (this one is {run.status})"
-            )
-        if run.status == RunStatus.FAILED:
-            _refuse_if_undone(run)
-        last = StepCheckpoint.objects.filter(run_id=run_id).order_by("-seq").first()
-        highest = (last.seq if last else 0) + 1
-        if not 1 <= position <= highest:
-            raise ActionRefused(f"position must be between 1 and {highest}")
-        superseded = fork_preview(run_id, position)
-        unknown = [
-            cp for cp in superseded
-            if cp.status == StepStatus.IN_PROGRESS and cp.kind == StepKind.EFFECT
-        ]  # fmt: skip
-        if unknown:
-            raise ActionRefused(
-                f"whether {unknown[0].name} (position {unknown[0].seq}) took effect is unknown; "
-                "a new branch could repeat it: check the partner, or fork after it"
-            )
-        now = sql.db_now()
-        SupersededStep.objects.bulk_create(
-            SupersededStep(
-                run_id=run_id,
-                branch=run.branch,
-                seq=cp.seq,
-                name=cp.name,
-                kind=cp.kind,
-                status=cp.status,
-                attempts=cp.attempts,
-                idempotency_key=cp.idempotency_key,
-                arguments=cp.arguments,
-                output=cp.output,
-                error=cp.error,
-                started_at=cp.started_at,
-                finished_at=cp.finished_at,
-                superseded_at=now,
-            )
-            for cp in superseded
-        )
-        StepCheckpoint.objects.filter(run_id=run_id, seq__gte=position).delete()
-        sql.update(
-            sql.RUNS,
-            {
-                "status": RunStatus.RUNNING,
-                "branch": run.branch + 1,
-                # A stale worker's claim on a set-aside checkpoint must match nothing new.
-                "fence_floor": max([run.fence_floor, *(cp.fence for cp in superseded)]),
-                "current_seq": position,
-                "current_step": NEXT_CALL,
-                "compensations": [],
-                "cancel_requested": False,
-                "error": "",
-                "wake_at": _wake_soon(),
-                "updated_at": sql.at_now(),
-            },
-            "id = %s",
-            [run_id],
-        )
-        event_add(
-            run_id,
-            RunEvent.Kind.FORK,
-            f"{reason or '(no reason given)'} (from position {position}; "
-            f"{len(superseded)} step(s) set aside as branch {run.branch})",
-            actor=actor,
-            seq=position,
-            data={
-                "position": position,
-                "branch": run.branch + 1,
-                "superseded": [
-                    {
-                        "seq": cp.seq,
-                        "name": cp.name,
-                        "kind": cp.kind,
-                        "status": cp.status,
-                        "key": cp.idempotency_key,
-                    }
-                    for cp in superseded
-                ],
-            },
-        )
-        dispatch.send_step_on_commit(run_id, position)

@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
 
-from agentflow import dispatch, telemetry
+from agentflow import dispatch, outcomes, telemetry
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.registry import StepDef, Workflow
@@ -105,7 +105,13 @@ def _run_id_by_key(workflow: str, business_key: str) -> str | None:
     )
 
 
-def outputs_load(run_id: str, before_seq: int) -> dict[str, Any]:
+def outputs_load(run_id: str, before_seq: int, *, every_branch: bool = False) -> dict[str, Any]:
+    """Outputs of the completed steps before `before_seq`, by name (a later one wins).
+    `every_branch`: with those of the branches a fork set aside first, for a compensation."""
+    outputs: dict[str, Any] = {}
+    if every_branch:
+        earlier = SupersededStep.objects.filter(run_id=run_id, status=StepStatus.COMPLETED)
+        outputs.update(earlier.order_by("branch", "seq").values_list("name", "output"))
     rows = (
         StepCheckpoint.objects.filter(
             run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
@@ -113,7 +119,8 @@ def outputs_load(run_id: str, before_seq: int) -> dict[str, Any]:
         .order_by("seq")
         .values_list("name", "output")
     )
-    return dict(rows)
+    outputs.update(rows)
+    return outputs
 
 
 # --- parking ------------------------------------------------------------------------------------
@@ -384,29 +391,51 @@ def begin_undo(
 def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[str]:
     """Compensation steps for the effects known to have happened before `before_seq` (made or
     adopted: COMPLETED, and not a refused call), latest first, then those of superseded
-    branches that the current one did not adopt, then the workflow's `on_failure` step."""
-    done = StepCheckpoint.objects.filter(
-        run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
-    ).order_by("-seq")
+    branches that the current one did not adopt, then the workflow's `on_failure` step. Each
+    names the exact call it undoes.
+
+    Known, because an effect whose outcome is unknown cannot be undone blindly: cancel and fork
+    ask the partner first, and the forward path never moves past one (SPEC 3.3a)."""
+    done = StepCheckpoint.objects.filter(run_id=run_id, seq__lt=before_seq).order_by("-seq")
+    # A call of a forked run that adopted an earlier branch's call made no request of its own:
+    # the effect under its key is that call's.
+    adopted = dict(
+        SupersededStep.objects.filter(
+            run_id=run_id, idempotency_key__in=done.values("idempotency_key")
+        ).values_list("idempotency_key", "kind")
+    )
     plan = []
-    for name, seq, output in done.values_list("name", "seq", "output"):
-        undo = workflow.compensation_for(name, seq, output=output)
-        if undo is not None:
-            plan.append(undo)
-    # A forked run: effects of a superseded branch that no current call adopted happened too.
+    for cp in done.only("name", "seq", "kind", "status", "retryable", "idempotency_key", "output"):
+        kind = adopted.get(cp.idempotency_key, cp.kind)
+        if _happened(kind, cp.status, cp.retryable):
+            undo = workflow.compensation_for(cp.name, cp.seq, output=cp.output)
+            if undo is not None:
+                plan.append(undo)
+    # A forked run: effects of a superseded branch that no current call adopted happened too
+    # (a fork settles every set-aside effect first, so each is COMPLETED or FAILED for good).
     taken = StepCheckpoint.objects.filter(run_id=run_id).values("idempotency_key")
     earlier = (
-        SupersededStep.objects.filter(run_id=run_id, status=StepStatus.COMPLETED)
+        SupersededStep.objects.filter(run_id=run_id)
         .exclude(idempotency_key__in=taken)
         .order_by("-branch", "-seq")
     )
-    for name, branch, seq, output in earlier.values_list("name", "branch", "seq", "output"):
-        undo = workflow.compensation_for(name, seq, output=output, branch=branch)
-        if undo is not None:
-            plan.append(undo)
+    for name, kind, status, branch, seq, output in earlier.values_list(
+        "name", "kind", "status", "branch", "seq", "output"
+    ):
+        if _happened(kind, status, False):
+            undo = workflow.compensation_for(name, seq, output=output, branch=branch)
+            if undo is not None:
+                plan.append(undo)
     if workflow.on_failure:
         plan.append(workflow.on_failure)
     return plan
+
+
+def _happened(kind: str, status: str, retryable: bool) -> bool:
+    """Known to have happened: it may have, and its outcome is settled."""
+    return outcomes.may_have_happened(
+        kind=kind, status=status, retryable=retryable
+    ) and not outcomes.unsettled(kind=kind, status=status, retryable=retryable)
 
 
 def attempt_lost(run_id: str, step: StepDef, seq: int) -> CheckpointRow | None:

@@ -1,7 +1,8 @@
 """Stripe applies the charge and then goes dark (finding 1, SPEC 3.3a): real worker, real
 sandbox, the real `stripe` library. The money must never be kept without the service: the run
 parks "outcome unknown" (never FAILED), and once Stripe is back an operator's retry finds the
-payment and finishes, or refunds it if the rebooking then fails for good.
+payment and finishes, or refunds it if the rebooking then fails for good; an operator's cancel
+meanwhile refunds it once (issue 19).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from agentflow.workers import WorkerProcess
 from tests.support.engine import stopped
 from tests.support.refunds import finished, partner_effects, refund_worker_env, step, submit
 from tests.support.sandbox import SandboxProcess
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,3 +114,62 @@ def test_charge_applied_then_the_payment_lookup_fails__parked_unknown_not_failed
     run_id = submit("OUT003")
 
     parked_unknown(run_id, worker, clean_sandbox)
+
+
+# --- issue 19: an operator cancels while the charge's outcome is unknown ------------------------
+@pytest.fixture
+def patient_worker(
+    clean_sandbox: SandboxProcess, transactional_db: None
+) -> Iterator[WorkerProcess]:
+    """A worker whose partner retries back off for seconds, long enough for an operator."""
+    env = refund_worker_env(
+        clean_sandbox,
+        AGENTFLOW_FAULTS="0",
+        REFUNDS_PARTNER_MAX_ATTEMPTS="8",
+        REFUNDS_PARTNER_RETRY_BASE_SECONDS="3",
+    )
+    process = WorkerProcess(concurrency=2, env=env, beat=True)
+    try:
+        yield process.start(timeout=60)
+    finally:
+        process.kill()
+
+
+def _charge_backing_off(run_id: str) -> bool:
+    run = durable.snapshot(run_id)
+    charges = [s for s in run.steps if s.name == "charge_customer"] if run else []
+    return bool(charges) and charges[0].status == durable.StepStatus.FAILED
+
+
+def test_operator_cancels_while_the_charge_backs_off_after_stripe_took_it__fee_refunded_once(
+    patient_worker: WorkerProcess, clean_sandbox: SandboxProcess
+) -> None:
+    """Stripe takes the charge and goes dark; while the step backs off an operator cancels;
+    Stripe returns. Counted at the sandbox, not by us: one payment, refunded once, the run
+    CANCELLED. It used to end CANCELLED with the $45 kept (finding 1)."""
+    stripe_goes_dark(clean_sandbox)
+    run_id = submit("OUT004")
+    wait_for(lambda: _charge_backing_off(run_id), timeout=60, what="the charge to back off")
+    assert len(partner_effects(clean_sandbox, run_id)["payments"]) == 1  # Stripe has the money
+
+    outcome = durable.cancel(run_id, actor="ops", reason="the customer withdrew")
+    assert outcome is not None and outcome.startswith("cancel requested: whether charge_customer")
+    asked_while_dark = RunEvent.objects.filter(
+        run_id=run_id, kind=RunEvent.Kind.ATTEMPT_FAILED, detail__contains="cancelled; asking"
+    )
+    wait_for(asked_while_dark.exists, timeout=60, what="the cancel to ask Stripe while it is dark")
+    clean_sandbox.clear_faults()  # Stripe returns
+    run = finished(run_id, patient_worker, timeout=90)
+
+    assert run.status == durable.RunStatus.CANCELLED, run.error
+    ledger = partner_effects(clean_sandbox, run_id)
+    [payment] = ledger["payments"]
+    [refund] = ledger["refunds"]
+    assert (refund["payment_intent"], refund["amount"]) == (payment["id"], 4500)
+    assert ledger["boarding_passes"] == []
+    charge = step(run, "charge_customer")
+    assert (charge.status, charge.output["payment_intent_id"]) == (
+        durable.StepStatus.COMPLETED,
+        payment["id"],
+    )  # adopted from Stripe, never asked for again
+    assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.RECONCILED).exists()

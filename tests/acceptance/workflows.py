@@ -229,13 +229,55 @@ greedy.step("charge", kind="effect")(greedy_effect)
 
 
 #: Two effects with compensations, then a partner that asks to wait: what an operator cancels.
+def find_effect(ctx: durable.StepContext) -> dict[str, Any] | None:
+    """Reconcile: the partner's effect under this step's key, or None; its ledger is
+    consistent, so none proves the effect did not happen."""
+    if partner.effects()[ctx.idempotency_key]:
+        return {"key": ctx.idempotency_key, "replayed": True}
+    return None
+
+
+def answer_lost_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Applied at the partner, then on the first attempt its answer is lost (a timeout after
+    the request went out): the step backs off while the effect stands."""
+    _record(ctx)
+    applied = partner.apply(ctx.idempotency_key)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("read timed out after the request was sent")
+    return applied
+
+
+def undo_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """A compensation that says which call the engine handed it to undo."""
+    _record(ctx)
+    undone = ctx.undoes.idempotency_key if ctx.undoes is not None else None
+    return {**partner.apply(ctx.idempotency_key), "undoes": undone}
+
+
 cancellable = durable.Workflow("crash_cancellable", version=1, on_failure="notify")
 cancellable.step("book", kind="effect", compensate="unbook")(effect)
 cancellable.step("charge", kind="effect", compensate="refund")(effect)
-cancellable.step("confirm", kind="effect", retry=durable.RetryPolicy(base_seconds=30))(flaky_effect)
+cancellable.step(
+    "confirm", kind="effect", retry=durable.RetryPolicy(base_seconds=30), reconcile=find_effect
+)(flaky_effect)
 cancellable.compensation("unbook")(effect)
 cancellable.compensation("refund")(effect)
 cancellable.compensation("notify")(effect)
+
+#: The charge is taken and its answer lost; it backs off while an operator cancels.
+lost_answer = durable.Workflow("crash_lost_answer", version=1, on_failure="notify")
+lost_answer.step("book", kind="effect", compensate="unbook")(effect)
+lost_answer.step(
+    "charge",
+    kind="effect",
+    compensate="refund",
+    reconcile=find_effect,
+    retry=durable.RetryPolicy(base_seconds=30),
+)(answer_lost_effect)
+lost_answer.step("confirm", kind="effect")(effect)
+lost_answer.compensation("unbook")(undo_effect)
+lost_answer.compensation("refund")(undo_effect)
+lost_answer.compensation("notify")(effect)
 
 
 # --- agent mode (code-first runs) -----------------------------------------------------------
@@ -332,6 +374,46 @@ def shop_for_apples(ctx: durable.AgentContext) -> str:
 
 
 agent.compensation("tell")(effect)
+
+
+# --- agent mode: a buy whose answer is lost, and a reconcile that asks the partner -------------
+#: The shopping agent whose buy is applied and then, on the first attempt, its answer lost: it
+#: backs off while the partner has the money. Its reconcile asks the partner under the key.
+careful_shop = Toolbox("crash_careful_agent")
+careful_shop.tool("lookup", read_only=True, description="The price of an item, in dollars.")(lookup)
+
+
+def find_purchase(ctx: ToolContext, item: str, qty: int) -> dict[str, Any] | None:
+    """Reconcile for a buy: the partner's effect under the call's key, or None (its ledger
+    is consistent, so none proves the buy did not happen)."""
+    if partner.effects()[ctx.idempotency_key]:
+        return {"item": item, "qty": qty, "key": ctx.idempotency_key, "replayed": True}
+    return None
+
+
+@careful_shop.tool(
+    "buy", side_effect=True, compensate="refund", reconcile=find_purchase, description="Buy."
+)
+def buy_answer_lost(ctx: ToolContext, item: str, qty: int) -> dict[str, Any]:
+    _record_tool(ctx)
+    applied = partner.apply(ctx.idempotency_key)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("read timed out after the request was sent")
+    return {"item": item, "qty": qty, **applied}
+
+
+careful_shop.tool("refund", side_effect=True, description="Refund a purchase of an item.")(
+    refund_purchase
+)
+careful_agent = durable.CodeWorkflow(
+    "crash_careful_agent",
+    version=1,
+    toolbox=careful_shop,
+    model=ScriptedModel("scripted-shopper", shopping_plan),
+    on_failure="tell",
+)
+careful_agent.run(shop_for_apples)
+careful_agent.compensation("tell")(effect)
 
 
 def effect_then_lose_the_database(ctx: durable.StepContext) -> dict[str, Any]:

@@ -27,6 +27,8 @@ class Step:
     seq: int
     name: str
     status: str
+    kind: str = "effect"
+    retryable: bool = False
 
 
 def done_until(name: str) -> list[Step]:
@@ -330,3 +332,18 @@ def test_describe__details_shown_once_final_and_mail_only_claimed_when_sent() ->
     assert silent.details == ("x",)
     assert "emailed" not in silent.message
     assert "We've emailed you" in describe("FAILED", "notify_failure", steps, emailed=True).message
+
+
+def test_charge_whose_answer_was_lost__a_finished_run_never_says_you_were_not_charged() -> None:
+    """Issue 19: the page asks the engine's one predicate; a FAILED retryable charge may have
+    taken the money, so neither "cancelled" nor "you have not been charged" is said of it."""
+    lost = [*done_until("cancel_seat"), Step(7, "charge_customer", "FAILED", retryable=True)]
+    for status in ("FAILED", "CANCELLED"):
+        view = describe(status, "charge_customer", lost)
+        assert view.outcome == "needs_attention", status
+        assert "not been charged" not in view.message
+
+    declined = [*done_until("cancel_seat"), Step(7, "charge_customer", "FAILED")]
+    view = describe("FAILED", "charge_customer", declined)
+    assert view.outcome == "failed"
+    assert "You have not been charged" in view.message

@@ -223,8 +223,33 @@ def test_retry__completed_run_is_refused_with_a_message(admin_client: Client) ->
     assert not run.events.exists()
 
 
-def test_cancel__waiting_run_is_cancelled_with_an_event(admin_client: Client) -> None:
+def test_cancel__waiting_run_whose_effect_may_have_happened__the_partner_is_asked_first(
+    admin_client: Client,
+) -> None:
+    """Its effect backs off (FAILED retryable): it may have happened, so the cancel is a
+    request that a worker carries out once it has asked the partner (issue 19)."""
     run = make_run(RunStatus.WAITING)
+
+    response = admin_client.post(
+        detail_url(run, "cancel"), {"reason": "customer withdrew"}, follow=True
+    )
+
+    assert f"Run {run.pk}: cancel requested: whether pretend_effect took effect is unknown" in text(
+        response
+    )
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING and run.cancel_requested
+    event = run.events.get()
+    assert (event.kind, event.actor, event.detail) == (
+        "operator_cancel",
+        "admin",
+        "customer withdrew (requested: whether pretend_effect took effect is unknown; the "
+        "partner is asked first)",
+    )
+
+
+def test_cancel__waiting_run_at_a_read__cancelled_with_an_event(admin_client: Client) -> None:
+    run = make_run(RunStatus.WAITING, steps=1)  # greet, a read, backs off
 
     response = admin_client.post(
         detail_url(run, "cancel"), {"reason": "customer withdrew"}, follow=True

@@ -176,16 +176,19 @@ def test_renewer__its_connection_terminated__reconnects_relocks_and_keeps_renewi
 
 
 # --- cancel keeps no money (I8) -----------------------------------------------------------------
-def test_cancel__a_waiting_run__undoes_its_effects_then_ends_cancelled(
+def test_cancel__a_waiting_run__asks_whether_the_step_happened_then_undoes_its_effects(
     drive: Callable[[str], WorkflowRun],
 ) -> None:
+    """confirm backs off after a 503: it may have happened until its reconcile says it did
+    not (SPEC 3.3a), so the cancel asks first, then undoes book and charge."""
     run_id = durable.start(workflows.cancellable.name)
     assert drive(run_id).status == RunStatus.WAITING  # book and charge made; confirm backs off
 
     outcome = durable.cancel(run_id, actor="ops", reason="customer withdrew")
     run = drive(run_id)
 
-    assert outcome == "cancelling: undoing with refund, unbook, notify first"
+    assert outcome is not None
+    assert outcome.startswith("cancel requested: whether confirm took effect is unknown")
     assert run.status == RunStatus.CANCELLED and run.wake_at is None
     names = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list(
         "name", "status"))  # fmt: skip
@@ -199,6 +202,96 @@ def test_cancel__a_waiting_run__undoes_its_effects_then_ends_cancelled(
     ]
     assert set(partner.effects()) == {durable.idempotency_key(run_id, s) for s in (1, 2, 4, 5, 6)}
     assert durable.snapshot(run_id).cancel_requested  # type: ignore[union-attr]
+
+
+# --- issue 19 finding 1: cancel while the charge's outcome is unknown ---------------------------
+def _undone(run_id: str) -> dict[str, str]:
+    """Each compensation's name and the key of the call the engine handed it to undo."""
+    rows = StepCheckpoint.objects.filter(run_id=run_id, name__in=("refund", "unbook"))
+    return {cp.name: cp.output["undoes"] for cp in rows}
+
+
+def test_cancel__the_charge_backing_off_after_the_partner_took_it__adopted_then_refunded(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """The charge was applied and its answer lost: FAILED retryable, the run WAITING. The
+    cancel used to count only IN_PROGRESS steps as in flight and undo only COMPLETED ones:
+    CANCELLED, the charge kept."""
+    run_id = durable.start(workflows.lost_answer.name)
+    assert drive(run_id).status == RunStatus.WAITING
+    charge_key = durable.idempotency_key(run_id, 2)
+    assert partner.effects()[charge_key] == 1  # the partner has the money
+
+    outcome = durable.cancel(run_id, actor="ops", reason="customer withdrew")
+    run = drive(run_id)
+
+    assert outcome is not None and outcome.startswith("cancel requested: whether charge")
+    assert run.status == RunStatus.CANCELLED, run.error
+    charge = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    assert (charge.status, charge.output) == (
+        StepStatus.COMPLETED,
+        {"key": charge_key, "replayed": True},
+    )
+    assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.RECONCILED, seq=2).exists()
+    assert _undone(run_id) == {"refund": charge_key, "unbook": durable.idempotency_key(run_id, 1)}
+    # book, charge, then at 3 on (confirm never ran): refund, unbook, notify, once each
+    assert partner.effects() == {durable.idempotency_key(run_id, s): 1 for s in range(1, 6)}
+    assert partner.execution_counts(run_id)[(run_id, 2, "charge")] == 1  # asked, never made again
+
+
+def test_cancel__requested_while_the_charge_is_in_flight_then_it_times_out__refunded(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.lost_answer.name)
+    runtime.run_step(run_id, 1)  # book
+    state = store.state_load(run_id, 2)
+    assert state is not None
+    charge = workflows.lost_answer.steps["charge"]
+    claim = store.step_claim(state, charge, 2, None)  # the charge is in flight...
+    assert claim is not None
+    charge_key = durable.idempotency_key(run_id, 2)
+    partner.apply(charge_key)  # ...reaches the partner...
+
+    outcome = durable.cancel(run_id, actor="ops", reason="customer withdrew")
+    assert outcome is not None and outcome.startswith("cancel requested: charge is running")
+    assert store.step_fail(  # ...and its answer times out: it backs off
+        state, workflows.lost_answer, charge, 2, claim=claim, seen=None,
+        error="read timed out", retry_in_seconds=0.0,
+    )  # fmt: skip
+    run = drive(run_id)
+
+    assert run.status == RunStatus.CANCELLED, run.error
+    assert StepCheckpoint.objects.get(run_id=run_id, seq=2).status == StepStatus.COMPLETED
+    assert _undone(run_id)["refund"] == charge_key
+    assert partner.effects() == {durable.idempotency_key(run_id, s): 1 for s in range(1, 6)}
+
+
+def test_cancel__the_partner_cannot_tell__parked_outcome_unknown_with_nothing_undone(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """cancellable's charge has no reconcile: parked IN_PROGRESS "outcome unknown", a cancel
+    cannot learn more, so it parks again with the reason rather than guess either way."""
+    run_id = durable.start(workflows.cancellable.name)
+    runtime.run_step(run_id, 1)
+    state = store.state_load(run_id, 2)
+    assert state is not None
+    claim = store.step_claim(state, workflows.cancellable.steps["charge"], 2, None)
+    assert claim is not None
+    assert store.run_park(run_id, 2, "outcome unknown: test", fence=claim.fence, claimed=True)
+
+    outcome = durable.cancel(run_id, actor="ops", reason="stop it")
+    run = drive(run_id)
+
+    assert outcome is not None and outcome.startswith("cancel requested: whether charge")
+    assert run.status == RunStatus.NEEDS_ATTENTION
+    assert run.error.startswith(
+        "outcome unknown: charge may or may not have taken effect: the run was cancelled and "
+        "there is no way to ask the partner"
+    )
+    assert StepCheckpoint.objects.filter(run_id=run_id, seq__gt=2).count() == 0  # nothing undone
+    assert set(partner.effects()) == {durable.idempotency_key(run_id, 1)}
+    with pytest.raises(durable.ActionRefused, match="waits to learn whether charge took effect"):
+        durable.cancel(run_id, actor="ops", reason="again")
 
 
 def test_cancel__a_step_in_flight__it_finishes_first_and_is_undone_too(
@@ -222,20 +315,6 @@ def test_cancel__a_step_in_flight__it_finishes_first_and_is_undone_too(
     names = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list(
         "name", flat=True))  # fmt: skip
     assert names == ["book", "charge", "refund", "unbook", "notify"]
-
-
-def test_cancel__refused_while_an_outcome_is_unknown(drive: Callable[[str], WorkflowRun]) -> None:
-    run_id = durable.start(workflows.cancellable.name)
-    runtime.run_step(run_id, 1)
-    state = store.state_load(run_id, 2)
-    assert state is not None
-    claim = store.step_claim(state, workflows.cancellable.steps["charge"], 2, None)
-    assert claim is not None
-    assert store.run_park(run_id, 2, "outcome unknown: test", fence=claim.fence, claimed=True)
-
-    with pytest.raises(durable.ActionRefused, match="whether charge took effect is unknown"):
-        durable.cancel(run_id, actor="ops", reason="stop it")
-    assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.NEEDS_ATTENTION
 
 
 # --- the database goes away between an effect and its record ------------------------------------

@@ -463,7 +463,7 @@ def test_permanent_error_after_effects__compensates_latest_first_then_on_failure
     ]
     assert partner.effects() == {durable.idempotency_key(run_id, seq): 1 for seq in (1, 2, 4, 5, 6)}
     event = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.COMPENSATION)
-    assert "refund, unbook, notify" in event.detail
+    assert "refund@2, unbook@1, notify" in event.detail  # each names the call it undoes
 
 
 def test_lease_keeper__renews_a_long_step_in_the_background(settings: Any) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from agentflow import durable
+from agentflow import durable, runtime, store
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus
+from agentflow.states import RunStatus, StepStatus
 from refunds import engines
 from refunds.sandbox.airline import owner_of
 from tests.support.refunds import submit
@@ -62,3 +62,37 @@ def test_agent_engine__someone_else_s_details__failed_before_the_model_is_asked(
     assert all(ledger[kind] == [] for kind in ("payments", "seat_cancellations", "emails"))
     snapshot = durable.snapshot(run_id)
     assert snapshot is not None and snapshot.status == RunStatus.FAILED
+
+
+def test_agent_engine__a_fork_sets_the_charge_aside_then_fails__that_charge_refunded_and_told(
+    drive: Callable[[str], WorkflowRun], partners: SandboxProcess, settings: Any
+) -> None:
+    """Issue 19 finding 3: the undo of the set-aside charge (`refund_fee@b0.N`) read "the
+    latest charge in the current branch", which had none: `{"refunded": false}` recorded as
+    done; `notify_failure` found no booking in the branch and mailed no one. A compensation is
+    handed the exact call it undoes, and the customer is found whichever branch found them."""
+    settings.REFUNDS_ENGINE = "agent"
+    run_id = submit("AGT003")
+    charged = StepCheckpoint.objects.filter(
+        run_id=run_id, name="charge_customer", status=StepStatus.COMPLETED
+    )
+    for _ in range(60):
+        if charged.exists():
+            break
+        runtime.run_step(run_id, WorkflowRun.objects.get(pk=run_id).current_seq)
+    charge = charged.get()
+    assert store.run_park(run_id, charge.seq + 1, "diverged (the prompt changed)", fence=None)
+    settings.AGENTFLOW_AGENT_MAX_TURNS = 1  # the new branch runs out of turns before a charge
+
+    durable.fork(run_id, position=2, actor="ops", reason="new prompt")  # after the owner check
+    run = drive(run_id)
+
+    assert run.status == RunStatus.FAILED, run.error
+    assert f"refund_fee@b0.{charge.seq}" in names(run_id)
+    ledger = partners.ledger(workflow_id=run_id)
+    [payment] = ledger["payments"]
+    [refund] = ledger["refunds"]
+    assert (refund["payment_intent"], refund["amount"]) == (payment["id"], 4500)
+    assert refund["idempotency_key"].startswith(f"{run_id}_b1_step_")  # the branch's own key
+    [email] = ledger["emails"]
+    assert email["to"] == [owner_of("AGT003").email]

@@ -15,6 +15,7 @@ from django.core import mail
 from django.utils import timezone
 
 from agentflow import durable
+from agentflow.context import UndoneCall
 from agentflow.durable import PermanentStepError, StepContext
 from agentflow.models import StepCheckpoint, WorkflowRun
 from refunds import steps
@@ -61,7 +62,16 @@ class Flow:
             attempt=attempt,
             input={"refund_id": self.request.public_id},
             load_outputs=lambda: earlier,
+            undoes=self.charge() if step == "refund_fee" else None,
         )
+
+    def charge(self) -> UndoneCall:
+        """The charge as the engine hands it to the compensation that undoes it."""
+        seq = SEQ["charge_customer"]
+        return UndoneCall(
+            name="charge_customer", seq=seq, branch=0, status="COMPLETED", arguments=None,
+            output=self.outputs.get("charge_customer"), idempotency_key=f"{self.run_id}_step_{seq}",
+        )  # fmt: skip
 
     def key(self, step: str) -> str:
         return self.ctx(step).idempotency_key
