@@ -402,9 +402,7 @@ def buy_answer_lost(ctx: ToolContext, item: str, qty: int) -> dict[str, Any]:
     return {"item": item, "qty": qty, **applied}
 
 
-careful_shop.tool("refund", side_effect=True, description="Refund a purchase of an item.")(
-    refund_purchase
-)
+careful_shop.compensation("refund")(refund_purchase)
 careful_agent = durable.CodeWorkflow(
     "crash_careful_agent",
     version=1,

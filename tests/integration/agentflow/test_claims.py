@@ -55,7 +55,7 @@ def test_claim__a_worker_that_loaded_the_charge_before_a_cancel__charges_nothing
     charge = workflows.cancellable.steps["charge"]
     claim = store.step_claim(stale, charge, 2, stale.checkpoint)  # ...and claims after it
 
-    assert outcome == "cancelling: undoing with unbook, notify first"
+    assert outcome == "cancelling: undoing with unbook@1, notify first"
     assert claim is None
     run = drive(run_id)
     assert run.status == RunStatus.CANCELLED, run.error
@@ -71,7 +71,7 @@ def test_cancel__at_a_step_boundary__its_compensation_takes_a_seq_of_its_own() -
     durable.cancel(run_id, actor="ops", reason="customer withdrew")
 
     run = WorkflowRun.objects.get(pk=run_id)
-    assert (run.current_seq, run.current_step) == (3, "unbook")
+    assert (run.current_seq, run.current_step) == (3, "unbook@1")
 
 
 def test_db_step__a_worker_that_loaded_it_before_a_cancel__writes_nothing(
@@ -159,7 +159,7 @@ def _next_call(run_id: str, seq: int) -> tuple[store.StepState, StepDef]:
         seq=seq,
         branch=state.branch,
         recorded=store.calls_load(run_id, seq + 1),
-        reusable=lambda: store.superseded_reusable(run_id),
+        reusable=lambda: store.superseded_reusable(run_id, workflows.agent),
     )
     assert isinstance(outcome, codefirst.NextCall), outcome
     return state, outcome.step

@@ -82,12 +82,12 @@ def test_fork__mid_undo__refused_with_the_reason_and_refunded_once(
     """Finding 7: the refund done, the notification failed (parked). A fork used to set the
     undo aside and refund a second time."""
     run_id = durable.start(workflows.agent.name, input={"fail_after_buy": True})
-    for seq in (1, 2, 3, 4, 5, 6, 6):  # the function fails after the buy; refund@5 at 6
+    for seq in (1, 2, 3, 4, 5, 6, 7):  # the function fails at 6, after the buy; refund@5 at 7
         runtime.run_step(run_id, seq)
     run = WorkflowRun.objects.get(pk=run_id)
-    assert (run.current_seq, run.current_step) == (7, "tell")
+    assert (run.current_seq, run.current_step) == (8, "tell")
     assert store.run_park(
-        run_id, 7, "compensation failed: tell: the mail server is down", fence=None
+        run_id, 8, "compensation failed: tell: the mail server is down", fence=None
     )
 
     with pytest.raises(durable.ActionRefused, match=r"its undo has started \(tell is next\)"):
@@ -108,13 +108,13 @@ def test_fork__after_a_failure_that_only_told_the_customer__the_told_step_is_not
     for seq in (1, 2, 3, 4):
         runtime.run_step(run_id, seq)
     assert store.run_fail_between_calls(run_id, workflows.agent, 5, "the shop closed")
-    assert drive(run_id).status == RunStatus.FAILED  # tell at 5, nothing to undo
+    assert drive(run_id).status == RunStatus.FAILED  # tell at 6 (5 is the call's), no undo
 
     durable.fork(run_id, position=4, actor="ops", reason="the shop is open again")
     run = drive(run_id)
 
     assert run.status == RunStatus.COMPLETED, run.error
-    told = durable.idempotency_key(run_id, 5)
+    told = durable.idempotency_key(run_id, 6)
     assert partner.effects() == {told: 1, durable.idempotency_key(run_id, 5, 1): 1}  # tell, buy
     assert StepCheckpoint.objects.get(run_id=run_id, seq=5).name == "buy"
 

@@ -9,6 +9,7 @@ Effects are counted in the sandbox's ledger, the partners' side of the story.
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from agentflow.agent import (
     tool_result_message,
 )
 from agentflow.agent.openai_chat import OpenAIChatModel
-from agentflow.durable import PermanentStepError
+from agentflow.durable import PermanentStepError, StepStatus, UndoneCall
 from agentflow.exceptions import OutcomeUnknown
 from refunds.agent import prompts
 from refunds.agent.guardrails import GuardrailViolation
@@ -91,10 +92,27 @@ class AgentRun:
         return outcome
 
     def undo(self, name: str, **arguments: Any) -> ToolOutcome:
-        """The engine runs compensation `name` at the next position (the run failed)."""
+        """The engine runs compensation `name` at the next position (the run failed), handed
+        the latest completed call it undoes, as the engine hands it over."""
+        undone = next(
+            r for r in reversed(self.history)
+            if r.ok and r.name in toolbox and toolbox[r.name].compensate == name
+        )  # fmt: skip
         self.position += 1
         self.positions.setdefault(name, []).append(self.position)
-        return toolbox.prepare_undo(name, arguments).run(self.ctx(name, self.position))
+        ctx = replace(
+            self.ctx(name, self.position),
+            undoes=UndoneCall(
+                name=undone.name,
+                seq=undone.position,
+                branch=0,
+                status=StepStatus.COMPLETED,
+                arguments=undone.arguments,
+                output=undone.result,
+                idempotency_key=self.key(undone.name),
+            ),
+        )
+        return toolbox.prepare_undo(name, arguments).run(ctx)
 
     def retry(self, name: str, **arguments: Any) -> ToolOutcome:
         """The same call again at its own position and key (a retry after a crash)."""

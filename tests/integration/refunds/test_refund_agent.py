@@ -90,9 +90,10 @@ def test_agent_engine__a_fork_sets_the_charge_aside_then_fails__that_charge_refu
     assert run.status == RunStatus.FAILED, run.error
     assert f"refund_fee@b0.{charge.seq}" in names(run_id)
     ledger = partners.ledger(workflow_id=run_id)
-    [payment] = ledger["payments"]
-    [refund] = ledger["refunds"]
-    assert (refund["payment_intent"], refund["amount"]) == (payment["id"], 4500)
-    assert refund["idempotency_key"].startswith(f"{run_id}_b1_step_")  # the branch's own key
+    [hold] = ledger["authorizations"]  # the charge holds the fee; the undo releases it
+    [released] = ledger["authorization_cancels"]
+    assert (released["id"], hold["amount"]) == (hold["id"], 4500)
+    assert released["idempotency_key"].startswith(f"{run_id}_b1_step_")  # the branch's own key
+    assert ledger["payments"] == [] and ledger["refunds"] == []
     [email] = ledger["emails"]
     assert email["to"] == [owner_of("AGT003").email]

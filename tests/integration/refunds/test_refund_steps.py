@@ -29,6 +29,10 @@ SEQ = {name: seq for seq, name in enumerate(refund.forward_steps, start=1)}
 pytestmark = pytest.mark.django_db
 
 
+#: Compensation -> the forward step it undoes.
+UNDOES = {"refund_fee": "charge_customer", "reinstate_seat": "cancel_seat"}
+
+
 class Flow:
     """One refund's steps run in order by hand, feeding each the outputs before it."""
 
@@ -62,15 +66,15 @@ class Flow:
             attempt=attempt,
             input={"refund_id": self.request.public_id},
             load_outputs=lambda: earlier,
-            undoes=self.charge() if step == "refund_fee" else None,
+            undoes=self.undone(UNDOES[step]) if step in UNDOES else None,
         )
 
-    def charge(self) -> UndoneCall:
-        """The charge as the engine hands it to the compensation that undoes it."""
-        seq = SEQ["charge_customer"]
+    def undone(self, step: str) -> UndoneCall:
+        """The call `step` as the engine hands it to the compensation that undoes it."""
+        seq = SEQ[step]
         return UndoneCall(
-            name="charge_customer", seq=seq, branch=0, status="COMPLETED", arguments=None,
-            output=self.outputs.get("charge_customer"), idempotency_key=f"{self.run_id}_step_{seq}",
+            name=step, seq=seq, branch=0, status="COMPLETED", arguments=None,
+            output=self.outputs.get(step), idempotency_key=f"{self.run_id}_step_{seq}",
         )  # fmt: skip
 
     def key(self, step: str) -> str:
