@@ -316,6 +316,12 @@ _STEP_TROUBLE = {
     "issue_boarding_pass": "The airline couldn't issue your new boarding pass.",
     "capture_fee": "We couldn't reach our payment provider to take the change fee.",
 }
+#: The engine's turn and token limits (agentflow.agent.limits), in the customer's words.
+_AGENT_LIMITS = ("The agent used all ", "The agent spent ")
+_OVER_LIMITS = (
+    "We stopped this change: our automated assistant could not finish it within the steps we "
+    "allow, so we undid what it had started."
+)
 _READABLE_PREFIXES = ("We ", "Your ", "Basic fares ", "These details ")
 
 
@@ -328,9 +334,11 @@ def _failure_reason(ctx: StepContext) -> str:
     ) if run else None  # fmt: skip
     if failed is None:  # it failed between steps: a limit, or the agent stopped short
         error = run.error if run else ""
-        return (
-            error if error.startswith(_READABLE_PREFIXES) else "Something went wrong on our side."
-        )
+        if error.startswith(_READABLE_PREFIXES):
+            return error
+        if error.startswith(_AGENT_LIMITS):
+            return _OVER_LIMITS
+        return "Something went wrong on our side."
     if failed.error.startswith(_READABLE_PREFIXES):
         return failed.error
     return _STEP_TROUBLE.get(failed.name, "Something went wrong on our side.")

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import requests
 from django.core import mail
+from django.utils import timezone
 
 from agentflow.durable import PermanentStepError
+from agentflow.models import WorkflowRun
 from refunds import steps
 from refunds.agent import guardrails
 from refunds.agent.guardrails import GuardrailViolation
@@ -138,6 +140,27 @@ def test_notify_failure__a_guardrail_failure_reaches_the_customer_in_its_own_wor
     [message] = mail.outbox
     assert f"Why: {refused.value}" in message.body
     assert "You have not been charged anything." in message.body
+
+
+def test_notify_failure__an_agent_out_of_turns_is_told_in_words_for_the_customer(
+    partners, settings
+) -> None:
+    """Finding 4: a run the engine stopped at its turn limit (no step failed: the run's error
+    is the engine's) used to reach the customer as "Something went wrong on our side"."""
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    flow = Flow()
+    flow.run_through("calculate_penalty_fee")
+    WorkflowRun.objects.create(
+        id=flow.run_id, workflow="refund_agent", version=2, status="RUNNING",
+        wake_at=timezone.now(), current_step="notify_failure", current_seq=20,
+        error="The agent used all 20 of its model turns without finishing.",
+    )  # fmt: skip
+
+    output = flow.run("notify_failure", 20)
+
+    assert output["reason"].startswith("We stopped this change: our automated assistant could")
+    [message] = mail.outbox
+    assert f"Why: {output['reason']}" in message.body
 
 
 def test_agent_refund_fee__an_early_nothing_to_give_back_does_not_hide_a_later_hold(
