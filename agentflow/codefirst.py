@@ -119,11 +119,12 @@ class CodeWorkflow(Workflow):
             return None
         return undo_name(undo, seq, branch)
 
-    def outputs_view(self, outputs: dict[str, Any]) -> dict[str, Any]:
+    def outputs_view(self, outputs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
         """Recorded outputs by name as a step function reads them: a tool call's result rather
-        than its recorded `{"ok", "result"}`, so domain step code serves both engines."""
+        than its recorded `{"ok", "result"}`, so domain step code serves both engines; the
+        latest call of a tool that ran (a refused one after it does not hide it)."""
         view = {}
-        for name, output in outputs.items():
+        for name, output in outputs:
             target = undo_target(name)  # a compensation reads as its tool: `refund_fee@7`
             tool = target[0] if target is not None else name
             toolbox = self.toolbox

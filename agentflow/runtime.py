@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -179,16 +178,12 @@ def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> Ste
         step=step.name,
         attempt=attempt,
         input=run.input,
-        load_outputs=lambda: (view or _same)(
+        load_outputs=lambda: (view or dict)(
             store.outputs_load(run.id, seq, every_branch=every_branch)
         ),
         key=step.key,
         undoes=store.undone_call(run.id, **undoes) if undoes else None,
     )
-
-
-def _same(outputs: dict[str, Any]) -> dict[str, Any]:
-    return outputs
 
 
 # --- code-first runs: replay the function up to its next call -------------------------------------

@@ -105,13 +105,16 @@ def _run_id_by_key(workflow: str, business_key: str) -> str | None:
     )
 
 
-def outputs_load(run_id: str, before_seq: int, *, every_branch: bool = False) -> dict[str, Any]:
-    """Outputs of the completed steps before `before_seq`, by name (a later one wins).
+def outputs_load(
+    run_id: str, before_seq: int, *, every_branch: bool = False
+) -> list[tuple[str, Any]]:
+    """Outputs of the completed steps before `before_seq`, as (name, output) in order: folded
+    by name a later one wins, but a code-first view may skip calls that were refused.
     `every_branch`: with those of the branches a fork set aside first, for a compensation."""
-    outputs: dict[str, Any] = {}
+    outputs: list[tuple[str, Any]] = []
     if every_branch:
         earlier = SupersededStep.objects.filter(run_id=run_id, status=StepStatus.COMPLETED)
-        outputs.update(earlier.order_by("branch", "seq").values_list("name", "output"))
+        outputs += earlier.order_by("branch", "seq").values_list("name", "output")
     rows = (
         StepCheckpoint.objects.filter(
             run_id=run_id, seq__lt=before_seq, status=StepStatus.COMPLETED
@@ -119,7 +122,7 @@ def outputs_load(run_id: str, before_seq: int, *, every_branch: bool = False) ->
         .order_by("seq")
         .values_list("name", "output")
     )
-    outputs.update(rows)
+    outputs += rows
     return outputs
 
 

@@ -15,7 +15,15 @@ from agentflow import durable
 from agentflow.models import RunEvent
 from agentflow.workers import WorkerProcess
 from tests.support.engine import stopped
-from tests.support.refunds import finished, partner_effects, refund_worker_env, step, submit
+from tests.support.refunds import (
+    finished,
+    holds_left,
+    money_kept,
+    partner_effects,
+    refund_worker_env,
+    step,
+    submit,
+)
 from tests.support.sandbox import SandboxProcess
 from tests.support.waiting import wait_for
 
@@ -144,13 +152,14 @@ def _charge_backing_off(run_id: str) -> bool:
 def test_operator_cancels_while_the_charge_backs_off_after_stripe_took_it__fee_refunded_once(
     patient_worker: WorkerProcess, clean_sandbox: SandboxProcess
 ) -> None:
-    """Stripe takes the charge and goes dark; while the step backs off an operator cancels;
-    Stripe returns. Counted at the sandbox, not by us: one payment, refunded once, the run
+    """Stripe takes the charge (a hold on the card, since the fee is taken only after the pass)
+    and goes dark; while the step backs off an operator cancels; Stripe returns. Counted at the
+    sandbox, not by us: one hold, released once, nothing taken, the seat never touched, the run
     CANCELLED. It used to end CANCELLED with the $45 kept (finding 1)."""
     stripe_goes_dark(clean_sandbox)
     run_id = submit("OUT004")
     wait_for(lambda: _charge_backing_off(run_id), timeout=60, what="the charge to back off")
-    assert len(partner_effects(clean_sandbox, run_id)["payments"]) == 1  # Stripe has the money
+    assert len(partner_effects(clean_sandbox, run_id)["authorizations"]) == 1  # Stripe holds it
 
     outcome = durable.cancel(run_id, actor="ops", reason="the customer withdrew")
     assert outcome is not None and outcome.startswith("cancel requested: whether charge_customer")
@@ -163,13 +172,15 @@ def test_operator_cancels_while_the_charge_backs_off_after_stripe_took_it__fee_r
 
     assert run.status == durable.RunStatus.CANCELLED, run.error
     ledger = partner_effects(clean_sandbox, run_id)
-    [payment] = ledger["payments"]
-    [refund] = ledger["refunds"]
-    assert (refund["payment_intent"], refund["amount"]) == (payment["id"], 4500)
-    assert ledger["boarding_passes"] == []
+    [hold] = ledger["authorizations"]
+    assert hold["amount"] == 4500
+    assert [c["id"] for c in ledger["authorization_cancels"]] == [hold["id"]]
+    assert money_kept(ledger) == 0 and holds_left(ledger) == []
+    assert ledger["payments"] == [] and ledger["refunds"] == []
+    assert ledger["seat_cancellations"] == [] and ledger["boarding_passes"] == []
     charge = step(run, "charge_customer")
     assert (charge.status, charge.output["payment_intent_id"]) == (
         durable.StepStatus.COMPLETED,
-        payment["id"],
+        hold["id"],
     )  # adopted from Stripe, never asked for again
     assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.RECONCILED).exists()

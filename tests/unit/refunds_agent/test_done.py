@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentflow.agent import ToolRecord
-from refunds.agent.workflow import fee_secured_once, rebooked
+from refunds.agent.workflow import fee_secured_once, rebooked, refund_agent
 
 
 def ran(name: str, result: Any = None, *, ok: bool = True) -> ToolRecord:
@@ -48,3 +48,14 @@ def test_fee_secured_once__one_charge_that_held_the_fee_or_said_none_was_due() -
     assert not fee_secured_once([HELD, HELD])
     unheld = ran("charge_customer", {"authorized": False, "amount_cents": 4500})
     assert not fee_secured_once([unheld])
+
+
+def test_outputs_view__a_refused_call_after_one_that_ran_does_not_hide_it() -> None:
+    """Three boarding passes asked in a turn: the second and third refused (max_calls) used to
+    hide the first from `capture_fee`, which then failed a finished change."""
+    issued = {"ok": True, "result": {"barcode": "M1"}}
+    refused = {"ok": False, "result": {"error": "limit_reached"}}
+    view = refund_agent.outputs_view(
+        [("issue_boarding_pass", issued), ("issue_boarding_pass", refused)]
+    )
+    assert view["issue_boarding_pass"] == {"barcode": "M1"}
