@@ -129,9 +129,9 @@ def i7_owned(evidence: Evidence, now: datetime) -> list[str]:
 
 def i8_no_money_kept(evidence: Evidence) -> list[str]:
     problems = []
-    charged, refunded = evidence.money("payments"), evidence.money("refunds")
+    kept_by_run = evidence.money_kept()
     for run in evidence.runs.values():
-        kept = charged[run.id] - refunded[run.id]
+        kept = kept_by_run[run.id]
         if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and kept:
             problems.append(f"{run.id} is {run.status} and keeps {kept} cents")
         if run.status == RunStatus.NEEDS_ATTENTION and not run.error:
