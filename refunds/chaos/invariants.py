@@ -75,6 +75,17 @@ def i2_terminal(evidence: Evidence) -> list[str]:
     ]
 
 
+def i2_settled(evidence: Evidence) -> list[str]:
+    """I2 where operators act too (the model-based test's end): every run finished, or parked
+    for an operator with its reason."""
+    return [
+        f"{run.id} never settled: {run.status} at step {run.current_seq} {run.current_step}"
+        for run in evidence.runs.values()
+        if run.status not in TERMINAL_RUN_STATUSES
+        and not (run.status == RunStatus.NEEDS_ATTENTION and run.error)
+    ]
+
+
 def i3_no_rerun(evidence: Evidence) -> list[str]:
     problems = []
     keys = Counter((e.kind, e.key) for e in evidence.effects)

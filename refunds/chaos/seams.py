@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -69,10 +70,26 @@ class Worker:
         return self._conn is not None
 
     def die(self) -> None:
-        """Its session ends, so Postgres frees its lock: every claim it holds looks abandoned."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Its session ends, so Postgres frees its lock: every claim it holds looks abandoned.
+        Returns once the server has let the lock go (a backend takes a moment to exit), so
+        that what the next rule sees does not depend on timing."""
+        if self._conn is None:
+            return
+        self._conn.close()
+        self._conn = None
+        deadline = time.monotonic() + 10
+        while _lock_held(self.key) and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+
+def _lock_held(key: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND ((classid::bigint << 32) | objid::bigint) = %s",
+            [key],
+        )
+        return cursor.fetchone() is not None
 
 
 @dataclass
@@ -140,6 +157,13 @@ class Seams:
             calls=(*usual.calls, call("charge_customer", refund_id=refund_id, amount_cents=1))
         )
 
+    def reset(self) -> None:
+        """As at the start: nothing queued, every model answer the usual, the first model."""
+        self.queue.clear()
+        self.answers.clear()
+        self.model_generation = 0
+        self._model.model = planner.MODEL
+
     def redeploy_model(self) -> None:
         """A new model version: recorded turns no longer match, so replays diverge."""
         self.model_generation += 1
@@ -170,6 +194,9 @@ class Seams:
                 (dispatch, "send_step", self._send_step),
                 (leases, "current_owner", self._current_owner),
                 (faults, "crash_point", self._crash_point),
+                # Every back-off gets its doorbell, whatever its jitter drew: what is queued
+                # must not depend on chance, or a failure would not replay.
+                (dispatch, "MAX_COUNTDOWN_SECONDS", float("inf")),
                 (refund_agent, "model", self._model),
                 # "Applied, then the answer lost" means lost: no client-side replay hides it.
                 (gateways, "STRIPE_NETWORK_RETRIES", 0),

@@ -187,6 +187,7 @@ class Command(BaseCommand):
         workdir = Path(settings.VAR_DIR) / "chaos" / f"model-{stamp}"
         workdir.mkdir(parents=True)
         sandbox = Sandbox(workdir)
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: clean up
         try:
             sandbox.start({**os.environ, "AGENTFLOW_VAR_DIR": str(workdir)})
             # Every step runs in this process: its log lines would bury the report.
@@ -207,6 +208,7 @@ class Command(BaseCommand):
         except ProcessStartError as exc:
             raise CommandError(str(exc)) from exc
         finally:
+            signal.signal(signal.SIGTERM, previous)
             sandbox.kill()
         self.stdout.write(json.dumps(report, indent=2))
         if report["violations"]:
