@@ -46,7 +46,7 @@ def explore(
         print_blob=True,
         suppress_health_check=list(HealthCheck),
     )
-    report: list[str] = []
+    report: list[object] = []
     started = time.monotonic()
     violations = []
     with seams.taken(partner_settings or {}), with_reporter(report.append):
@@ -60,8 +60,28 @@ def explore(
         "steps_per_example": steps,
         "seconds": round(time.monotonic() - started, 1),
         "violations": violations,
-        "hypothesis_said": report,
+        "hypothesis_said": [str(line) for line in report],
     }
+
+
+def replay(
+    *,
+    sandbox_url: str,
+    rules: list[tuple[str, dict[str, Any]]],
+    partner_settings: dict[str, Any] | None = None,
+) -> None:
+    """One example as a written list of (rule, arguments), checked as Hypothesis checks it:
+    the invariants after every rule, the end in teardown. Raises AssertionError on a violation
+    (for sequences found once and kept, such as each finding's)."""
+    seams, figures = Seams(), Figures()
+    with seams.taken(partner_settings or {}):
+        state = machine(seams, Partners(sandbox_url), figures)()
+        try:
+            for name, arguments in rules:
+                getattr(state, name)(**arguments)
+                state.money_and_liveness()
+        finally:
+            state.teardown()
 
 
 def _explained(exc: BaseException) -> list[dict[str, Any]]:

@@ -5,10 +5,11 @@ runs the same machine longer and shrinks what it finds to a minimal sequence of 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
-from refunds.chaos.exploration import explore
+from refunds.chaos.exploration import explore, replay
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -33,3 +34,60 @@ def test_money_model__no_sequence_of_rules_keeps_or_doubles_money(partners: Sand
     print(json.dumps(figures, indent=2))
     assert figures["examples"] >= EXAMPLES and figures["invariant_checks"] > 0
     assert not figures["violations"], json.dumps(figures["violations"], indent=2)
+
+
+#: Minimal sequences the machine breaks an invariant with on the code before the issue 19
+#: fixes (one per finding it reaches); each must hold once its fix is in.
+FOUND = {
+    "finding 1: cancel while the charge's outcome is unknown keeps the fee": [
+        ("first", {"engine": "graph", "declining": False}),
+        ("next_charge", {"outcome": "lost"}),
+        ("work", {"deliveries": 12}),
+        ("operator", {"action": "cancel", "run": 0}),
+        ("work", {"deliveries": 12}),
+    ],
+    "finding 2: a fork over a charge whose outcome is unknown charges twice": [
+        ("first", {"engine": "agent", "declining": False}),
+        ("next_charge", {"outcome": "lost"}),
+        ("work", {"deliveries": 12}),
+        ("model_redeployed", {}),
+        ("time_passes", {"seconds": 301.0}),
+        ("sweep", {}),
+        ("work", {"deliveries": 12}),
+        ("fork", {"run": 0, "position": 2}),
+        ("work", {"deliveries": 12}),
+        ("work", {"deliveries": 12}),
+    ],
+    "finding 3: undoing a set-aside charge after a fork refunds nothing": [
+        ("first", {"engine": "agent", "declining": False}),
+        ("next_partner_call", {"endpoint": "airline.boarding_pass", "outcome": "5xx"}),
+        ("work", {"deliveries": 12}),
+        ("model_redeployed", {}),
+        ("time_passes", {"seconds": 301.0}),
+        ("sweep", {}),
+        ("work", {"deliveries": 12}),
+        ("fork", {"run": 0, "position": 2}),
+        ("operator", {"action": "cancel", "run": 0}),
+        ("work", {"deliveries": 12}),
+    ],
+    "finding 5: a stale model call is recorded across a fork (fences restart)": [
+        ("first", {"engine": "agent", "declining": False}),
+        ("work", {"deliveries": 1}),
+        ("deliver_and_pause", {"index": 0, "worker": 0, "point": "after_effect"}),
+        ("model_redeployed", {}),
+        ("time_passes", {"seconds": 3601.0}),
+        ("sweep", {}),
+        ("work", {"deliveries": 1}),
+        ("fork", {"run": 0, "position": 2}),
+        ("deliver_and_crash", {"index": 0, "worker": 0, "point": "after_claim"}),
+        ("wake_paused", {}),
+    ],
+}
+
+
+@pytest.mark.xfail(strict=False, reason="issue 19 findings 1, 2, 3, 5: fixes on their branches")
+@pytest.mark.parametrize("rules", FOUND.values(), ids=FOUND.keys())
+def test_money_model__sequences_it_found_hold(
+    partners: SandboxProcess, rules: list[tuple[str, dict[str, Any]]]
+) -> None:
+    replay(sandbox_url=partners.url, rules=rules)
