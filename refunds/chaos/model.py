@@ -21,6 +21,7 @@ from typing import Any
 from django.db import connection
 from django.test.utils import override_settings
 from hypothesis import strategies as st
+from hypothesis import target
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from agentflow import durable, faults, leases, recovery, runtime, store
@@ -173,7 +174,7 @@ class MoneyMachine(RuleBasedStateMachine):
     @rule(index=positions, worker=worker_picks, point=st.sampled_from(faults.CRASH_POINTS))
     def deliver_and_pause(self, index: int, worker: int, point: str) -> None:
         message, plan = self._take(index), PointPlan(point=point, pause=True)
-        chosen = self._worker(worker)
+        chosen = self.workers[worker % len(self.workers)]
         thread = threading.Thread(target=self._in_thread, args=(message, chosen, plan))
         thread.start()
         while thread.is_alive() and not plan.paused.wait(0.005):
@@ -187,8 +188,7 @@ class MoneyMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.paused is not None)
     @rule()
     def wake_paused(self) -> None:
-        """The stale worker goes on. If its claim was fenced out meanwhile, it changes nothing
-        (I5): neither our rows nor the partners' ledger."""
+        """The stale worker goes on; fenced out meanwhile, it changes nothing (I5), anywhere."""
         paused = self.paused
         assert paused is not None
         run_id = paused.message.run_id
@@ -202,10 +202,9 @@ class MoneyMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.paused is not None)
     @rule()
     def kill_paused(self) -> None:
-        paused = self.paused
-        assert paused is not None
-        self._release(paused, die=True)
-        self.seams.queue.append(paused.message.redelivery())
+        assert self.paused is not None
+        self.seams.queue.append(self.paused.message.redelivery())
+        self._release(self.paused, die=True)
         self._count("kill_paused")
 
     # --- recovery and time ------------------------------------------------------------------
@@ -294,6 +293,10 @@ class MoneyMachine(RuleBasedStateMachine):
         now = evidence.db_now()
         assert not invariants.i7_owned(found, now), invariants.i7_owned(found, now)
         self.figures.checks += 1
+        # Steer the search to where money is at stake: fees held by unfinished runs; forks.
+        kept, runs = found.money_kept(), found.runs.values()
+        target(sum(1.0 for r in runs if kept[r.id] and r.status != RunStatus.COMPLETED))
+        target(float(sum(r.branch for r in runs)), label="forks")
 
     def teardown(self) -> None:
         """Partners heal, every message is delivered, sweeps run until quiet: every run must
@@ -329,7 +332,7 @@ class MoneyMachine(RuleBasedStateMachine):
             recovery.sweep()
 
     def _deliver(self, message: Message, worker: int, plan: PointPlan | None) -> None:
-        chosen = self._worker(worker)
+        chosen = self.workers[worker % len(self.workers)]
         try:
             self.seams.run_as(chosen, plan, lambda: self._step(message))
         except SimulatedCrash:
@@ -361,9 +364,6 @@ class MoneyMachine(RuleBasedStateMachine):
         if not die:
             paused.worker.die()  # retired: it did its one delivery
         self.paused = None
-
-    def _worker(self, index: int) -> Worker:
-        return self.workers[index % len(self.workers)]
 
     def _worker_died(self, worker: Worker) -> None:
         worker.die()
