@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-from typing import Any
 
 from django.db import connection
 from django.test.utils import override_settings
@@ -36,6 +35,7 @@ from refunds.chaos.seams import (
     LEASE_SECONDS,
     MODEL_ANSWERS,
     Message,
+    Paused,
     PointPlan,
     Seams,
     SimulatedCrash,
@@ -77,14 +77,6 @@ run_picks = st.integers(min_value=0, max_value=MAX_RUNS - 1)
 worker_picks = st.integers(min_value=0, max_value=1)
 
 
-class _Paused:
-    """A delivery stopped at a crash point in its own thread: a stale worker, until it wakes."""
-
-    def __init__(self, message: Message, worker: Worker, plan: PointPlan, thread: Any) -> None:
-        self.message, self.worker, self.plan, self.thread = message, worker, plan, thread
-        self.mark = evidence.claim_mark(message.run_id, message.seq)
-
-
 class MoneyMachine(RuleBasedStateMachine):
     """Set `seams`, `partners` and `figures` on a subclass (see `machine`), then run it."""
 
@@ -98,7 +90,8 @@ class MoneyMachine(RuleBasedStateMachine):
         self.seams.reset()
         self.run_ids: list[str] = []
         self.workers = [self._new_worker(), self._new_worker()]
-        self.paused: _Paused | None = None
+        self.paused: Paused | None = None
+        self.scores = [0.0, 0]
         self.figures.examples += 1
 
     def _new_worker(self) -> Worker:
@@ -180,7 +173,7 @@ class MoneyMachine(RuleBasedStateMachine):
         while thread.is_alive() and not plan.paused.wait(0.005):
             pass
         if plan.paused.is_set():
-            self.paused = _Paused(message, chosen, plan, thread)
+            self.paused = Paused(message, chosen, plan, thread)
             self.workers.remove(chosen)  # busy until it wakes
             self.workers.append(self._new_worker())
         self._count("deliver_and_pause")
@@ -293,14 +286,15 @@ class MoneyMachine(RuleBasedStateMachine):
         now = evidence.db_now()
         assert not invariants.i7_owned(found, now), invariants.i7_owned(found, now)
         self.figures.checks += 1
-        # Steer the search to where money is at stake: fees held by unfinished runs; forks.
         kept, runs = found.money_kept(), found.runs.values()
-        target(sum(1.0 for r in runs if kept[r.id] and r.status != RunStatus.COMPLETED))
-        target(float(sum(r.branch for r in runs)), label="forks")
+        at_stake = sum(1.0 for r in runs if kept[r.id] and r.status != RunStatus.COMPLETED)
+        self.scores = [max(self.scores[0], at_stake), max(r.branch for r in runs)]
 
     def teardown(self) -> None:
         """Partners heal, every message is delivered, sweeps run until quiet: every run must
         settle, finished or parked with its reason, and keep no money it should not."""
+        target(self.scores[0], label="fees held by unfinished runs")  # steers the search
+        target(float(self.scores[1]), label="forks")
         try:
             if self.paused is not None:
                 self._release(self.paused, die=False)
@@ -355,7 +349,7 @@ class MoneyMachine(RuleBasedStateMachine):
         finally:
             connection.close()  # this thread's own connection, as a dead process's would close
 
-    def _release(self, paused: _Paused, *, die: bool) -> None:
+    def _release(self, paused: Paused, *, die: bool) -> None:
         if die:
             paused.worker.die()
         paused.plan.die = die

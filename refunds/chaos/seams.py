@@ -32,6 +32,7 @@ from refunds import gateways
 from refunds.agent import planner
 from refunds.agent.prompts import read_first_user_message
 from refunds.agent.workflow import refund_agent
+from refunds.chaos.evidence import claim_mark
 
 #: Long enough that no lease runs out and no renewal is due by the wall clock while an example
 #: runs: time passes only when the machine says so (`agentflow.store.synthetic.runs_age`).
@@ -103,6 +104,15 @@ class PointPlan:
     die: bool = False
     #: The (step name, point) it stopped at, once it did.
     stopped_at: tuple[str, str] | None = None
+
+
+class Paused:
+    """A delivery stopped at a crash point in its own thread: a stale worker, until it wakes."""
+
+    def __init__(self, message: Message, worker: Worker, plan: PointPlan, thread: Any) -> None:
+        self.message, self.worker, self.plan, self.thread = message, worker, plan, thread
+        #: The claim it holds (row and fence): if that changes, it has been fenced out.
+        self.mark = claim_mark(message.run_id, message.seq)
 
 
 class Seams:
