@@ -65,6 +65,9 @@ class Worker:
         self.key = leases.lock_key(self.token)
         self._conn: psycopg.Connection[Any] | None = psycopg.connect(conninfo, autocommit=True)
         self._conn.execute("SELECT pg_advisory_lock(%s)", [self.key])
+        # The server the lock is held on, as a real worker's liveness records it (SPEC 3.7).
+        row = self._conn.execute(f"SELECT {leases.SERVER_SQL}").fetchone()
+        self.server = row[0] if row else ""
 
     @property
     def alive(self) -> bool:
@@ -132,9 +135,9 @@ class Seams:
         self.queue.append(Message(run_id=run_id, seq=seq, fresh=fresh))
         return True
 
-    def _current_owner(self) -> tuple[str, int | None]:
+    def _current_owner(self) -> tuple[str, int | None, str]:
         worker: Worker = self._local.worker
-        return worker.token, worker.key
+        return worker.token, worker.key, worker.server
 
     def _crash_point(self, step: str, point: str, attempt: int) -> None:
         plan: PointPlan | None = getattr(self._local, "plan", None)
