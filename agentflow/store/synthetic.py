@@ -1,5 +1,6 @@
 """Synthetic engine rows for the measurements (`bench`, `bench_admin`): a finished history,
-due and mixed runs, aged runs for the purge, old events, and the hand-written yardstick's writes.
+due and mixed runs, aged runs for the purge, old events, and the hand-written yardstick's writes;
+and time moved on under live runs, for the model-based test (`runs_age`).
 
 None of these is a run of the protocol: they are bulk-inserted (Postgres only) to give the
 measured queries the data a busy deployment holds. They live here so that the store stays the
@@ -165,3 +166,28 @@ def yardstick_step_record(run_id: str, seq: int) -> None:
         finished_at=now,
     )
     WorkflowRun.objects.filter(pk=run_id).update(current_seq=seq + 1, updated_at=now)
+
+
+# --- time passing, for the model-based test ------------------------------------------------------
+_AGED = {
+    WorkflowRun: ("id", ("wake_at", "created_at", "updated_at")),
+    StepCheckpoint: (
+        "run_id",
+        ("lease_expires_at", "retry_at", "first_started_at", "started_at", "finished_at"),
+    ),
+}
+
+
+def runs_age(run_ids: list[str], *, seconds: float) -> None:
+    """Move every time of these runs and their checkpoints `seconds` into the past, as if that
+    long had passed by the database's clock: leases run out, retries and wake-ups fall due,
+    first attempts grow older. Nothing else changes (no fence, no status)."""
+    if not run_ids:
+        return
+    with connection.cursor() as cursor:
+        for model, (key, columns) in _AGED.items():
+            moved = ", ".join(f"{c} = {c} - %s * interval '1 second'" for c in columns)
+            cursor.execute(
+                f"UPDATE {model._meta.db_table} SET {moved} WHERE {key} = ANY(%s)",
+                [*([seconds] * len(columns)), list(run_ids)],
+            )

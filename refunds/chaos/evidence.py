@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
+
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 
 #: Ledger lists, and the refund step whose idempotency key each effect carries. `payments` is
@@ -91,6 +93,13 @@ class Evidence:
         for effect in self.effects_of(kind):
             totals[effect.workflow_id] += effect.amount
         return {run_id: totals.get(run_id, 0) for run_id in self.runs}
+
+    def money_kept(self) -> dict[str, int]:
+        """Cents each run of ours keeps: what the partner took minus what it gave back. The one
+        place that says what "money kept" means: payments (with manual capture, a hold's
+        capture) minus refunds; a hold alone keeps nothing, and I8 checks holds apart."""
+        charged, refunded = self.money("payments"), self.money("refunds")
+        return {run_id: charged[run_id] - refunded[run_id] for run_id in self.runs}
 
     def per_refund(self, kind: str) -> dict[str, int]:
         """Effects of `kind` per run of ours (emails: distinct Message-IDs), zeros included."""
@@ -188,3 +197,30 @@ def attempts(evidence: Evidence) -> dict[str, Any]:
         "max": max((cp.attempts for cp in evidence.checkpoints.values()), default=0),
         "attempts_by_step": dict(sorted(per_step.items())),
     }
+
+
+# --- single reads, for the model-based test ----------------------------------------------
+def claim_mark(run_id: str, seq: int) -> tuple[Any, ...] | None:
+    """What a claim at `seq` is known by: the checkpoint row (a fork deletes it and starts a
+    new one, whose fences start again) and its fence."""
+    return StepCheckpoint.objects.filter(run_id=run_id, seq=seq).values_list("id", "fence").first()
+
+
+def run_rows(run_id: str) -> tuple[Any, ...]:
+    """One run's row and checkpoints as they stand, events aside: what a fenced-out worker
+    must leave exactly as it found them (I5)."""
+    run = WorkflowRun.objects.filter(pk=run_id).values(
+        "status", "current_seq", "current_step", "error", "output", "compensations",
+        "cancel_requested", "branch",
+    ).first()  # fmt: skip
+    steps = StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list(
+        "seq", "name", "status", "fence", "attempts", "output", "error"
+    )  # fmt: skip
+    return run, list(steps)
+
+
+def db_now() -> Any:
+    """The database's clock, which every engine decision reads (never this process's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]

@@ -25,7 +25,8 @@ NOTES = {
     "I1": "at the sandbox: no idempotency key with more than one effect in any ledger list; "
     "each COMPLETED refund has exactly one fee hold, payment (its capture), seat "
     "cancellation, boarding pass, CRM update and e-mail Message-ID, and no refund, hold "
-    "release or seat reinstatement; any other run at most one of each",
+    "release or seat reinstatement; any other run at most one of each but e-mails (a failed "
+    "run an operator retried is told of each failure)",
     "I2": "every run reached COMPLETED, FAILED or CANCELLED before the deadline",
     "I3": "executions are not visible from outside the workers; checked instead: every "
     "COMPLETED effect step has exactly one partner effect under its key, and partner requests "
@@ -64,7 +65,9 @@ def i1_one_effect(evidence: Evidence) -> list[str]:
         for run_id, n in evidence.per_refund(kind).items():
             completed = evidence.runs[run_id].status == RunStatus.COMPLETED
             expected = (0 if kind in NONE_PER_COMPLETED else 1) if completed else None
-            if (expected is not None and n != expected) or n > 1:
+            # A failed run an operator retried may tell the customer again: one e-mail per
+            # failure. No other effect may be made twice, whatever happened.
+            if (expected is not None and n != expected) or (n > 1 and kind != "emails"):
                 problems.append(f"{run_id} ({evidence.runs[run_id].status}): {n} {kind}")
     return problems
 
@@ -74,6 +77,17 @@ def i2_terminal(evidence: Evidence) -> list[str]:
         f"{run.id} is {run.status} at step {run.current_seq} {run.current_step}"
         for run in evidence.runs.values()
         if run.status not in TERMINAL_RUN_STATUSES
+    ]
+
+
+def i2_settled(evidence: Evidence) -> list[str]:
+    """I2 where operators act too (the model-based test's end): every run finished, or parked
+    for an operator with its reason."""
+    return [
+        f"{run.id} never settled: {run.status} at step {run.current_seq} {run.current_step}"
+        for run in evidence.runs.values()
+        if run.status not in TERMINAL_RUN_STATUSES
+        and not (run.status == RunStatus.NEEDS_ATTENTION and run.error)
     ]
 
 
@@ -133,7 +147,7 @@ def i7_owned(evidence: Evidence, now: datetime) -> list[str]:
 
 def i8_no_money_kept(evidence: Evidence) -> list[str]:
     problems = []
-    charged, refunded = evidence.money("payments"), evidence.money("refunds")
+    kept_by_run = evidence.money_kept()
     held = Counter(
         a.get("workflow_id")
         for a in evidence.ledger.get("authorizations", [])
@@ -142,7 +156,7 @@ def i8_no_money_kept(evidence: Evidence) -> list[str]:
     released = evidence.per_refund("seat_cancellations")
     given_back = evidence.per_refund("seat_reinstatements")
     for run in evidence.runs.values():
-        kept = charged[run.id] - refunded[run.id]
+        kept = kept_by_run[run.id]
         if run.status in (RunStatus.FAILED, RunStatus.CANCELLED):
             if kept:
                 problems.append(f"{run.id} is {run.status} and keeps {kept} cents")

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import random
 import signal
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from agentflow import logs
 from agentflow.workers import ProcessStartError
+from refunds.chaos.exploration import DEFAULT_STEPS, explore
+from refunds.chaos.processes import Sandbox
 from refunds.chaos.run import ChaosConfig, ChaosError, run
 
 
@@ -90,12 +98,27 @@ class Command(BaseCommand):
         )
         parser.add_argument("--no-faults", action="store_true", help="no partner faults")
         parser.add_argument(
+            "--model",
+            action="store_true",
+            help="instead: the model-based test of the money paths (refunds.chaos.model), in "
+            "this process against a sandbox of its own; with --examples, --steps and --seed",
+        )
+        parser.add_argument(
+            "--examples", type=int, default=200, help="--model: how many examples to explore"
+        )
+        parser.add_argument(
+            "--steps", type=int, default=DEFAULT_STEPS, help="--model: rules per example, at most"
+        )
+        parser.add_argument(
             "--cleanup",
             action="store_true",
             help="delete the run's refunds and workflow runs afterwards",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["model"]:
+            self._explore(options)
+            return
         config = ChaosConfig(
             refunds=options["refunds"],
             seed=options["seed"],
@@ -152,6 +175,44 @@ class Command(BaseCommand):
                 for line in report["violations"][name]["examples"]:
                     self.stderr.write(f"  {name}: {line}")
         if broken or unmade:
+            sys.exit(1)
+
+    def _explore(self, options: dict[str, Any]) -> None:
+        """The model-based test at this budget; JSON figures, non-zero exit on a violation."""
+        if options["examples"] < 1 or options["steps"] < 1:
+            raise CommandError("--examples and --steps must be at least 1")
+        # A seed always, so that whatever this exploration finds can be replayed with it.
+        seed = options["seed"] if options["seed"] is not None else random.randrange(2**32)
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        workdir = Path(settings.VAR_DIR) / "chaos" / f"model-{stamp}"
+        workdir.mkdir(parents=True)
+        sandbox = Sandbox(workdir)
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: clean up
+        try:
+            sandbox.start({**os.environ, "AGENTFLOW_VAR_DIR": str(workdir)})
+            # Every step runs in this process: its log lines would bury the report.
+            with logs.quieted("agentflow", logging.CRITICAL):
+                report = explore(
+                    sandbox_url=sandbox.url,
+                    examples=options["examples"],
+                    steps=options["steps"],
+                    seed_value=seed,
+                    partner_settings={
+                        "SANDBOX_URL": sandbox.url,
+                        "STRIPE_API_BASE": sandbox.url,
+                        "EMAIL_HOST": "127.0.0.1",
+                        "EMAIL_PORT": sandbox.smtp_port,
+                        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+                    },
+                )
+        except ProcessStartError as exc:
+            raise CommandError(str(exc)) from exc
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            sandbox.kill()
+        self.stdout.write(json.dumps(report, indent=2))
+        if report["violations"]:
+            self.stderr.write("chaos --model: an invariant broke; the steps above replay it")
             sys.exit(1)
 
 

@@ -1,0 +1,394 @@
+"""The model-based test of the money paths (SPEC §7): a Hypothesis state machine over a few
+refunds, graph and agent, on the real database and the real partner sandbox.
+
+Its rules are what can happen to them — a step message delivered (in any order, twice, or
+never), a delivery crashed or paused at a crash point, a sweep, time passing, an operator's
+retry, resume, cancel or fork, a partner's outcome for its next call, the model's answers —
+and after every rule it checks, at the sandbox's ledger and in the database, I1 (one effect
+per key), I7 (no run silently stuck) and I8 (no money kept without the service), and I5 (a
+fenced-out worker changes nothing) whenever a paused worker wakes. At the end partners heal,
+every message is delivered and sweeps run until quiet: every run must settle. Steps run here
+through `runtime.run_step`, the Celery task's own entry; `seams` says how the process is taken
+over, `exploration` runs it (for `chaos --model` and, at a small budget, the suite).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+
+from django.db import connection
+from django.test.utils import override_settings
+from hypothesis import currently_in_test_context, target
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from agentflow import durable, faults, leases, recovery, runtime, store
+from agentflow.models import WorkflowRun
+from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
+from agentflow.store import synthetic
+from refunds import services
+from refunds.chaos import evidence, invariants
+from refunds.chaos.figures import Figures
+from refunds.chaos.partners import Partners
+from refunds.chaos.seams import (
+    LEASE_SECONDS,
+    MODEL_ANSWERS,
+    Message,
+    Paused,
+    PointPlan,
+    Seams,
+    SimulatedCrash,
+    Worker,
+)
+from refunds.models import RefundRequest
+from refunds.sandbox.airline import owner_of
+
+MAX_RUNS = 3
+WORDS = "Hi, please move me to SK1240 on 2027-03-16. Thanks!"
+#: Partner calls the machine can make misbehave, one call at a time or all at once (outage).
+#: The charge and the fee refund have rules of their own (where the money is); these share one.
+ENDPOINTS = (
+    "payment_intents.search", "refunds.list", "airline.cancel_seat", "airline.boarding_pass",
+    "seat_cancellation.lookup", "crm.update", "smtp",
+)  # fmt: skip
+#: One call's outcome: applied then the answer lost; refused before applying (declined); the
+#: partner timing out before applying (504); a plain 5xx.
+OUTCOMES = {
+    "lost": {"drop_rate": 1.0},
+    "declined": {"error_rate": 1.0, "error_status": 402},
+    "timed_out": {"error_rate": 1.0, "error_status": 504},
+    "5xx": {"error_rate": 1.0, "error_status": 500},
+}
+#: How far time jumps: past every retry back-off, or past every lease and enqueue grace too.
+TIME_STEPS = (301.0, LEASE_SECONDS + 1.0)
+#: The end: at most this many rounds of deliver everything / time passes / sweep.
+SETTLE_ROUNDS = 40
+SETTLE_DELIVERIES = 100
+#: The most messages one `work` rule delivers (a refund is about ten steps).
+WORK_DELIVERIES = 12
+
+engines = st.sampled_from(["graph", "agent"])
+#: One customer in four has a card that declines (most runs should get as far as the money).
+declinings = st.integers(min_value=0, max_value=3).map(lambda n: n == 3)
+outcomes = st.sampled_from(sorted(OUTCOMES))
+positions = st.integers(min_value=0, max_value=30)
+run_picks = st.integers(min_value=0, max_value=MAX_RUNS - 1)
+worker_picks = st.integers(min_value=0, max_value=1)
+
+
+class MoneyMachine(RuleBasedStateMachine):
+    """Set `seams`, `partners` and `figures` on a subclass (see `machine`), then run it."""
+
+    seams: Seams
+    partners: Partners
+    figures: Figures
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.partners.reset()
+        self.seams.reset()
+        self.run_ids: list[str] = []
+        self.workers = [self._new_worker(), self._new_worker()]
+        self.paused: Paused | None = None
+        self.scores = [0.0, 0]
+        self.figures.examples += 1
+
+    def _new_worker(self) -> Worker:
+        conninfo = leases.liveness_conninfo()
+        assert conninfo, "the model-based test needs Postgres: liveness comes from its locks"
+        return Worker(f"w{self.figures.examples}", conninfo)
+
+    # --- runs -------------------------------------------------------------------------------
+    @initialize(engine=engines, declining=declinings)
+    def first(self, engine: str, declining: bool) -> None:
+        self.start(engine, declining)
+
+    @precondition(lambda self: len(self.run_ids) < MAX_RUNS)
+    @rule(engine=engines, declining=declinings)
+    def start(self, engine: str, declining: bool) -> None:
+        """A customer asks; a declining card fails at the charge (the sandbox's DEC bookings)."""
+        # The same reference in every example (the sandbox is reset): a replay meets the same
+        # booking, so a failure shrinks and replays exactly.
+        reference = f"{'DEC' if declining else 'MDL'}{len(self.run_ids):03d}"
+        owner = owner_of(reference)
+        with override_settings(REFUNDS_ENGINE=engine):
+            request = services.refund_request_create(
+                email=owner.email,
+                booking_reference=reference,
+                last_name=owner.last_name,
+                message=WORDS,
+                submission_token=f"model-{secrets.token_hex(8)}",
+                client_ip="127.0.0.1",
+            )
+        assert request.workflow_id is not None
+        self.run_ids.append(request.workflow_id)
+        self._count("start")
+
+    # --- the broker ------------------------------------------------------------------------
+    @precondition(lambda self: self.seams.queue)
+    @rule(index=positions, worker=worker_picks)
+    def deliver(self, index: int, worker: int) -> None:
+        self._deliver(self._take(index), worker, None)
+        self._count("deliver")
+
+    @precondition(lambda self: self.seams.queue)
+    @rule(deliveries=st.integers(min_value=1, max_value=WORK_DELIVERIES))
+    def work(self, deliveries: int) -> None:
+        """A healthy worker takes the queue in order for a while (runs move on between the
+        rules that interfere with them)."""
+        for _ in range(deliveries):
+            if not self.seams.queue:
+                break
+            self._deliver(self.seams.queue.pop(0), 0, None)
+        self._count("work")
+
+    @precondition(lambda self: self.seams.queue)
+    @rule(index=positions, worker=worker_picks, point=st.sampled_from(faults.CRASH_POINTS))
+    def deliver_and_crash(self, index: int, worker: int, point: str) -> None:
+        self._deliver(self._take(index), worker, PointPlan(point=point))
+        self._count("deliver_and_crash")
+
+    @precondition(lambda self: self.seams.queue)
+    @rule(index=positions)
+    def duplicate(self, index: int) -> None:
+        found = self.seams.queue[index % len(self.seams.queue)]
+        self.seams.queue.append(Message(run_id=found.run_id, seq=found.seq, fresh=found.fresh))
+        self._count("duplicate")
+
+    @precondition(lambda self: self.seams.queue)
+    @rule(index=positions)
+    def lose(self, index: int) -> None:
+        self._take(index)
+        self._count("lose")
+
+    # --- stale workers ----------------------------------------------------------------------
+    @precondition(lambda self: self.seams.queue and self.paused is None)
+    @rule(index=positions, worker=worker_picks, point=st.sampled_from(faults.CRASH_POINTS))
+    def deliver_and_pause(self, index: int, worker: int, point: str) -> None:
+        message, plan = self._take(index), PointPlan(point=point, pause=True)
+        chosen = self.workers[worker % len(self.workers)]
+        thread = threading.Thread(target=self._in_thread, args=(message, chosen, plan))
+        thread.start()
+        while thread.is_alive() and not plan.paused.wait(0.005):
+            pass
+        if plan.paused.is_set():
+            self.paused = Paused(message, chosen, plan, thread)
+            self.workers.remove(chosen)  # busy until it wakes
+            self.workers.append(self._new_worker())
+        self._count("deliver_and_pause")
+
+    @precondition(lambda self: self.paused is not None)
+    @rule()
+    def wake_paused(self) -> None:
+        """The stale worker goes on; fenced out meanwhile, it changes nothing (I5), anywhere."""
+        paused = self.paused
+        assert paused is not None
+        run_id = paused.message.run_id
+        fenced = evidence.claim_mark(run_id, paused.message.seq) != paused.mark
+        before = evidence.run_rows(run_id), self._effects(run_id)
+        self._release(paused, die=False)
+        after = evidence.run_rows(run_id), self._effects(run_id)
+        assert not fenced or after == before, f"I5: a fenced-out worker changed {before} to {after}"
+        self._count("wake_paused")
+
+    @precondition(lambda self: self.paused is not None)
+    @rule()
+    def kill_paused(self) -> None:
+        assert self.paused is not None
+        self.seams.queue.append(self.paused.message.redelivery())
+        self._release(self.paused, die=True)
+        self._count("kill_paused")
+
+    # --- recovery and time ------------------------------------------------------------------
+    @rule()
+    def sweep(self) -> None:
+        recovery.sweep()
+        self._count("sweep")
+
+    @rule(seconds=st.sampled_from(TIME_STEPS))
+    def time_passes(self, seconds: float) -> None:
+        synthetic.runs_age(self.run_ids, seconds=seconds)
+        self._count("time_passes")
+
+    # --- operators --------------------------------------------------------------------------
+    @precondition(lambda self: self.run_ids)
+    @rule(action=st.sampled_from(["retry", "resume", "cancel"]), run=run_picks)
+    def operator(self, action: str, run: int) -> None:
+        run_id = self._run(run)
+        why = {"actor": "model", "reason": f"model-based test: {action}"}
+        try:
+            if action == "retry":
+                durable.retry(run_id, **why)
+            elif action == "resume":
+                store.run_resume(run_id, **why)
+            else:
+                durable.cancel(run_id, **why)
+        except durable.ActionRefused as exc:
+            self.figures.refused[f"{action}: {str(exc)[:48]}"] += 1
+        self._count(action)
+
+    @precondition(lambda self: self.run_ids)
+    @rule(run=run_picks, position=st.integers(min_value=1, max_value=20))
+    def fork(self, run: int, position: int) -> None:
+        try:
+            durable.fork(self._run(run), position=position, actor="model", reason="model: fork")
+        except durable.ActionRefused as exc:
+            self.figures.refused[f"fork: {str(exc)[:48]}"] += 1
+        self._count("fork")
+
+    # --- partners and the model -------------------------------------------------------------
+    @rule(outcome=outcomes)
+    def next_charge(self, outcome: str) -> None:
+        self._next_call("payment_intents.create", outcome)
+
+    @rule(outcome=outcomes)
+    def next_fee_refund(self, outcome: str) -> None:
+        self._next_call("refunds.create", outcome)
+
+    @rule(endpoint=st.sampled_from(ENDPOINTS), outcome=outcomes)
+    def next_partner_call(self, endpoint: str, outcome: str) -> None:
+        self._next_call(endpoint, outcome)
+
+    def _next_call(self, endpoint: str, outcome: str) -> None:
+        self.partners.fault(endpoint=endpoint, count=1, **OUTCOMES[outcome])
+        self._count(f"partner_{outcome}")
+
+    @rule(on=st.booleans())
+    def outage(self, on: bool) -> None:
+        if on:
+            for endpoint in ("payment_intents.create", "refunds.create", *ENDPOINTS):
+                self.partners.fault(endpoint=endpoint, error_rate=1.0, error_status=503)
+        else:
+            self.partners.clear()
+        self._count("outage_on" if on else "outage_off")
+
+    @precondition(lambda self: self.run_ids)
+    @rule(run=run_picks, how=st.sampled_from(MODEL_ANSWERS))
+    def model_answers(self, run: int, how: str) -> None:
+        refund = RefundRequest.objects.filter(workflow_id=self._run(run)).first()
+        if refund is not None:
+            self.seams.answers[refund.public_id] = how
+        self._count(f"model_{how}")
+
+    @precondition(lambda self: self.seams.model_generation < 2)
+    @rule()
+    def model_redeployed(self) -> None:
+        self.seams.redeploy_model()
+        self._count("model_redeployed")
+
+    # --- the invariants ---------------------------------------------------------------------
+    @invariant()
+    def money_and_liveness(self) -> None:
+        found = self._evidence()
+        assert not invariants.i1_one_effect(found), invariants.i1_one_effect(found)
+        assert not invariants.i8_no_money_kept(found), invariants.i8_no_money_kept(found)
+        now = evidence.db_now()
+        assert not invariants.i7_owned(found, now), invariants.i7_owned(found, now)
+        self.figures.checks += 1
+        kept, runs = found.money_kept(), found.runs.values()
+        at_stake = sum(1.0 for r in runs if kept[r.id] and r.status != RunStatus.COMPLETED)
+        self.scores = [max(self.scores[0], at_stake), max(r.branch for r in runs)]
+
+    def teardown(self) -> None:
+        """Partners heal, every message is delivered, sweeps run until quiet: every run must
+        settle, finished or parked with its reason, and keep no money it should not."""
+        try:
+            if currently_in_test_context():  # not in `exploration.replay`
+                target(self.scores[0], label="fees held by unfinished runs")  # steers the search
+                target(float(self.scores[1]), label="forks")
+            if self.paused is not None:
+                self._release(self.paused, die=False)
+            self.partners.clear()
+            self.seams.answers.clear()
+            self._settle()
+            found = self._evidence()
+            assert not invariants.i2_settled(found), invariants.i2_settled(found)
+            assert not invariants.i1_one_effect(found), invariants.i1_one_effect(found)
+            assert not invariants.i8_no_money_kept(found), invariants.i8_no_money_kept(found)
+            self.figures.ends.update(run.status for run in found.runs.values())
+        finally:
+            self._clean_up()
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _settle(self) -> None:
+        for _ in range(SETTLE_ROUNDS):
+            if self.seams.queue:
+                for _ in range(SETTLE_DELIVERIES):  # bounded: a livelock must end the loop
+                    if self.seams.queue:
+                        self._deliver(self.seams.queue.pop(0), 0, None)
+                continue
+            active = WorkflowRun.objects.filter(id__in=self.run_ids).exclude(
+                status__in=[*TERMINAL_RUN_STATUSES, RunStatus.NEEDS_ATTENTION]
+            )
+            if not active.exists():
+                return
+            synthetic.runs_age(self.run_ids, seconds=LEASE_SECONDS + 1.0)
+            recovery.sweep()
+
+    def _deliver(self, message: Message, worker: int, plan: PointPlan | None) -> None:
+        chosen = self.workers[worker % len(self.workers)]
+        try:
+            self.seams.run_as(chosen, plan, lambda: self._step(message))
+        except SimulatedCrash:
+            self._worker_died(chosen)
+            self.seams.queue.append(message.redelivery())
+
+    def _step(self, message: Message) -> None:
+        try:
+            runtime.run_step(
+                message.run_id, message.seq, redelivered=message.redelivered, fresh=message.fresh
+            )
+        except Exception as exc:  # the task fails and its message is acked: nothing redelivers
+            self.figures.engine_errors[f"{type(exc).__name__}: {exc}"[:200]] += 1
+
+    def _in_thread(self, message: Message, worker: Worker, plan: PointPlan) -> None:
+        try:
+            self.seams.run_as(worker, plan, lambda: self._step(message))
+        except SimulatedCrash:
+            pass  # killed while paused: `kill_paused` redelivers its message
+        finally:
+            connection.close()  # this thread's own connection, as a dead process's would close
+
+    def _release(self, paused: Paused, *, die: bool) -> None:
+        if die:
+            paused.worker.die()
+        paused.plan.die = die
+        paused.plan.go_on.set()
+        paused.thread.join()
+        if not die:
+            paused.worker.die()  # retired: it did its one delivery
+        self.paused = None
+
+    def _worker_died(self, worker: Worker) -> None:
+        worker.die()
+        self.workers[self.workers.index(worker)] = self._new_worker()
+
+    def _take(self, index: int) -> Message:
+        return self.seams.queue.pop(index % len(self.seams.queue))
+
+    def _run(self, index: int) -> str:
+        return self.run_ids[index % len(self.run_ids)]
+
+    def _count(self, name: str) -> None:
+        self.figures.rules[name] += 1
+
+    def _evidence(self) -> evidence.Evidence:
+        return evidence.gather(self.run_ids, self.partners.ledger())
+
+    def _effects(self, run_id: str) -> dict[str, int]:
+        ledger = self.partners.ledger(workflow_id=run_id)
+        return {kind: len(ledger.get(kind, [])) for kind in evidence.EFFECT_STEPS}
+
+    def _clean_up(self) -> None:
+        for worker in self.workers:
+            worker.die()
+        durable.delete_runs(self.run_ids)
+        RefundRequest.objects.filter(workflow_id__in=self.run_ids).delete()
+
+
+def machine(seams: Seams, partners: Partners, figures: Figures) -> type[MoneyMachine]:
+    """The machine bound to this process's seams and partners, counting into `figures`."""
+    return type(
+        "MoneyMachine", (MoneyMachine,), {"seams": seams, "partners": partners, "figures": figures}
+    )
