@@ -66,6 +66,8 @@ class Effect:
     deliveries: int = 1
     #: Money, for payments and refunds (cents).
     amount: int = 0
+    #: E-mails: what the customer was told (a confirmation, or that the change failed).
+    confirms: bool = False
 
 
 @dataclass(kw_only=True)
@@ -105,6 +107,17 @@ class Evidence:
         """Effects of `kind` per run of ours (emails: distinct Message-IDs), zeros included."""
         counts = Counter(e.workflow_id for e in self.effects_of(kind))
         return {run_id: counts.get(run_id, 0) for run_id in self.runs}
+
+    def confirmations(self) -> dict[str, int]:
+        """Confirmation e-mails per run of ours: a run an operator resumed after a failure told
+        the customer of that failure too, so a completed run's count of all its e-mails says
+        less than this does."""
+        counts = Counter(e.workflow_id for e in self.effects_of("emails") if e.confirms)
+        return {run_id: counts.get(run_id, 0) for run_id in self.runs}
+
+
+#: How a confirmation e-mail's subject opens (templates/refunds/email/confirmation_subject.txt).
+CONFIRMATION_SUBJECT = "Your flight change is confirmed"
 
 
 def gather(workflow_ids: list[str], ledger: dict[str, Any]) -> Evidence:
@@ -153,6 +166,7 @@ def _effects(ledger: dict[str, Any]) -> list[Effect]:
                     created=float(entry.get("created") or 0.0),
                     deliveries=int(entry.get("deliveries") or 1),
                     amount=int(entry.get("amount") or 0),
+                    confirms=str(entry.get("subject") or "").startswith(CONFIRMATION_SUBJECT),
                 )
             )
     return found

@@ -65,6 +65,12 @@ FOUND = {
         ("operator", {"action": "cancel", "run": 0}),
         ("work", {"deliveries": 12}),
     ],
+    "a declined card told, then a fork completes the change: one confirmation, one notice": [
+        ("first", {"engine": "agent", "declining": False}),
+        ("next_charge", {"outcome": "declined"}),
+        ("work", {"deliveries": 10}),
+        ("fork", {"run": 0, "position": 1}),
+    ],
     "finding 5: a stale model call is recorded across a fork (fences restart)": [
         ("first", {"engine": "agent", "declining": False}),
         ("work", {"deliveries": 1}),
