@@ -84,7 +84,7 @@ $(UV):
 
 lock: $(UV)
 	$(COMPILE) --extra dev -o $(DEV_LOCK)
-	$(COMPILE) --constraint $(DEV_LOCK) -o $(LOCK)
+	$(COMPILE) --extra site --constraint $(DEV_LOCK) -o $(LOCK)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

@@ -1,11 +1,5 @@
-"""agentflow: the Django project package and the durable workflow engine app.
+"""agentflow: crash-proof multi-step jobs and AI agents on Django, Celery and Postgres.
 
-Only the Celery app is exposed here; models are never imported at package level because the
-settings module lives in this same package.
+A reusable Django app: add "agentflow" to INSTALLED_APPS. Importing it does nothing else (no
+settings, no Celery app, no logging); start runs with `agentflow.durable`.
 """
-
-from __future__ import annotations
-
-from agentflow.celery import app as celery_app
-
-__all__ = ["celery_app"]

@@ -1,11 +1,10 @@
-"""App config: registers workflow definitions, nothing heavier."""
+"""App config: registers workflow definitions and the engine's signal receivers, nothing heavier."""
 
 from __future__ import annotations
 
 import importlib
 
 from django.apps import AppConfig
-from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
 
@@ -15,13 +14,17 @@ class AgentflowConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from celery.signals import before_task_publish
+
+        from agentflow import checks, faults, registry, tasks, tracing  # noqa: F401 (registers)
+        from agentflow.conf import settings
+
         # Every process (web, worker, beat) must know every definition before it touches a run.
         autodiscover_modules("workflows")
         for module in settings.AGENTFLOW_WORKFLOW_MODULES:
             importlib.import_module(module)
-        from agentflow import checks, faults, registry, tracing  # noqa: F401 (checks registers)
-
         registry.validate_all()
         faults.install_clock_offset(settings.AGENTFLOW_CLOCK_OFFSET_SECONDS)
         faults.warn_if_crash_at_cannot_fire()
-        tracing.configure()  # a no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
+        # Step messages carry the run's trace context once the host installs an SDK.
+        before_task_publish.connect(tracing.inject_into_step_message, weak=False)

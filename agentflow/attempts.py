@@ -15,11 +15,11 @@ import time
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from agentflow import faults, store, telemetry
-from agentflow.codefirst import CodeWorkflow
+from agentflow.agent.loop import CodeWorkflow
+from agentflow.conf import settings
 from agentflow.context import StepContext
 from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableStepError
 from agentflow.models import RunEvent

@@ -1,13 +1,17 @@
-"""System checks (`manage.py check`): settings that work but leave something unreachable, told
-once at deploy time rather than found out from an empty dashboard."""
+"""System checks (`manage.py check`): settings that break the engine's promises or leave
+something unreachable, told at deploy time rather than found out from a double charge or an
+empty dashboard."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from celery import current_app
 from django.core import checks
 
-from agentflow import metrics
+from agentflow import dispatch, metrics
+from agentflow.conf import settings
+from agentflow.tasks import STEP_TIME_LIMIT
 
 
 @checks.register(checks.Tags.security)
@@ -24,3 +28,88 @@ def metrics_access(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             id="agentflow.W001",
         )
     ]
+
+
+@checks.register()
+def model_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A model server without a model name would fail every agent run's first turn."""
+    if settings.AGENTFLOW_LLM_BASE_URL and not settings.AGENTFLOW_LLM_MODEL:
+        return [
+            checks.Error(
+                "AGENTFLOW_LLM_BASE_URL is set but AGENTFLOW_LLM_MODEL is empty.",
+                hint="Name the model agent runs ask, or unset AGENTFLOW_LLM_BASE_URL.",
+                id="agentflow.E001",
+            )
+        ]
+    return []
+
+
+#: Brokers that hand an unacked message to another worker after a visibility timeout, and the
+#: timeout kombu gives them when none is set.
+VISIBILITY_TIMEOUT_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sqs": 1800.0}
+
+
+@checks.register()
+def celery_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The Celery settings the protocol stands on (SPEC 3.1): a step message redelivered while
+    its step still runs, a message acked before its step ran, or steps waiting unacked behind
+    a long one each break a promise the engine makes."""
+    conf = current_app.conf
+    found: list[checks.CheckMessage] = []
+    annotated = _annotations(conf.task_annotations, dispatch.RUN_STEP_TASK)
+    for option, wanted in (("acks_late", True), ("reject_on_worker_lost", True)):
+        if option in annotated and annotated[option] != wanted:
+            found.append(
+                checks.Error(
+                    f"task_annotations set {option}={annotated[option]!r} for "
+                    f"{dispatch.RUN_STEP_TASK}: a step message must be acked only after its "
+                    "step ran, and given back when its worker dies.",
+                    hint=f"Remove {option} from the annotations of {dispatch.RUN_STEP_TASK}.",
+                    id="agentflow.E002",
+                )
+            )
+    if conf.task_always_eager:
+        found.append(
+            checks.Warning(
+                "task_always_eager is on: steps run inside the caller's transaction, before "
+                "it commits, and a crash loses them until the sweeper finds them.",
+                hint="Use agentflow.testing.run_to_end in tests instead.",
+                id="agentflow.W002",
+            )
+        )
+    if (conf.worker_prefetch_multiplier or 0) > 1:
+        found.append(
+            checks.Warning(
+                f"worker_prefetch_multiplier is {conf.worker_prefetch_multiplier}: step messages "
+                "wait unacked behind a long step, and age towards the visibility timeout.",
+                hint="Set CELERY_WORKER_PREFETCH_MULTIPLIER = 1.",
+                id="agentflow.W003",
+            )
+        )
+    scheme = str(conf.broker_url or "").split("://", 1)[0].split("+", 1)[0]
+    visibility = (conf.broker_transport_options or {}).get(
+        "visibility_timeout", VISIBILITY_TIMEOUT_DEFAULTS.get(scheme)
+    )
+    limit = annotated.get("time_limit", STEP_TIME_LIMIT)
+    if visibility is not None and (limit is None or float(limit) >= float(visibility)):
+        found.append(
+            checks.Warning(
+                f"The step task's time limit ({limit} s) is not below the broker's visibility "
+                f"timeout ({visibility} s): a step still running would be handed to a second "
+                "worker.",
+                hint="Set CELERY_TASK_TIME_LIMIT below broker_transport_options' "
+                "visibility_timeout (or raise that).",
+                id="agentflow.W004",
+            )
+        )
+    return found
+
+
+def _annotations(annotations: Any, task: str) -> dict[str, Any]:
+    """The options `task_annotations` sets for `task` (a dict by name or "*", or a list)."""
+    found: dict[str, Any] = {}
+    for entry in annotations if isinstance(annotations, list | tuple) else [annotations]:
+        if isinstance(entry, dict):
+            found.update(entry.get("*", {}))
+            found.update(entry.get(task, {}))
+    return found

@@ -6,10 +6,10 @@ import logging
 from functools import cache
 from typing import Any
 
+from celery import current_app
 from celery.utils import uuid
 from django.db import transaction
 
-from agentflow.celery import app
 from agentflow.registry import Workflow
 from agentflow.states import CLAIMED_KINDS
 
@@ -62,6 +62,7 @@ def _publish(args: list[Any], kwargs: dict[str, Any], countdown: float | None) -
     messages are not children of the running task, and their reprs are plain (`saferepr`
     of two ids costs more than the rest).
     """
+    app = current_app._get_current_object()  # the host's (or `-A`) app: its broker and routes
     message = app.amqp.as_task_v2(
         uuid(),
         RUN_STEP_TASK,
@@ -73,12 +74,13 @@ def _publish(args: list[Any], kwargs: dict[str, Any], countdown: float | None) -
         ignore_result=True,
     )
     with app.producer_or_acquire() as producer:
-        app.amqp.send_task_message(producer, RUN_STEP_TASK, message, **_route())
+        app.amqp.send_task_message(producer, RUN_STEP_TASK, message, **_route(app))
 
 
 @cache
-def _route() -> dict[str, Any]:
-    """The options `send_task` routes `run_step` with (task_routes, else the default queue)."""
+def _route(app: Any) -> dict[str, Any]:
+    """The options `send_task` routes `run_step` with (task_routes, else the default queue),
+    once per app."""
     return dict(app.amqp.router.route({}, RUN_STEP_TASK))
 
 

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from agentflow import forks, outcomes, registry, store, telemetry
-from agentflow.codefirst import AgentContext, CodeWorkflow
+from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.context import StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from agentflow import outcomes, registry, store
-from agentflow.codefirst import CodeWorkflow
+from agentflow.agent.loop import CodeWorkflow
 from agentflow.models import WorkflowRun
 
 logger = logging.getLogger(__name__)

@@ -27,8 +27,9 @@ from typing import Any
 
 import dj_database_url
 import psycopg
-from django.conf import settings
 from django.db import close_old_connections, connection
+
+from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
 

@@ -16,30 +16,98 @@ Two sources, each where it stays right when processes die:
 from __future__ import annotations
 
 import hmac
+import importlib.util
 import logging
 import math
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import Any
 
-from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from agentflow import metric_files, registry
+from agentflow import registry
+from agentflow.conf import settings
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 
 logger = logging.getLogger(__name__)
 
-metric_files.install()  # before the first metric: files named host-pidns-pid-start
-
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MISSING = "metrics need prometheus_client: pip install 'agentflow[prometheus]'"
 
-RUNS_STARTED = Counter("agentflow_runs_started", "Runs started, by workflow.", ["workflow"])
-RUNS_FINISHED = Counter(
+
+def available() -> bool:
+    return importlib.util.find_spec("prometheus_client") is not None
+
+
+def multiprocess() -> bool:
+    """prometheus_client's multiprocess mode, when the host set PROMETHEUS_MULTIPROC_DIR (this
+    repo's site does: every gunicorn worker and Celery pool child writes its own file)."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+@cache
+def _prepared() -> bool:
+    """Once, before the first metric: in multiprocess mode, name this process's files
+    host-pidns-pid-start (agentflow.metric_files). False when prometheus_client is missing."""
+    if not available():
+        return False
+    if multiprocess():
+        from agentflow import metric_files
+
+        metric_files.install()
+    return True
+
+
+class _Null:
+    """What a metric is without prometheus_client: counts nothing."""
+
+    def labels(self, *values: Any) -> _Null:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def observe(self, amount: float) -> None:
+        pass
+
+
+class _Metric:
+    """A metric created on its first use, so importing the engine touches no metric files."""
+
+    def __init__(self, kind: str, *args: Any, **kwargs: Any) -> None:
+        self._make: Callable[[], Any] = lambda: self._create(kind, args, kwargs)
+        self._made: Any = None
+
+    @staticmethod
+    def _create(kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not _prepared():
+            return _Null()
+        import prometheus_client
+
+        return getattr(prometheus_client, kind)(*args, **kwargs)
+
+    def _metric(self) -> Any:
+        if self._made is None:
+            self._made = self._make()
+        return self._made
+
+    def labels(self, *values: Any) -> Any:
+        return self._metric().labels(*values)
+
+    def inc(self, amount: float = 1) -> None:
+        self._metric().inc(amount)
+
+
+RUNS_STARTED = _Metric(
+    "Counter", "agentflow_runs_started", "Runs started, by workflow.", ["workflow"]
+)
+RUNS_FINISHED = _Metric(
+    "Counter",
     "agentflow_runs_finished",
     "Runs that reached COMPLETED, FAILED or CANCELLED (an operator retry of a failed run can "
     "finish it again).",
@@ -47,35 +115,50 @@ RUNS_FINISHED = Counter(
 )
 #: From a quick read step (~1 ms) to a partner call that times out (10 s and more).
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-STEP_SECONDS = Histogram(
+STEP_SECONDS = _Metric(
+    "Histogram",
     "agentflow_step_duration_seconds",
     "One step attempt in the worker, from its claim to its recorded outcome.",
     ["workflow", "step", "kind"],
     buckets=STEP_BUCKETS,
 )
-RUN_EVENTS = Counter(
+RUN_EVENTS = _Metric(
+    "Counter",
     "agentflow_run_events",
     "Run events by kind: attempt_failed (a retry), takeover, outcome_unknown, sweep_requeue "
     "(a re-enqueue), reconciled, late_completion, needs_attention and operator actions.",
     ["kind"],
 )
-SWEEPS = Counter("agentflow_sweeps", "Sweeper passes.")
-SWEEP_REQUEUED = Counter("agentflow_sweep_requeued_runs", "Runs the sweeper re-published.")
-PARTNER_ERRORS = Counter(
+SWEEPS = _Metric("Counter", "agentflow_sweeps", "Sweeper passes.")
+SWEEP_REQUEUED = _Metric(
+    "Counter", "agentflow_sweep_requeued_runs", "Runs the sweeper re-published."
+)
+PARTNER_ERRORS = _Metric(
+    "Counter",
     "agentflow_partner_errors",
     "Errors from partner calls, by partner and kind (retryable, permanent, unexpected).",
     ["partner", "kind"],
 )
-MODEL_TOKENS_SPENT = Counter(
+MODEL_TOKENS_SPENT = _Metric(
+    "Counter",
     "agentflow_model_tokens_spent",
     "Model tokens paid for, by workflow and model.",
     ["workflow", "model"],
 )
-MODEL_TOKENS_SAVED = Counter(
+MODEL_TOKENS_SAVED = _Metric(
+    "Counter",
     "agentflow_model_tokens_saved",
     "Model tokens not spent again because a recorded answer was replayed.",
     ["workflow", "model"],
 )
+
+
+def fold_dead() -> None:
+    """Fold dead processes' files into the archive (multiprocess mode only)."""
+    if _prepared() and multiprocess():
+        from agentflow import metric_files
+
+        metric_files.fold_dead()
 
 
 def model_tokens(*, workflow: str, model: str, spent: int = 0, saved: int = 0) -> None:
@@ -110,10 +193,12 @@ def parked_runs_query() -> QuerySet[WorkflowRun, tuple[str, int]]:
     )
 
 
-class _StateFromDatabase(Collector):
+class _StateFromDatabase:
     """Gauges read at scrape time, in three statements that touch no finished run."""
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
         up = GaugeMetricFamily(
             "agentflow_database_up",
             "1 when the scrape could read the state gauges from the database.",
@@ -130,7 +215,9 @@ class _StateFromDatabase(Collector):
         yield up
         yield from gauges
 
-    def _gauges(self) -> Iterator[Metric]:
+    def _gauges(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
         active = GaugeMetricFamily(
             "agentflow_runs_active", "Runs not finished, by workflow and status.",
             labels=["workflow", "status"],
@@ -171,24 +258,40 @@ class _StateFromDatabase(Collector):
         yield from (active, overdue, parked, sweeper)
 
 
-class _EveryProcess(Collector):
-    """The counters and histograms of every process, live or dead, added up."""
+class _Counted:
+    """The counters and histograms: in multiprocess mode every process's, live or dead, added
+    up; otherwise this process's own."""
 
-    def collect(self) -> Iterator[Metric]:
-        metric_files.fold_dead()  # keeps the files read to the live processes plus one
-        yield from metric_files.collect()
+    def collect(self) -> Iterator[Any]:
+        if multiprocess():
+            from agentflow import metric_files
+
+            metric_files.fold_dead()  # keeps the files read to the live processes plus one
+            yield from metric_files.collect()
+        else:
+            from prometheus_client import REGISTRY
+
+            yield from REGISTRY.collect()
 
 
 def exposition() -> bytes:
-    """The text a scrape returns: every process's counters, then the database's gauges."""
+    """The text a scrape returns: the counters, then the database's gauges."""
+    if not _prepared():
+        raise ImproperlyConfigured(MISSING)
+    from prometheus_client import CollectorRegistry, generate_latest
+
     scrape = CollectorRegistry(auto_describe=False)
-    scrape.register(_EveryProcess())
-    scrape.register(_StateFromDatabase())
+    scrape.register(_Counted())  # type: ignore[arg-type]
+    scrape.register(_StateFromDatabase())  # type: ignore[arg-type]
     return generate_latest(scrape)
 
 
 def file_count() -> int:
-    """How many per-process files a scrape reads."""
+    """How many per-process files a scrape reads (0 outside multiprocess mode)."""
+    if not (_prepared() and multiprocess()):
+        return 0
+    from agentflow import metric_files
+
     return len(metric_files.readable_files())
 
 

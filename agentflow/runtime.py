@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
-from agentflow import codefirst, dispatch, faults, leases, outcomes, registry, store, telemetry
+from agentflow import dispatch, faults, leases, outcomes, registry, store, telemetry
+from agentflow.agent import loop as agent_loop
+from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
 from agentflow.attempts import TRANSIENT, ClaimedAttempt, describe, retry_delay
-from agentflow.codefirst import NEXT_CALL, CodeWorkflow
+from agentflow.conf import settings
 from agentflow.context import StepContext, idempotency_key
 from agentflow.exceptions import PermanentStepError
 from agentflow.models import RunEvent
@@ -193,7 +194,7 @@ def _next_call(
     """Replay the run's function against its recorded calls (SPEC §4 B). Returns its next
     call as this task's step, or None when the run was finished, failed or parked instead."""
     try:
-        outcome = codefirst.replay(
+        outcome = agent_loop.replay(
             workflow,
             run_id=run.id,
             input=run.input,
@@ -204,11 +205,11 @@ def _next_call(
         )
     except Exception as exc:  # a bug in the run's function: fail readably, do not loop
         logger.exception("%s: the function of %s raised", run.id, workflow.name)
-        outcome = codefirst.Failed(reason=f"unexpected {type(exc).__name__}: {exc}")
+        outcome = agent_loop.Failed(reason=f"unexpected {type(exc).__name__}: {exc}")
     saved = getattr(outcome, "tokens_saved", 0)
     if saved:
         telemetry.model_tokens(workflow=workflow, saved=saved)
-    if isinstance(outcome, codefirst.NextCall):
+    if isinstance(outcome, agent_loop.NextCall):
         logger.info(
             "%s position %d %s: replayed %d calls from checkpoints (%d model turns, %d tokens "
             "not spent again)",
@@ -216,9 +217,9 @@ def _next_call(
             outcome.tokens_saved,
         )  # fmt: skip
         return outcome.step
-    if isinstance(outcome, codefirst.Finished):
+    if isinstance(outcome, agent_loop.Finished):
         store.run_finish(run.id, seq, outcome.output)
-    elif isinstance(outcome, codefirst.Failed):
+    elif isinstance(outcome, agent_loop.Failed):
         store.run_fail_between_calls(run.id, workflow, seq, outcome.reason)
     else:
         divergence = outcome.divergence

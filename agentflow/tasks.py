@@ -1,5 +1,5 @@
-"""Thin Celery tasks: take ids, call one function. The retention schedule lives here; the
-recovery sweeper runs inside beat itself (agentflow.beat)."""
+"""Thin Celery tasks: take ids, call one function. Shared tasks, so they bind to the host's
+Celery app; beat sends retention's and runs the recovery sweeper itself (agentflow.beat)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,33 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from agentflow import dispatch, runtime, store, telemetry
-from agentflow.celery import app
+from agentflow import beat, dispatch, runtime, store, telemetry
+from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
 
-#: Retention runs hourly, at most this many batches (of 1,000 runs) a tick: a tick stays well
-#: inside the task time limit however large the backlog, and the next tick goes on from there.
-RETENTION_INTERVAL_SECONDS = 3600
+#: At most this many batches (of 1,000 runs) a retention tick: a tick stays well inside the
+#: task time limit however large the backlog, and the next tick goes on from there.
 RETENTION_BATCHES_PER_TICK = 100
 
 
-@shared_task(bind=True, name=dispatch.RUN_STEP_TASK, acks_late=True, reject_on_worker_lost=True)
+#: The step task's own limits, below every broker's visibility timeout (Redis: 3600 s), so a
+#: running step is never handed to a second worker; a host changes them by task_annotations.
+#: The soft limit turns a hung partner call into a retryable step error under the same step.
+STEP_SOFT_TIME_LIMIT = 240
+STEP_TIME_LIMIT = 300
+
+
+@shared_task(
+    bind=True,
+    name=dispatch.RUN_STEP_TASK,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=STEP_SOFT_TIME_LIMIT,
+    time_limit=STEP_TIME_LIMIT,
+)
 def run_step_task(self: Any, run_id: str, seq: int, fresh: dispatch.Fresh | None = None) -> None:
     # Redelivered: the process that had this message died, maybe just after completing the step.
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
@@ -43,7 +55,7 @@ def run_step_task(self: Any, run_id: str, seq: int, fresh: dispatch.Fresh | None
             runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
 
 
-@shared_task(name="agentflow.purge", acks_late=False)
+@shared_task(name=beat.PURGE_TASK, acks_late=False)
 def purge_task() -> None:
     # Early ack: a lost tick is made up by the next one; a repeated one finds less to delete.
     days = settings.AGENTFLOW_RETENTION_DAYS
@@ -69,14 +81,3 @@ def _notice_dead_pool_children_quickly(sender: Any, **kwargs: Any) -> None:
     hub = getattr(getattr(sender, "controller", None), "hub", None)
     if pool is not None and hub is not None and hasattr(pool, "maintain_pool"):
         hub.call_repeatedly(0.5, pool.maintain_pool)
-
-
-@app.on_after_finalize.connect
-def _schedule_retention(sender: Any, **kwargs: Any) -> None:
-    if settings.AGENTFLOW_RETENTION_DAYS:
-        sender.add_periodic_task(
-            float(RETENTION_INTERVAL_SECONDS),
-            purge_task.s(),
-            name="agentflow-retention",
-            expires=RETENTION_INTERVAL_SECONDS * 0.9,
-        )

@@ -17,16 +17,16 @@ from contextvars import ContextVar
 from typing import Any
 
 from celery.signals import beat_init, worker_process_init
-from django.conf import settings
 from django.db import transaction
 
-from agentflow import leases, logs, metric_files, metrics, tracing
+from agentflow import leases, logs, metrics, tracing
+from agentflow.conf import settings
 from agentflow.context import idempotency_key
 from agentflow.exceptions import PermanentStepError, RetryableStepError
 
 logger = logging.getLogger("agentflow.steps")
 run_logger = logging.getLogger("agentflow.runs")
-sweep_logger = logging.getLogger("agentflow.recovery")
+sweep_logger = logging.getLogger("agentflow.sweeper")
 
 #: Events that mark the attempt's span as failed (the runtime handles the error itself, so
 #: the span never sees the exception).
@@ -237,7 +237,7 @@ def _fold_the_dead(**kwargs: Any) -> None:
     """A new pool child usually replaces one that died: fold the dead one's metric file now,
     on its own host (the web, elsewhere, cannot tell whether this host's processes live)."""
     try:
-        metric_files.fold_dead()
+        metrics.fold_dead()
     except OSError:
         logger.warning("could not fold dead processes' metric files", exc_info=True)
 

@@ -1,8 +1,8 @@
 """OpenTelemetry traces: one trace per run, from the request that started it through every step.
 
-Off unless OTEL_EXPORTER_OTLP_ENDPOINT is set (then spans go there over OTLP/HTTP): with no
-tracer installed, `enabled` is False and every hook returns at its first line, so tracing costs
-a step nothing when it is off.
+Through OpenTelemetry's API and its global provider, which the host configures (this repo's site:
+`config.tracing`, when OTEL_EXPORTER_OTLP_ENDPOINT is set). With no SDK installed, `enabled` is
+False and every hook returns at its first line, so tracing costs a step nothing when it is off.
 
 How a run stays in one trace:
 - the run's first context (the form POST's span, or a root span when a script starts it) is
@@ -21,25 +21,15 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from celery.signals import before_task_publish
-from django.conf import settings
 from django.core.exceptions import MiddlewareNotUsed
 from django.http import HttpRequest, HttpResponse
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    SimpleSpanProcessor,
-    SpanExporter,
-)
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 ATTRIBUTE_PREFIX = "agentflow."
 _propagator = TraceContextTextMapPropagator()
-_state: dict[str, Any] = {"tracer": None, "provider": None}
 #: The runs whose traces the current code works in, and the context each hands on to its step
 #: messages: set by the step span in a worker and by `run_started` in the request that created
 #: the run. Copied on write, so a reset token restores the previous mapping. None outside a
@@ -48,45 +38,17 @@ _state: dict[str, Any] = {"tracer": None, "provider": None}
 _run_traces: contextvars.ContextVar[Mapping[str, otel_context.Context] | None] = (
     contextvars.ContextVar("agentflow_run_traces", default=None)
 )
+_NO_PROVIDER = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
 
 def enabled() -> bool:
-    return _state["tracer"] is not None
-
-
-def configure(exporter: SpanExporter | None = None) -> None:
-    """Install the tracer: with `exporter` (tests: the SDK's in-memory one) spans are handed
-    over as they end; otherwise, when OTEL_EXPORTER_OTLP_ENDPOINT is set, they are batched to
-    it. Neither: nothing is installed."""
-    if exporter is None:
-        if not settings.OTEL_EXPORTER_OTLP_ENDPOINT:
-            return
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        processor: Any = BatchSpanProcessor(OTLPSpanExporter())
-    else:
-        processor = SimpleSpanProcessor(exporter)
-    from agentflow.logs import process_kind
-
-    # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, when set, win over these defaults.
-    resource = Resource.create({"service.name": "agentflow", "process.kind": process_kind()})
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(processor)
-    _state.update(provider=provider, tracer=provider.get_tracer("agentflow"))
-    before_task_publish.connect(_inject_into_step_message, weak=False)
-
-
-def shutdown() -> None:
-    """Flush and uninstall (tests; processes flush at exit on their own)."""
-    provider = _state["provider"]
-    if provider is not None:
-        provider.shutdown()
-    _state.update(provider=None, tracer=None)
-    before_task_publish.disconnect(_inject_into_step_message)
+    """True once the host installed an SDK as OpenTelemetry's global provider (this repo's
+    site does when OTEL_EXPORTER_OTLP_ENDPOINT is set, `config.tracing`)."""
+    return not isinstance(trace.get_tracer_provider(), _NO_PROVIDER)
 
 
 def _tracer() -> trace.Tracer:
-    return _state["tracer"]
+    return trace.get_tracer("agentflow")
 
 
 def attributes(**values: Any) -> dict[str, Any]:
@@ -129,13 +91,16 @@ def run_started(run_id: str, workflow: str) -> str:
 
 
 # --- step messages ----------------------------------------------------------------------------
-def _inject_into_step_message(
+def inject_into_step_message(
     sender: str | None = None,
     body: Any = None,
     headers: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> None:
-    """before_task_publish: a step message of the run we are tracing carries our context."""
+    """before_task_publish (connected by the app's `ready`): a step message of the run we are
+    tracing carries our context."""
+    if not enabled():
+        return
     from agentflow.dispatch import RUN_STEP_TASK
 
     if sender != RUN_STEP_TASK or headers is None:

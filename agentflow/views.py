@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from django.conf import settings
+from celery import current_app
 from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from agentflow import metrics as run_metrics
 from agentflow import store
-from agentflow.celery import app
+from agentflow.conf import settings
 
 #: The sweeper is late once this many intervals passed without a sweep: one missed tick is
 #: noise (a busy worker), three mean nobody is sweeping and recovery has stopped.
@@ -29,7 +29,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     except Exception as exc:
         checks["database"] = f"error: {type(exc).__name__}"
     try:
-        with app.connection_for_write() as conn:
+        with current_app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
         checks["broker"] = "ok"
     except Exception as exc:
@@ -69,4 +69,6 @@ def metrics(request: HttpRequest) -> HttpResponse:
         )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
+    if not run_metrics.available():  # agentflow[prometheus] not installed: say so, plainly
+        return HttpResponse(run_metrics.MISSING + "\n", status=501, content_type="text/plain")
     return HttpResponse(run_metrics.exposition(), content_type=run_metrics.CONTENT_TYPE)

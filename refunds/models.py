@@ -25,7 +25,7 @@ class RefundRequest(models.Model):
     #: The form's one-time token: the same token always maps to this one request.
     submission_token = models.CharField(max_length=64, unique=True)
     #: The key the per-address limit counts: the client's IPv4 address, or its IPv6 /64
-    #: (agentflow.proxies), never more of the address than the limit needs.
+    #: (refunds.proxies), never more of the address than the limit needs.
     client_ip = models.GenericIPAddressField(null=True, blank=True)
     #: The agentflow run doing the work (`wf_…`).
     workflow_id = models.CharField(max_length=40, unique=True, null=True, blank=True)

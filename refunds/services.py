@@ -112,7 +112,7 @@ def refusal(
     """Why another request does not fit the limits now, or None if it does. Checked before a
     request or its run is created.
 
-    - Per client address (its limit key, see agentflow.proxies): REFUNDS_SUBMIT_LIMIT an hour,
+    - Per client address (its limit key, see refunds.proxies): REFUNDS_SUBMIT_LIMIT an hour,
       every request counted.
     - Per e-mail (an hour, REFUNDS_SUBMIT_LIMIT) and per booking (a day, REFUNDS_BOOKING_LIMIT):
       only requests not found to come from the booking's owner (`_verified(..., False)`: their

@@ -14,8 +14,8 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_safe
 
-from agentflow import durable, proxies
-from refunds import engines, progress, services
+from agentflow import durable
+from refunds import engines, progress, proxies, services
 from refunds.forms import RefundRequestForm, new_submission_token, unsign_submission_token
 from refunds.models import RefundRequest
 

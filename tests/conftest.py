@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 pytest_plugins: list[str] = [
-    "tests.support.waiting",
+    "agentflow.testing.waiting",
     "tests.support.sandbox",
     "tests.support.processes",
     "tests.support.engine",

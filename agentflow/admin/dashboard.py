@@ -17,7 +17,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Count, Min, Q
 from django.urls import reverse
 from django.utils.http import urlencode
@@ -26,6 +25,7 @@ from agentflow import store
 from agentflow.admin import counting
 from agentflow.admin.counting import count_label, planner_estimate
 from agentflow.admin.display import duration
+from agentflow.conf import settings
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
 

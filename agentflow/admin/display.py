@@ -40,7 +40,7 @@ def ago(value: datetime, now: datetime) -> str:
 
 
 def badge(status: str, label: str) -> str:
-    """A coloured status word; the colours live in templates/admin/agentflow/_styles.html."""
+    """A coloured status word; its colours live in admin/agentflow/_styles.html."""
     return format_html('<span class="af-badge af-{}">{}</span>', status.lower(), label)
 
 

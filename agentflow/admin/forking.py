@@ -18,11 +18,11 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from agentflow import forks, outcomes, registry, store
-from agentflow.admin import operator
-from agentflow.admin.calls import Part, read_call
+from agentflow.admin import actions
 from agentflow.admin.display import badge
+from agentflow.admin.recorded_calls import Part, read_call
 from agentflow.agent.fingerprint import LLM_CALL_NAME
-from agentflow.codefirst import CodeWorkflow
+from agentflow.agent.loop import CodeWorkflow
 from agentflow.forms import ReasonForm
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus
@@ -98,7 +98,7 @@ def _perform(request: HttpRequest, run: WorkflowRun, position: int, reason: str)
         branch = WorkflowRun.objects.filter(pk=run_id).values_list("branch", flat=True).first()
         return f"forked from position {position}; it continues there on branch {branch}"
 
-    verb = operator.Verb(
+    verb = actions.Verb(
         name="fork",
         label="Fork",
         done="forked",
@@ -106,8 +106,8 @@ def _perform(request: HttpRequest, run: WorkflowRun, position: int, reason: str)
         explanation=EXPLANATION,
         act=act,
     )
-    summary = {field: getattr(run, field) for field in operator.RUN_SUMMARY if field != "pk"}
-    operator.perform(request, verb, [{"pk": run.pk, **summary}], reason)
+    summary = {field: getattr(run, field) for field in actions.RUN_SUMMARY if field != "pk"}
+    actions.perform(request, verb, [{"pk": run.pk, **summary}], reason)
 
 
 def _confirmation(

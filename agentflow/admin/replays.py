@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agentflow.admin.calls import REPLAYED_PARTS, Call, Part, int_of, text_of
+from agentflow.admin.recorded_calls import REPLAYED_PARTS, Call, Part, int_of, text_of
 from agentflow.models import RunEvent
 
 #: Events that tell how a call's later attempt came about.

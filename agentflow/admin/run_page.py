@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from agentflow import registry
 from agentflow.admin import forking, timeline, timeline_svg, trajectory
-from agentflow.codefirst import CodeWorkflow
+from agentflow.agent.loop import CodeWorkflow
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
 

@@ -2,7 +2,7 @@
 runs, the conversation), plus Retry, Resume now, Cancel and Fork.
 
 Engine rows are never edited here (procrastinate's and django-celery-results' shape): the
-only writes are the operator actions in `agentflow.admin.operator` and `forking`, which go
+only writes are the operator actions in `agentflow.admin.actions` and `forking`, which go
 through the store.
 """
 
@@ -21,7 +21,8 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from agentflow import links, registry
-from agentflow.admin import forking, operator, run_page
+from agentflow.admin import actions as run_actions
+from agentflow.admin import forking, run_page
 from agentflow.admin.counting import EstimatingPaginator, bounded_count
 from agentflow.admin.dashboard import dashboard
 from agentflow.admin.dates import date_hierarchy
@@ -210,7 +211,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     ) -> HttpResponse:
         if obj is not None and self.has_operate_permission(request):
             context["af_verbs"] = [
-                v for v in operator.VERBS.values() if obj.status in v.offered_for
+                v for v in run_actions.VERBS.values() if obj.status in v.offered_for
             ]
         if obj is not None:
             rows = run_page.RunRows.load(obj)
@@ -239,7 +240,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                 {"verb": verb},
                 name=f"{app}_{model}_{verb}",
             )
-            for verb in operator.VERBS
+            for verb in run_actions.VERBS
         ]
         own.append(
             path(
@@ -253,35 +254,35 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     # --- operator actions --------------------------------------------------------------------
     @admin.action(description="Retry selected runs…", permissions=["operate"])
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> Any:
-        return self._list_action(request, queryset, operator.RETRY)
+        return self._list_action(request, queryset, run_actions.RETRY)
 
     @admin.action(description="Resume selected runs now…", permissions=["operate"])
     def resume_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> Any:
-        return self._list_action(request, queryset, operator.RESUME)
+        return self._list_action(request, queryset, run_actions.RESUME)
 
     @admin.action(description="Cancel selected runs…", permissions=["operate"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> Any:
-        return self._list_action(request, queryset, operator.CANCEL)
+        return self._list_action(request, queryset, run_actions.CANCEL)
 
     def _list_action(
-        self, request: HttpRequest, queryset: QuerySet[WorkflowRun], verb: operator.Verb
+        self, request: HttpRequest, queryset: QuerySet[WorkflowRun], verb: run_actions.Verb
     ) -> TemplateResponse | None:
         """First POST (from the list): show the confirmation. Second (`post=yes`): act."""
-        limit = operator.MAX_RUNS_PER_ACTION
+        limit = run_actions.MAX_RUNS_PER_ACTION
         if bounded_count(queryset, limit) > limit:
             messages.error(
                 request, f"Select at most {limit} runs at a time; filter the list first."
             )
             return None
-        runs = list(queryset.order_by("-created_at").values(*operator.RUN_SUMMARY))
+        runs = list(queryset.order_by("-created_at").values(*run_actions.RUN_SUMMARY))
         if not runs:
             messages.warning(request, "None of the selected runs exists any more.")
             return None
         form = ReasonForm(request.POST if request.POST.get("post") == "yes" else None)
         if form.is_valid():
-            operator.perform(request, verb, runs, form.cleaned_data["reason"])
+            run_actions.perform(request, verb, runs, form.cleaned_data["reason"])
             return None  # Django redirects back to the list, filters kept
-        return operator.confirmation(self, request, verb, runs, form, from_list=True)
+        return run_actions.confirmation(self, request, verb, runs, form, from_list=True)
 
     def run_action_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
         """The detail page's Retry / Cancel buttons: confirm with a reason, act, go back."""
@@ -289,19 +290,19 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             raise PermissionDenied
         if request.method not in ("GET", "POST"):
             return HttpResponseNotAllowed(["GET", "POST"])
-        chosen = operator.VERBS[verb]
+        chosen = run_actions.VERBS[verb]
         run_id = unquote(object_id).replace("\x00", "")  # Postgres text cannot hold NUL
-        run = WorkflowRun.objects.filter(pk=run_id).values(*operator.RUN_SUMMARY).first()
+        run = WorkflowRun.objects.filter(pk=run_id).values(*run_actions.RUN_SUMMARY).first()
         if run is None or run_id != unquote(object_id):
             messages.warning(request, f"There is no workflow run “{run_id}” to {verb}.")
             return HttpResponseRedirect(self._changelist_url())
         form = ReasonForm(request.POST if request.method == "POST" else None)
         if form.is_valid():
-            operator.perform(request, chosen, [run], form.cleaned_data["reason"])
+            run_actions.perform(request, chosen, [run], form.cleaned_data["reason"])
             return HttpResponseRedirect(
                 reverse("admin:agentflow_workflowrun_change", args=(quote(run_id),))
             )
-        return operator.confirmation(self, request, chosen, [run], form, from_list=False)
+        return run_actions.confirmation(self, request, chosen, [run], form, from_list=False)
 
     def _changelist_url(self) -> str:
         return reverse("admin:agentflow_workflowrun_changelist")

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from agentflow.admin import replays
-from agentflow.admin.calls import Call, Part, int_of, messages, read_call, said, words
+from agentflow.admin.recorded_calls import Call, Part, int_of, messages, read_call, said, words
 from agentflow.admin.replays import Epochs, ForkRecord
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import RunStatus, StepKind

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from django.conf import settings
-
 from agentflow.agent.conversation import ModelRequest, ModelResponse
+from agentflow.conf import settings
 
 
 class ModelClient(Protocol):

@@ -27,7 +27,7 @@ class AgentLimits:
 
     @classmethod
     def from_settings(cls, *, max_tool_calls_per_turn: int | None = None) -> AgentLimits:
-        from django.conf import settings
+        from agentflow.conf import settings
 
         return cls(
             max_turns=settings.AGENTFLOW_AGENT_MAX_TURNS,

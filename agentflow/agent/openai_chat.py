@@ -16,10 +16,10 @@ from functools import lru_cache
 from typing import Any
 
 import openai
-from django.conf import settings
 
 from agentflow.agent.conversation import ModelRequest, ModelResponse, ToolCall, Usage
 from agentflow.agent.conversation import assistant_message as _assistant_message
+from agentflow.conf import settings
 from agentflow.exceptions import PermanentStepError, RetryableStepError
 
 #: Opening a connection should be quick even to a busy server; a slow one is retried.

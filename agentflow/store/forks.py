@@ -72,7 +72,7 @@ def run_fork(
     gets a key that names the branch, so no partner mistakes it for an earlier one. `settled`:
     the partner's answers for set-aside effects whose outcome was unknown, by position.
     """
-    from agentflow.codefirst import NEXT_CALL, CodeWorkflow
+    from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
 
     answers = settled or {}
     with transaction.atomic():

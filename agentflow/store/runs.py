@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
 
 from agentflow import dispatch, outcomes, telemetry
+from agentflow.conf import settings
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.registry import StepDef, Workflow

@@ -15,10 +15,10 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from agentflow import dispatch, faults, leases, telemetry
+from agentflow.conf import settings
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
-
 from agentflow import leases
+from agentflow.conf import settings
 from agentflow.models import RunEvent
 from agentflow.store import sql
 from agentflow.store.events import event_add

@@ -20,7 +20,7 @@ from django.db import DatabaseError, connections
 
 from agentflow.models import StepCheckpoint
 from agentflow.states import StepStatus
-from agentflow.workers import PostgresServer, WorkerProcess
+from agentflow.testing.processes import PostgresServer, WorkerProcess
 from refunds.chaos.processes import RedisBroker
 
 CHILD, WORKER, BROKER, POSTGRES = "child", "worker", "broker", "postgres"

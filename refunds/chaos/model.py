@@ -23,7 +23,7 @@ from hypothesis import currently_in_test_context, target
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from agentflow import durable, faults, leases, recovery, runtime, store
+from agentflow import durable, faults, leases, runtime, store, sweeper
 from agentflow.models import WorkflowRun
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
 from agentflow.store import synthetic
@@ -209,7 +209,7 @@ class MoneyMachine(RuleBasedStateMachine):
     # --- recovery and time ------------------------------------------------------------------
     @rule()
     def sweep(self) -> None:
-        recovery.sweep()
+        sweeper.sweep()
         self._count("sweep")
 
     @rule(seconds=st.sampled_from(TIME_STEPS))
@@ -330,7 +330,7 @@ class MoneyMachine(RuleBasedStateMachine):
             if not active.exists():
                 return
             synthetic.runs_age(self.run_ids, seconds=LEASE_SECONDS + 1.0)
-            recovery.sweep()
+            sweeper.sweep()
 
     def _deliver(self, message: Message, worker: int, plan: PointPlan | None) -> None:
         chosen = self.workers[worker % len(self.workers)]

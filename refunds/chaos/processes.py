@@ -1,7 +1,7 @@
 """The processes a chaos run owns: a private Redis broker, the partner sandbox and Celery beat.
 
 Each is started in its own process group with its log in the run's directory, and can be killed
-with SIGKILL exactly as an OOM killer would. Workers come from `agentflow.workers`.
+with SIGKILL exactly as an OOM killer would. Workers come from `agentflow.testing.processes`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from celery import current_app as app
 from django.conf import settings
 
-from agentflow.celery import app
-from agentflow.workers import ProcessStartError, RedisServer, free_port
+from agentflow.testing.processes import ProcessStartError, RedisServer, free_port
 
 
 def _wait(ready: Callable[[], bool], *, timeout: float, what: str) -> None:
@@ -147,7 +147,7 @@ class Beat:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Beat:
-        args = [sys.executable, "-m", "celery", "-A", "agentflow", "beat", "-l", "info",
+        args = [sys.executable, "-m", "celery", "-A", "config.celery_app", "beat", "-l", "info",
                 "-s", str(self.workdir / "celerybeat-schedule")]  # fmt: skip
         self.proc = _spawn(args, self.workdir / "beat.log", self.env)
         return self

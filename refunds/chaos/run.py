@@ -28,7 +28,7 @@ from django.utils import timezone
 from agentflow import durable, logs
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES
-from agentflow.workers import PostgresServer, current_database_url
+from agentflow.testing.processes import PostgresServer, current_database_url
 from refunds.chaos import evidence as evidence_mod
 from refunds.chaos import report, traffic
 from refunds.chaos.kills import Monkey, WorkerPool

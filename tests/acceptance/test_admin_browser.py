@@ -16,12 +16,12 @@ from django.contrib.auth.models import Permission, User
 from agentflow import durable
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+from agentflow.testing.waiting import wait_for
 from tests.acceptance import workflows
 from tests.support import partner
 from tests.support.admin import LIST_URL, make_run
 from tests.support.browser import db
 from tests.support.processes import Workers
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -16,6 +16,7 @@ import pytest
 from agentflow import durable
 from agentflow.agent import ModelRequest
 from agentflow.models import StepCheckpoint
+from agentflow.testing.waiting import wait_for
 from refunds import engines
 from refunds.agent.planner import plan_refund
 from refunds.agent.prompts import read_first_user_message
@@ -24,7 +25,6 @@ from tests.support.engine import stopped
 from tests.support.llm_server import LLMServer, SeenRequest, fail, planned_by, tool_calls
 from tests.support.refunds import finished, holds_left, money_kept, partner_effects, submit
 from tests.support.sandbox import SandboxProcess
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
+from agentflow.testing.waiting import wait_for
 from refunds.models import RefundRequest
 from refunds.ownership import MISMATCH
 from refunds.sandbox.airline import owner_of
 from tests.support.browser import DESKTOP, db
 from tests.support.processes import Workers
 from tests.support.sandbox import SandboxProcess
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

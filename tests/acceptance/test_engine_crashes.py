@@ -21,13 +21,13 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import transaction
 
-from agentflow import dispatch, durable, recovery
+from agentflow import dispatch, durable, sweeper
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
+from agentflow.testing.waiting import wait_for
 from tests.acceptance import workflows
 from tests.support import partner
 from tests.support.processes import Workers, log_has
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -223,7 +223,7 @@ def test_paused_worker_resumes_after_takeover__its_late_completion_is_fenced_out
     partner.release(run_id)
     taker = workers.start(AGENTFLOW_LEASE_SECONDS="2")
     # This test is the sweeper: once the paused lease is past, the run goes to `taker`.
-    wait_for(lambda: run_id in recovery.sweep().requeued, timeout=30, what="lease to expire")
+    wait_for(lambda: run_id in sweeper.sweep().requeued, timeout=30, what="lease to expire")
     wait_finished(run_id)
     assert wait_execution(run_id, "hold", attempt=2)["pid"] in taker.children()
     before = _rows(run_id)

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from agentflow import dispatch, durable, recovery
+from agentflow import dispatch, durable, sweeper
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
+from agentflow.testing.waiting import wait_for
 from tests.acceptance import workflows
 from tests.acceptance.test_engine_crashes import (
     HELD_SEQ,
@@ -30,7 +31,6 @@ from tests.acceptance.test_engine_crashes import (
 )
 from tests.support import partner
 from tests.support.processes import Workers, log_has
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,7 +52,7 @@ def test_aba__owner_paused_since_attempt_1__wakes_after_an_operator_retry_and_ch
 
     workers.signal(paused, signal.SIGSTOP)
     taker = workers.start(AGENTFLOW_LEASE_SECONDS="2")
-    wait_for(lambda: run_id in recovery.sweep().requeued, timeout=30, what="the lease to expire")
+    wait_for(lambda: run_id in sweeper.sweep().requeued, timeout=30, what="the lease to expire")
     failed = wait_finished(run_id)  # the takeover: the partner refuses, for good
     assert failed.status == RunStatus.FAILED and failed.error == "charge: card declined"
 
@@ -151,14 +151,14 @@ def test_liveness__same_hostname_separate_pid_namespaces__no_steal_and_takeover_
         lambda: broker.queue_length() == 0 and broker.client().hlen("unacked") == 1,
         what="the duplicate to be handled",
     )
-    assert recovery.sweep().requeued == []  # the owner's lock is held: it is alive
+    assert sweeper.sweep().requeued == []  # the owner's lock is held: it is alive
 
     assert len(executions(run_id, "hold")) == 1
     assert checkpoint(run_id).lease_owner == owner
 
     first.kill()
     killed_at = time.time()
-    wait_for(lambda: run_id in recovery.sweep().requeued, timeout=10, interval=0.1,
+    wait_for(lambda: run_id in sweeper.sweep().requeued, timeout=10, interval=0.1,
              what="the sweeper to see the owner gone")  # fmt: skip
     taker = wait_execution(run_id, "hold", attempt=2)["pid"]
     assert taker in namespaced_pids(second)

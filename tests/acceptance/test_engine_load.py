@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from agentflow import durable, recovery
+from agentflow import durable, sweeper
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
+from agentflow.testing.waiting import wait_for
 from tests.acceptance import workflows
 from tests.support import partner
 from tests.support.processes import Workers
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,7 +35,7 @@ def test_load__every_step_runs_exactly_once(workers: Workers, settings: Any) -> 
     started = time.monotonic()
     run_ids = {durable.start(workflows.ten.name) for _ in range(RUNS)}
     wait_for(lambda: not WorkflowRun.objects.filter(wake_at__gt=timezone.now()).exists())
-    assert len(recovery.sweep().requeued) == RUNS
+    assert len(sweeper.sweep().requeued) == RUNS
     workers.start(concurrency=2, beat=True)  # default lease (10 s) and sweep interval (5 s)
 
     wait_for(

@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 
 from agentflow import durable
-from agentflow.workers import WorkerProcess
+from agentflow.testing.processes import WorkerProcess
 from refunds.models import RefundRequest
 from tests.support.refunds import (
     finished,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from agentflow.workers import free_port
+from agentflow.testing.processes import free_port
+from agentflow.testing.waiting import wait_for
 from refunds.sandbox.airline import owner_of
-from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentflow import durable, store
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
-from agentflow.workers import RedisServer, WorkerProcess
+from agentflow.testing.processes import RedisServer, WorkerProcess
+from agentflow.testing.waiting import wait_for
 from refunds.models import RefundRequest
 from refunds.workflows import refund as refund_workflow
 from tests.acceptance import workflows
@@ -28,7 +29,6 @@ from tests.support import partner
 from tests.support.processes import EnvBuilder, Workers, log_has
 from tests.support.sandbox import SandboxProcess
 from tests.support.stack import BeatProcess, SpanCollector, WebProcess
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -301,7 +301,7 @@ def test_logs__json_lines_of_web_worker_and_beat_carry_the_refunds_run_id(
     worker_lines = wait_for(run_lines, what="the run's last line")
     assert {line["process"] for line in worker_lines} == {"worker"}
     # Every line a step caused names the step, its attempt, its key and the process owning it.
-    stepped = [line for line in worker_lines if line["logger"] != "agentflow.recovery"]
+    stepped = [line for line in worker_lines if line["logger"] != "agentflow.sweeper"]
     assert stepped
     pool = {str(pid) for pid in worker.children()}
     for line in stepped:
@@ -319,7 +319,7 @@ def test_logs__json_lines_of_web_worker_and_beat_carry_the_refunds_run_id(
     sweeps = [
         line
         for line in beat_lines
-        if line["logger"] == "agentflow.recovery" and run_id in line.get("run_ids", [])
+        if line["logger"] == "agentflow.sweeper" and run_id in line.get("run_ids", [])
     ]
     assert sweeps and run_id in sweeps[0]["event"]
     assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SWEEP_REQUEUE).exists()

@@ -21,7 +21,7 @@ from django.core.management import call_command
 from django.db import connections
 
 from agentflow import durable
-from agentflow.workers import PostgresServer, ProcessStartError
+from agentflow.testing.processes import PostgresServer, ProcessStartError
 from tests.acceptance import workflows
 from tests.acceptance.test_engine_crashes import assert_completed_once, wait_finished
 from tests.support.processes import Workers

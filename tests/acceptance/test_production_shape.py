@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agentflow.deployment import DEBUG_SECRET_KEY
-from agentflow.workers import free_port
+from agentflow.testing.processes import free_port
+from config.deployment import DEBUG_SECRET_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -43,9 +43,18 @@ def environment(tmp_path: Path, **values: str | None) -> dict[str, str]:
 def start_commands() -> dict[str, list[str]]:
     port = str(free_port())
     return {
-        "gunicorn": [str(BIN / "gunicorn"), "agentflow.wsgi", "--bind", f"127.0.0.1:{port}"],
+        "gunicorn": [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}"],
         "runserver": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}"],
-        "worker": [str(BIN / "celery"), "-A", "agentflow", "worker", "-c", "1", "-l", "info"],
+        "worker": [
+            str(BIN / "celery"),
+            "-A",
+            "config.celery_app",
+            "worker",
+            "-c",
+            "1",
+            "-l",
+            "info",
+        ],
     }
 
 
@@ -90,7 +99,7 @@ def production_variables() -> dict[str, str]:
 def test_check_deploy__documented_production_variables_give_no_warning(tmp_path: Path) -> None:
     variables = production_variables()
     for needed in ("DJANGO_HTTPS", "DJANGO_SECURE_PROXY_SSL_HEADER", "DJANGO_CSRF_TRUSTED_ORIGINS",
-                   "DJANGO_ALLOWED_HOSTS", "AGENTFLOW_TRUSTED_PROXIES",
+                   "DJANGO_ALLOWED_HOSTS", "TRUSTED_PROXIES",
                    "AGENTFLOW_METRICS_TOKEN"):  # fmt: skip
         assert needed in variables
     done = subprocess.run(

@@ -14,7 +14,7 @@ import pytest
 
 from agentflow import durable
 from agentflow.models import RunEvent
-from agentflow.workers import WorkerProcess
+from agentflow.testing.processes import WorkerProcess
 from tests.support.refunds import (
     EFFECT_LISTS,
     finished,

@@ -13,7 +13,8 @@ import pytest
 
 from agentflow import durable
 from agentflow.models import RunEvent
-from agentflow.workers import WorkerProcess
+from agentflow.testing.processes import WorkerProcess
+from agentflow.testing.waiting import wait_for
 from tests.support.engine import stopped
 from tests.support.refunds import (
     finished,
@@ -25,7 +26,6 @@ from tests.support.refunds import (
     submit,
 )
 from tests.support.sandbox import SandboxProcess
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,9 +19,9 @@ from django.core.management import call_command
 from django.db import transaction
 
 from agentflow import durable, leases, runtime, store
-from agentflow.workers import PostgresServer, ProcessStartError, _pg_binary
+from agentflow.testing.processes import PostgresServer, ProcessStartError, _pg_binary
+from agentflow.testing.waiting import wait_for
 from tests.acceptance import workflows
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
 

@@ -18,11 +18,11 @@ from django.test import Client
 from agentflow import durable
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+from agentflow.testing.waiting import wait_for
 from tests.acceptance import workflows
 from tests.support import partner
 from tests.support.processes import Workers
 from tests.support.timelines import box, elements, title
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,13 +14,13 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 
-from agentflow.celery import app as celery_app
 from agentflow.dispatch import RUN_STEP_TASK
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
+from config.celery_app import app as celery_app
 
 LIST_URL = "/admin/agentflow/workflowrun/"
-#: The demo workflow's steps (agentflow/workflows.py): retry resumes at one of these.
+#: The demo workflow's steps (config/workflows.py): retry resumes at one of these.
 DEMO_STEPS = ("greet", "pretend_effect", "summarise")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentflow.workers import WorkerProcess
+from agentflow.testing.processes import WorkerProcess
 from refunds.agent.planner import plan_refund
 from tests.support.llm_server import LLMServer, planned_by
 from tests.support.refunds import refund_worker_env

@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 import pytest
 from django.db import connections
 
+from agentflow.testing.waiting import wait_for
 from tests.support.processes import Workers
 from tests.support.sandbox import SandboxProcess
-from tests.support.waiting import wait_for
 
 T = TypeVar("T")
 

@@ -15,8 +15,8 @@ import pytest
 from agentflow import durable, runtime
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+from agentflow.testing.waiting import wait_for
 from tests.support.processes import RedisServer
-from tests.support.waiting import wait_for
 
 Drive = Callable[[str], WorkflowRun]
 

@@ -6,7 +6,7 @@ Fixtures:
 - `broker`: points this process's Celery app at that Redis for one test, empties it first.
 - `partner_db`: a fresh partner file; `TEST_PARTNER_DB` names it for this process and workers.
 - `worker_env`: builds a worker's environment (test database, private broker, test workflows).
-- `workers`: starts `agentflow.workers.WorkerProcess`es and SIGKILLs every one at teardown,
+- `workers`: starts `agentflow.testing.processes.WorkerProcess`es, SIGKILLs each at teardown,
   before the test database is flushed.
 """
 
@@ -25,8 +25,8 @@ import pytest
 from django.conf import settings
 
 from agentflow import leases
-from agentflow.celery import app
-from agentflow.workers import RedisServer, WorkerProcess, current_database_url
+from agentflow.testing.processes import RedisServer, WorkerProcess, current_database_url
+from config.celery_app import app
 from tests.support import partner
 
 WORKFLOW_MODULES = "tests.acceptance.workflows"

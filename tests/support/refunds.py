@@ -9,13 +9,13 @@ import requests
 from django.conf import settings
 
 from agentflow import durable
-from agentflow.celery import app
-from agentflow.workers import WorkerProcess
+from agentflow.testing.processes import WorkerProcess
+from agentflow.testing.waiting import wait_for
+from config.celery_app import app
 from refunds import services
 from refunds.sandbox.airline import owner_of
 from tests.support.processes import worker_database_url
 from tests.support.sandbox import SandboxProcess
-from tests.support.waiting import wait_for
 
 WORDS = "Hi, please move me to SK1240 on 2027-03-16. Thanks!"
 EFFECT_LISTS = (

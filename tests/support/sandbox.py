@@ -35,8 +35,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from agentflow.workers import free_port
-from tests.support.waiting import wait_for
+from agentflow.testing.processes import free_port
+from agentflow.testing.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

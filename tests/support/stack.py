@@ -1,7 +1,7 @@
 """The rest of the production stack as real processes: gunicorn (web), celery beat, and an
 OTLP/HTTP collector that receives the spans every process exports.
 
-- `WebProcess(env)`: `gunicorn agentflow.wsgi` with two workers on a free port; `.url`, `.get()`,
+- `WebProcess(env)`: `gunicorn config.wsgi` with two workers on a free port; `.url`, `.get()`,
   `.submit_refund()` (the form, as a browser sends it), `.log_path`.
 - `BeatProcess(env)`: a standalone `celery beat`; `.stop()` kills it, `.start()` starts it again.
 - `SpanCollector`: a tiny OTLP/HTTP receiver on a free port (`.endpoint` for
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentflow.workers import free_port
+from agentflow.testing.processes import free_port
+from agentflow.testing.waiting import wait_for
 from refunds.sandbox.airline import owner_of
-from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ class WebProcess(_Process):
     def __init__(self, env: Mapping[str, str], log_path: Path, *, workers: int = 2) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "gunicorn", "agentflow.wsgi", "--no-control-socket",
+        args = [sys.executable, "-m", "gunicorn", "config.wsgi", "--no-control-socket",
                 "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers)]  # fmt: skip
         super().__init__(args, env, log_path)
 
@@ -132,7 +132,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 class BeatProcess(_Process):
     def __init__(self, env: Mapping[str, str], log_path: Path) -> None:
         schedule = log_path.with_suffix(".schedule")
-        args = [sys.executable, "-m", "celery", "-A", "agentflow", "beat", "-l", "info",
+        args = [sys.executable, "-m", "celery", "-A", "config.celery_app", "beat", "-l", "info",
                 "--schedule", str(schedule)]  # fmt: skip
         super().__init__(args, env, log_path)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from agentflow import deployment
+from config import deployment
 
 STRONG = "k" * 20 + "Q7x-Z_9pL2mN4vB6cD8fG0hJ1sT3wY5r"
 
@@ -56,7 +56,7 @@ def test_proxy_ssl_header__bad_value_refuses(raw: str) -> None:
 
 def test_trusted_proxies__bad_value_refuses_naming_the_variable() -> None:
     assert deployment.trusted_proxies(" 1 ") == "1"
-    with pytest.raises(ImproperlyConfigured, match="AGENTFLOW_TRUSTED_PROXIES: 'proxy'"):
+    with pytest.raises(ImproperlyConfigured, match="TRUSTED_PROXIES: 'proxy'"):
         deployment.trusted_proxies("proxy")
 
 

@@ -16,11 +16,11 @@ from refunds.redaction import RedactPersonalData
 @pytest.mark.parametrize(
     ("argv", "kind"),
     [
-        (["/app/.venv/bin/gunicorn", "agentflow.wsgi"], "web"),
-        (["/usr/lib/python3/site-packages/gunicorn/__main__.py", "agentflow.wsgi"], "web"),
+        (["/app/.venv/bin/gunicorn", "config.wsgi"], "web"),
+        (["/usr/lib/python3/site-packages/gunicorn/__main__.py", "config.wsgi"], "web"),
         (["manage.py", "runserver"], "web"),
-        (["/app/.venv/bin/celery", "-A", "agentflow", "worker", "-B"], "worker"),
-        (["/x/celery/__main__.py", "-A", "agentflow", "beat", "-l", "info"], "beat"),
+        (["/app/.venv/bin/celery", "-A", "config.celery_app", "worker", "-B"], "worker"),
+        (["/x/celery/__main__.py", "-A", "config.celery_app", "beat", "-l", "info"], "beat"),
         (["manage.py", "sweep"], "sweep"),
     ],
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from agentflow.workers import free_port
+from agentflow.testing.processes import free_port
 
 
 def _ephemeral_low() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentflow.proxies import TrustedProxies, client_address, limit_key, parse_trusted_proxies
+from refunds.proxies import TrustedProxies, client_address, limit_key, parse_trusted_proxies
 
 PROXY = "10.0.0.2"
 

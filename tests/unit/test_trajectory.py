@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agentflow.admin import display, trajectory
-from agentflow.admin.calls import Part
+from agentflow.admin.recorded_calls import Part
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from tests.support.timelines import at
 

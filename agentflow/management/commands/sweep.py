@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from agentflow import recovery
+from agentflow import sweeper
 
 
 class Command(BaseCommand):
@@ -18,7 +18,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, limit: int | None, json: bool, **options: Any) -> None:
-        report = recovery.sweep(limit=limit)
+        report = sweeper.sweep(limit=limit)
         if json:
             self.stdout.write(_dumps(report))
             return
@@ -30,7 +30,7 @@ class Command(BaseCommand):
             self.stderr.write(error)
 
 
-def _dumps(report: recovery.SweepReport) -> str:
+def _dumps(report: sweeper.SweepReport) -> str:
     return json.dumps(
         {
             "requeued": report.requeued,

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from agentflow import logs
-from agentflow.workers import ProcessStartError
+from agentflow.testing.processes import ProcessStartError
 from refunds.chaos.exploration import DEFAULT_STEPS, explore
 from refunds.chaos.processes import Sandbox
 from refunds.chaos.run import ChaosConfig, ChaosError, run

@@ -333,7 +333,7 @@ def test_settings__base_url_without_a_model_fails_loudly() -> None:
         "AGENTFLOW_LLM_MODEL": "",
     }
     result = subprocess.run(
-        [sys.executable, "-c", "import agentflow.settings"], env=env, capture_output=True, text=True
+        [sys.executable, "-c", "import config.settings"], env=env, capture_output=True, text=True
     )
     assert result.returncode != 0
     assert "AGENTFLOW_LLM_MODEL must name a model" in result.stderr

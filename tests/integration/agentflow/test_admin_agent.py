@@ -16,7 +16,8 @@ from django.db.models import F
 from django.test import Client
 from django.utils import timezone
 
-from agentflow import codefirst, durable, recovery, runtime, store
+from agentflow import durable, runtime, store, sweeper
+from agentflow.agent import loop as agent_loop
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.states import RunStatus, StepKind, StepStatus
 from tests.acceptance import workflows
@@ -90,7 +91,7 @@ def diverged_drift_run(drive: Drive) -> str:
 def lost_claim(run_id: str, seq: int) -> None:
     """The call at `seq` was claimed by a worker that vanished before doing anything."""
     run = WorkflowRun.objects.get(pk=run_id)
-    outcome = codefirst.replay(
+    outcome = agent_loop.replay(
         workflows.agent,
         run_id=run_id,
         input=run.input,
@@ -99,7 +100,7 @@ def lost_claim(run_id: str, seq: int) -> None:
         recorded=store.calls_load(run_id, seq + 1),
         reusable=lambda: [],
     )
-    assert isinstance(outcome, codefirst.NextCall)
+    assert isinstance(outcome, agent_loop.NextCall)
     state = store.state_load(run_id, seq)
     assert state is not None and store.step_claim(state, outcome.step, seq, None) is not None
     a_minute_ago = timezone.now() - timedelta(minutes=1)
@@ -215,7 +216,7 @@ def test_conversation__a_takeover_after_a_sweep__says_what_its_replay_handed_bac
     for seq in (1, 2, 3, 4):
         runtime.run_step(run_id, seq)
     lost_claim(run_id, 5)
-    assert recovery.sweep().requeued == [run_id]  # the sweeper re-publishes position 5...
+    assert sweeper.sweep().requeued == [run_id]  # the sweeper re-publishes position 5...
     run = drive(run_id)  # ...whose task takes the buy over (attempt 2) and goes on
     assert run.status == RunStatus.COMPLETED
     assert StepCheckpoint.objects.get(run_id=run_id, seq=5).attempts == 2

@@ -37,7 +37,7 @@ def test_start_workflow_command__unknown_workflow__clear_error_and_nonzero_exit(
     done = subprocess.run(
         [sys.executable, "manage.py", "start_workflow", "no_such_flow"],
         cwd=settings.BASE_DIR,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "agentflow.settings"},
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"},
         capture_output=True,
         text=True,
         timeout=120,

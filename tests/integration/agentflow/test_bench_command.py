@@ -8,7 +8,7 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from agentflow.benchmark import workload
+from agentflow.contrib.bench import workload
 from agentflow.models import WorkflowRun
 from agentflow.states import RunStatus
 

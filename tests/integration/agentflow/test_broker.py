@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kombu import Connection
 
-from agentflow import broker
+from config import broker
 
 
 def _connection(folder: Path) -> Connection:

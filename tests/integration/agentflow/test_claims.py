@@ -22,7 +22,8 @@ from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from agentflow import codefirst, durable, leases, runtime, store
+from agentflow import durable, leases, runtime, store
+from agentflow.agent import loop as agent_loop
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef
 from agentflow.states import RunStatus
@@ -152,7 +153,7 @@ def _next_call(run_id: str, seq: int) -> tuple[store.StepState, StepDef]:
     """A worker's first phase on a code-first run: load it, replay up to its next call."""
     state = store.state_load(run_id, seq)
     assert state is not None
-    outcome = codefirst.replay(
+    outcome = agent_loop.replay(
         workflows.agent,
         run_id=run_id,
         input=state.input,
@@ -161,7 +162,7 @@ def _next_call(run_id: str, seq: int) -> tuple[store.StepState, StepDef]:
         recorded=store.calls_load(run_id, seq + 1),
         reusable=lambda: store.superseded_reusable(run_id, workflows.agent),
     )
-    assert isinstance(outcome, codefirst.NextCall), outcome
+    assert isinstance(outcome, agent_loop.NextCall), outcome
     return state, outcome.step
 
 
@@ -202,11 +203,11 @@ def test_replay__raises_while_an_effect_attempt_is_recorded_next__parked_outcome
     runtime.run_step(run_id, 1)  # prepare
     state = store.state_load(run_id, 2)
     assert state is not None
-    outcome = codefirst.replay(
+    outcome = agent_loop.replay(
         workflows.moody, run_id=run_id, input=state.input, seq=2, branch=0,
         recorded=store.calls_load(run_id, 3), reusable=list,
     )  # fmt: skip
-    assert isinstance(outcome, codefirst.NextCall)
+    assert isinstance(outcome, agent_loop.NextCall)
     claim = store.step_claim(state, outcome.step, 2, None)  # the charge's worker dies...
     assert claim is not None
     StepCheckpoint.objects.filter(run_id=run_id, seq=2).update(

@@ -13,12 +13,12 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from agentflow import durable, recovery
+from agentflow import durable, sweeper
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import RunStatus
+from agentflow.testing.waiting import wait_for
 from tests.acceptance import workflows
 from tests.support.processes import RedisServer
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
 
@@ -50,21 +50,21 @@ def test_sweep__run_past_its_grace__republished_with_an_event(
 ) -> None:
     [run_id] = lost_runs(engine, 1, settings)
 
-    report = recovery.sweep()
+    report = sweeper.sweep()
 
     assert report.requeued == [run_id]
     assert published(engine) == [(run_id, 1)]
     assert requeue_events(run_id) == 1
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.wake_at is not None and run.wake_at > timezone.now()  # not again at once
-    assert recovery.sweep().requeued == []
+    assert sweeper.sweep().requeued == []
 
 
 def test_sweep__run_inside_its_grace__left_alone(engine: RedisServer) -> None:
     run_id = durable.start(workflows.chain.name)  # default grace: 10 s
     engine.client().flushall()
 
-    report = recovery.sweep()
+    report = sweeper.sweep()
 
     assert report.requeued == [] and report.parked == []
     assert engine.queue_length() == 0
@@ -79,7 +79,7 @@ def test_sweep__terminal_and_parked_runs__never_touched(engine: RedisServer) -> 
             current_seq=2, updated_at=past,
         )  # fmt: skip
 
-    assert recovery.sweep().requeued == []
+    assert sweeper.sweep().requeued == []
     assert engine.queue_length() == 0
 
 
@@ -93,7 +93,7 @@ def test_sweep__one_broken_run__parked_and_the_rest_still_republished(
         current_step="charge", current_seq=2, wake_at=past,
     )  # fmt: skip
 
-    report = recovery.sweep()
+    report = sweeper.sweep()
 
     assert report.parked == [broken.id]
     assert sorted(report.requeued) == sorted(good)
@@ -110,15 +110,15 @@ def test_sweep__two_sweepers_at_once__each_run_republished_exactly_once(
     run_ids = lost_runs(engine, 30, settings)
     barrier = threading.Barrier(2)
 
-    def sweeper() -> list[str]:
+    def sweep_once() -> list[str]:
         try:
             barrier.wait(timeout=10)
-            return recovery.sweep().requeued
+            return sweeper.sweep().requeued
         finally:
             connections.close_all()
 
     with ThreadPoolExecutor(2) as pool:
-        reports = list(pool.map(lambda _: sweeper(), range(2)))
+        reports = list(pool.map(lambda _: sweep_once(), range(2)))
 
     swept = [run_id for report in reports for run_id in report]
     assert sorted(swept) == sorted(run_ids)

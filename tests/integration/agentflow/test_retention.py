@@ -17,15 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from agentflow import durable, store, tasks
-from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
+from agentflow import beat, durable, store, tasks
+from agentflow.models import (
+    RunEvent,
+    StepCheckpoint,
+    SupersededStep,
+    SweeperHeartbeat,
+    WorkflowRun,
+)
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -309,17 +314,38 @@ def test_purge_command__bad_age_is_a_clear_error_and_a_non_zero_exit(age: str, s
     assert WorkflowRun.objects.count() == 1
 
 
-def test_retention_task__schedule_follows_the_setting() -> None:
-    def schedule_with(days: int) -> dict[str, Any]:
-        app = Celery("retention-test", set_as_current=False)
-        with override_settings(AGENTFLOW_RETENTION_DAYS=days):
-            tasks._schedule_retention(sender=app)
-        return dict(app.conf.beat_schedule)
+class _Sent:
+    """The app beat sends through: what it sent, by task name."""
 
-    hourly = schedule_with(30)["agentflow-retention"]
-    assert hourly["task"] == "agentflow.purge"
-    assert hourly["schedule"] == float(tasks.RETENTION_INTERVAL_SECONDS)
-    assert "agentflow-retention" not in schedule_with(0)
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send_task(self, name: str, **options: Any) -> None:
+        self.sent.append(name)
+
+
+class _Base:
+    def tick(self) -> float:
+        return 5.0
+
+
+class _Beat(beat.SweeperMixin, _Base):
+    def __init__(self) -> None:
+        self.app = _Sent()
+
+
+def test_beat__sweeps_every_interval_and_sends_retention_hourly_unless_0() -> None:
+    kept = _Beat()
+    with override_settings(AGENTFLOW_RETENTION_DAYS=0, AGENTFLOW_SWEEP_INTERVAL=1):
+        assert kept.tick() <= 1.0  # it wakes for the next sweep, not the base's 5 s
+        assert kept.app.sent == []
+
+    hourly = _Beat()
+    with override_settings(AGENTFLOW_RETENTION_DAYS=30):
+        hourly.tick()
+        hourly.tick()  # within the hour: not again
+    assert hourly.app.sent == [beat.PURGE_TASK]
+    assert SweeperHeartbeat.objects.exists()  # it swept, in this process
 
 
 def test_retention_task__deletes_past_the_setting_and_0_keeps_everything() -> None:

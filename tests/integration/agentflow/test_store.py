@@ -18,10 +18,10 @@ from agentflow import durable, leases, registry, runtime, store
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef
 from agentflow.states import RunStatus, StepStatus
+from agentflow.testing.waiting import wait_for
 from tests.acceptance import workflows
 from tests.support import partner
 from tests.support.processes import RedisServer
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
 

@@ -12,11 +12,14 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
 
 from agentflow import durable, telemetry, tracing
 from agentflow.models import WorkflowRun
-from agentflow.workers import RedisServer
+from agentflow.testing.processes import RedisServer
+from config import tracing as site_tracing
 from refunds.gateways import PaymentGateway
 from refunds.sandbox.airline import owner_of
 from tests.support.sandbox import SandboxProcess
@@ -27,11 +30,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    tracing.configure(exporter=exporter)
+    provider = site_tracing.configure(exporter=exporter)
+    assert provider is not None
     try:
         yield exporter
     finally:
-        tracing.shutdown()
+        provider.shutdown()
+        # OpenTelemetry sets its global provider once a process; a test takes it back.
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        trace._TRACER_PROVIDER = None
 
 
 def queued_headers(broker: RedisServer) -> list[dict[str, Any]]:

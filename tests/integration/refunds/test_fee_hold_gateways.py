@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from agentflow.durable import PermanentStepError, RetryableStepError
+from agentflow.testing.waiting import wait_for
 from refunds.gateways import AirlineGateway, HoldLapsed, PaymentGateway
 from tests.support.sandbox import SandboxProcess, start_sandbox
-from tests.support.waiting import wait_for
 
 WF = "wf_holdgateway"
 

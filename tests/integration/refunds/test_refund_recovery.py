@@ -14,11 +14,11 @@ from django.utils import timezone
 from agentflow import durable, runtime, store
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
+from agentflow.testing.waiting import wait_for
 from refunds.gateways import PaymentGateway
 from refunds.workflows import refund
 from tests.support.refunds import submit
 from tests.support.sandbox import SandboxProcess, start_sandbox
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
 

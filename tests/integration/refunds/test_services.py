@@ -11,9 +11,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from agentflow.models import WorkflowRun
+from agentflow.testing.waiting import wait_for
 from refunds import services
 from refunds.models import RefundRequest
-from tests.support.waiting import wait_for
 
 
 def create(token: str = "t" * 32, **overrides: str | None) -> RefundRequest:

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agentflow.workers import free_port
-from tests.support.waiting import wait_for
+from agentflow.testing.processes import free_port
+from agentflow.testing.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 

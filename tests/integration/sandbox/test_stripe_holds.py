@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import stripe
 
+from agentflow.testing.waiting import wait_for
 from tests.integration.sandbox.clients import intent_params, make_stripe_client
 from tests.support.sandbox import start_sandbox
-from tests.support.waiting import wait_for
 
 
 def _hold(client: stripe.StripeClient, key: str, **extra):

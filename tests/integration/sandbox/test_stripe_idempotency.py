@@ -9,13 +9,13 @@ import pytest
 import requests
 import stripe
 
+from agentflow.testing.waiting import wait_for
 from tests.integration.sandbox.clients import (
     intent_params,
     make_stripe_client,
     raw_create_intent,
 )
 from tests.support.sandbox import SandboxProcess, start_sandbox
-from tests.support.waiting import wait_for
 
 
 def test_create__same_key_replays_first_response(stripe_client, clean_sandbox, new_key):

@@ -9,8 +9,8 @@ import pytest
 from pydantic import Field
 
 from agentflow.agent.errors import ToolRefused
+from agentflow.agent.loop import CodeWorkflow
 from agentflow.agent.tools import Toolbox, ToolContext, ToolOutcome, ToolRecord
-from agentflow.codefirst import CodeWorkflow
 from agentflow.exceptions import DefinitionError, PermanentStepError
 from agentflow.serialization import NotJSONError
 from agentflow.states import StepKind

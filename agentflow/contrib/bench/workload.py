@@ -7,16 +7,16 @@ import time
 from functools import cache
 
 import redis
+from celery import current_app as app
 from celery import shared_task
 
 from agentflow import durable
-from agentflow.celery import app
 from agentflow.store import synthetic
 
 #: Every workflow of the benchmark has this many steps; the plain chain has as many links.
 STEPS = 10
 NOOP_TASK = "agentflow.bench_noop"
-#: Half read, half effect: the built-in workflow in `agentflow/workflows.py`.
+#: Half read, half effect: what `manage.py bench` measures.
 MIXED = "bench"
 READ_ONLY = "bench_read"
 EFFECT_ONLY = "bench_effect"
@@ -84,11 +84,14 @@ def _noop_step(ctx: durable.StepContext) -> None:
     return None
 
 
+#: Ten no-op steps, alternating read and effect.
+mixed = durable.Workflow(MIXED, version=1)
 #: Only read steps: one commit each is expected.
 read_only = durable.Workflow(READ_ONLY, version=1)
 #: Only effect steps: two commits each (claim, then completion) are expected.
 effect_only = durable.Workflow(EFFECT_ONLY, version=1)
 for _index in range(STEPS):
+    mixed.step(f"step_{_index}", kind="read" if _index % 2 == 0 else "effect")(_noop_step)
     read_only.step(f"step_{_index}", kind="read")(_noop_step)
     effect_only.step(f"step_{_index}", kind="effect")(_noop_step)
 

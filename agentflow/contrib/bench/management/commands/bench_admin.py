@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from agentflow.benchmark.admin_scale import measure
+from agentflow.contrib.bench.admin_scale import measure
 
 
 class Command(BaseCommand):

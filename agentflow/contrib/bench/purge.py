@@ -14,8 +14,8 @@ from django.db import connections
 from django.utils import timezone
 
 from agentflow import store
-from agentflow.benchmark import workload
-from agentflow.benchmark.throughput import BenchError, workflow_throughput
+from agentflow.contrib.bench import workload
+from agentflow.contrib.bench.throughput import BenchError, workflow_throughput
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import StepStatus
 from agentflow.store import synthetic

@@ -9,8 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from agentflow import logs
-from agentflow.benchmark.runner import BenchOptions, run_bench
-from agentflow.benchmark.throughput import BenchError
+from agentflow.contrib.bench.runner import BenchOptions, run_bench
+from agentflow.contrib.bench.throughput import BenchError
 
 
 class Command(BaseCommand):

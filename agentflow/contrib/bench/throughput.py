@@ -9,17 +9,16 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from celery import Signature, chain
-from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Max
 from django.utils import timezone
 
 from agentflow import durable
-from agentflow.benchmark import workload
+from agentflow.contrib.bench import workload
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.store import synthetic
-from agentflow.workers import WorkerProcess, current_database_url
+from agentflow.testing.processes import WorkerProcess, current_database_url
 
 T = TypeVar("T")
 #: How often the coordinator looks for the end of a phase. The end itself is stamped by the
@@ -72,14 +71,12 @@ def bench_worker(concurrency: int, *, beat: bool = False) -> WorkerProcess:
     """One worker, `-c concurrency` prefork processes, the project's Celery settings
     (prefetch 1, late acks), on this process's database and broker; no faults, and no beat
     unless asked (the recovery figures need the sweeper; throughput must not have it)."""
-    modules = [*settings.AGENTFLOW_WORKFLOW_MODULES, "agentflow.benchmark"]
     return WorkerProcess(
         concurrency=concurrency,
         name=f"bench-{uuid.uuid4().hex[:6]}",
         env={
             "DATABASE_URL": current_database_url(),
             "CELERY_BROKER_URL": workload.broker_url(),
-            "AGENTFLOW_WORKFLOW_MODULES": ",".join(modules),
             "AGENTFLOW_FAULTS": "0",
             "AGENTFLOW_CRASH_AT": "",
         },

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from agentflow import durable
-from agentflow.benchmark import workload
-from agentflow.benchmark.throughput import BenchError, bench_worker, wait_until
+from agentflow.contrib.bench import workload
+from agentflow.contrib.bench.throughput import BenchError, bench_worker, wait_until
 from agentflow.models import RunEvent, StepCheckpoint
 from agentflow.states import StepStatus
-from agentflow.workers import WorkerProcess
+from agentflow.testing.processes import WorkerProcess
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,15 +11,16 @@ from typing import Any
 import celery
 import django
 import psycopg
+from celery import current_app as app
 from django.conf import settings
 from django.db import connection
 from kombu.utils.url import maybe_sanitize_url
 
 from agentflow import store
-from agentflow.benchmark import recovery, workload
-from agentflow.benchmark.purge import PurgeFigure, purge_at_scale
-from agentflow.benchmark.sweep_scale import sweep_at_scale
-from agentflow.benchmark.throughput import (
+from agentflow.contrib.bench import takeover, workload
+from agentflow.contrib.bench.purge import PurgeFigure, purge_at_scale
+from agentflow.contrib.bench.sweep_scale import sweep_at_scale
+from agentflow.contrib.bench.throughput import (
     BenchError,
     Commits,
     Throughput,
@@ -31,9 +32,8 @@ from agentflow.benchmark.throughput import (
     wait_until,
     workflow_throughput,
 )
-from agentflow.celery import app
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.workers import ProcessStartError
+from agentflow.testing.processes import ProcessStartError
 
 #: Small runs before the timed phases: worker imports, DB connections and broker channels.
 WARMUP = 10
@@ -95,13 +95,13 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     report["naive_durable_chain"] = _rates(naive)
     report["ratio_to_naive"] = round(mixed.steps_per_s / naive.steps_per_s, 3)
     report["purge"] = purged.as_dict() if purged is not None else None
-    report["recovery"] = {"bound_s": recovery.bound_seconds()}
+    report["recovery"] = {"bound_s": takeover.bound_seconds()}
     if child is not None:
         report["recovery"]["child_kill"] = child.as_dict()
     if options.worker_kills:
         progress(f"recovery: {options.worker_kills} whole-worker kills, a second worker runs")
         try:
-            whole = recovery.worker_kill_recovery(samples=options.worker_kills)
+            whole = takeover.worker_kill_recovery(samples=options.worker_kills)
         finally:
             _delete_bench_runs()
         report["recovery"]["worker_kill"] = whole.as_dict()
@@ -118,7 +118,7 @@ def _on_worker(
     Commits,
     Commits,
     float,
-    recovery.Recovery | None,
+    takeover.Recovery | None,
     PurgeFigure | None,
 ]:
     """The phases that need a worker, on one worker, from a clean queue and table."""
@@ -171,7 +171,7 @@ def _on_worker(
         child = None
         if options.child_kills:
             progress(f"recovery: {options.child_kills} pool-child kills")
-            child = recovery.child_kill_recovery(worker, samples=options.child_kills)
+            child = takeover.child_kill_recovery(worker, samples=options.child_kills)
     except (BenchError, ProcessStartError) as exc:
         raise BenchError(f"{exc}\nworker log ({worker.log_path}):\n{worker.log_tail()}") from None
     finally:

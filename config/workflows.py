@@ -1,4 +1,4 @@
-"""Built-in definitions: a demo workflow for `make run`, and the benchmark's no-op workflow."""
+"""The demo workflow `make run` starts (this site lists it in AGENTFLOW_WORKFLOW_MODULES)."""
 
 from __future__ import annotations
 
@@ -22,15 +22,3 @@ def pretend_effect(ctx: durable.StepContext) -> dict[str, Any]:
 @demo.step("summarise", kind="read")
 def summarise(ctx: durable.StepContext) -> dict[str, Any]:
     return {"greeting": ctx.output_of("greet")["greeting"], "steps": len(ctx.outputs) + 1}
-
-
-#: Ten no-op steps, alternating read and effect: what `manage.py bench` measures.
-bench = durable.Workflow("bench", version=1)
-
-
-def _noop(ctx: durable.StepContext) -> None:
-    return None
-
-
-for _index in range(10):
-    bench.step(f"step_{_index}", kind="read" if _index % 2 == 0 else "effect")(_noop)

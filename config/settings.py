@@ -1,4 +1,4 @@
-"""Django, Celery and engine settings, all read from the environment (SPEC §6).
+"""This site's Django, Celery and engine settings, all read from the environment (SPEC §6).
 
 Two shapes: with no environment set, the embedded default (SQLite and kombu's filesystem
 transport under `var/`, no server needed); with DATABASE_URL and CELERY_BROKER_URL, the
@@ -17,8 +17,9 @@ import dj_database_url
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from agentflow import deployment, logs
-from agentflow.env import env_bool, env_float, env_int, env_list, env_str
+from agentflow import logs
+from config import deployment
+from config.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("AGENTFLOW_VAR_DIR", str(BASE_DIR / "var")))
@@ -26,7 +27,7 @@ VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # sessions and customers
 
 # --- Django core -----------------------------------------------------------------------------
 DEBUG = env_bool("DJANGO_DEBUG", False)
-# Refuses to start with DEBUG off and no key (or a published one): see agentflow.deployment.
+# Refuses to start with DEBUG off and no key (or a published one): see config.deployment.
 SECRET_KEY = deployment.secret_key(debug=DEBUG)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 
@@ -38,7 +39,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "axes",  # admin login attempts limited per client address (see Admin login below)
-    "agentflow.apps.AgentflowConfig",
+    "agentflow",
+    "agentflow.contrib.bench",  # `manage.py bench` and its workflows (opt-in, as any host's)
     "refunds.apps.RefundsConfig",
 ]
 
@@ -56,9 +58,9 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",  # last, as axes asks: turns a lockout into its page
 ]
 
-ROOT_URLCONF = "agentflow.urls"
+ROOT_URLCONF = "config.urls"
 CSRF_FAILURE_VIEW = "refunds.views.csrf_failure"  # a friendly page, not Django's debug text
-WSGI_APPLICATION = "agentflow.wsgi.application"
+WSGI_APPLICATION = "config.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
@@ -108,7 +110,7 @@ CONTENT_SECURITY_POLICY = {
 }
 # The client's address: REMOTE_ADDR, or behind proxies (a count of hops, or their CIDRs) the
 # first X-Forwarded-For hop that is not one of them. Every per-address limit counts by it.
-AGENTFLOW_TRUSTED_PROXIES = deployment.trusted_proxies(env_str("AGENTFLOW_TRUSTED_PROXIES", ""))
+TRUSTED_PROXIES = deployment.trusted_proxies(env_str("TRUSTED_PROXIES", ""))
 
 # --- Admin login ----------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
@@ -131,7 +133,7 @@ AXES_FAILURE_LIMIT = env_int("AGENTFLOW_ADMIN_LOGIN_ATTEMPTS", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("AGENTFLOW_ADMIN_LOCKOUT_MINUTES", 15, minimum=1))
 AXES_LOCKOUT_PARAMETERS = ["ip_address"]
 AXES_RESET_ON_SUCCESS = True
-AXES_CLIENT_IP_CALLABLE = "agentflow.proxies.client_key"
+AXES_CLIENT_IP_CALLABLE = "refunds.proxies.client_key"
 AXES_LOCKOUT_TEMPLATE = "admin/locked_out.html"
 
 STATIC_URL = "/static/"
@@ -172,7 +174,7 @@ else:
 
 # --- Celery (read through config_from_object(namespace="CELERY")) ----------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
-# Default: kombu's filesystem transport (agentflow.broker makes its files atomic), no server.
+# Default: kombu's filesystem transport (config.broker makes its files atomic), no server.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "agentflowfs://localhost//")
 _BROKER_IS_FILESYSTEM = CELERY_BROKER_URL.startswith(("filesystem", "agentflowfs"))
 CELERY_RESULT_BACKEND = None  # Postgres is the state of record; a result backend adds failure modes
@@ -218,20 +220,20 @@ else:
         "unacked_restore_interval": 10,
         "unacked_restore_throttle": 1,
     }
-# Beat runs the recovery sweeper itself (agentflow.beat), so no sweep ever queues behind steps.
+# Beat runs the recovery sweeper and retention itself (agentflow.beat), so no sweep ever
+# queues behind steps.
 CELERY_BEAT_SCHEDULER = "agentflow.beat:Scheduler"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
-# --- Engine -----------------------------------------------------------------------------------
+# --- Engine (each has a default in agentflow.conf; this site reads them from the environment) --
 AGENTFLOW_LEASE_SECONDS = env_int("AGENTFLOW_LEASE_SECONDS", 10, minimum=1)
 # Every second: a whole worker's death is noticed through its freed advisory lock at the next
 # sweep, so this is what recovery takes (the query reads only active runs: ~1-6 ms).
 AGENTFLOW_SWEEP_INTERVAL = env_int("AGENTFLOW_SWEEP_INTERVAL", 1, minimum=1)
 AGENTFLOW_SWEEP_BATCH = env_int("AGENTFLOW_SWEEP_BATCH", 1000, minimum=1)
 AGENTFLOW_MAX_ATTEMPTS = env_int("AGENTFLOW_MAX_ATTEMPTS", 8, minimum=1)
-AGENTFLOW_FAULTS = env_bool("AGENTFLOW_FAULTS", False)
-AGENTFLOW_CRASH_AT = env_str("AGENTFLOW_CRASH_AT", "")
-AGENTFLOW_WORKFLOW_MODULES = env_list("AGENTFLOW_WORKFLOW_MODULES", [])
+# The demo workflow `make run` starts (config/workflows.py), beside every installed app's.
+AGENTFLOW_WORKFLOW_MODULES = ["config.workflows", *env_list("AGENTFLOW_WORKFLOW_MODULES", [])]
 AGENTFLOW_HOSTNAME = env_str("AGENTFLOW_HOSTNAME", socket.gethostname())
 # Where each worker process holds its liveness lock (SPEC 3.7); empty: the default database;
 # "off": leases alone. Behind PgBouncer in transaction mode, a direct URL to Postgres.
@@ -255,10 +257,6 @@ AGENTFLOW_LLM_API_KEY = env_str("AGENTFLOW_LLM_API_KEY", "")
 # One request's budget. Below the task's soft time limit (240 s), so a hung server becomes a
 # retryable step error under the same step instead of a killed task.
 AGENTFLOW_LLM_TIMEOUT_SECONDS = env_int("AGENTFLOW_LLM_TIMEOUT_SECONDS", 60, minimum=1)
-if AGENTFLOW_LLM_BASE_URL and not AGENTFLOW_LLM_MODEL:
-    raise ImproperlyConfigured(
-        "AGENTFLOW_LLM_BASE_URL is set: AGENTFLOW_LLM_MODEL must name a model"
-    )
 # Per run, enforced by code before every new step: a looping model fails the run (and its
 # compensations run) instead of spending without end. A refund takes 6 turns and ~5k tokens.
 AGENTFLOW_AGENT_MAX_TURNS = env_int("AGENTFLOW_AGENT_MAX_TURNS", 20, minimum=1)

@@ -1,7 +1,7 @@
 """Real processes on demand for `bench`, `chaos` and the crash tests: Celery workers, and a
 private Redis and PostgreSQL that can be crashed without touching the machine's own.
 
-Each worker is a separate `celery -A agentflow worker` process group that can be killed whole
+Each worker is a separate `celery -A <project> worker` process group that can be killed whole
 or one prefork child at a time, exactly as an OOM killer or `kill -9` would.
 """
 
@@ -27,6 +27,7 @@ from urllib.parse import quote
 import dj_database_url
 import psycopg
 import redis
+from celery import current_app
 from django.conf import settings
 from django.db import connection, connections
 
@@ -336,17 +337,22 @@ class WorkerProcess:
         beat: bool = False,
         extra_args: list[str] | None = None,
         wrapper: list[str] | None = None,
+        app: str | None = None,
+        cwd: Path | None = None,
     ) -> None:
-        """`wrapper`: a command the worker runs under, e.g. `unshare --pid --fork --mount-proc`
-        for a PID namespace of its own (its pool children are then the wrapped worker's)."""
+        """`app`: what `celery -A` loads (default: this process's current Celery app, by its
+        main name, which is the project package per Celery's Django guide). `wrapper`: a
+        command the worker runs under, e.g. `unshare --pid --fork --mount-proc` for a PID
+        namespace of its own (its pool children are then the wrapped worker's)."""
         self.name = name or f"w{uuid.uuid4().hex[:8]}"
         self.wrapper = wrapper or []
         self.concurrency = concurrency
         self.env = {**os.environ, **(env or {})}
-        self.env.setdefault("DJANGO_SETTINGS_MODULE", "agentflow.settings")
+        self.app = app or current_app.main
+        self.cwd = cwd or Path(getattr(settings, "BASE_DIR", Path.cwd()))
         self.beat = beat
         self.extra_args = extra_args or []
-        log_dir = log_dir or Path(settings.VAR_DIR) / "logs"
+        log_dir = log_dir or Path(getattr(settings, "VAR_DIR", tempfile.gettempdir())) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -354,7 +360,7 @@ class WorkerProcess:
     def start(self, *, timeout: float = 30.0) -> WorkerProcess:
         args = [
             *self.wrapper,
-            sys.executable, "-m", "celery", "-A", "agentflow", "worker",
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
             "-P", "prefork", "-c", str(self.concurrency), "-n", f"{self.name}@%h",
             "--without-mingle", "--without-gossip", "-l", "info",
             *(["-B", "-s", str(self.log_path.with_suffix(".beat"))] if self.beat else []),
@@ -368,7 +374,7 @@ class WorkerProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: killpg reaches every child
-                cwd=settings.BASE_DIR,
+                cwd=self.cwd,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agentflow.admin.dashboard import dashboard
-from agentflow.benchmark.sweep_scale import HISTORY_ID_PREFIX, ensure_history
+from agentflow.contrib.bench.sweep_scale import HISTORY_ID_PREFIX, ensure_history
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import RunStatus
 from agentflow.store import synthetic

@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from agentflow import store
-from agentflow.benchmark import workload
-from agentflow.benchmark.scrape import ScrapeFigure, scrape_at_scale
+from agentflow.conf import settings
+from agentflow.contrib.bench import workload
+from agentflow.contrib.bench.scrape import ScrapeFigure, scrape_at_scale
 from agentflow.models import WorkflowRun
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
 from agentflow.store import synthetic

@@ -11,7 +11,7 @@ import os
 
 from django.core.exceptions import ImproperlyConfigured
 
-from agentflow.proxies import parse_trusted_proxies
+from refunds.proxies import parse_trusted_proxies
 
 #: Signs sessions and form tokens under DJANGO_DEBUG=1 only; refused with DEBUG off.
 DEBUG_SECRET_KEY = "dev-only-insecure-key-change-me-in-production"
@@ -60,7 +60,7 @@ def proxy_ssl_header(raw: str) -> tuple[str, str] | None:
 
 
 def trusted_proxies(raw: str) -> str:
-    """AGENTFLOW_TRUSTED_PROXIES checked now (a bad value stops the start), kept as text.
+    """TRUSTED_PROXIES checked now (a bad value stops the start), kept as text.
 
     Raises:
         ImproperlyConfigured: neither a count nor a list of addresses/networks.
@@ -68,5 +68,5 @@ def trusted_proxies(raw: str) -> str:
     try:
         parse_trusted_proxies(raw)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"AGENTFLOW_TRUSTED_PROXIES: {exc}") from None
+        raise ImproperlyConfigured(f"TRUSTED_PROXIES: {exc}") from None
     return raw.strip()

@@ -13,10 +13,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 
 from agentflow import dispatch, registry, store, telemetry
+from agentflow.conf import settings
 from agentflow.models import RunEvent
 
 logger = logging.getLogger(__name__)

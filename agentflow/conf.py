@@ -1,0 +1,76 @@
+"""Every `AGENTFLOW_*` setting and its default: a host sets only what it changes.
+
+Engine code reads settings through `agentflow.conf.settings`, which answers a host's own value
+when it has one and the default here otherwise; any other name is Django's setting as usual,
+so it is a drop-in for `django.conf.settings` (and `override_settings` works on both). The
+README's "Settings" table lists the same names, defaults and meanings.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from django.conf import settings as django_settings
+
+#: name -> (default, or a function that computes it once asked), what it does.
+DEFAULTS: dict[str, tuple[Any, str]] = {
+    "AGENTFLOW_LEASE_SECONDS": (10, "Seconds a claimed step's lease lasts between renewals."),
+    "AGENTFLOW_SWEEP_INTERVAL": (1, "Seconds between recovery sweeps (in celery beat)."),
+    "AGENTFLOW_SWEEP_BATCH": (1000, "Most runs one sweep re-publishes."),
+    "AGENTFLOW_MAX_ATTEMPTS": (8, "Attempts of a step before its run fails (or parks)."),
+    "AGENTFLOW_WORKFLOW_MODULES": (
+        [],
+        "Modules imported at start that define workflows, beside every installed app's "
+        "`workflows.py`.",
+    ),
+    "AGENTFLOW_HOSTNAME": (socket.gethostname, "The host name owner tokens carry."),
+    "AGENTFLOW_LIVENESS_DATABASE_URL": (
+        "",
+        'Where worker liveness locks are held: "" the default database, "off" leases only; '
+        "behind PgBouncer in transaction mode, a direct URL to Postgres.",
+    ),
+    "AGENTFLOW_MAX_BACKOFF": (300.0, "The longest retry back-off a partner's Retry-After gets."),
+    "AGENTFLOW_KEY_WINDOW_SECONDS": (
+        24 * 3600.0,
+        "How long partners keep idempotency keys (Stripe: 24 h): an older effect is never "
+        "retried blindly.",
+    ),
+    "AGENTFLOW_CLOCK_OFFSET_SECONDS": (
+        0.0,
+        "Tests only, with AGENTFLOW_FAULTS=1 in the environment: this process's clock skew.",
+    ),
+    "AGENTFLOW_RETENTION_DAYS": (30, "Finished runs older than this are deleted; 0 keeps all."),
+    "AGENTFLOW_LLM_BASE_URL": (
+        "",
+        "An OpenAI-compatible server for agent runs (needs agentflow[agent]); empty: each "
+        "workflow's scripted planner.",
+    ),
+    "AGENTFLOW_LLM_MODEL": ("", "The model agent runs ask (required with a base URL)."),
+    "AGENTFLOW_LLM_API_KEY": ("", "The model server's API key."),
+    "AGENTFLOW_LLM_TIMEOUT_SECONDS": (60, "One model request's budget."),
+    "AGENTFLOW_AGENT_MAX_TURNS": (20, "Model turns per agent run."),
+    "AGENTFLOW_AGENT_MAX_TOKENS": (100_000, "Model tokens per agent run."),
+    "AGENTFLOW_AGENT_MAX_TOOL_CALLS": (40, "Tool calls per agent run."),
+    "AGENTFLOW_METRICS_TOKEN": ("", "Bearer token the metrics view requires when set."),
+    "AGENTFLOW_METRICS_PUBLIC": (
+        False,
+        "Serve metrics without a token with DEBUG off (a private network).",
+    ),
+}
+
+
+class Settings:
+    """`django.conf.settings`, with the defaults above for names a host did not set."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(django_settings, name)
+        except AttributeError:
+            if name not in DEFAULTS:
+                raise
+        default = DEFAULTS[name][0]
+        return default() if callable(default) else default
+
+
+settings = Settings()

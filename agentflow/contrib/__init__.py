@@ -1,0 +1,1 @@
+"""Optional apps that ship with agentflow; each is added to INSTALLED_APPS on its own."""
