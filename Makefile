@@ -76,7 +76,7 @@ test: $(INSTALLED)
 # refund: run it again after changing the refund pages or the admin (same services as `test`).
 screenshots:
 	README_SHOTS_DIR=$(CURDIR)/static/readme $(MAKE) test \
-	  PYTEST_ARGS="-q tests/acceptance/test_readme_screenshots.py"
+	  PYTEST_ARGS="-q tests/config/acceptance/test_readme_screenshots.py"
 
 $(UV):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

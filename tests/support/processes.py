@@ -29,7 +29,7 @@ from agentflow.testing.processes import RedisServer, WorkerProcess, current_data
 from config.celery_app import app
 from tests.support import partner
 
-WORKFLOW_MODULES = "tests.acceptance.workflows"
+WORKFLOW_MODULES = "tests.support.workflows"
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,104 @@
+"""The database server crashes and comes back (SPEC §7 chaos, issue 8): on a private PostgreSQL,
+never the machine's shared one.
+
+The server really restarts (a new postmaster, crash recovery, committed rows still there); a
+worker whose pooled connection died with it goes on without waiting for the sweeper; and a
+small chaos run with one database restart loses nothing and doubles nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connections
+
+from agentflow import durable
+from agentflow.testing.processes import PostgresServer, ProcessStartError
+from tests.agentflow.acceptance.test_engine_crashes import assert_completed_once, wait_finished
+from tests.support import workflows
+from tests.support.processes import Workers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def postgres(tmp_path: Path) -> Iterator[PostgresServer]:
+    server = PostgresServer(tmp_path, dbname="restart")
+    try:
+        server.start()
+    except ProcessStartError as exc:
+        server.stop()
+        pytest.skip(f"no private PostgreSQL here: {exc}")
+    yield server
+    server.stop()
+
+
+def test_private_postgres__restart_is_a_new_postmaster_after_crash_recovery_with_rows_kept(
+    postgres: PostgresServer,
+) -> None:
+    with postgres.connect() as conn:
+        conn.execute("CREATE TABLE kept (n int)")
+        conn.execute("INSERT INTO kept VALUES (1), (2)")
+    held = postgres.connect()
+    before = postgres.postmaster_pid
+
+    postgres.restart()
+
+    assert postgres.postmaster_pid != before
+    with pytest.raises(psycopg.OperationalError):
+        held.execute("SELECT 1")  # every connection of the old server is gone
+    with postgres.connect() as conn:
+        assert conn.execute("SELECT n FROM kept ORDER BY n").fetchall() == [(1,), (2,)]
+    log = postgres.log_path.read_text()
+    assert "database system was not properly shut down; automatic recovery in progress" in log
+
+
+def test_worker__a_step_after_a_database_restart_runs_without_the_sweeper(
+    postgres: PostgresServer, workers: Workers
+) -> None:
+    """The worker's pooled connection died with the server. Its next step must reconnect
+    instead of failing on it: the message would be dropped and, with no sweeper running here,
+    the run would never move again."""
+    with postgres.serving_django():
+        call_command("migrate", verbosity=0, interactive=False)
+        workers.start(DATABASE_URL=postgres.url)  # no beat: no sweeper
+        first = durable.start(workflows.chain.name)
+        wait_finished(first)  # the worker's connection is now open, and pooled
+
+        postgres.restart()
+        connections.close_all()  # ours died too
+        second = durable.start(workflows.chain.name)
+
+        wait_finished(second, timeout=20)
+        assert_completed_once(second)
+
+
+def test_chaos__one_postgres_restart_loses_nothing_and_doubles_nothing() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("chaos starts its own redis-server, which is not installed")
+    out = io.StringIO()
+    call_command(
+        "chaos", "--refunds", "8", "--seed", "5", "--postgres-restarts", "1",
+        "--child-kills", "0", "--worker-kills", "0", "--no-broker-restart",
+        "--double-submits", "1", "--timeout", "60", "--json",
+        stdout=out, stderr=io.StringIO(),
+    )  # fmt: skip
+    report: dict[str, Any] = json.loads(out.getvalue())
+
+    assert report["kills"]["postgres_restarts"] == 1
+    assert report["kills"]["log"][0]["kind"] == "postgres"
+    assert report["kills"]["log"][0]["in_progress_steps"], "the restart hit no step in flight"
+    assert (report["runs"], report["completed"], report["stuck"]) == (8, 8, 0)
+    assert report["submission_errors"] == []
+    assert report["payments_per_refund"] == {"min": 1, "max": 1, "histogram": {"1": 8}}
+    assert all(d == {"keys": 0, "refunds": 0} for d in report["duplicate_effects"].values())
+    assert report["recovery_seconds"]["unrecovered"] == 0
+    assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7", "I8"), True)

@@ -1,0 +1,126 @@
+"""The recovery sweeper (SPEC §3.4) against real Postgres and a real Redis broker, no worker."""
+
+from __future__ import annotations
+
+import json
+import threading
+from base64 import b64decode
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+
+from agentflow import durable, sweeper
+from agentflow.models import RunEvent, WorkflowRun
+from agentflow.states import RunStatus
+from agentflow.testing.waiting import wait_for
+from tests.support import workflows
+from tests.support.processes import RedisServer
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
+
+
+def lost_runs(engine: RedisServer, count: int, settings: Any) -> list[str]:
+    """Runs whose first-step messages the broker lost, already past their enqueue grace."""
+    settings.AGENTFLOW_LEASE_SECONDS = 1
+    run_ids = [durable.start(workflows.chain.name) for _ in range(count)]
+    engine.client().flushall()
+    wait_for(lambda: not WorkflowRun.objects.filter(wake_at__gt=timezone.now()).exists())
+    return run_ids
+
+
+def published(engine: RedisServer) -> list[tuple[str, int]]:
+    """(run id, seq) of every step message waiting in the broker's step queue."""
+    found = []
+    for raw in engine.queued_messages():
+        run_id, seq = json.loads(b64decode(json.loads(raw)["body"]))[0]
+        found.append((run_id, seq))
+    return found
+
+
+def requeue_events(run_id: str) -> int:
+    return RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SWEEP_REQUEUE).count()
+
+
+def test_sweep__run_past_its_grace__republished_with_an_event(
+    engine: RedisServer, settings: Any
+) -> None:
+    [run_id] = lost_runs(engine, 1, settings)
+
+    report = sweeper.sweep()
+
+    assert report.requeued == [run_id]
+    assert published(engine) == [(run_id, 1)]
+    assert requeue_events(run_id) == 1
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.wake_at is not None and run.wake_at > timezone.now()  # not again at once
+    assert sweeper.sweep().requeued == []
+
+
+def test_sweep__run_inside_its_grace__left_alone(engine: RedisServer) -> None:
+    run_id = durable.start(workflows.chain.name)  # default grace: 10 s
+    engine.client().flushall()
+
+    report = sweeper.sweep()
+
+    assert report.requeued == [] and report.parked == []
+    assert engine.queue_length() == 0
+    assert requeue_events(run_id) == 0
+
+
+def test_sweep__terminal_and_parked_runs__never_touched(engine: RedisServer) -> None:
+    past = timezone.now() - timedelta(minutes=5)
+    for status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.NEEDS_ATTENTION):
+        WorkflowRun.objects.create(
+            workflow=workflows.chain.name, version=1, status=status, current_step="charge",
+            current_seq=2, updated_at=past,
+        )  # fmt: skip
+
+    assert sweeper.sweep().requeued == []
+    assert engine.queue_length() == 0
+
+
+def test_sweep__one_broken_run__parked_and_the_rest_still_republished(
+    engine: RedisServer, settings: Any
+) -> None:
+    good = lost_runs(engine, 3, settings)
+    past = timezone.now() - timedelta(seconds=30)
+    broken = WorkflowRun.objects.create(
+        workflow=workflows.chain.name, version=99, status=RunStatus.RUNNING,
+        current_step="charge", current_seq=2, wake_at=past,
+    )  # fmt: skip
+
+    report = sweeper.sweep()
+
+    assert report.parked == [broken.id]
+    assert sorted(report.requeued) == sorted(good)
+    assert sorted(published(engine)) == sorted((run_id, 1) for run_id in good)
+    broken.refresh_from_db()
+    assert broken.status == RunStatus.NEEDS_ATTENTION
+    assert "v99" in broken.error and broken.wake_at is None
+    assert RunEvent.objects.filter(run_id=broken.id, kind=RunEvent.Kind.VERSION_MISMATCH).exists()
+
+
+def test_sweep__two_sweepers_at_once__each_run_republished_exactly_once(
+    engine: RedisServer, settings: Any
+) -> None:
+    run_ids = lost_runs(engine, 30, settings)
+    barrier = threading.Barrier(2)
+
+    def sweep_once() -> list[str]:
+        try:
+            barrier.wait(timeout=10)
+            return sweeper.sweep().requeued
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(2) as pool:
+        reports = list(pool.map(lambda _: sweep_once(), range(2)))
+
+    swept = [run_id for report in reports for run_id in report]
+    assert sorted(swept) == sorted(run_ids)
+    assert sorted(published(engine)) == sorted((run_id, 1) for run_id in run_ids)
+    assert all(requeue_events(run_id) == 1 for run_id in run_ids)

@@ -1,0 +1,165 @@
+"""The image and the install, read from their files: what goes in, from where, as whom.
+
+There is no Docker engine here, so the image is proven by reading its recipe; the lock is
+proven installable by `make test` itself, which installs from it (see the README).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+# --- .dockerignore ------------------------------------------------------------------------------
+def _dockerignore_regex(pattern: str) -> re.Pattern[str]:
+    """Docker's matching: `**` any depth, `*` and `?` within one path part, from the root."""
+    out, i = "", 0
+    pattern = pattern.strip("/")
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out + r"(?:/.*)?\Z")  # a matched directory takes everything under it
+
+
+def excluded(path: str) -> bool:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    result = False
+    for line in (entry.strip() for entry in lines):
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        if _dockerignore_regex(line.lstrip("!")).match(path):
+            result = not negate
+    return result
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "var/agentflow.sqlite3",
+        "var/secret-key.txt",
+        "var/admin-password.txt",
+        "var/test/logs/worker.log",
+        ".venv/bin/python",
+        ".git/HEAD",
+        "agentflow/__pycache__/settings.cpython-311.pyc",
+        "db.sqlite3",
+        "refunds/sandbox/state.sqlite3",
+        "gunicorn.log",
+        "logs/worker.log",
+        "celerybeat-schedule.db",
+        ".env",
+    ],
+)
+def test_dockerignore__leaves_state_secrets_and_tools_out(path: str) -> None:
+    assert excluded(path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "manage.py",
+        "pyproject.toml",
+        "requirements.lock",
+        "README.md",
+        "config/settings.py",
+        "refunds/sandbox/airline.py",
+        "templates/base.html",
+        "static/refunds/site.css",
+    ],
+)
+def test_dockerignore__keeps_the_source(path: str) -> None:
+    assert not excluded(path)
+
+
+# --- Dockerfile ---------------------------------------------------------------------------------
+def test_dockerfile__pinned_base_hashed_install_and_not_root() -> None:
+    recipe = (ROOT / "Dockerfile").read_text()
+    [base] = re.findall(r"^FROM (\S+)", recipe, re.M)
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), base
+    assert "pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock" in recipe
+    assert "pip install --no-cache-dir --no-deps ." in recipe
+    users = re.findall(r"^USER (\S+)", recipe, re.M)
+    assert users and users[-1] not in ("root", "0")
+
+
+# --- docker-compose.yml -------------------------------------------------------------------------
+def test_compose__secrets_come_from_the_environment_and_redis_requires_a_password() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "DJANGO_SECRET_KEY: ${DJANGO_SECRET_KEY:?" in compose
+    assert "POSTGRES_PASSWORD: ${POSTGRES_PASSWORD:?" in compose
+    assert "postgres://agentflow:${POSTGRES_PASSWORD:?" in compose
+    assert compose.count("redis://:${REDIS_PASSWORD:?") == 2  # broker and REDIS_URL
+    assert '--requirepass \\"$$REDIS_PASSWORD\\"' in compose
+    assert "REDISCLI_AUTH=" in compose  # the health check authenticates too
+    assert "change-me" not in compose and "agentflow:agentflow@" not in compose
+    for passthrough in ("DJANGO_HTTPS", "DJANGO_CSRF_TRUSTED_ORIGINS", "TRUSTED_PROXIES"):
+        assert f"{passthrough}: ${{{passthrough}:-" in compose
+
+
+def test_compose__every_volume_the_app_writes_is_its_users() -> None:
+    """The app runs as the image's user: a volume mounted where it writes must be that user's,
+    or the first metric file (or the sandbox's state) fails to open. A named volume copies the
+    image's directory and its owner; a tmpfs one starts as root's unless told otherwise."""
+    recipe = (ROOT / "Dockerfile").read_text()
+    compose = (ROOT / "docker-compose.yml").read_text()
+    [uid] = re.findall(r"useradd .*--uid (\d+)", recipe)
+    made = re.search(r"mkdir -p ([^\\&]+)", recipe)
+    assert made is not None
+    for directory in ("var/metrics", "var/sandbox"):
+        assert directory in made.group(1).split(), f"the image must make {directory}"
+    assert re.search(rf"type: tmpfs, device: tmpfs, o: \"uid={uid},gid={uid}", compose)
+
+
+# --- the lock -----------------------------------------------------------------------------------
+def pins(lock: str) -> dict[str, str]:
+    text = (ROOT / lock).read_text()
+    found = dict(re.findall(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)", text, re.M))
+    return {canonicalize_name(name): version for name, version in found.items()}
+
+
+def test_lock__every_pin_is_hashed() -> None:
+    for lock in ("requirements.lock", "requirements-dev.lock"):
+        entries = re.split(r"\n(?=[A-Za-z0-9])", (ROOT / lock).read_text())
+        for entry in entries[1:]:
+            assert "--hash=sha256:" in entry, f"{lock}: {entry.splitlines()[0]}"
+
+
+def test_lock__pins_every_declared_dependency_within_its_range() -> None:
+    """Fails when pyproject.toml gains or changes a dependency and `make lock` was not run."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime, dev = pins("requirements.lock"), pins("requirements-dev.lock")
+    extras = project["optional-dependencies"]
+    declared = [(d, runtime) for d in project["dependencies"]]
+    declared += [(d, runtime) for extra in extras if extra != "dev" for d in extras[extra]]
+    declared += [(d, dev) for d in extras["dev"]]
+    for line, locked in declared:
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        if name == "agentflow":
+            continue  # one extra naming others (site: agentflow[agent,...]), not a package
+        assert name in locked, f"{name} is not in the lock: run `make lock`"
+        assert requirement.specifier.contains(locked[name], prereleases=True), (name, line)
+    assert all(dev[name] == version for name, version in runtime.items())
+
+
+def test_install__make_installs_from_the_hashed_lock_then_the_project_alone() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "pip install --quiet --require-hashes --no-deps -r $(DEV_LOCK)" in makefile
+    assert "pip install --quiet --no-deps -e ." in makefile
+    assert "make test" in (ROOT / ".ci" / "run").read_text()

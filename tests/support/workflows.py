@@ -1,0 +1,500 @@
+"""Workflow definitions the engine tests run, in the test process and in worker processes.
+
+Workers import this module through `AGENTFLOW_WORKFLOW_MODULES=tests.support.workflows`.
+Every step body records its execution at the partner stand-in first; effect steps then call the
+partner with the step's idempotency key, so tests count executions and effects outside Postgres.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agentflow import durable
+from tests.support import partner
+
+
+def _record(ctx: durable.StepContext) -> int:
+    """Record this execution; returns which execution of the step it is (1, 2, ...)."""
+    return partner.record_execution(ctx.run_id, ctx.seq, ctx.step, ctx.attempt)
+
+
+def read(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return {"step": ctx.step, "seq": ctx.seq}
+
+
+def effect(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return partner.apply(ctx.idempotency_key)
+
+
+def held_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Blocks until the test releases the run, then calls the partner.
+
+    It deliberately ignores `ctx.lease_lost`, so a worker that was paused past its lease goes on
+    to complete late: the fencing, not the step's manners, must keep that harmless.
+    """
+    _record(ctx)
+    partner.wait_for_release(ctx.run_id)
+    return partner.apply(ctx.idempotency_key)
+
+
+def _finish(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return {"seen": sorted(ctx.outputs)}
+
+
+#: read -> effect -> read: the fault-injection target is `charge`.
+chain = durable.Workflow("crash_chain", version=1)
+chain.step("prepare", kind="read")(read)
+chain.step("charge", kind="effect")(effect)
+chain.step("finish", kind="read")(_finish)
+
+#: read -> blocking effect -> read: the test kills or pauses whoever runs `hold`.
+held = durable.Workflow("crash_held", version=1)
+held.step("prepare", kind="read")(read)
+held.step("hold", kind="effect")(held_effect)
+held.step("finish", kind="read")(_finish)
+
+#: The blocking effect first, so two copies of the first message can race for it.
+race = durable.Workflow("crash_race", version=1)
+race.step("hold", kind="effect")(held_effect)
+race.step("finish", kind="read")(_finish)
+
+#: Ten steps, alternating read and effect: the load test.
+ten = durable.Workflow("crash_ten", version=1)
+for _index in range(10):
+    ten.step(f"s{_index}", kind="read" if _index % 2 == 0 else "effect")(
+        read if _index % 2 == 0 else effect
+    )
+
+
+# --- failures -----------------------------------------------------------------------------------
+def flaky_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Fails like a 503 on the first attempt; the retry uses the same idempotency key."""
+    _record(ctx)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("partner said 503")
+    return partner.apply(ctx.idempotency_key)
+
+
+def declined_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    raise durable.PermanentStepError("card declined")
+
+
+def not_json(ctx: durable.StepContext) -> Any:
+    _record(ctx)
+    return {"tags": {"a", "b"}}  # a set: not JSON
+
+
+def gated_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Refused for good until the test releases the run (an operator fixed the account)."""
+    _record(ctx)
+    if not partner.is_released(ctx.run_id):
+        raise durable.PermanentStepError("partner refused: account locked")
+    return partner.apply(ctx.idempotency_key)
+
+
+def dormant_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Fails like a 503 on the first attempt, with a back-off of about an hour."""
+    _record(ctx)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("partner said 503, retry in an hour")
+    return partner.apply(ctx.idempotency_key)
+
+
+flaky = durable.Workflow("crash_flaky", version=1)
+flaky.step("charge", kind="effect", retry=durable.RetryPolicy(base_seconds=2.0))(flaky_effect)
+flaky.step("finish", kind="read")(_finish)
+
+#: Fails permanently until released: the operator's Retry then completes it.
+gated = durable.Workflow("crash_gated", version=1)
+gated.step("prepare", kind="read")(read)
+gated.step("charge", kind="effect")(gated_effect)
+gated.step("finish", kind="read")(_finish)
+
+#: Backs off for an hour after its first attempt: only the sweeper (or Resume now) wakes it.
+dormant = durable.Workflow("crash_dormant", version=1)
+dormant.step(
+    "charge", kind="effect", retry=durable.RetryPolicy(base_seconds=3600, max_seconds=3600)
+)(dormant_effect)
+dormant.step("finish", kind="read")(_finish)
+
+declined = durable.Workflow("crash_declined", version=1)
+declined.step("prepare", kind="read")(read)
+declined.step("charge", kind="effect")(declined_effect)
+
+bad_output = durable.Workflow("crash_bad_output", version=1)
+bad_output.step("prepare", kind="read")(read)
+bad_output.step("summarise", kind="read")(not_json)
+bad_output.step("finish", kind="read")(_finish)
+
+#: An effect whose result cannot be stored: it happened, so the run must not just fail.
+bad_effect_output = durable.Workflow("crash_bad_effect_output", version=1)
+
+
+@bad_effect_output.step("charge", kind="effect", compensate="refund")
+def effect_then_not_json(ctx: durable.StepContext) -> Any:
+    effect(ctx)
+    return {"charged": {"a", "set"}}
+
+
+bad_effect_output.compensation("refund")(effect)
+
+#: Two effects with compensations, then a permanent failure: undo latest first, then notify.
+undo = durable.Workflow("crash_undo", version=1, on_failure="notify")
+undo.step("book", kind="effect", compensate="unbook")(effect)
+undo.step("charge", kind="effect", compensate="refund")(effect)
+undo.step("confirm", kind="effect")(declined_effect)
+undo.compensation("unbook")(effect)
+undo.compensation("refund")(effect)
+undo.compensation("notify")(effect)
+
+#: A deploy under a running run: a worker started with TEST_WORKFLOWS_DEPLOY=2 has only v2.
+DEPLOYED_VERSION = int(os.environ.get("TEST_WORKFLOWS_DEPLOY", "1"))
+deployed = durable.Workflow("crash_deployed", version=DEPLOYED_VERSION)
+deployed.step("prepare", kind="read")(read)
+deployed.step("charge" if DEPLOYED_VERSION == 1 else "charge_v2", kind="effect")(effect)
+
+
+# --- engine hardening ---------------------------------------------------------------------------
+def aba_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Execution 1 holds (the owner the test pauses), execution 2 is refused by the partner
+    (the takeover fails for good), execution 3 holds again (the operator's retry, in flight
+    while the paused owner wakes)."""
+    execution = _record(ctx)
+    if execution == 2:
+        raise durable.PermanentStepError("card declined")
+    partner.wait_for_release(f"{ctx.run_id}/{execution}")
+    return partner.apply(ctx.idempotency_key)
+
+
+aba = durable.Workflow("crash_aba", version=1)
+aba.step("prepare", kind="read")(read)
+aba.step("charge", kind="effect")(aba_effect)
+aba.step("finish", kind="read")(_finish)
+
+
+def suicide(ctx: durable.StepContext) -> dict[str, Any]:
+    """A read step that kills its own worker process every time it runs."""
+    import signal
+
+    _record(ctx)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
+suicidal = durable.Workflow("crash_suicidal", version=1)
+suicidal.step("prepare", kind="read")(read)
+suicidal.step("die", kind="read")(suicide)
+
+
+def slow_db(ctx: durable.StepContext) -> dict[str, Any]:
+    """A db step that holds (inside its transaction, under the run's row lock) until released."""
+    _record(ctx)
+    partner.wait_for_release(f"{ctx.run_id}/db")
+    return {"written": True}
+
+
+slow_db_flow = durable.Workflow("crash_slow_db", version=1)
+slow_db_flow.step("write", kind="db")(slow_db)
+slow_db_flow.step("finish", kind="read")(_finish)
+
+
+def patient_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Asks to be retried in 3 s on its first attempt (Retry-After), then makes its effect."""
+    _record(ctx)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("partner said 503", retry_after_seconds=3.0)
+    return partner.apply(ctx.idempotency_key)
+
+
+patient = durable.Workflow("crash_patient", version=1)
+patient.step("charge", kind="effect", retry=durable.RetryPolicy(base_seconds=0.1))(patient_effect)
+patient.step("finish", kind="read")(_finish)
+
+
+def greedy_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """A partner whose Retry-After is whatever the test put in the run's input."""
+    _record(ctx)
+    raise durable.RetryableStepError(
+        "partner said 429", retry_after_seconds=float(ctx.input["retry_after"])
+    )
+
+
+greedy = durable.Workflow("crash_greedy", version=1)
+greedy.step("charge", kind="effect")(greedy_effect)
+
+
+#: Two effects with compensations, then a partner that asks to wait: what an operator cancels.
+def find_effect(ctx: durable.StepContext) -> dict[str, Any] | None:
+    """Reconcile: the partner's effect under this step's key, or None; its ledger is
+    consistent, so none proves the effect did not happen."""
+    if partner.effects()[ctx.idempotency_key]:
+        return {"key": ctx.idempotency_key, "replayed": True}
+    return None
+
+
+def answer_lost_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """Applied at the partner, then on the first attempt its answer is lost (a timeout after
+    the request went out): the step backs off while the effect stands."""
+    _record(ctx)
+    applied = partner.apply(ctx.idempotency_key)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("read timed out after the request was sent")
+    return applied
+
+
+def undo_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    """A compensation that says which call the engine handed it to undo."""
+    _record(ctx)
+    undone = ctx.undoes.idempotency_key if ctx.undoes is not None else None
+    return {**partner.apply(ctx.idempotency_key), "undoes": undone}
+
+
+cancellable = durable.Workflow("crash_cancellable", version=1, on_failure="notify")
+cancellable.step("book", kind="effect", compensate="unbook")(effect)
+cancellable.step("charge", kind="effect", compensate="refund")(effect)
+cancellable.step(
+    "confirm", kind="effect", retry=durable.RetryPolicy(base_seconds=30), reconcile=find_effect
+)(flaky_effect)
+cancellable.compensation("unbook")(effect)
+cancellable.compensation("refund")(effect)
+cancellable.compensation("notify")(effect)
+
+#: The charge is taken and its answer lost; it backs off while an operator cancels.
+lost_answer = durable.Workflow("crash_lost_answer", version=1, on_failure="notify")
+lost_answer.step("book", kind="effect", compensate="unbook")(effect)
+lost_answer.step(
+    "charge",
+    kind="effect",
+    compensate="refund",
+    reconcile=find_effect,
+    retry=durable.RetryPolicy(base_seconds=30),
+)(answer_lost_effect)
+lost_answer.step("confirm", kind="effect")(effect)
+lost_answer.compensation("unbook")(undo_effect)
+lost_answer.compensation("refund")(undo_effect)
+lost_answer.compensation("notify")(effect)
+
+
+# --- agent mode (code-first runs) -----------------------------------------------------------
+from agentflow.agent import (  # noqa: E402  (grouped with the agent workflow it serves)
+    ModelRequest,
+    ScriptedModel,
+    Toolbox,
+    ToolContext,
+    answer,
+    call,
+    calls,
+    system_message,
+    tool_result_message,
+    user_message,
+)
+
+PRICES = {"apple": 3, "pear": 5}
+shop = Toolbox("crash_agent")
+
+
+def _record_tool(ctx: ToolContext) -> int:
+    return partner.record_execution(ctx.run_id, ctx.position, ctx.tool, ctx.attempt)
+
+
+@shop.tool("lookup", read_only=True, description="The price of an item, in dollars.")
+def lookup(ctx: ToolContext, item: str) -> dict[str, Any]:
+    _record_tool(ctx)
+    return {"item": item, "price": PRICES[item]}
+
+
+@shop.tool("buy", side_effect=True, compensate="refund", description="Buy an item.")
+def buy(ctx: ToolContext, item: str, qty: int) -> dict[str, Any]:
+    _record_tool(ctx)
+    return {"item": item, "qty": qty, **partner.apply(ctx.idempotency_key)}
+
+
+@shop.compensation("refund")
+def refund_purchase(ctx: ToolContext, item: str) -> dict[str, Any]:
+    _record_tool(ctx)
+    return {"refunded": item, **partner.apply(ctx.idempotency_key)}
+
+
+def shopping_plan(request: ModelRequest) -> Any:
+    """Turn 1: look both prices up at once; turn 2: buy two of the cheaper; then answer. Unless
+    the run's input says `fail_after_buy`, which the function checks in code, or its `ask`
+    (the user message) plays a hostile model: "nothing" answers at once, "greedy" buys with
+    bad arguments, then twice, "flood" asks for twelve lookups in one turn."""
+    ask = next(m["content"] for m in request.messages if m.get("role") == "user")
+    if ask == "nothing":
+        return answer("Bought 2 apples at $3.")
+    if request.turn == 1:
+        if ask == "flood":
+            return calls(*(call("lookup", item="apple") for _ in range(12)))
+        return calls(call("lookup", item="apple"), call("lookup", item="pear"))
+    if request.turn == 2:
+        if ask == "greedy":
+            return calls(
+                call("buy", item="apple", qty="two"),
+                call("buy", item="apple", qty=2),
+                call("buy", item="pear", qty=1),
+            )
+        return calls(call("buy", item="apple", qty=2))
+    return answer("Bought 2 apples at $3.")
+
+
+def bought(history: Any) -> str | None:
+    """The shop's "done": something was bought (a refused buy bought nothing)."""
+    return None if any(r.ok and r.name == "buy" for r in history) else "nothing was bought"
+
+
+agent = durable.CodeWorkflow(
+    "crash_agent",
+    version=1,
+    toolbox=shop,
+    model=ScriptedModel("scripted-shopper", shopping_plan),
+    on_failure="tell",
+    done=bought,
+)
+
+
+@agent.run
+def shop_for_apples(ctx: durable.AgentContext) -> str:
+    messages = [system_message("You buy fruit."), user_message(ctx.input.get("ask", "apples"))]
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for tool_call in turn.tool_calls:
+            messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+        bought = any(r.name == "buy" for r in ctx.history)
+        if bought and (
+            ctx.input.get("fail_after_buy") or (ctx.input.get("fail_if_forked") and ctx.branch)
+        ):
+            raise durable.PermanentStepError("the shop closed")
+    return turn.text
+
+
+agent.compensation("tell")(effect)
+
+
+# --- agent mode: a buy whose answer is lost, and a reconcile that asks the partner -------------
+#: The shopping agent whose buy is applied and then, on the first attempt, its answer lost: it
+#: backs off while the partner has the money. Its reconcile asks the partner under the key.
+careful_shop = Toolbox("crash_careful_agent")
+careful_shop.tool("lookup", read_only=True, description="The price of an item, in dollars.")(lookup)
+
+
+def find_purchase(ctx: ToolContext, item: str, qty: int) -> dict[str, Any] | None:
+    """Reconcile for a buy: the partner's effect under the call's key, or None (its ledger
+    is consistent, so none proves the buy did not happen)."""
+    if partner.effects()[ctx.idempotency_key]:
+        return {"item": item, "qty": qty, "key": ctx.idempotency_key, "replayed": True}
+    return None
+
+
+@careful_shop.tool(
+    "buy", side_effect=True, compensate="refund", reconcile=find_purchase, description="Buy."
+)
+def buy_answer_lost(ctx: ToolContext, item: str, qty: int) -> dict[str, Any]:
+    _record_tool(ctx)
+    applied = partner.apply(ctx.idempotency_key)
+    if ctx.attempt == 1:
+        raise durable.RetryableStepError("read timed out after the request was sent")
+    return {"item": item, "qty": qty, **applied}
+
+
+careful_shop.compensation("refund")(refund_purchase)
+careful_agent = durable.CodeWorkflow(
+    "crash_careful_agent",
+    version=1,
+    toolbox=careful_shop,
+    model=ScriptedModel("scripted-shopper", shopping_plan),
+    on_failure="tell",
+)
+careful_agent.run(shop_for_apples)
+careful_agent.compensation("tell")(effect)
+
+
+def effect_then_lose_the_database(ctx: durable.StepContext) -> dict[str, Any]:
+    """Makes its effect, then its process's database session is ended (as a server restart
+    or a failover would end it) before the result is recorded."""
+    import psycopg
+    from django.db import connection
+
+    result = effect(ctx)
+    backend = connection.connection.info.backend_pid
+    settings = connection.settings_dict
+    with psycopg.connect(
+        host=settings["HOST"] or None, port=settings["PORT"] or None, dbname=settings["NAME"],
+        user=settings["USER"] or None, autocommit=True,
+    ) as other:  # fmt: skip
+        other.execute("SELECT pg_terminate_backend(%s)", [backend])
+    return result
+
+
+lost_db = durable.Workflow("crash_lost_db", version=1)
+lost_db.step("charge", kind="effect")(effect_then_lose_the_database)
+lost_db.step("finish", kind="read")(_finish)
+
+# --- agent mode: a divergence an operator answers with a fork ---------------------------------
+#: The shopping agent again, but its buy holds until the test releases it, and a prompt
+#: "deployed" mid-run (a flag at the partner) changes the conversation from the second turn on:
+#: the next task's replay finds turn 2 recorded with other messages and parks the run.
+drifting_shop = Toolbox("crash_drift_agent")
+drifting_shop.tool("lookup", read_only=True, description="The price of an item, in dollars.")(
+    lookup
+)
+
+
+@drifting_shop.tool("buy", side_effect=True, description="Buy an item.")
+def held_buy(ctx: ToolContext, item: str, qty: int) -> dict[str, Any]:
+    _record_tool(ctx)
+    partner.wait_for_release(f"{ctx.run_id}/buy")
+    return {"item": item, "qty": qty, **partner.apply(ctx.idempotency_key)}
+
+
+drift_agent = durable.CodeWorkflow(
+    "crash_drift_agent",
+    version=1,
+    toolbox=drifting_shop,
+    model=ScriptedModel("scripted-shopper", shopping_plan),
+)
+PRICES_NOTE = "Prices may have changed since you looked them up."
+
+
+def prompt_changed(run_id: str) -> str:
+    """The partner flag a test sets to change the run's prompt under it."""
+    return f"{run_id}/prompt-v2"
+
+
+@drift_agent.run
+def shop_with_a_changing_prompt(ctx: durable.AgentContext) -> str:
+    messages = [system_message("You buy fruit."), user_message("apples")]
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for tool_call in turn.tool_calls:
+            messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+        if partner.is_released(prompt_changed(ctx.run_id)):
+            messages.append(user_message(PRICES_NOTE))
+    return turn.text
+
+
+#: An effect, then a db step: a worker that loaded the db step before a cancel writes nothing.
+noted = durable.Workflow("crash_noted", version=1, on_failure="notify")
+noted.step("book", kind="effect", compensate="unbook")(effect)
+noted.step("note", kind="db")(read)
+noted.step("finish", kind="read")(_finish)
+noted.compensation("unbook")(effect)
+noted.compensation("notify")(effect)
+
+#: An agent function that changes its mind on replay (the partner flag `<run>/moody` set) and
+#: raises before the effect whose attempt is already recorded at the next position.
+moody = durable.CodeWorkflow("crash_moody", version=1)
+
+
+@moody.run
+def charge_unless_moody(ctx: durable.AgentContext) -> str:
+    ctx.step("prepare", read)
+    if partner.is_released(f"{ctx.run_id}/moody"):
+        raise RuntimeError("the function changed its mind")
+    ctx.step("charge", effect, kind="effect")
+    return "charged"
