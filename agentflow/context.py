@@ -9,7 +9,7 @@ from typing import Any
 
 
 def idempotency_key(run_id: str, seq: int, branch: int = 0) -> str:
-    """SPEC §3.2, exactly: the same for every attempt of the step. A code-first run forked by
+    """SPEC §3.2, exactly: the same for every attempt of the step. An agent run forked by
     an operator names the branch in the keys of its new calls, so none collides with a key a
     partner already saw for another call."""
     if branch:

@@ -115,11 +115,11 @@ def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:
 
 
 def fork(run_id: str, *, position: int, actor: str, reason: str) -> None:
-    """Continue a diverged, parked or failed code-first run from `position` on a new branch
+    """Continue a diverged, parked or failed agent run from `position` on a new branch
     (see `store.run_fork`).
 
     Raises:
-        ActionRefused: not a code-first run, not stopped, a call still running, its undo
+        ActionRefused: not an agent run, not stopped, a call still running, its undo
             started, or an effect after `position` that may have happened and whose partner
             could not say.
     """

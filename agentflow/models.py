@@ -31,7 +31,7 @@ class WorkflowRun(models.Model):
     #: An operator asked to cancel: the step in flight finishes, then the run undoes its
     #: effects and ends CANCELLED (not FAILED), so no money is kept (I8).
     cancel_requested = models.BooleanField(default=False, db_default=False)
-    #: Code-first runs: how many times an operator forked it. Steps of earlier branches are kept
+    #: Agent runs: how many times an operator forked it. Steps of earlier branches are kept
     #: as superseded history; new calls get idempotency keys that name the branch.
     branch = models.PositiveIntegerField(default=0, db_default=0)
     #: The highest fence the checkpoints a fork set aside had: a checkpoint written after it
@@ -166,9 +166,9 @@ class RunEvent(models.Model):
         OUTCOME_UNKNOWN = "outcome_unknown", "Outcome unknown"
         #: A fenced-out worker finished anyway: its output is kept here for audit.
         LATE_COMPLETION = "late_completion", "Late completion fenced out"
-        #: A code-first run made another call than the one recorded at a position (the diff).
+        #: An agent run made another call than the one recorded at a position (the diff).
         DIVERGENCE = "divergence", "Diverged from its recorded history"
-        #: An operator forked a code-first run from a position; later steps were superseded.
+        #: An operator forked an agent run from a position; later steps were superseded.
         FORK = "fork", "Forked by an operator"
 
     run = models.ForeignKey(
@@ -192,7 +192,7 @@ class RunEvent(models.Model):
 
 
 class SupersededStep(models.Model):
-    """A checkpoint of a code-first run that an operator's fork set aside: history, still shown,
+    """A checkpoint of an agent run that an operator's fork set aside: history, still shown,
     never replayed. A call the new branch makes again with the same arguments reuses its
     result and key instead of acting twice."""
 

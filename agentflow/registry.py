@@ -59,7 +59,7 @@ class StepDef:
     next: Callable[[Any], str] | None = None
     #: Compensation-only steps are skipped by the forward path.
     compensation_only: bool = False
-    #: Code-first calls: what is recorded in the checkpoint's `arguments` (the call's
+    #: Agent calls: what is recorded in the checkpoint's `arguments` (the call's
     #: fingerprint), and its idempotency key when it is not the default one (a forked branch's,
     #: or a superseded call's that is reused).
     arguments: Any = None
@@ -159,8 +159,8 @@ class Workflow:
         self, name: str, seq: int, *, output: Any, branch: int | None = None
     ) -> str | None:
         """The planned compensation (`refund_fee@7`) that undoes the step `name` at `seq`
-        (of a superseded `branch`, for forked code-first runs), if any; `output` is what the
-        step recorded (a code-first run's refused call says it made nothing)."""
+        (of a superseded `branch`, for forked agent runs), if any; `output` is what the
+        step recorded (an agent run's refused call says it made nothing)."""
         if branch is not None:
             return None  # step graphs are never forked
         step = self.steps.get(name)

@@ -123,7 +123,7 @@ def _load(
         name, version, step_name = fresh
         workflow = registry.lookup(str(name), int(version))
         step = workflow.steps.get(str(step_name)) if workflow is not None else None
-        # Not for a code-first run: after a fork its compensations' keys name the branch,
+        # Not for an agent run: after a fork its compensations' keys name the branch,
         # which this statement does not know.
         if (
             workflow is not None
@@ -150,7 +150,7 @@ def _drop_broken_connection() -> None:
 
 def _settles_first(kind: str | None, seen: store.CheckpointRow | None) -> bool:
     """Must a cancel learn first whether the step at `seen` took effect (SPEC 3.3c)? `kind`
-    None: a code-first call not replayed yet, which may be an effect."""
+    None: a agent call not replayed yet, which may be an effect."""
     if seen is None:
         return False
     if kind is None:
@@ -187,7 +187,7 @@ def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> Ste
     )
 
 
-# --- code-first runs: replay the function up to its next call -------------------------------------
+# --- agent runs: replay the function up to its next call -------------------------------------
 def _next_call(
     run: store.StepState, workflow: CodeWorkflow, seq: int, seen: store.CheckpointRow | None
 ) -> StepDef | None:

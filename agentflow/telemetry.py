@@ -189,7 +189,7 @@ def event_recorded(run_id: str, kind: str) -> None:
 
 # --- agent mode -----------------------------------------------------------------------------
 def model_tokens(*, workflow: Any, spent: int = 0, saved: int = 0) -> None:
-    """A code-first run's model tokens: `spent` on a turn just asked, `saved` on the turns a
+    """An agent run's model tokens: `spent` on a turn just asked, `saved` on the turns a
     replay handed back from checkpoints instead of asking again."""
     model = getattr(getattr(workflow, "model", None), "model", "") or "unknown"
     if settings.AGENTFLOW_LLM_BASE_URL:

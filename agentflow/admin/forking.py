@@ -1,4 +1,4 @@
-"""Fork a code-first run from a position, from the run page: a confirmation that lists what the
+"""Fork an agent run from a position, from the run page: a confirmation that lists what the
 fork sets aside — above all the side effects that happened — asks for a reason, then calls
 `agentflow.forks.fork` (which asks partners about effects that may have happened, then
 `store.run_fork`). The store decides what is safe; its refusals become messages.
@@ -44,7 +44,7 @@ class ForkForm(ReasonForm):
 
 
 def offered(run: WorkflowRun) -> bool:
-    """Does the run page offer Fork for this run? (Code-first, deployed, stopped.)"""
+    """Does the run page offer Fork for this run? (Agent, deployed, stopped.)"""
     workflow = registry.lookup(run.workflow, run.version)
     return isinstance(workflow, CodeWorkflow) and run.status in OFFERED_FOR
 
@@ -79,8 +79,7 @@ def fork_view(model_admin: Any, request: HttpRequest, object_id: str) -> HttpRes
     if request.method == "GET" and not offered(run):
         messages.warning(
             request,
-            f"Run {run_id} cannot be forked: only diverged, parked or failed agent (code-first) "
-            "runs can.",
+            f"Run {run_id} cannot be forked: only diverged, parked or failed agent runs can.",
         )
         return back
     form = ForkForm(

@@ -1,4 +1,4 @@
-"""One recorded durable call of a code-first run, read for people: a model turn (what the code
+"""One recorded durable call of an agent run, read for people: a model turn (what the code
 added to the conversation, the answer, the tools it asked for, its tokens), a tool call (its
 arguments and result, ran or refused), a step in code, or a compensation.
 
@@ -21,7 +21,7 @@ from agentflow.states import StepKind, StepStatus
 
 #: Words (a prompt, an answer, an error) are cut past this many characters.
 MAX_WORDS_CHARS = 4000
-#: A compensation step of a code-first run undoes the call at a position: `refund_fee@7`.
+#: A compensation step of an agent run undoes the call at a position: `refund_fee@7`.
 
 
 class Row(Protocol):

@@ -1,7 +1,7 @@
-"""What replay saved a code-first run: the model turns it handed back instead of asking again,
+"""What replay saved an agent run: the model turns it handed back instead of asking again,
 and the resumes (a later attempt, a takeover, a sweeper's re-publish) that replayed them.
 
-Every task of a code-first run replays its function from the top: the task at position q hands
+Every task of an agent run replays its function from the top: the task at position q hands
 back every recorded call before q without asking the model or calling a tool. So each turn is
 replayed once per task execution at a later position — every attempt of every later call, the
 task that found the function's answer, and a task that found a divergence — and its recorded

@@ -69,7 +69,7 @@ def timeline_of(run: WorkflowRun, rows: RunRows) -> dict[str, Any] | None:
 
 
 def trajectory_of(run: WorkflowRun, rows: RunRows, *, may_fork: bool) -> dict[str, Any] | None:
-    """A code-first run's conversation (None for a graph run), with the fork links an operator
+    """An agent run's conversation (None for a graph run), with the fork links an operator
     may follow; {"failed": True}, logged, if it cannot be read."""
     code_first = isinstance(registry.lookup(run.workflow, run.version), CodeWorkflow)
     if not code_first and not trajectory.looks_code_first(run, rows.steps):

@@ -39,7 +39,7 @@ class Outcome(StrEnum):
     RUNNING = "running"
     #: Interrupted with no recorded end: the run was parked or cancelled while it ran.
     INTERRUPTED = "interrupted"
-    #: An operator's fork set its call aside (code-first runs): history, never replayed.
+    #: An operator's fork set its call aside (agent runs): history, never replayed.
     SUPERSEDED = "superseded"
 
 

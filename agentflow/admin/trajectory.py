@@ -1,4 +1,4 @@
-"""A code-first run's trajectory as a conversation, branch by branch: its current calls, the
+"""An agent run's trajectory as a conversation, branch by branch: its current calls, the
 calls operators' forks set aside (history, never replayed), the divergence that led to a fork,
 and what replay saved (`replays`).
 
@@ -117,7 +117,7 @@ class Trajectory:
 
 
 def looks_code_first(run: WorkflowRun, steps: Iterable[Any]) -> bool:
-    """A run whose rows say it is code-first (its definition may no longer be deployed)."""
+    """A run whose rows say it is an agent run (its definition may no longer be deployed)."""
     return run.branch > 0 or any(
         s.kind == StepKind.LLM
         or (isinstance(s.arguments, dict) and s.arguments.get("kind") in ("llm", "tool", "step"))

@@ -1,4 +1,4 @@
-"""Code-first durable runs (SPEC §4 B): a workflow written as a plain function of a context whose
+"""Agent durable runs (SPEC §4 B): a workflow written as a plain function of a context whose
 calls — `ctx.llm`, `ctx.tool`, `ctx.step` — are durable.
 
 Each Celery task replays the function from the top. A call with a checkpoint at its position
@@ -49,7 +49,7 @@ from agentflow.retry import DEFAULT_RETRY, RetryPolicy
 from agentflow.serialization import to_json
 from agentflow.states import StepKind, StepStatus
 
-#: The `current_step` of a code-first run between calls: which call comes next is known only
+#: The `current_step` of an agent run between calls: which call comes next is known only
 #: once the function is replayed up to it.
 NEXT_CALL = "(next call)"
 
@@ -258,7 +258,7 @@ Outcome = Finished | Failed | NextCall | Divergent
 
 
 class AgentContext:
-    """What a code-first run's function sees: durable calls, and its input.
+    """What an agent run's function sees: durable calls, and its input.
 
     Positions count every durable call from 1; a call's position is its checkpoint's sequence
     number. Calls before `seq` return what was recorded; the call at `seq` suspends the function

@@ -1,4 +1,4 @@
-"""Code-first runs' history: the recorded calls a replay returns, ending a run when its
+"""Agent runs' history: the recorded calls a replay returns, ending a run when its
 function returns, and the superseded calls of a forked run that a new branch may reuse."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An operator's fork of a code-first run: its calls from a position on are set aside as
+"""An operator's fork of an agent run: its calls from a position on are set aside as
 superseded history and it continues there on a new branch.
 
 A fork never sets aside what it does not know (SPEC 3.3c): it is refused while any call is
@@ -64,7 +64,7 @@ def run_fork(
     reason: str,
     settled: Mapping[int, Settled] | None = None,
 ) -> None:
-    """Continue a diverged or failed code-first run from `position`, on a new branch.
+    """Continue a diverged or failed agent run from `position`, on a new branch.
 
     Its checkpoints from `position` on are kept as superseded history (still shown, never
     replayed); the run resumes at `position`. A call the new branch makes again with the same
@@ -79,7 +79,7 @@ def run_fork(
         run = locked_run(run_id)
         workflow = registry.lookup(run.workflow, run.version)
         if not isinstance(workflow, CodeWorkflow):
-            raise ActionRefused("only code-first (agent) runs can be forked")
+            raise ActionRefused("only agent (agent) runs can be forked")
         if run.status not in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED):
             raise ActionRefused(
                 f"only diverged, parked or failed runs can be forked (this one is {run.status})"

@@ -109,7 +109,7 @@ def outputs_load(
     run_id: str, before_seq: int, *, every_branch: bool = False
 ) -> list[tuple[str, Any]]:
     """Outputs of the completed steps before `before_seq`, as (name, output) in order: folded
-    by name a later one wins, but a code-first view may skip calls that were refused.
+    by name a later one wins, but a agent view may skip calls that were refused.
     `every_branch`: with those of the branches a fork set aside first, for a compensation."""
     outputs: list[tuple[str, Any]] = []
     if every_branch:

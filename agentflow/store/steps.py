@@ -66,7 +66,7 @@ class StepState:
     compensations: list[str]
     error: str
     cancel_requested: bool
-    #: Code-first runs: the branch new calls name in their keys (0 until an operator forks).
+    #: Agent runs: the branch new calls name in their keys (0 until an operator forks).
     branch: int
     #: Past its wake-up time (database clock): nothing has moved it for too long.
     overdue: bool

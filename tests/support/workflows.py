@@ -280,7 +280,7 @@ lost_answer.compensation("refund")(undo_effect)
 lost_answer.compensation("notify")(effect)
 
 
-# --- agent mode (code-first runs) -----------------------------------------------------------
+# --- agent mode (agent runs) -----------------------------------------------------------
 from agentflow.agent import (  # noqa: E402  (grouped with the agent workflow it serves)
     ModelRequest,
     ScriptedModel,

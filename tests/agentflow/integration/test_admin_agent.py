@@ -1,4 +1,4 @@
-"""The operator's side of agent mode on real Postgres and Redis: a code-first run's trajectory as
+"""The operator's side of agent mode on real Postgres and Redis: an agent run's trajectory as
 a conversation on its run page (turns, tool calls, results, tokens spent and saved by replay,
 resumes, the divergence diff, superseded branches), and Fork from a position with its
 confirmation, refusals and permissions. Runs are made by the engine itself (`drive`)."""
@@ -350,7 +350,7 @@ def test_fork__refused_for_a_graph_run_and_past_an_unknown_outcome__as_messages(
     )
 
     assert refused_graph.status_code == 200
-    assert f"Run {graph.pk} was not forked: only code-first (agent) runs can be forked." in words(
+    assert f"Run {graph.pk} was not forked: only agent (agent) runs can be forked." in words(
         text(refused_graph)
     )
     assert "Whether buy (position 5) took effect is unknown" in words(unknown)

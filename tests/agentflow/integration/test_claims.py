@@ -149,7 +149,7 @@ def test_claim__on_the_embedded_sqlite_default__a_stale_worker_charges_nothing_e
 
 # --- finding 5: a fork restarted fence numbers ------------------------------------------------
 def _next_call(run_id: str, seq: int) -> tuple[store.StepState, StepDef]:
-    """A worker's first phase on a code-first run: load it, replay up to its next call."""
+    """A worker's first phase on an agent run: load it, replay up to its next call."""
     state = store.state_load(run_id, seq)
     assert state is not None
     outcome = agent_loop.replay(

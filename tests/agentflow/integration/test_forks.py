@@ -1,4 +1,4 @@
-"""Forks of code-first runs never repeat or keep money (issue 19 findings 2, 5 and 7, SPEC 3.3c):
+"""Forks of agent runs never repeat or keep money (issue 19 findings 2, 5 and 7, SPEC 3.3c):
 an effect that may have happened is asked of its partner first, a call on a live worker or an
 undo under way refuses the fork, compensations are never reused and their keys name the branch.
 In this process against real Postgres."""

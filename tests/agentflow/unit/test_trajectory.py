@@ -1,4 +1,4 @@
-"""A code-first run's conversation from its rows: compact values, branches after two forks, and
+"""An agent run's conversation from its rows: compact values, branches after two forks, and
 tokens saved by replay counted in the branch each task saw."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Code-first runs (SPEC §4 B) in this process against real Postgres: replay from the top, one
+"""Agent runs (SPEC §4 B) in this process against real Postgres: replay from the top, one
 new step per task, memo by position and arguments, divergence, failure and compensation."""
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def test_fork__refused_for_graph_runs_and_past_an_unknown_effect(
 ) -> None:
     graph = durable.start(workflows.declined.name)
     assert drive(graph).status == RunStatus.FAILED
-    with pytest.raises(durable.ActionRefused, match="only code-first"):
+    with pytest.raises(durable.ActionRefused, match="only agent"):
         store.run_fork(graph, position=1, actor="ops", reason="x")
 
     run_id = durable.start(workflows.agent.name)
