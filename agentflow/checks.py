@@ -77,29 +77,32 @@ def celery_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
                 id="agentflow.W002",
             )
         )
-    if (conf.worker_prefetch_multiplier or 0) > 1:
-        found.append(
-            checks.Warning(
-                f"worker_prefetch_multiplier is {conf.worker_prefetch_multiplier}: step messages "
-                "wait unacked behind a long step, and age towards the visibility timeout.",
-                hint="Set CELERY_WORKER_PREFETCH_MULTIPLIER = 1.",
-                id="agentflow.W003",
-            )
-        )
     scheme = str(conf.broker_url or "").split("://", 1)[0].split("+", 1)[0]
     visibility = (conf.broker_transport_options or {}).get(
         "visibility_timeout", VISIBILITY_TIMEOUT_DEFAULTS.get(scheme)
     )
     limit = annotated.get("time_limit", STEP_TIME_LIMIT)
-    if visibility is not None and (limit is None or float(limit) >= float(visibility)):
+    if visibility is None:
+        return found
+    if limit is None or float(limit) >= float(visibility):
         found.append(
             checks.Warning(
                 f"The step task's time limit ({limit} s) is not below the broker's visibility "
                 f"timeout ({visibility} s): a step still running would be handed to a second "
                 "worker.",
-                hint="Set CELERY_TASK_TIME_LIMIT below broker_transport_options' "
-                "visibility_timeout (or raise that).",
+                hint="Annotate a lower time_limit for the step task, or raise "
+                "broker_transport_options' visibility_timeout.",
                 id="agentflow.W004",
+            )
+        )
+    elif (prefetch := conf.worker_prefetch_multiplier or 1) * float(limit) >= float(visibility):
+        found.append(
+            checks.Warning(
+                f"worker_prefetch_multiplier {prefetch} times the step time limit ({limit} s) "
+                f"reaches the broker's visibility timeout ({visibility} s): a message waiting "
+                "behind long steps in a worker's prefetch would be handed to another worker.",
+                hint="Set CELERY_WORKER_PREFETCH_MULTIPLIER = 1 (steps are one message each).",
+                id="agentflow.W003",
             )
         )
     return found

@@ -6,7 +6,10 @@ when `AGENTFLOW_LLM_BASE_URL` is set. Either way the loop sees one small protoco
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Protocol
+
+from django.core.exceptions import ImproperlyConfigured
 
 from agentflow.agent.conversation import ModelRequest, ModelResponse
 from agentflow.conf import settings
@@ -26,6 +29,12 @@ def configured_client(default: ModelClient) -> ModelClient:
     """The server named by `AGENTFLOW_LLM_BASE_URL` if set, else `default` (offline)."""
     if not settings.AGENTFLOW_LLM_BASE_URL:
         return default
-    from agentflow.agent.openai_chat import OpenAIChatModel  # the SDK loads only when used
+    # The SDK is the `agent` extra: it loads only when a server is configured.
+    if importlib.util.find_spec("openai") is None:
+        raise ImproperlyConfigured(
+            "AGENTFLOW_LLM_BASE_URL is set, and talking to a model server needs the openai "
+            "SDK: pip install 'agentflow[agent]'"
+        )
+    from agentflow.agent.openai_chat import OpenAIChatModel
 
     return OpenAIChatModel.from_settings()

@@ -26,7 +26,13 @@ from urllib.parse import quote
 
 import dj_database_url
 import psycopg
-import redis
+
+try:
+    import redis
+except ImportError as missing:  # the private Redis needs its client: the `testing` extra
+    raise ImportError("agentflow.testing needs redis: pip install 'agentflow[testing]'") from (
+        missing
+    )
 from celery import current_app
 from django.conf import settings
 from django.db import connection, connections

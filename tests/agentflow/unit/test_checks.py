@@ -1,0 +1,53 @@
+"""`manage.py check` on the Celery settings the protocol stands on, read from the app in use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from celery import Celery, current_app
+from django.test import override_settings
+
+from agentflow import checks, dispatch
+
+
+@contextmanager
+def app_with(**conf: Any) -> Iterator[Celery]:
+    previous = current_app._get_current_object()
+    app = Celery("check-test", set_as_current=True)
+    app.conf.update(broker_url="redis://127.0.0.1:6379/0", **conf)
+    try:
+        yield app
+    finally:
+        previous.set_current()
+
+
+def ids(**conf: Any) -> list[str]:
+    with app_with(**conf):
+        return [message.id for message in checks.celery_settings()]
+
+
+def test_the_defaults_a_host_gets__raise_nothing() -> None:
+    assert ids() == []
+
+
+def test_acks_late_annotated_off_for_the_step_task__is_an_error() -> None:
+    off = {dispatch.RUN_STEP_TASK: {"acks_late": False}}
+    assert ids(task_annotations=off) == ["agentflow.E002"]
+    assert ids(task_annotations=[{"*": {"reject_on_worker_lost": False}}]) == ["agentflow.E002"]
+
+
+def test_eager_prefetch_and_a_time_limit_past_the_visibility_timeout__warn() -> None:
+    assert ids(task_always_eager=True) == ["agentflow.W002"]
+    assert ids(worker_prefetch_multiplier=4) == []  # 4 x 300 s is inside Redis's 3600 s
+    assert ids(worker_prefetch_multiplier=12) == ["agentflow.W003"]
+    assert ids(broker_transport_options={"visibility_timeout": 120}) == ["agentflow.W004"]
+    late = {dispatch.RUN_STEP_TASK: {"time_limit": 7200}}
+    assert ids(task_annotations=late) == ["agentflow.W004"]
+
+
+def test_a_model_server_without_a_model__is_an_error() -> None:
+    with override_settings(AGENTFLOW_LLM_BASE_URL="http://127.0.0.1:9/v1", AGENTFLOW_LLM_MODEL=""):
+        assert [m.id for m in checks.model_settings()] == ["agentflow.E001"]
+    assert checks.model_settings() == []
