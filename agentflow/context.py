@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ class StepContext:
     """
 
     __slots__ = (
+        "_load_calls",
         "_load_outputs",
         "_lost",
         "_outputs",
@@ -65,6 +66,7 @@ class StepContext:
         load_outputs: Callable[[], dict[str, Any]],
         key: str | None = None,
         undoes: UndoneCall | None = None,
+        load_calls: Callable[[], Sequence[Any]] | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -76,6 +78,7 @@ class StepContext:
         #: A compensation's: the call it undoes (None for every other step).
         self.undoes = undoes
         self._load_outputs = load_outputs
+        self._load_calls = load_calls
         self._outputs: dict[str, Any] | None = None
         self._lost = threading.Event()
 
@@ -88,6 +91,14 @@ class StepContext:
 
     def output_of(self, step: str, default: Any = None) -> Any:
         return self.outputs.get(step, default)
+
+    def recorded_calls(self) -> Sequence[Any]:
+        """The run's checkpoints before this step on its current branch, in order, as the
+        engine recorded them (a code-first compensation rebuilds its tool's history from
+        them). Read from the store on every call; the engine hands the reader in."""
+        if self._load_calls is None:
+            raise RuntimeError(f"{self!r} was made without the run's recorded calls")
+        return self._load_calls()
 
     @property
     def lease_lost(self) -> bool:

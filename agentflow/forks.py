@@ -7,6 +7,7 @@ tell or anything moved meanwhile. A new branch so never repeats an effect that h
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from agentflow import outcomes, registry, store
 from agentflow.agent.loop import CodeWorkflow
@@ -39,7 +40,12 @@ def _ask_partners(run_id: str, position: int) -> dict[int, store.Settled]:
         ):
             continue
         try:
-            found = workflow.ask_partner(run_id=run_id, input=run.input, call=cp)
+            found = workflow.ask_partner(
+                run_id=run_id,
+                input=run.input,
+                call=cp,
+                earlier=partial(store.calls_load, run_id, cp.seq),
+            )
         except Exception as exc:
             logger.info("%s: fork could not learn whether %s happened: %s", run_id, cp.name, exc)
             why = str(exc) or type(exc).__name__

@@ -184,6 +184,7 @@ def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> Ste
         ),
         key=step.key,
         undoes=store.undone_call(run.id, **undoes) if undoes else None,
+        load_calls=lambda: store.calls_load(run.id, seq),
     )
 
 

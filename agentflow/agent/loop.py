@@ -138,13 +138,15 @@ class CodeWorkflow(Workflow):
                 view[name] = output
         return view
 
-    def ask_partner(self, *, run_id: str, input: Any, call: Any) -> Any | None:
+    def ask_partner(
+        self, *, run_id: str, input: Any, call: Any, earlier: Callable[[], Sequence[Any]]
+    ) -> Any | None:
         """Whether the recorded tool call `call` took effect, asked of its partner through the
         tool's reconcile (a fork asks before it sets the call aside): the output to adopt, or
-        None when it did not happen. Raises OutcomeUnknown when nothing can ask; whatever the
-        reconcile raises when the partner cannot tell."""
-        from agentflow import store  # the store imports definitions, not the other way
-
+        None when it did not happen. `earlier`: reads the run's recorded calls before `call`
+        (the caller's store read: the store imports definitions, not the other way), asked
+        only once a reconcile can ask. Raises OutcomeUnknown when nothing can ask; whatever
+        the reconcile raises when the partner cannot tell."""
         toolbox = self.toolbox
         if toolbox is None or call.name not in toolbox:
             raise OutcomeUnknown(f"{call.name} is not a tool of {self.name}")
@@ -161,7 +163,7 @@ class CodeWorkflow(Workflow):
             load_outputs=dict,
             key=call.idempotency_key,
         )
-        history = _history(store.calls_load(run_id, call.seq), toolbox)
+        history = _history(earlier(), toolbox)
         found = prepared.reconcile(_tool_context(ctx, call.name, history))
         return found.as_json() if found is not None else None
 
@@ -172,8 +174,6 @@ class CodeWorkflow(Workflow):
         assert undo is not None
 
         def prepared(ctx: StepContext) -> tuple[PreparedCall, ToolContext]:
-            from agentflow import store  # the store imports definitions, not the other way
-
             original = ctx.undoes  # the engine hands over the exact call, from its branch
             if original is None or original.status != StepStatus.COMPLETED:
                 raise PermanentStepError(f"{name}: call {seq} to undo is not recorded")
@@ -181,7 +181,7 @@ class CodeWorkflow(Workflow):
             if found is None:
                 raise PermanentStepError(f"{name}: {original.name} has no compensation")
             call = toolbox.prepare_undo(*found)
-            history = _history(store.calls_load(ctx.run_id, ctx.seq), toolbox)
+            history = _history(ctx.recorded_calls(), toolbox)  # the engine's read, handed in
             result = ToolOutcome.from_json(original.output).result
             return call, _tool_context(ctx, tool, history, undoes=replace(original, output=result))
 

@@ -15,6 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from agentflow import dispatch, outcomes, registry
+from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.registry import Workflow
 from agentflow.states import RunStatus, StepStatus
@@ -72,8 +73,6 @@ def run_fork(
     gets a key that names the branch, so no partner mistakes it for an earlier one. `settled`:
     the partner's answers for set-aside effects whose outcome was unknown, by position.
     """
-    from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
-
     answers = settled or {}
     with transaction.atomic():
         run = locked_run(run_id)
