@@ -98,7 +98,7 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
         workflow=definition, input=payload, business_key=business_key
     )
     if created:
-        telemetry.run_started(run_id, definition.name)
+        telemetry.run_started(run_id, definition.name, keep_trace=store.trace_parent_record)
     return run_id
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -23,6 +23,7 @@ from agentflow import leases, logs, metrics, tracing
 from agentflow.conf import settings
 from agentflow.context import idempotency_key
 from agentflow.exceptions import PermanentStepError, RetryableStepError
+from agentflow.models import WorkflowRun
 
 logger = logging.getLogger("agentflow.steps")
 run_logger = logging.getLogger("agentflow.runs")
@@ -116,9 +117,9 @@ def step_started(
 
 
 def _stored_context(run_id: str) -> Any:
-    from agentflow.store.traces import trace_parent_read
-
-    return tracing.context_from(trace_parent_read(run_id))
+    """The run's first context, as its row keeps it (written by the store, read here)."""
+    stored = WorkflowRun.objects.filter(pk=run_id).values_list("trace_parent", flat=True).first()
+    return tracing.context_from(stored)
 
 
 def _step_finished(message: _Message, error: BaseException | None) -> None:
@@ -149,13 +150,13 @@ def _if_any(**fields: Any) -> dict[str, Any]:
 
 
 # --- runs -----------------------------------------------------------------------------------
-def run_started(run_id: str, workflow: str) -> None:
+def run_started(run_id: str, workflow: str, *, keep_trace: Callable[[str, str], None]) -> None:
     """A new run exists (in the caller's transaction): count and log it once that commits, and
-    keep its trace context on the row if tracing is on."""
+    if tracing is on hand its trace context to `keep_trace(run_id, traceparent)`, the store's
+    writer, which keeps it on the row (the store reports through this module, so it is handed
+    in rather than imported)."""
     if tracing.enabled():
-        from agentflow.store.traces import trace_parent_record
-
-        trace_parent_record(run_id, tracing.run_started(run_id, workflow))
+        keep_trace(run_id, tracing.run_started(run_id, workflow))
 
     def committed() -> None:
         metrics.RUNS_STARTED.labels(workflow).inc()

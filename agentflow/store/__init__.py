@@ -51,6 +51,7 @@ from agentflow.store.sweeps import (
     sweep_push,
     sweep_statements,
 )
+from agentflow.store.traces import trace_parent_record
 
 __all__ = [
     "ActionRefused",
@@ -95,6 +96,7 @@ __all__ = [
     "sweep_due",
     "sweep_push",
     "sweep_statements",
+    "trace_parent_record",
     "unclaimed_complete",
     "undone_call",
 ]
