@@ -196,6 +196,9 @@ def parked_runs_query() -> QuerySet[WorkflowRun, tuple[str, int]]:
 class _StateFromDatabase:
     """Gauges read at scrape time, in three statements that touch no finished run."""
 
+    def __init__(self, heartbeat: Callable[[], Any]) -> None:
+        self._heartbeat = heartbeat
+
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
@@ -246,9 +249,7 @@ class _StateFromDatabase:
         waiting.update(parked_runs_query())
         for workflow, n in sorted(waiting.items()):
             parked.add_metric([workflow], n)
-        from agentflow.store import heartbeat_read  # the store logs events through us
-
-        beat = heartbeat_read()
+        beat = self._heartbeat()
         sweeper = GaugeMetricFamily(
             "agentflow_sweeper_seconds_since_last_sweep",
             "Seconds since the recovery sweeper last finished a pass, by the database's clock "
@@ -274,15 +275,17 @@ class _Counted:
             yield from REGISTRY.collect()
 
 
-def exposition() -> bytes:
-    """The text a scrape returns: the counters, then the database's gauges."""
+def exposition(*, heartbeat: Callable[[], Any]) -> bytes:
+    """The text a scrape returns: the counters, then the database's gauges. `heartbeat`: the
+    store's read of the sweeper's last pass (`store.heartbeat_read`), handed in by the view,
+    since the store counts its events through this module and so cannot be imported here."""
     if not _prepared():
         raise ImproperlyConfigured(MISSING)
     from prometheus_client import CollectorRegistry, generate_latest
 
     scrape = CollectorRegistry(auto_describe=False)
     scrape.register(_Counted())  # type: ignore[arg-type]
-    scrape.register(_StateFromDatabase())  # type: ignore[arg-type]
+    scrape.register(_StateFromDatabase(heartbeat))  # type: ignore[arg-type]
     return generate_latest(scrape)
 
 

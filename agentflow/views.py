@@ -71,4 +71,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return response
     if not run_metrics.available():  # agentflow[prometheus] not installed: say so, plainly
         return HttpResponse(run_metrics.MISSING + "\n", status=501, content_type="text/plain")
-    return HttpResponse(run_metrics.exposition(), content_type=run_metrics.CONTENT_TYPE)
+    return HttpResponse(
+        run_metrics.exposition(heartbeat=store.heartbeat_read),
+        content_type=run_metrics.CONTENT_TYPE,
+    )
