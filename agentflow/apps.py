@@ -14,6 +14,8 @@ class AgentflowConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported here, as Django asks: these modules load models and connect receivers,
+        # which must wait until the app registry is ready (apps.py is imported while it fills).
         from celery.signals import before_task_publish
 
         from agentflow import checks, faults, registry, tasks, tracing  # noqa: F401 (registers)

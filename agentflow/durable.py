@@ -33,6 +33,7 @@ from agentflow.exceptions import (
 )
 from agentflow.links import Link, RunRef, StepRef
 from agentflow.links import register as register_links
+from agentflow.models import WorkflowRun
 from agentflow.registry import END, Workflow
 from agentflow.retry import RetryPolicy
 from agentflow.serialization import NotJSONError, to_json
@@ -201,8 +202,6 @@ class RunSnapshot:
 
 def snapshot(run_id: str) -> RunSnapshot | None:
     """A read-only view of a run and its checkpoints, for status pages and tests."""
-    from agentflow.models import WorkflowRun
-
     run = WorkflowRun.objects.filter(pk=run_id).first()
     if run is None:
         return None

@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from datetime import timedelta
 from typing import Any
+
+from django.utils import timezone
 
 logger = logging.getLogger(__name__)
 
@@ -24,10 +27,6 @@ def install_clock_offset(seconds: float) -> None:
     shifted; the database's clock, which every engine decision uses, is not."""
     if not seconds or not enabled():
         return
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     real_now = timezone.now
 
     def skewed_now() -> Any:

@@ -36,6 +36,10 @@ from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 
 logger = logging.getLogger(__name__)
 
+# prometheus_client is optional (the `prometheus` extra) and the engine imports without it, so
+# it, and `agentflow.metric_files` which imports it, are imported in the functions that run only
+# once it is found (each such import says "optional").
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MISSING = "metrics need prometheus_client: pip install 'agentflow[prometheus]'"
 
@@ -57,7 +61,7 @@ def _prepared() -> bool:
     if not available():
         return False
     if multiprocess():
-        from agentflow import metric_files
+        from agentflow import metric_files  # optional
 
         metric_files.install()
     return True
@@ -87,7 +91,7 @@ class _Metric:
     def _create(kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not _prepared():
             return _Null()
-        import prometheus_client
+        import prometheus_client  # optional
 
         return getattr(prometheus_client, kind)(*args, **kwargs)
 
@@ -156,7 +160,7 @@ MODEL_TOKENS_SAVED = _Metric(
 def fold_dead() -> None:
     """Fold dead processes' files into the archive (multiprocess mode only)."""
     if _prepared() and multiprocess():
-        from agentflow import metric_files
+        from agentflow import metric_files  # optional
 
         metric_files.fold_dead()
 
@@ -200,7 +204,7 @@ class _StateFromDatabase:
         self._heartbeat = heartbeat
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import GaugeMetricFamily  # optional
 
         up = GaugeMetricFamily(
             "agentflow_database_up",
@@ -219,7 +223,7 @@ class _StateFromDatabase:
         yield from gauges
 
     def _gauges(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import GaugeMetricFamily  # optional
 
         active = GaugeMetricFamily(
             "agentflow_runs_active", "Runs not finished, by workflow and status.",
@@ -265,12 +269,12 @@ class _Counted:
 
     def collect(self) -> Iterator[Any]:
         if multiprocess():
-            from agentflow import metric_files
+            from agentflow import metric_files  # optional
 
             metric_files.fold_dead()  # keeps the files read to the live processes plus one
             yield from metric_files.collect()
         else:
-            from prometheus_client import REGISTRY
+            from prometheus_client import REGISTRY  # optional
 
             yield from REGISTRY.collect()
 
@@ -281,7 +285,7 @@ def exposition(*, heartbeat: Callable[[], Any]) -> bytes:
     since the store counts its events through this module and so cannot be imported here."""
     if not _prepared():
         raise ImproperlyConfigured(MISSING)
-    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import CollectorRegistry, generate_latest  # optional
 
     scrape = CollectorRegistry(auto_describe=False)
     scrape.register(_Counted())  # type: ignore[arg-type]
@@ -293,7 +297,7 @@ def file_count() -> int:
     """How many per-process files a scrape reads (0 outside multiprocess mode)."""
     if not (_prepared() and multiprocess()):
         return 0
-    from agentflow import metric_files
+    from agentflow import metric_files  # optional
 
     return len(metric_files.readable_files())
 

@@ -5,16 +5,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agentflow.context import StepContext
 from agentflow.exceptions import DefinitionError, UnknownWorkflowError
 from agentflow.retry import DEFAULT_RETRY, RetryPolicy
 from agentflow.states import StepKind
 
-if TYPE_CHECKING:
-    from agentflow.context import StepContext
-
-StepFn = Callable[["StepContext"], Any]
+StepFn = Callable[[StepContext], Any]
 
 #: Returned by a branch function to end the workflow after this step.
 END = "__end__"

@@ -28,6 +28,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from agentflow.dispatch import RUN_STEP_TASK
+
 ATTRIBUTE_PREFIX = "agentflow."
 _propagator = TraceContextTextMapPropagator()
 #: The runs whose traces the current code works in, and the context each hands on to its step
@@ -101,8 +103,6 @@ def inject_into_step_message(
     tracing carries our context."""
     if not enabled():
         return
-    from agentflow.dispatch import RUN_STEP_TASK
-
     if sender != RUN_STEP_TASK or headers is None:
         return
     args = body[0] if isinstance(body, list | tuple) and body else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentflow.agent.errors import BudgetExceeded
+from agentflow.conf import settings
 
 #: Tool calls one model turn may have run: a turn asking for sixty gets the first ten.
 DEFAULT_TOOL_CALLS_PER_TURN = 10
@@ -27,8 +28,6 @@ class AgentLimits:
 
     @classmethod
     def from_settings(cls, *, max_tool_calls_per_turn: int | None = None) -> AgentLimits:
-        from agentflow.conf import settings
-
         return cls(
             max_turns=settings.AGENTFLOW_AGENT_MAX_TURNS,
             max_tokens=settings.AGENTFLOW_AGENT_MAX_TOKENS,
