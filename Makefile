@@ -86,9 +86,12 @@ lock: $(UV)
 	$(COMPILE) --extra dev -o $(DEV_LOCK)
 	$(COMPILE) --extra site --constraint $(DEV_LOCK) -o $(LOCK)
 
+# The import contracts (pyproject.toml's [tool.importlinter]) beside ruff; --no-cache: a graph
+# cached before a package appeared would miss imports of it, and it writes nothing here.
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: $(INSTALLED)
 	DJANGO_DEBUG=1 $(VENV)/bin/mypy agentflow
