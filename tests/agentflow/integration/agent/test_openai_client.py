@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
+from django.conf import settings
 
 from agentflow.agent.clients import configured_client
 from agentflow.agent.conversation import (
@@ -333,10 +334,15 @@ def test_settings__base_url_without_a_model_fails_loudly() -> None:
         "AGENTFLOW_LLM_MODEL": "",
     }
     result = subprocess.run(
-        [sys.executable, "-c", "import config.settings"], env=env, capture_output=True, text=True
+        [sys.executable, "manage.py", "check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=settings.BASE_DIR,
+        timeout=120,
     )
     assert result.returncode != 0
-    assert "AGENTFLOW_LLM_MODEL must name a model" in result.stderr
+    assert "agentflow.E001" in result.stderr and "AGENTFLOW_LLM_MODEL is empty" in result.stderr
 
 
 def test_request_log__readable_over_http_from_any_process(llm_server: LLMServer) -> None:
