@@ -172,6 +172,9 @@ class StepSnapshot:
     finished_at: datetime | None
     #: FAILED and to be tried again (an effect's answer lost: it may have happened).
     retryable: bool = False
+    #: The key its partner call was made under (the same for every attempt): what a test
+    #: looks the effect up by at the partner.
+    idempotency_key: str = ""
 
 
 def may_have_happened(step: outcomes.Recorded) -> bool:
@@ -216,6 +219,7 @@ def snapshot(run_id: str) -> RunSnapshot | None:
             error=cp.error,
             finished_at=cp.finished_at,
             retryable=cp.retryable,
+            idempotency_key=cp.idempotency_key,
         )
         for cp in run.steps.order_by("seq")
     ]
