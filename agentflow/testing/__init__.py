@@ -16,7 +16,8 @@ With real processes: `crash_env("STEP:POINT")` is the environment that makes a r
 SIGKILL itself there, and the pytest plugin (`agentflow.testing.pytest_plugin`, loaded
 automatically once agentflow is installed) has the `agentflow_worker` fixture, which starts
 `celery -A <your app> worker` on the test database and stops it after the test, and
-`agentflow_outbox`. Real worker, Redis and PostgreSQL processes on demand are `processes`,
+`agentflow_outbox`; `wait_for_run(run_id)` waits (with a deadline) until a run such a worker
+drives has stopped. Real worker, Redis and PostgreSQL processes on demand are `processes`,
 waiting on them `waiting`.
 
 Nothing in the engine's runtime imports this package (pyproject.toml's import contracts). Its
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
         crash_env,
         run_to_end,
     )
+    from agentflow.testing.observing import wait_for_run
 
 _EXPORTS = {
     "Crash": "inprocess",
@@ -52,6 +54,7 @@ _EXPORTS = {
     "crash_env": "inprocess",
     "run_to_end": "inprocess",
     "assert_effects_once": "effects",
+    "wait_for_run": "observing",
 }
 
 __all__ = [
@@ -64,6 +67,7 @@ __all__ = [
     "crash_at",
     "crash_env",
     "run_to_end",
+    "wait_for_run",
 ]
 
 

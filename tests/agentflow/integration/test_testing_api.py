@@ -14,7 +14,6 @@ import pytest
 from agentflow import durable, faults, runtime, testing
 from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.processes import RedisServer, WorkerProcess
-from agentflow.testing.waiting import wait_for
 from tests.support import workflows
 from tests.support import partner
 
@@ -220,11 +219,7 @@ def test_agentflow_worker__a_real_worker_killed_after_the_effect__completes_it_o
 
     run_id = durable.start(workflows.chain.name)  # published to the worker's broker
 
-    run = wait_for(
-        lambda: (found := durable.snapshot(run_id)) and found.finished and found,
-        timeout=60,
-        what=f"run {run_id} to finish ({worker.log_tail()})",
-    )
+    run = testing.wait_for_run(run_id, timeout=60, worker=worker)
     assert run.status == RunStatus.COMPLETED, run.error
     assert child not in worker.children()  # the pool child that charged was SIGKILLed
     key = durable.idempotency_key(run_id, 2)
