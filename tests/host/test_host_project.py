@@ -1,0 +1,514 @@
+"""Issue 16's contract, end to end, as a Django team adopts agentflow: the wheel built from this
+checkout, installed in a fresh venv with its declared dependencies (pinned by the lock), a
+`django-admin startproject shop` with an `orders` app whose `workflows.py` ships an order
+through a partner table keyed by the idempotency key, and the settings the contract allows
+and nothing else. A run survives a worker SIGKILLed after its effect under the host's own
+`celery -A shop worker` and `celery -A shop beat`; the admin shows it; the host's own test
+suite uses `agentflow.testing`.
+
+Every command runs in the fresh venv with a clean environment (none of this repository's
+settings, broker or database variables), in a database and Redis of its own. Each phase's
+time is printed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+import psycopg
+import pytest
+import redis
+
+from agentflow.testing.waiting import wait_for
+
+pytestmark = pytest.mark.host
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+BROKER_URL = "redis://127.0.0.1:6379/12"
+SCHEDULER = "agentflow.beat:Scheduler"
+CRASH_AT = "ship:after_effect"
+ADMIN = ("admin", secrets.token_urlsafe(16))
+
+#: Phase -> seconds, printed by tests/host/conftest.py at the end of the session.
+PHASES: dict[str, float] = {}
+
+
+def unavailable(reason: str) -> None:
+    """Skip where the machine lacks a service; under CI=true that is a failure."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+class phase:
+    """`with phase("wheel"):` times a phase into PHASES."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        PHASES[self.name] = PHASES.get(self.name, 0.0) + time.monotonic() - self.started
+
+
+# --- the server the host's database lives on ---------------------------------------------------
+def _server() -> dict[str, Any]:
+    """Where this suite's Postgres is (its DATABASE_URL's server), else the machine's."""
+    url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/postgres"
+    db = dj_database_url.parse(url)
+    if db.get("ENGINE") != "django.db.backends.postgresql":
+        db = dj_database_url.parse("postgres://postgres@127.0.0.1:5432/postgres")
+    return {
+        "host": db.get("HOST") or "127.0.0.1",
+        "port": int(db.get("PORT") or 5432),
+        "user": db.get("USER") or "postgres",
+        "password": db.get("PASSWORD") or "",
+    }
+
+
+def _admin_connect(server: dict[str, Any], dbname: str = "postgres") -> psycopg.Connection:
+    return psycopg.connect(dbname=dbname, autocommit=True, connect_timeout=5, **server)
+
+
+# --- the host ------------------------------------------------------------------------------------
+@dataclass
+class Host:
+    workdir: Path
+    venv: Path
+    project: Path
+    wheel: Path
+    server: dict[str, Any]
+    database: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def python(self) -> str:
+        return str(self.venv / "bin" / "python")
+
+    def run(
+        self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout=180
+    ) -> subprocess.CompletedProcess[str]:
+        """A command in the venv, in the project; fails the test with its output if it fails."""
+        done = subprocess.run(
+            args, cwd=cwd or self.project, env={**self.env, **(env or {})}, text=True,
+            capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n" + (
+            done.stdout[-4000:] + done.stderr[-4000:]
+        )
+        return done
+
+    def manage(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return self.run(self.python, "manage.py", *args, **kwargs)
+
+    def query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        with _admin_connect(self.server, self.database) as conn:
+            return conn.execute(sql, params or []).fetchall()
+
+
+def _clean_env(venv: Path) -> dict[str, str]:
+    """What a shell on this machine has, less everything this repository's suite set: the
+    host reads its own settings only."""
+    keep = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "TERM")
+    env = {name: os.environ[name] for name in keep if name in os.environ}
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), "/usr/local/bin", "/usr/bin", "/bin"])
+    return env
+
+
+def _constraints(workdir: Path) -> Path:
+    """The locks' pins (runtime, then the dev tools the host's tests use) without their hashes:
+    pip resolves the wheel's declared dependencies, and each resolves to the locked version.
+    (Hash-checking mode would need every dependency named at the top, which is exactly what
+    this must not do.)"""
+    pins = []
+    for lock in ("requirements.lock", "requirements-dev.lock"):
+        for line in (ROOT / lock).read_text().splitlines():
+            found = re.match(r"^([A-Za-z0-9_.\-\[\]]+==[^\s\\]+)(\s*;[^\\]*)?", line)
+            if found:
+                pins.append((found.group(1) + (found.group(2) or "")).strip())
+    path = workdir / "constraints.txt"
+    path.write_text("\n".join(pins) + "\n")
+    return path
+
+
+def _pinned(name: str) -> str:
+    found = re.search(
+        rf"^{re.escape(name)}==([^\s\\;]+)", (ROOT / "requirements-dev.lock").read_text(), re.M
+    )
+    assert found, f"{name} is not in requirements-dev.lock"
+    return f"{name}=={found.group(1)}"
+
+
+class WheelBuild:
+    """`pip wheel` of a copy of the checkout's package (building in the checkout would leave
+    build/ there), with pip's build isolation, as `pip install <checkout>` builds it; started
+    in the background, so the dependencies install meanwhile."""
+
+    def __init__(self, workdir: Path) -> None:
+        source = workdir / "src"
+        source.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(ROOT / name, source / name)
+        shutil.copytree(
+            ROOT / "agentflow",
+            source / "agentflow",
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+        )
+        self.dist = workdir / "dist"
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(source),
+             "-w", str(self.dist)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+    def wait(self) -> Path:
+        output, _ = self.proc.communicate(timeout=300)
+        PHASES["build the wheel (beside the dependencies' install)"] = (
+            time.monotonic() - self.started
+        )
+        assert self.proc.returncode == 0, output
+        [wheel] = self.dist.glob("agentflow-*.whl")
+        return wheel
+
+
+def _declared_dependencies() -> list[str]:
+    """pyproject's [project] dependencies: what the wheel's metadata will require."""
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+SETTINGS_ADDED = """
+# --- agentflow (issue 16's contract: these and "agentflow" in INSTALLED_APPS, nothing else) ---
+CELERY_BROKER_URL = {broker!r}
+CELERY_BEAT_SCHEDULER = {scheduler!r}
+"""
+
+CELERY_PY = """import os
+
+from celery import Celery
+
+# Set the default Django settings module for the 'celery' program.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
+
+app = Celery("shop")
+
+# Using a string here means the worker doesn't have to serialize
+# the configuration object to child processes.
+# - namespace='CELERY' means all celery-related configuration keys
+#   should have a `CELERY_` prefix.
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+# Load task modules from all registered Django apps.
+app.autodiscover_tasks()
+"""
+
+INIT_PY = """# This will make sure the app is always imported when
+# Django starts so that shared_task will use this app.
+from .celery import app as celery_app
+
+__all__ = ("celery_app",)
+"""
+
+
+def _make_project(host: Host) -> None:
+    """startproject + startapp, then the contract's settings, the Celery guide's app, the
+    URLs, and the orders app's models, workflows and tests."""
+    host.run(str(host.venv / "bin" / "django-admin"), "startproject", "shop", cwd=host.workdir)
+    host.manage("startapp", "orders")
+    for name in ("models.py", "workflows.py", "tests.py"):
+        shutil.copy2(HERE / "project" / "orders" / name, host.project / "orders" / name)
+    shutil.copy2(HERE / "project" / "pytest.ini", host.project / "pytest.ini")
+    package = host.project / "shop"
+    (package / "celery.py").write_text(CELERY_PY)
+    (package / "__init__.py").write_text(INIT_PY)
+
+    settings = (package / "settings.py").read_text()
+    settings, apps = re.subn(
+        r"(INSTALLED_APPS = \[\n(?:    .*\n)*?)\]",
+        r'\1    "agentflow",\n    "orders",\n]',
+        settings,
+        count=1,
+    )
+    database = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": host.database,
+        "HOST": host.server["host"],
+        "PORT": str(host.server["port"]),
+        "USER": host.server["user"],
+        "PASSWORD": host.server["password"],
+    }
+    settings, databases = re.subn(
+        r"DATABASES = \{\n(?:.*\n)*?\}\n",
+        f"DATABASES = {{\n    'default': {database!r}\n}}\n",
+        settings,
+        count=1,
+    )
+    assert apps == databases == 1, "startproject's settings.py changed shape"
+    settings += SETTINGS_ADDED.format(broker=BROKER_URL, scheduler=SCHEDULER)
+    (package / "settings.py").write_text(settings)
+
+    urls = (package / "urls.py").read_text()
+    urls = urls.replace("from django.urls import path", "from django.urls import include, path")
+    urls = re.sub(
+        r"""(    path\(["']admin/["'], admin\.site\.urls\),\n)""",
+        r"""\1    path("agentflow/", include("agentflow.urls")),\n""",
+        urls,
+    )
+    assert 'include("agentflow.urls")' in urls, "startproject's urls.py changed shape"
+    (package / "urls.py").write_text(urls)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    server = _server()
+    try:
+        _admin_connect(server).close()
+    except psycopg.OperationalError as exc:
+        unavailable(f"tests/host need Postgres at {server['host']}:{server['port']}: {exc}")
+    try:
+        redis.Redis.from_url(BROKER_URL, socket_timeout=5).ping()
+    except redis.RedisError as exc:
+        unavailable(f"tests/host need Redis at {BROKER_URL}: {exc}")
+
+    workdir = tmp_path_factory.mktemp("host")
+    database = f"host_shop_{os.getpid()}"
+    with _admin_connect(server) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{database}"')
+    build = WheelBuild(workdir)
+    try:
+        venv = workdir / "venv"
+        with phase("create the venv"):
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        host = Host(
+            workdir=workdir, venv=venv, project=workdir / "shop", wheel=Path(), server=server,
+            database=database, env=_clean_env(venv),
+        )  # fmt: skip
+        # This suite's pip, into the venv (`--python`): the venv needs no pip of its own. The
+        # machine's cache and index settings; the lock's versions.
+        pip = [sys.executable, "-m", "pip", "--python", host.python]
+        pip_env = {**os.environ}
+        constraints = str(_constraints(workdir))
+        with phase("install the dependencies"):
+            host.run(
+                *pip, "install", "-q", "--no-compile", "-c", constraints,
+                *_declared_dependencies(),
+                # The host's own choices: Redis as its broker, pytest for its tests.
+                "celery[redis]", _pinned("pytest"), _pinned("pytest-django"),
+                cwd=workdir, env=pip_env, timeout=600,
+            )  # fmt: skip
+        host.wheel = build.wait()
+        digest = hashlib.sha256(host.wheel.read_bytes()).hexdigest()
+        with phase("install the wheel"):
+            # Resolved from the wheel's own metadata: anything it requires that is not there
+            # yet is installed now, and `pip check` proves the set is consistent.
+            host.run(
+                *pip, "install", "-q", "--no-compile", "-c", constraints,
+                f"agentflow @ {host.wheel.as_uri()}#sha256={digest}",
+                cwd=workdir, env=pip_env, timeout=600,
+            )  # fmt: skip
+            host.run(*pip, "check", cwd=workdir, env=pip_env)
+        with phase("startproject and the orders app"):
+            _make_project(host)
+        yield host
+    finally:
+        if build.proc.poll() is None:
+            build.proc.kill()
+        with suppress(psycopg.Error), _admin_connect(server) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            conn.execute(f'DROP DATABASE IF EXISTS "test_{database}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def migrated(host: Host) -> Host:
+    """`makemigrations orders` and `migrate`, once."""
+    with phase("makemigrations and migrate"):
+        made = host.manage("makemigrations", "orders")
+        assert (host.project / "orders" / "migrations" / "0001_initial.py").exists(), made.stdout
+        applied = host.manage("migrate", "--noinput").stdout
+    assert "Applying agentflow.0001_initial... OK" in applied, applied
+    assert "Applying orders.0001_initial... OK" in applied, applied
+    return host
+
+
+# --- 1. the wheel ------------------------------------------------------------------------------
+def test_wheel__ships_the_engine_alone_with_its_admin_templates(host: Host) -> None:
+    names = zipfile.ZipFile(host.wheel).namelist()
+    top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert top == {"agentflow"}
+    templates = [n for n in names if n.startswith("agentflow/templates/admin/agentflow/")]
+    for needed in (
+        "workflowrun/change_form.html",
+        "workflowrun/action_confirmation.html",
+        "workflowrun/fork_confirmation.html",
+        "workflowrun/change_list.html",
+    ):
+        assert f"agentflow/templates/admin/agentflow/{needed}" in templates, templates
+    site = [n for n in names if n.rsplit("/", 1)[-1] in ("settings.py", "wsgi.py", "asgi.py")]
+    assert not site, f"site modules in the wheel: {site}"
+    assert not [n for n in names if n.startswith(("refunds/", "config/", "tests/"))]
+
+
+# --- 2. import agentflow -----------------------------------------------------------------------
+def test_import_agentflow__has_no_side_effects(host: Host, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with phase("import probe"):
+        done = host.run(
+            host.python, str(HERE / "scripts" / "import_probe.py"),
+            "agentflow", "agentflow.testing", "agentflow.testing.pytest_plugin",
+            cwd=empty, env={"PYTHONDONTWRITEBYTECODE": "1"},
+        )  # fmt: skip
+    report = json.loads(done.stdout)
+    assert report["changed"] == {}, json.dumps(report, indent=2)
+
+
+# --- 3. the settings the contract names are enough ---------------------------------------------
+def test_manage_py_check__passes_with_the_contracts_settings_alone(host: Host) -> None:
+    with phase("manage.py check"):
+        done = host.manage("check")
+    assert "System check identified no issues" in done.stdout, done.stdout + done.stderr
+    settings = (host.project / "shop" / "settings.py").read_text()
+    assert "AGENTFLOW_" not in settings
+
+
+# --- 4 and 5. a crash under the host's worker and beat; the admin ------------------------------
+class Process:
+    """One of the host's Celery processes, in a process group of its own, logging to a file."""
+
+    def __init__(self, host: Host, name: str, args: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.log = host.workdir / f"{name}.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                args, cwd=host.project, env={**host.env, **env}, stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_for_log(self, needle: str, timeout: float = 60) -> None:
+        def seen() -> bool:
+            assert self.alive(), f"{self.name} exited:\n{self.text()[-4000:]}"
+            return needle in self.text()
+
+        wait_for(seen, timeout=timeout, interval=0.05, what=f"{self.name} to log {needle!r}")
+
+    def stop(self) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
+    migrated: Host,
+) -> None:
+    host = migrated
+    celery = str(host.venv / "bin" / "celery")
+    host.manage(
+        "createsuperuser", "--noinput", "--username", ADMIN[0], "--email", "ops@example.com",
+        env={"DJANGO_SUPERUSER_PASSWORD": ADMIN[1]},
+    )  # fmt: skip
+    started: list[Process] = []
+    try:
+        with phase("start worker and beat"):
+            worker = Process(
+                host, "worker",
+                [celery, "-A", "shop", "worker", "-l", "info", "-c", "1",
+                 "-n", f"shop{os.getpid()}@%h", "--without-mingle", "--without-gossip"],
+                {"AGENTFLOW_FAULTS": "1", "AGENTFLOW_CRASH_AT": CRASH_AT},
+            )  # fmt: skip
+            started.append(worker)
+            beat = Process(
+                host, "beat",
+                [celery, "-A", "shop", "beat", "-l", "info",
+                 "-s", str(host.workdir / "celerybeat-schedule")],
+                {},
+            )  # fmt: skip
+            started.append(beat)
+            worker.wait_for_log(" ready.")
+            beat.wait_for_log("beat: Starting...")
+
+        with phase("start a run; the worker crashes after the effect; the run completes"):
+            run_id = host.manage(
+                "shell", "-c",
+                "from agentflow import durable; print(durable.start('fulfil_order', "
+                "input={'order': 42}, business_key='order-42'))",
+            ).stdout.strip().splitlines()[-1]  # fmt: skip
+
+            def finished() -> str | None:
+                assert worker.alive(), worker.text()[-4000:]
+                assert beat.alive(), beat.text()[-4000:]
+                [(status,)] = host.query(
+                    "SELECT status FROM agentflow_workflowrun WHERE id = %s", [run_id]
+                )
+                return None if status in ("PENDING", "RUNNING", "WAITING") else status
+
+            status = wait_for(finished, timeout=90, interval=0.1, what=f"run {run_id} to end")
+        log = worker.text()
+        assert status == "COMPLETED", log[-4000:]
+        assert f"fault injection: SIGKILL at {CRASH_AT}" in log, log[-4000:]
+        key = f"{run_id}_step_2"
+        # The partner's own rows: asked twice (before and after the kill), shipped once.
+        assert host.query("SELECT count(*) FROM orders_partnercall WHERE key = %s", [key]) == [(2,)]
+        assert host.query("SELECT count(*) FROM orders_shipment WHERE key = %s", [key]) == [(1,)]
+        assert host.query(
+            "SELECT name, status FROM agentflow_stepcheckpoint WHERE run_id = %s ORDER BY seq",
+            [run_id],
+        ) == [("reserve", "COMPLETED"), ("ship", "COMPLETED"), ("confirm", "COMPLETED")]
+
+        with phase("admin pages and healthz"):
+            done = host.run(host.python, str(HERE / "scripts" / "admin_pages.py"), run_id, *ADMIN)
+        pages = json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        for process in started:
+            process.stop()
+
+    change = next(
+        url for url in pages if re.fullmatch(r"GET /admin/agentflow/workflowrun/[^/]+/change/", url)
+    )
+    assert pages[change]["status"] == 200 and pages[change]["svg"], pages[change]
+    broken = {
+        url: page for url, page in pages.items() if page["status"] >= 400 or page["final"] != 200
+    }
+    assert not broken, json.dumps(pages, indent=2)
+    actions = [url for url in pages if re.search(r"/(retry|resume|cancel)/$|action=", url)]
+    assert len(actions) >= 6, pages  # three buttons, three list actions
+    assert all(pages[url]["status"] == 200 for url in actions), json.dumps(pages, indent=2)
+    health = pages["GET /agentflow/healthz"]
+    assert health["status"] == 200 and health["body"]["status"] == "ok", health
+
+
+# --- 7. the host's own tests, with agentflow.testing ----------------------------------------------
+def test_hosts_own_suite__uses_agentflow_testing_in_process_and_with_a_real_worker(
+    migrated: Host,
+) -> None:
+    with phase("the host's own pytest (agentflow.testing)"):
+        done = host_pytest = migrated.run(
+            str(migrated.venv / "bin" / "pytest"), "-q", "orders/tests.py", timeout=300
+        )
+    assert re.search(r"^2 passed", host_pytest.stdout, re.M), done.stdout
