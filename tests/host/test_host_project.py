@@ -488,10 +488,13 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
         for process in started:
             process.stop()
 
+    print(json.dumps(pages, indent=1))
+    metrics = pages.pop("GET /agentflow/metrics")  # prometheus-client is an extra, not installed
+    assert metrics["status"] == 501 and "agentflow[prometheus]" in metrics["body"], metrics
     change = next(
         url for url in pages if re.fullmatch(r"GET /admin/agentflow/workflowrun/[^/]+/change/", url)
     )
-    assert pages[change]["status"] == 200 and pages[change]["svg"], pages[change]
+    assert pages[change]["status"] == 200 and pages[change]["timeline"], pages[change]
     broken = {
         url: page for url, page in pages.items() if page["status"] >= 400 or page["final"] != 200
     }

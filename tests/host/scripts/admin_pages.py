@@ -1,6 +1,7 @@
 """Run by the fresh venv's Python in the host project (contract item 5): the admin pages of
 one run, through Django's test client, logged in as the host's superuser. Prints JSON:
-{url: {"status": ..., "svg": ..., "final": status after redirects}}.
+{label: {"status": ..., "timeline": the run's SVG timeline is on the page, "final": the
+status after redirects}}.
 
 Every action the run admin offers is asked for its confirmation page: the run page's
 buttons (`<id>/<verb>/`, one per `agentflow.admin.actions.VERBS`, and fork) and the list's
@@ -42,7 +43,8 @@ def main() -> None:
     def record(label: str, response: Any, follow: Any = None) -> None:
         pages[label] = {
             "status": response.status_code,
-            "svg": b"<svg" in response.content,
+            # The run page's timeline: one <svg> element of its own class (icons are SVG too).
+            "timeline": b'<svg class="af-timeline-svg"' in response.content,
             "final": (follow or response).status_code,
         }
 
@@ -58,6 +60,13 @@ def main() -> None:
         record(f"POST {changelist} action={action}", client.post(changelist, data))
     record("GET /agentflow/healthz", client.get("/agentflow/healthz"))
     pages["GET /agentflow/healthz"]["body"] = client.get("/agentflow/healthz").json()
+    metrics = client.get("/agentflow/metrics")
+    pages["GET /agentflow/metrics"] = {
+        "status": metrics.status_code,
+        "timeline": False,
+        "final": metrics.status_code,
+        "body": metrics.content.decode(errors="replace")[:300],
+    }
     print(json.dumps(pages))
 
 
