@@ -14,8 +14,7 @@ import pytest
 from agentflow import durable, faults, runtime, testing
 from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.processes import RedisServer, WorkerProcess
-from tests.support import workflows
-from tests.support import partner
+from tests.support import partner, workflows
 
 ROOT = Path(__file__).resolve().parents[3]
 
