@@ -24,4 +24,6 @@ def wait_for_run(run_id: str, *, timeout: float = 30.0, worker: Any = None) -> d
         return run if run is not None and run.status not in ACTIVE_RUN_STATUSES else None
 
     tail = f"\n{worker.log_tail()}" if worker is not None else ""
-    return wait_for(stopped, timeout=timeout, interval=0.05, what=f"run {run_id} to stop{tail}")
+    found = wait_for(stopped, timeout=timeout, interval=0.05, what=f"run {run_id} to stop{tail}")
+    assert found is not None
+    return found
