@@ -37,13 +37,18 @@ class SweeperMixin:
     the scheduler it is mixed into keeps."""
 
     app: Any
-    _next_sweep = 0.0
+    _next_sweep: float | None = None
     _next_retention = 0.0
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         wait: float = super().tick(*args, **kwargs)  # type: ignore[misc]
         now = time.monotonic()
         interval = float(settings.AGENTFLOW_SWEEP_INTERVAL)
+        if self._next_sweep is None:
+            # The first of each one interval, and one hour, after beat starts: a beat started
+            # beside messages just published must not find them all due at once.
+            self._next_sweep = now + interval
+            self._next_retention = now + RETENTION_INTERVAL_SECONDS
         if now >= self._next_sweep:
             self._next_sweep = now + interval
             self._sweep(interval)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -334,18 +335,29 @@ class _Beat(beat.SweeperMixin, _Base):
         self.app = _Sent()
 
 
+def later(scheduler: _Beat) -> None:
+    """An interval and an hour pass (by the clock the scheduler reads)."""
+    scheduler._next_sweep = scheduler._next_retention = time.monotonic()
+
+
 def test_beat__sweeps_every_interval_and_sends_retention_hourly_unless_0() -> None:
     kept = _Beat()
     with override_settings(AGENTFLOW_RETENTION_DAYS=0, AGENTFLOW_SWEEP_INTERVAL=1):
         assert kept.tick() <= 1.0  # it wakes for the next sweep, not the base's 5 s
+        assert not SweeperHeartbeat.objects.exists()  # nothing at start: one interval later
+        later(kept)
+        kept.tick()
         assert kept.app.sent == []
+    assert SweeperHeartbeat.objects.exists()  # it swept, in this process
 
     hourly = _Beat()
     with override_settings(AGENTFLOW_RETENTION_DAYS=30):
         hourly.tick()
-        hourly.tick()  # within the hour: not again
+        assert hourly.app.sent == []  # the first an hour after beat starts
+        later(hourly)
+        hourly.tick()
+        hourly.tick()  # within the next hour: not again
     assert hourly.app.sent == [beat.PURGE_TASK]
-    assert SweeperHeartbeat.objects.exists()  # it swept, in this process
 
 
 def test_retention_task__deletes_past_the_setting_and_0_keeps_everything() -> None:
