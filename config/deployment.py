@@ -60,7 +60,7 @@ def proxy_ssl_header(raw: str) -> tuple[str, str] | None:
 
 
 def trusted_proxies(raw: str) -> str:
-    """TRUSTED_PROXIES checked now (a bad value stops the start), kept as text.
+    """AGENTFLOW_TRUSTED_PROXIES checked now (a bad value stops the start), kept as text.
 
     Raises:
         ImproperlyConfigured: neither a count nor a list of addresses/networks.
@@ -68,5 +68,5 @@ def trusted_proxies(raw: str) -> str:
     try:
         parse_trusted_proxies(raw)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"TRUSTED_PROXIES: {exc}") from None
+        raise ImproperlyConfigured(f"AGENTFLOW_TRUSTED_PROXIES: {exc}") from None
     return raw.strip()

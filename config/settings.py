@@ -110,7 +110,7 @@ CONTENT_SECURITY_POLICY = {
 }
 # The client's address: REMOTE_ADDR, or behind proxies (a count of hops, or their CIDRs) the
 # first X-Forwarded-For hop that is not one of them. Every per-address limit counts by it.
-TRUSTED_PROXIES = deployment.trusted_proxies(env_str("TRUSTED_PROXIES", ""))
+AGENTFLOW_TRUSTED_PROXIES = deployment.trusted_proxies(env_str("AGENTFLOW_TRUSTED_PROXIES", ""))
 
 # --- Admin login ----------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

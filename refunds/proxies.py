@@ -1,6 +1,6 @@
 """The client's address behind reverse proxies, and the key that per-address limits count it by.
 
-Without TRUSTED_PROXIES the peer (REMOTE_ADDR) is the client, which is right when
+Without AGENTFLOW_TRUSTED_PROXIES the peer (REMOTE_ADDR) is the client, which is right when
 nothing sits in front. Behind a proxy every customer shares the proxy's address, so a
 per-address limit becomes a site-wide switch. Naming the proxies (a count of hops, or their
 networks) makes the client the first X-Forwarded-For hop, read from the right, that is not one
@@ -98,8 +98,8 @@ def limit_key(address: str | None) -> str | None:
 
 
 def client_key(request: HttpRequest) -> str | None:
-    """The request's limit key under TRUSTED_PROXIES (also axes' client address)."""
-    trusted = parse_trusted_proxies(settings.TRUSTED_PROXIES)
+    """The request's limit key under AGENTFLOW_TRUSTED_PROXIES (also axes' client address)."""
+    trusted = parse_trusted_proxies(settings.AGENTFLOW_TRUSTED_PROXIES)
     return limit_key(client_address(request.META, trusted))
 
 

@@ -67,7 +67,7 @@ def test_login__lockout_ends_after_the_cool_off() -> None:
     assert logged_in(*log_in(PASSWORD))
 
 
-@override_settings(TRUSTED_PROXIES="1")
+@override_settings(AGENTFLOW_TRUSTED_PROXIES="1")
 def test_login__behind_a_proxy_each_client_is_counted_apart() -> None:
     proxy = {"ip": "10.0.0.2"}
     for _ in range(5):

@@ -99,7 +99,7 @@ def production_variables() -> dict[str, str]:
 def test_check_deploy__documented_production_variables_give_no_warning(tmp_path: Path) -> None:
     variables = production_variables()
     for needed in ("DJANGO_HTTPS", "DJANGO_SECURE_PROXY_SSL_HEADER", "DJANGO_CSRF_TRUSTED_ORIGINS",
-                   "DJANGO_ALLOWED_HOSTS", "TRUSTED_PROXIES",
+                   "DJANGO_ALLOWED_HOSTS", "AGENTFLOW_TRUSTED_PROXIES",
                    "AGENTFLOW_METRICS_TOKEN"):  # fmt: skip
         assert needed in variables
     done = subprocess.run(

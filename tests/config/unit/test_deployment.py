@@ -56,7 +56,7 @@ def test_proxy_ssl_header__bad_value_refuses(raw: str) -> None:
 
 def test_trusted_proxies__bad_value_refuses_naming_the_variable() -> None:
     assert deployment.trusted_proxies(" 1 ") == "1"
-    with pytest.raises(ImproperlyConfigured, match="TRUSTED_PROXIES: 'proxy'"):
+    with pytest.raises(ImproperlyConfigured, match="AGENTFLOW_TRUSTED_PROXIES: 'proxy'"):
         deployment.trusted_proxies("proxy")
 
 

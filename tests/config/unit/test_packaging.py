@@ -108,7 +108,7 @@ def test_compose__secrets_come_from_the_environment_and_redis_requires_a_passwor
     assert '--requirepass \\"$$REDIS_PASSWORD\\"' in compose
     assert "REDISCLI_AUTH=" in compose  # the health check authenticates too
     assert "change-me" not in compose and "agentflow:agentflow@" not in compose
-    for passthrough in ("DJANGO_HTTPS", "DJANGO_CSRF_TRUSTED_ORIGINS", "TRUSTED_PROXIES"):
+    for passthrough in ("DJANGO_HTTPS", "DJANGO_CSRF_TRUSTED_ORIGINS", "AGENTFLOW_TRUSTED_PROXIES"):
         assert f"{passthrough}: ${{{passthrough}:-" in compose
 
 

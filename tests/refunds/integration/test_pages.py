@@ -447,7 +447,7 @@ def via_proxy(client: Client, forwarded_for: str, **fields: str):
     return client.post(NEW_URL, data, REMOTE_ADDR=PROXY_ADDR, HTTP_X_FORWARDED_FOR=forwarded_for)
 
 
-@override_settings(REFUNDS_SUBMIT_LIMIT=5, REFUNDS_BOOKING_LIMIT=0, TRUSTED_PROXIES="1")
+@override_settings(REFUNDS_SUBMIT_LIMIT=5, REFUNDS_BOOKING_LIMIT=0, AGENTFLOW_TRUSTED_PROXIES="1")
 def test_behind_a_proxy__one_clients_sixth_request_is_refused_anothers_first_accepted(
     client: Client,
 ) -> None:
@@ -461,7 +461,7 @@ def test_behind_a_proxy__one_clients_sixth_request_is_refused_anothers_first_acc
     }
 
 
-@override_settings(REFUNDS_SUBMIT_LIMIT=5, REFUNDS_BOOKING_LIMIT=0, TRUSTED_PROXIES="1")
+@override_settings(REFUNDS_SUBMIT_LIMIT=5, REFUNDS_BOOKING_LIMIT=0, AGENTFLOW_TRUSTED_PROXIES="1")
 def test_behind_a_proxy__spoofed_extra_hops_do_not_bypass_the_limit(client: Client) -> None:
     for n in range(5):
         spoofed = f"203.0.113.{n}, 192.0.2.{n}, 198.51.100.7"  # the client wrote the first two
@@ -470,7 +470,7 @@ def test_behind_a_proxy__spoofed_extra_hops_do_not_bypass_the_limit(client: Clie
     assert response.status_code == 429
 
 
-@override_settings(REFUNDS_SUBMIT_LIMIT=2, REFUNDS_BOOKING_LIMIT=0, TRUSTED_PROXIES="")
+@override_settings(REFUNDS_SUBMIT_LIMIT=2, REFUNDS_BOOKING_LIMIT=0, AGENTFLOW_TRUSTED_PROXIES="")
 def test_without_trusted_proxies__x_forwarded_for_is_not_believed(client: Client) -> None:
     for n in range(2):
         assert via_proxy(client, f"198.51.100.{n}", email=f"c{n}@example.com").status_code == 303
