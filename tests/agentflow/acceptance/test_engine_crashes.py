@@ -26,7 +26,7 @@ from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
-from tests.support.processes import Workers, log_has
+from tests.support.processes import INFRA, Workers, log_has
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -87,7 +87,14 @@ CRASH_POINTS = {
 }
 
 
-@pytest.mark.parametrize("point", list(CRASH_POINTS))
+#: The article's crash on every broker and through PgBouncer too; the other points on Redis.
+CRASH_CASES = [(point, "redis") for point in CRASH_POINTS] + [
+    ("after_effect", "rabbitmq"),
+    ("after_effect", "pgbouncer"),
+]
+
+
+@pytest.mark.parametrize(("point", "infra"), CRASH_CASES, indirect=["infra"])
 def test_crash_point__child_kills_itself__redelivered_step_takes_over(
     point: str, workers: Workers
 ) -> None:
@@ -147,6 +154,7 @@ def test_child_sigkill_mid_step__step_redelivered_and_rerun_once(workers: Worker
 
 
 # --- (c) the whole worker killed mid-step -------------------------------------------------------
+@pytest.mark.parametrize("infra", INFRA, indirect=True)
 def test_whole_worker_sigkill_mid_step__sweeper_of_a_fresh_worker_resumes(
     workers: Workers,
 ) -> None:

@@ -1,0 +1,184 @@
+"""Behind a real PgBouncer 1.18 in transaction mode (issue 20): prepared statements are lost
+between clients, `AGENTFLOW_DB_PREPARED_STATEMENTS` decides what the engine does about it, and a
+database error in a step is never what FAILs a run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import DatabaseError, ProgrammingError, connection, transaction
+
+from agentflow import durable, pooler
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.states import RunStatus, StepStatus
+from agentflow.store import sql
+from agentflow.testing.processes import PgBouncerServer
+from agentflow.testing.waiting import wait_for
+from tests.support import partner, workflows
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: psycopg's names count from _pg3_0 in every client, and PgBouncer hands an idle server
+#: connection to the next client: the second client to prepare a statement finds the first
+#: one's under the same name on the same server connection. Deterministic, no timing.
+THRESHOLD = 5
+
+
+@pytest.fixture
+def lost_flag_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pooler, "_lost_in_process", False)
+
+
+@pytest.fixture
+def pgbouncer(tmp_path: Path) -> Iterator[PgBouncerServer]:
+    """A PgBouncer of this test's own: server connections keep what earlier clients prepared
+    (transaction mode runs no reset query), so a shared one would make the tests' order
+    matter."""
+    port = int(connection.settings_dict["PORT"] or 5432)
+    with PgBouncerServer(tmp_path, upstream_port=port, pool_size=1) as server:
+        yield server
+
+
+@pytest.fixture
+def through_pgbouncer(pgbouncer: PgBouncerServer, lost_flag_reset: None) -> Iterator[Any]:
+    """This process's default connection goes through PgBouncer, as a worker's would, with
+    the site's prepare threshold; `other` is a second client that prepares first."""
+    db = connection.settings_dict
+    saved = {key: db[key] for key in ("HOST", "PORT")}
+    connection.close()
+    db.update(HOST="127.0.0.1", PORT=str(pgbouncer.port))
+    other = psycopg.connect(
+        pgbouncer.url_for(db["NAME"]), autocommit=True, prepare_threshold=THRESHOLD
+    )
+    try:
+        yield other
+    finally:
+        other.close()
+        connection.close()
+        db.update(saved)
+
+
+def _statements(times: int = THRESHOLD + 2) -> None:
+    """The store's cursor (what the hot path uses), one shape of statement `times` times."""
+    for n in range(times):
+        with sql.cursor() as cursor:
+            cursor.execute("SELECT %s::int + 1", [n])
+            assert cursor.fetchone() == (n + 1,)
+
+
+def _prepared_by(other: psycopg.Connection) -> None:
+    for n in range(THRESHOLD + 1):
+        other.execute("SELECT %s::int + 1", (n,))
+
+
+def test_pgbouncer_1_18__a_second_client_preparing_the_same_statement__already_exists(
+    pgbouncer: PgBouncerServer,
+) -> None:
+    """The failure mode as psycopg meets it, without the engine in between."""
+    assert pgbouncer.version()[:2] == (1, 18)
+    first, second = (
+        psycopg.connect(pgbouncer.url_for("postgres"), autocommit=True,
+                        prepare_threshold=THRESHOLD)
+        for _ in range(2)
+    )  # fmt: skip
+    with first, second:
+        _prepared_by(first)
+        with pytest.raises(psycopg.errors.DuplicatePreparedStatement, match="_pg3_0"):
+            _prepared_by(second)
+
+
+def test_on__the_error_reaches_the_caller(through_pgbouncer: Any, settings: Any) -> None:
+    settings.AGENTFLOW_DB_PREPARED_STATEMENTS = "on"
+    _prepared_by(through_pgbouncer)
+    with pytest.raises(ProgrammingError, match="already exists"):
+        _statements()
+
+
+def test_auto__the_lost_statement_runs_again_unprepared__and_the_process_prepares_no_more(
+    through_pgbouncer: Any, settings: Any
+) -> None:
+    settings.AGENTFLOW_DB_PREPARED_STATEMENTS = "auto"
+    _prepared_by(through_pgbouncer)
+
+    _statements()  # the 6th lost its name at the server; run again, it answered
+
+    assert connection.connection.prepare_threshold is None
+    assert pooler._lost_in_process
+    connection.close()
+    connection.ensure_connection()
+    assert connection.connection.prepare_threshold is None  # new connections start without
+    _statements()
+
+
+def test_auto__inside_a_transaction__the_error_goes_up__once_more_it_succeeds(
+    through_pgbouncer: Any, settings: Any
+) -> None:
+    """The server aborted the transaction, so the statement cannot simply run again: whoever
+    runs the transaction runs it again (the step task does, once), now unprepared."""
+    settings.AGENTFLOW_DB_PREPARED_STATEMENTS = "auto"
+    _prepared_by(through_pgbouncer)
+
+    with pytest.raises(DatabaseError) as lost, transaction.atomic():
+        _statements()
+    assert pooler.lost_prepared_statement(lost.value)
+    assert pooler.database_trouble(lost.value)
+
+    with transaction.atomic():
+        _statements()
+
+
+def test_off__nothing_is_prepared(through_pgbouncer: Any, settings: Any) -> None:
+    settings.AGENTFLOW_DB_PREPARED_STATEMENTS = "off"
+    connection.close()
+    _prepared_by(through_pgbouncer)
+    _statements()
+    assert connection.connection.prepare_threshold is None
+    assert not pooler._lost_in_process
+
+
+# --- the pooler never decides a run's outcome ---------------------------------------------------
+def _until_finished(drive: Callable[[str], WorkflowRun], run_id: str) -> WorkflowRun:
+    """Drive the run, again after each (short) back-off, until it stops."""
+
+    def finished() -> WorkflowRun | None:
+        run = drive(run_id)
+        return run if run.status not in (RunStatus.WAITING, RunStatus.RUNNING) else None
+
+    return wait_for(finished, timeout=20, interval=0.05, what=f"run {run_id} to stop")
+
+
+@pytest.mark.usefixtures("engine", "lost_flag_reset")
+def test_a_lost_prepared_statement_in_a_read_and_after_an_effect__retried_under_the_same_key(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.pooled.name)
+
+    run = _until_finished(drive, run_id)
+
+    assert run.status == RunStatus.COMPLETED, run.error
+    steps = {cp.name: cp for cp in StepCheckpoint.objects.filter(run_id=run_id)}
+    assert {name: cp.attempts for name, cp in steps.items()} == {
+        "lookup": 2, "charge": 2, "finish": 1,
+    }  # fmt: skip
+    key = durable.idempotency_key(run_id, steps["charge"].seq)
+    assert partner.effects()[key] == 1  # the retry replayed the key: one effect
+    assert partner.requests()[key] == 2
+
+
+@pytest.mark.usefixtures("engine", "lost_flag_reset")
+def test_the_database_failing_every_attempt__parked_outcome_unknown__never_failed(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.pooled_for_good.name)
+
+    run = _until_finished(drive, run_id)
+
+    assert run.status == RunStatus.NEEDS_ATTENTION
+    assert "outcome unknown" in run.error and "the database kept failing" in run.error
+    charge = StepCheckpoint.objects.get(run_id=run_id, seq=run.current_seq)
+    assert charge.status == StepStatus.IN_PROGRESS  # may have happened: an operator decides
+    assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.OUTCOME_UNKNOWN).exists()
