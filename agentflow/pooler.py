@@ -4,8 +4,12 @@ step's bug), and server-side prepared statements on, off, or off once the pooler
 PgBouncer in transaction mode hands each transaction whichever server connection is free.
 Before 1.21 (Debian 12 ships 1.18), or without `max_prepared_statements`, a statement psycopg
 prepared on one server connection is missing on the next ("prepared statement "_pg3_3" does not
-exist") or already there under another client's name ("... already exists"). The statement was
-never run, so nothing of it needs undoing: it is run again without preparing.
+exist") or already there under another client's name ("... already exists"). Worse, a name
+another client prepared on that server connection runs that client's statement with our values
+and answers without an error. So "auto" prepares nothing on a connection a pooler answered;
+"on" is for PgBouncer 1.21+ with `max_prepared_statements` (or no pooler). A statement whose
+prepared statement was lost all the same (a pooler that passes the server's pid through) never
+ran, so nothing of it needs undoing: it runs again unprepared, and the process prepares no more.
 """
 
 from __future__ import annotations
@@ -74,11 +78,15 @@ def mode() -> str:
 
 
 def connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
-    """Signal receiver: apply the mode to each new Postgres connection."""
+    """Signal receiver: apply the mode to each new Postgres connection. In "auto", a
+    connection whose server is not the process it was told at connect (a pooler answered)
+    prepares nothing: waiting for the first lost statement is too late, since a name another
+    client prepared on that server connection can run that client's statement with our values
+    (PgBouncer 1.18 in transaction mode does exactly that)."""
     if connection.vendor != "postgresql":
         return
     chosen = mode()
-    if chosen == "off" or (chosen == "auto" and _lost_in_process):
+    if chosen == "off" or (chosen == "auto" and (_lost_in_process or _pooled(connection))):
         _unprepare(connection)
     if chosen == "auto" and _retry_unprepared not in connection.execute_wrappers:
         # First, so a caller's `execute_wrapper()` block, which pops the last one, keeps ours.
@@ -100,6 +108,25 @@ class Cursor(psycopg.Cursor):
             if self.connection.info.transaction_status != TransactionStatus.IDLE:
                 raise
             return super().execute(query, params, **kwargs)
+
+
+def _pooled(connection: Any) -> bool:
+    """Is a pooler between us and Postgres? A pooler answers the startup itself, with a
+    backend key of its own making, so the pid it reported is not the server process that runs
+    our statements. One unprepared query per new connection."""
+    raw = connection.connection
+    with raw.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()", prepare=False)
+        row = cursor.fetchone()
+    pooled = row is not None and row[0] != raw.info.backend_pid
+    if pooled:
+        logger.info(
+            "a pooler is between this process and Postgres (it reported backend pid %s, the "
+            "server runs %s): no server-side prepared statements on this connection "
+            "(AGENTFLOW_DB_PREPARED_STATEMENTS=on keeps them: PgBouncer 1.21+ with "
+            "max_prepared_statements)", raw.info.backend_pid, row[0],
+        )  # fmt: skip
+    return pooled
 
 
 def forget_prepared_statements(connection: Any) -> None:

@@ -91,36 +91,85 @@ def test_pgbouncer_1_18__a_second_client_preparing_the_same_statement__already_e
             _prepared_by(second)
 
 
-def test_on__the_error_reaches_the_caller(through_pgbouncer: Any, settings: Any) -> None:
+def test_pgbouncer_1_18__a_name_another_client_prepared__runs_its_statement_with_our_values(
+    pgbouncer: PgBouncerServer,
+) -> None:
+    """Why "auto" cannot wait for the first error: on one server connection (pool of one),
+    client A's `_pg3_0` is replaced by client B's, and A's next execution answers B's query
+    with A's values, without any error."""
+    url = pgbouncer.url_for("postgres")
+    with (
+        psycopg.connect(url, autocommit=True, prepare_threshold=0) as a,
+        psycopg.connect(url, autocommit=True, prepare_threshold=0) as b,
+    ):
+        assert a.execute("SELECT %s::int + 1000", (1,)).fetchone() == (1001,)  # _pg3_0
+        b.execute("DEALLOCATE ALL", prepare=False)  # the same server connection, any client
+        assert b.execute("SELECT %s::int * 0", (2,)).fetchone() == (0,)  # B's _pg3_0
+
+        assert a.execute("SELECT %s::int + 1000", (3,)).fetchone() == (0,)  # B's query ran
+
+
+def test_on__behind_pgbouncer_1_18__the_error_reaches_the_caller(
+    through_pgbouncer: Any, settings: Any
+) -> None:
     settings.AGENTFLOW_DB_PREPARED_STATEMENTS = "on"
     _prepared_by(through_pgbouncer)
     with pytest.raises(ProgrammingError, match="already exists"):
         _statements()
 
 
-def test_auto__the_lost_statement_runs_again_unprepared__and_the_process_prepares_no_more(
+def test_auto__a_connection_pgbouncer_answers__prepares_nothing_from_the_start(
     through_pgbouncer: Any, settings: Any
 ) -> None:
     settings.AGENTFLOW_DB_PREPARED_STATEMENTS = "auto"
     _prepared_by(through_pgbouncer)
 
-    _statements()  # the 6th lost its name at the server; run again, it answered
+    _statements()
+
+    assert connection.connection.prepare_threshold is None
+    assert not pooler._lost_in_process  # known at connect, not found out from an error
+
+
+def _lose_our_prepared_statements() -> None:
+    """Behind psycopg's back, as a pooler would: the server forgets every prepared statement
+    of this connection while psycopg still believes it has them (a real 26000 next)."""
+    raw = connection.connection
+    names = raw.execute("SELECT name FROM pg_prepared_statements", prepare=False).fetchall()
+    assert names, "nothing was prepared"
+    for (name,) in names:  # one by one: psycopg notices DEALLOCATE ALL and forgets them too
+        raw.execute(f'DEALLOCATE "{name}"', prepare=False)
+
+
+@pytest.mark.usefixtures("lost_flag_reset")
+def test_auto__a_lost_statement_runs_again_unprepared__and_the_process_prepares_no_more(
+    settings: Any,
+) -> None:
+    settings.AGENTFLOW_DB_PREPARED_STATEMENTS = "auto"
+    connection.close()
+    _statements()  # direct to Postgres: prepared
+    assert connection.connection.prepare_threshold == THRESHOLD
+    _lose_our_prepared_statements()
+
+    _statements()  # the first lost its statement; run again, it answered
 
     assert connection.connection.prepare_threshold is None
     assert pooler._lost_in_process
     connection.close()
     connection.ensure_connection()
     assert connection.connection.prepare_threshold is None  # new connections start without
-    _statements()
+    connection.close()
 
 
-def test_auto__inside_a_transaction__the_error_goes_up__once_more_it_succeeds(
-    through_pgbouncer: Any, settings: Any
+@pytest.mark.usefixtures("lost_flag_reset")
+def test_auto__a_statement_lost_inside_a_transaction__the_error_goes_up__once_more_it_succeeds(
+    settings: Any,
 ) -> None:
     """The server aborted the transaction, so the statement cannot simply run again: whoever
     runs the transaction runs it again (the step task does, once), now unprepared."""
     settings.AGENTFLOW_DB_PREPARED_STATEMENTS = "auto"
-    _prepared_by(through_pgbouncer)
+    connection.close()
+    _statements()
+    _lose_our_prepared_statements()
 
     with pytest.raises(DatabaseError) as lost, transaction.atomic():
         _statements()
@@ -129,6 +178,7 @@ def test_auto__inside_a_transaction__the_error_goes_up__once_more_it_succeeds(
 
     with transaction.atomic():
         _statements()
+    connection.close()
 
 
 def test_off__nothing_is_prepared(through_pgbouncer: Any, settings: Any) -> None:
