@@ -153,7 +153,11 @@ class RabbitMQServer:
         return f"amqp://guest:guest@127.0.0.1:{self.port}//"
 
     def start(self, *, timeout: float = 60.0) -> Self:
-        binary = shutil.which("rabbitmq-server") or "/usr/lib/rabbitmq/bin/rabbitmq-server"
+        # The script itself: Debian's /usr/sbin wrapper switches to the rabbitmq user, who
+        # cannot write our directory.
+        binary = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+        if not Path(binary).exists():
+            binary = shutil.which("rabbitmq-server") or binary
         if not Path(binary).exists():
             raise ProcessStartError("rabbitmq-server is not installed (apt-get install "
                                     "rabbitmq-server)")  # fmt: skip
