@@ -61,7 +61,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.kill()
 
 
-def _point_app_at(url: str) -> None:
+def point_app_at(url: str) -> None:
     """Make this process publish to `url`; the cached connection and producer pools go.
 
     Celery resolves `broker_write_url`/`broker_read_url` from the Django setting once, so
@@ -128,9 +128,9 @@ def broker(infra: str, redis_server: RedisServer) -> Iterator[Any]:
         redis_server.client().flushall()
         server = redis_server
     previous = app.conf.broker_write_url
-    _point_app_at(server.url)
+    point_app_at(server.url)
     yield server
-    _point_app_at(previous)
+    point_app_at(previous)
     if infra == "rabbitmq":
         server.flush()  # nothing of this test is left for the next one's workers
 

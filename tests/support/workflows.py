@@ -435,6 +435,7 @@ lost_db = durable.Workflow("crash_lost_db", version=1)
 lost_db.step("charge", kind="effect")(effect_then_lose_the_database)
 lost_db.step("finish", kind="read")(_finish)
 
+
 # --- a pooler loses a prepared statement (issue 20) ---------------------------------------------
 def _lose_a_prepared_statement() -> None:
     """What PgBouncer in transaction mode does to a client: the server connection it is handed
