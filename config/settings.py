@@ -219,6 +219,12 @@ if _BROKER_IS_FILESYSTEM:
         "store_processed": False,
         "polling_interval": 0.1,
     }
+elif CELERY_BROKER_URL.startswith(("amqp", "pyamqp")):
+    # A publish returns once RabbitMQ has the message (publisher confirms). Its consumer_timeout
+    # (1800 s by default) stays above the step's hard time limit: check agentflow.W005.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+    # "quorum" for a RabbitMQ cluster (a queue's type is fixed once declared: a new name or vhost).
+    CELERY_TASK_DEFAULT_QUEUE_TYPE = env_str("CELERY_TASK_DEFAULT_QUEUE_TYPE", "classic")
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # Above the hard time limit, so a running step is never handed to a second worker.
