@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from django.db import DatabaseError, ProgrammingError, connection, transaction
 
-from agentflow import durable, pooler
+from agentflow import durable, leases, pooler
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
 from agentflow.store import sql
@@ -232,3 +232,18 @@ def test_the_database_failing_every_attempt__parked_outcome_unknown__never_faile
     charge = StepCheckpoint.objects.get(run_id=run_id, seq=run.current_seq)
     assert charge.status == StepStatus.IN_PROGRESS  # may have happened: an operator decides
     assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.OUTCOME_UNKNOWN).exists()
+
+
+def test_liveness_through_the_pooler__refused__leases_alone(
+    pgbouncer: PgBouncerServer, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session lock through a pooler in transaction mode would stay on a server connection
+    that outlives its worker, or vanish with one PgBouncer closes while the worker lives."""
+    settings.AGENTFLOW_LIVENESS_DATABASE_URL = pgbouncer.url_for(connection.settings_dict["NAME"])
+    leases.release()
+
+    _token, key, server = leases.current_owner()
+
+    assert key is None and server == ""  # no lock: its claims are left to their leases
+    assert "reached Postgres through a pooler" in caplog.text
+    leases.release()
