@@ -114,6 +114,8 @@ class ClaimedAttempt:
             except DatabaseError as exc:
                 if pause is None or not pooler.lost_prepared_statement(exc):
                     raise
+                if pooler.mode() != "auto":
+                    raise
                 # A pooler lost the statement: it never ran. Once more, unprepared.
                 pooler.forget_prepared_statements(connection)
                 continue

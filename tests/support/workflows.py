@@ -476,8 +476,18 @@ pooled.step("lookup", kind="read", retry=QUICK)(read_losing_a_statement)
 pooled.step("charge", kind="effect", retry=QUICK)(effect_losing_a_statement)
 pooled.step("finish", kind="read")(_finish)
 
+
+def read_always_losing_a_statement(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    _lose_a_prepared_statement()
+    return {}
+
+
 pooled_for_good = durable.Workflow("crash_pooled_for_good", version=1)
 pooled_for_good.step("charge", kind="effect", retry=QUICK)(effect_always_losing_a_statement)
+
+pooled_read_for_good = durable.Workflow("crash_pooled_read_for_good", version=1)
+pooled_read_for_good.step("lookup", kind="read", retry=QUICK)(read_always_losing_a_statement)
 
 # --- agent mode: a divergence an operator answers with a fork ---------------------------------
 #: The shopping agent again, but its buy holds until the test releases it, and a prompt

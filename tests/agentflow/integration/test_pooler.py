@@ -234,6 +234,18 @@ def test_the_database_failing_every_attempt__parked_outcome_unknown__never_faile
     assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.OUTCOME_UNKNOWN).exists()
 
 
+@pytest.mark.usefixtures("engine", "lost_flag_reset")
+def test_a_read_step_the_database_fails_every_time__parked_with_the_reason__never_failed(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = durable.start(workflows.pooled_read_for_good.name)
+
+    run = _until_finished(drive, run_id)
+
+    assert run.status == RunStatus.NEEDS_ATTENTION
+    assert run.error.startswith("lookup: the database kept failing (gave up after 3 attempts")
+
+
 def test_liveness_through_the_pooler__refused__leases_alone(
     pgbouncer: PgBouncerServer, settings: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
