@@ -17,8 +17,9 @@ class AgentflowConfig(AppConfig):
         # Imported here, as Django asks: these modules load models and connect receivers,
         # which must wait until the app registry is ready (apps.py is imported while it fills).
         from celery.signals import before_task_publish
+        from django.db.backends.signals import connection_created
 
-        from agentflow import checks, faults, registry, tasks, tracing  # noqa: F401 (registers)
+        from agentflow import checks, faults, pooler, registry, tasks, tracing  # noqa: F401
         from agentflow.conf import settings
 
         # Every process (web, worker, beat) must know every definition before it touches a run.
@@ -30,3 +31,6 @@ class AgentflowConfig(AppConfig):
         faults.warn_if_crash_at_cannot_fire()
         # Step messages carry the run's trace context once the host installs an SDK.
         before_task_publish.connect(tracing.inject_into_step_message, weak=False)
+        # Prepared statements as AGENTFLOW_DB_PREPARED_STATEMENTS says (a pooler may lose them).
+        pooler.mode()  # a bad value fails at start, not at the first connection
+        connection_created.connect(pooler.connection_created, weak=False)

@@ -15,9 +15,9 @@ import time
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from agentflow import faults, store, telemetry
+from agentflow import faults, pooler, store, telemetry
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.conf import settings
 from agentflow.context import StepContext
@@ -35,6 +35,13 @@ COMPLETION_RETRY_SECONDS = (0.5, 1.0, 2.0, 4.0)
 #: Errors that say "try again later under the same key": the partner's, the database's, and a
 #: soft time limit (a slow partner; the hard limit kills the process, which is a crash).
 TRANSIENT = (RetryableStepError, OperationalError, InterfaceError, SoftTimeLimitExceeded)
+
+
+def transient(exc: BaseException) -> bool:
+    """Try again later under the same key: TRANSIENT, or any database error that is the
+    database's or a pooler's (a lost prepared statement, a serialization failure), never the
+    step's bug (agentflow.pooler)."""
+    return isinstance(exc, TRANSIENT) or pooler.database_trouble(exc)
 
 
 class _Parked(Exception):
@@ -104,6 +111,14 @@ class ClaimedAttempt:
                 connection.close()
                 time.sleep(pause)
                 continue
+            except DatabaseError as exc:
+                if pause is None or not pooler.lost_prepared_statement(exc):
+                    raise
+                if pooler.mode() != "auto":
+                    raise
+                # A pooler lost the statement: it never ran. Once more, unprepared.
+                pooler.forget_prepared_statements(connection)
+                continue
             if not done:
                 logger.warning(
                     "%s step %s: fenced out, result discarded", self.ctx.run_id, self.seq
@@ -161,9 +176,8 @@ class ClaimedAttempt:
             found = self.step.reconcile(self.ctx)
         except Exception as exc:
             attempt = self.claim.attempt
-            if isinstance(exc, (*TRANSIENT, OutcomeUnknown)) and not self.step.retry.exhausted(
-                attempt
-            ):
+            retry = transient(exc) or isinstance(exc, OutcomeUnknown)
+            if retry and not self.step.retry.exhausted(attempt):
                 self._fail(
                     f"cancelled; asking whether it took effect: {describe(exc)}",
                     retry_in_seconds=retry_delay(self.step, attempt, exc),
@@ -203,12 +217,17 @@ class ClaimedAttempt:
             # The partner refused: the effect did not happen, so the run may fail and undo.
             self._fail(str(exc), retry_in_seconds=None)
             return
-        if isinstance(exc, TRANSIENT):
+        if transient(exc):
             message = describe(exc)
             if not self.step.retry.exhausted(attempt):
                 self._fail(message, retry_in_seconds=retry_delay(self.step, attempt, exc))
                 return
             reason = f"gave up after {attempt} attempts: {message}"
+            if pooler.database_trouble(exc):
+                # The database kept failing the engine's own statements: never the step's
+                # failure, and a reconcile that finds nothing must not fail the run either.
+                self._park_database(reason)
+                return
         else:
             logger.exception("%s step %s (%s) raised", self.ctx.run_id, self.seq, self.step.name)
             reason = f"unexpected {type(exc).__name__}: {exc}"
@@ -254,6 +273,16 @@ class ClaimedAttempt:
             error=error,
             retry_in_seconds=retry_in_seconds,
         )
+
+    def _park_database(self, reason: str) -> None:
+        if self.is_effect:
+            self._park_unknown(f"the database kept failing ({reason})")
+        else:
+            self._park(
+                f"{self.step.name}: the database kept failing ({reason}); retry once it is back",
+                kind=RunEvent.Kind.NEEDS_ATTENTION,
+                error=reason,
+            )
 
     def _park_unknown(self, reason: str) -> None:
         self._park(

@@ -82,6 +82,8 @@ def celery_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
         "visibility_timeout", VISIBILITY_TIMEOUT_DEFAULTS.get(scheme)
     )
     limit = annotated.get("time_limit", STEP_TIME_LIMIT)
+    if scheme in AMQP_SCHEMES:
+        found += _consumer_timeout(conf, limit)
     if visibility is None:
         return found
     if limit is None or float(limit) >= float(visibility):
@@ -106,6 +108,42 @@ def celery_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             )
         )
     return found
+
+
+#: RabbitMQ closes a channel that holds a delivered message unacknowledged this long (its
+#: `consumer_timeout`, 30 minutes by default since 3.8.15) and hands all it held to others.
+RABBITMQ_CONSUMER_TIMEOUT_SECONDS = 1800.0
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")
+
+
+def _consumer_timeout(conf: Any, limit: Any) -> list[checks.CheckMessage]:
+    """A step message stays unacknowledged while its step runs (acks_late), after waiting in
+    the prefetch behind others and, for a short retry, until its countdown: all of it must fit
+    in RabbitMQ's consumer timeout (a queue's `x-consumer-timeout` argument, on 3.12+, else
+    the server's default), or the broker drops the channel mid-step."""
+    timeout = RABBITMQ_CONSUMER_TIMEOUT_SECONDS
+    for queue in conf.task_queues or ():
+        if getattr(queue, "name", None) == (conf.task_default_queue or "celery"):
+            declared = (getattr(queue, "queue_arguments", None) or {}).get("x-consumer-timeout")
+            if declared is not None:
+                timeout = float(declared) / 1000.0
+    prefetch = conf.worker_prefetch_multiplier or 1
+    held = None if limit is None else prefetch * float(limit) + dispatch.MAX_COUNTDOWN_SECONDS
+    if held is not None and held < timeout:
+        return []
+    return [
+        checks.Warning(
+            f"A step message can stay unacknowledged {held or 'without limit'} s (prefetch "
+            f"{prefetch} x the step time limit {limit} s + a countdown of up to "
+            f"{dispatch.MAX_COUNTDOWN_SECONDS:.0f} s), not below RabbitMQ's consumer timeout "
+            f"({timeout:.0f} s): the broker would close the channel mid-step and hand every "
+            "message it held to another worker.",
+            hint="Lower the step task's time_limit (task_annotations) and keep "
+            "CELERY_WORKER_PREFETCH_MULTIPLIER = 1, or raise RabbitMQ's consumer_timeout "
+            "(rabbitmq.conf, or the queue's x-consumer-timeout argument on 3.12+).",
+            id="agentflow.W005",
+        )
+    ]
 
 
 def _annotations(annotations: Any, task: str) -> dict[str, Any]:

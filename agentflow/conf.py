@@ -30,6 +30,12 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         'Where worker liveness locks are held: "" the default database, "off" leases only; '
         "behind PgBouncer in transaction mode, a direct URL to Postgres.",
     ),
+    "AGENTFLOW_DB_PREPARED_STATEMENTS": (
+        "auto",
+        'Server-side prepared statements: "on" (PgBouncer 1.21+ with max_prepared_statements, '
+        'or no pooler), "off", "auto" off on a connection a pooler answers (its backend pid '
+        "is not the server's) and, once a statement is lost, for the process (run again).",
+    ),
     "AGENTFLOW_MAX_BACKOFF": (300.0, "The longest retry back-off a partner's Retry-After gets."),
     "AGENTFLOW_KEY_WINDOW_SECONDS": (
         24 * 3600.0,

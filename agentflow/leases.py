@@ -133,6 +133,19 @@ class _Process:
         conninfo = self.conninfo
         assert conninfo is not None
         conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()
+        if backend is not None and backend[0] != conn.info.backend_pid:
+            # A pooler answered (its backend key is its own): a session lock taken through it
+            # stays on a server connection that outlives us, or goes with one that is closed
+            # while we live. Leases alone, rather than a liveness that can lie.
+            conn.close()
+            self.conninfo = None
+            logger.error(
+                "the liveness connection reached Postgres through a pooler: worker liveness "
+                "uses leases alone until AGENTFLOW_LIVENESS_DATABASE_URL points straight at "
+                "Postgres"
+            )
+            return
         row = conn.execute("SELECT pg_try_advisory_lock(%s)", [self.key]).fetchone()
         if not row or not row[0]:
             conn.close()

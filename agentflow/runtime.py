@@ -12,10 +12,10 @@ from dataclasses import replace
 
 from django.db import IntegrityError, connection, transaction
 
-from agentflow import dispatch, faults, leases, outcomes, registry, store, telemetry
+from agentflow import dispatch, faults, leases, outcomes, pooler, registry, store, telemetry
 from agentflow.agent import loop as agent_loop
 from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
-from agentflow.attempts import TRANSIENT, ClaimedAttempt, describe, retry_delay
+from agentflow.attempts import ClaimedAttempt, describe, retry_delay, transient
 from agentflow.conf import settings
 from agentflow.context import StepContext, idempotency_key
 from agentflow.exceptions import PermanentStepError
@@ -205,6 +205,8 @@ def _next_call(
             reusable=lambda: store.superseded_reusable(run.id, workflow),
         )
     except Exception as exc:  # a bug in the run's function: fail readably, do not loop
+        if pooler.database_trouble(exc):
+            raise  # the engine's own reads failed, not the function: the message is retried
         logger.exception("%s: the function of %s raised", run.id, workflow.name)
         outcome = agent_loop.Failed(reason=f"unexpected {type(exc).__name__}: {exc}")
     saved = getattr(outcome, "tokens_saved", 0)
@@ -351,9 +353,19 @@ def _record_unclaimed_failure(
     delay: float | None
     if isinstance(exc, PermanentStepError | NotJSONError):
         delay, message = None, str(exc)
-    elif isinstance(exc, TRANSIENT):
+    elif transient(exc):
         message = describe(exc)
         if step.retry.exhausted(attempt):
+            if pooler.database_trouble(exc):
+                # The database kept failing, not the step: an operator retries once it is back.
+                store.run_park(
+                    run.id,
+                    seq,
+                    f"{step.name}: the database kept failing (gave up after {attempt} "
+                    f"attempts: {message}); retry once it is back",
+                    fence=seen.fence if seen else None,
+                )
+                return
             delay, message = None, f"gave up after {attempt} attempts: {message}"
         else:
             delay = retry_delay(step, attempt, exc)

@@ -9,9 +9,9 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from agentflow import beat, dispatch, runtime, store, telemetry
+from agentflow import beat, dispatch, pooler, runtime, store, telemetry
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,14 @@ def run_step_task(self: Any, run_id: str, seq: int, fresh: dispatch.Fresh | None
             if connection.connection is not None and connection.is_usable():
                 raise  # the connection is fine: a lock or statement timeout, not a lost server
             connection.close()
+            runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
+        except DatabaseError as exc:
+            if not (pooler.lost_prepared_statement(exc) and pooler.mode() == "auto"):
+                raise
+            # A pooler lost a prepared statement inside a transaction: the statement never ran
+            # and the server rolled the transaction back. This process prepares no more, so
+            # the message once more goes through (run_step is safe to repeat).
+            pooler.forget_prepared_statements(connection)
             runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
 
 

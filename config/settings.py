@@ -165,12 +165,19 @@ else:
             "connect_timeout": 5,
             # Server-side prepared statements (Django turns them off by default). Without them
             # Postgres plans every step statement again, which costs more than running it.
-            # Behind PgBouncer in transaction mode this needs max_prepared_statements (>= 1.21).
+            # Behind PgBouncer in transaction mode they need max_prepared_statements (>= 1.21);
+            # AGENTFLOW_DB_PREPARED_STATEMENTS=off (below) turns them off for older ones.
             "prepare_threshold": 5,
             # A stuck step must not hold claim locks for ever.
             "options": "-c lock_timeout=5000 -c idle_in_transaction_session_timeout=60000",
         }
     )
+
+# "auto": on until a pooler loses one (PgBouncer in transaction mode before 1.21), then off for
+# the process; "on" / "off" say it up front (agentflow.pooler).
+AGENTFLOW_DB_PREPARED_STATEMENTS = env_str("AGENTFLOW_DB_PREPARED_STATEMENTS", "auto").lower()
+if AGENTFLOW_DB_PREPARED_STATEMENTS == "off":
+    DATABASES["default"].get("OPTIONS", {}).pop("prepare_threshold", None)
 
 # --- Celery (read through config_from_object(namespace="CELERY")) ----------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -212,6 +219,12 @@ if _BROKER_IS_FILESYSTEM:
         "store_processed": False,
         "polling_interval": 0.1,
     }
+elif CELERY_BROKER_URL.startswith(("amqp", "pyamqp")):
+    # A publish returns once RabbitMQ has the message (publisher confirms). Its consumer_timeout
+    # (1800 s by default) stays above the step's hard time limit: check agentflow.W005.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+    # "quorum" for a RabbitMQ cluster (a queue's type is fixed once declared: a new name or vhost).
+    CELERY_TASK_DEFAULT_QUEUE_TYPE = env_str("CELERY_TASK_DEFAULT_QUEUE_TYPE", "classic")
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # Above the hard time limit, so a running step is never handed to a second worker.

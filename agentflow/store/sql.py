@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from agentflow import leases
+from agentflow import leases, pooler
 from agentflow.models import RunEvent, StepCheckpoint, SweeperHeartbeat, WorkflowRun
 
 RUNS = WorkflowRun._meta.db_table
@@ -151,7 +150,7 @@ def cursor() -> Iterator[Any]:
             yield django_cursor
         return
     connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as raw:
+    with connection.wrap_database_errors, pooler.Cursor(connection.connection) as raw:
         yield raw
 
 

@@ -1,5 +1,5 @@
 """Real processes on demand for `bench`, `chaos` and the crash tests: Celery workers, and a
-private Redis and PostgreSQL that can be crashed without touching the machine's own.
+private Redis, PostgreSQL and PgBouncer that can be crashed without touching the machine's own.
 
 Each worker is a separate `celery -A <project> worker` process group that can be killed whole
 or one prefork child at a time, exactly as an OOM killer or `kill -9` would.
@@ -133,6 +133,124 @@ class RedisServer:
 
     def queued_messages(self, queue: str = "celery") -> list[Any]:
         return list(self.client().lrange(queue, 0, -1))
+
+
+class RabbitMQServer:
+    """A private RabbitMQ node (its own node name, ports and data directory), so a test can
+    crash and restart a broker without touching the machine's. Queues are Celery's default:
+    durable, messages persistent. `kill()` is SIGKILL: what the node had not yet written to
+    disk is lost, exactly what publisher confirms guard against."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.workdir = workdir
+        self.node = f"agentflow-{self.port}@localhost"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def start(self, *, timeout: float = 60.0) -> Self:
+        # The script itself: Debian's /usr/sbin wrapper switches to the rabbitmq user, who
+        # cannot write our directory.
+        binary = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+        if not Path(binary).exists():
+            binary = shutil.which("rabbitmq-server") or binary
+        if not Path(binary).exists():
+            raise ProcessStartError("rabbitmq-server is not installed (apt-get install "
+                                    "rabbitmq-server)")  # fmt: skip
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "enabled_plugins").write_text("[].\n")
+        (self.workdir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users = none\n"
+        )
+        env = {
+            **os.environ,
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.workdir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.workdir / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.workdir / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(self.workdir / "rabbitmq"),
+            "RABBITMQ_PID_FILE": str(self.workdir / "rabbitmq.pid"),
+        }
+        with open(self.workdir / "rabbitmq.out", "ab") as log:
+            self.proc = subprocess.Popen(
+                [binary], env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.workdir,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while not self._answers():
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ProcessStartError(f"rabbitmq on port {self.port} not ready in {timeout} s")
+            time.sleep(0.1)
+        return self
+
+    def _answers(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ProcessStartError(f"rabbitmq exited: see {self.workdir / 'rabbitmq.out'}")
+        from kombu import Connection
+
+        try:
+            with Connection(self.url, connect_timeout=1) as conn:
+                conn.connect()
+        except OSError:
+            return False
+        except Exception:  # amqp's own errors while the node is still booting
+            return False
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the node's whole process group."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        """Kill and start again on the same ports and data: durable queues come back with the
+        persistent messages the node had written; unacknowledged ones are ready again."""
+        self.kill()
+        self.start()
+
+    def queue_length(self, queue: str = "celery") -> int:
+        return rabbitmq_queue_length(self.url, queue)
+
+
+def rabbitmq_queue_length(url: str, queue: str = "celery") -> int:
+    """Ready messages in `queue` (0 if it does not exist yet)."""
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=5) as conn:
+        try:
+            return int(conn.default_channel.queue_declare(queue, passive=True).message_count)
+        except Exception as exc:  # NOT_FOUND closes the channel
+            if "NOT_FOUND" in str(exc):
+                return 0
+            raise
+
+
+def rabbitmq_purge(url: str, queues: tuple[str, ...] = ("celery",)) -> None:
+    """Empty `queues` that exist (a test's broker starts empty, as a private Redis does)."""
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=5) as conn:
+        for queue in queues:
+            channel = conn.channel()
+            try:
+                channel.queue_purge(queue)
+            except Exception as exc:
+                if "NOT_FOUND" not in str(exc):
+                    raise
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.close()
 
 
 class PostgresServer:
@@ -277,6 +395,138 @@ class PostgresServer:
         if wait and proc.wait(timeout=120) != 0:
             raise ProcessStartError(f"{Path(args[0]).name} failed: see {self.log_path}")
         return proc
+
+
+class PgBouncerServer:
+    """A private PgBouncer in front of a Postgres server, the way teams pool connections.
+
+    `pool_mode="transaction"` hands each transaction a server connection of its own choosing:
+    a prepared statement, a session `SET` or an advisory lock taken by one client can turn up
+    under another. `pool_size` below the number of clients makes them queue for a server
+    connection, as in production. `max_prepared_statements` is passed only when given (the
+    setting exists from 1.21 on; Debian 12 ships 1.18). `options` (the lock and idle timeouts
+    Django sends at connect) is among the startup parameters it ignores, as teams configure
+    it: PgBouncer before 1.20 refuses a client that sends it otherwise.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        upstream_port: int,
+        pool_mode: str = "transaction",
+        pool_size: int = 4,
+        max_prepared_statements: int | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.workdir, self.upstream_port = workdir, upstream_port
+        self.pool_mode, self.pool_size = pool_mode, pool_size
+        self.max_prepared_statements = max_prepared_statements
+        self.log_path = workdir / "pgbouncer.log"
+        self.base: Path | None = None  # its configuration, owned by the user it runs as
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url_for(self, dbname: str, user: str = "postgres") -> str:
+        return f"postgres://{quote(user, safe='')}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+
+    def version(self) -> tuple[int, ...]:
+        out = subprocess.run([_pgbouncer_binary(), "--version"], capture_output=True, text=True)
+        words = (out.stdout or "").split()
+        numbers = words[1] if len(words) > 1 and words[0] == "PgBouncer" else "0"
+        return tuple(int(part) for part in numbers.split(".") if part.isdigit())
+
+    def start(self, *, timeout: float = 15.0) -> Self:
+        """Write its configuration into a directory of its own (readable by the `postgres`
+        user it runs as when we are root), start it and wait until it answers."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.base is None:
+            self.base = Path(tempfile.mkdtemp(prefix="agentflow-pgbouncer-"))
+        ini, users = self.base / "pgbouncer.ini", self.base / "userlist.txt"
+        users.write_text('"postgres" ""\n')
+        lines = [
+            "[databases]",
+            f"* = host=127.0.0.1 port={self.upstream_port}",
+            "[pgbouncer]",
+            "listen_addr = 127.0.0.1",
+            f"listen_port = {self.port}",
+            "unix_socket_dir =",
+            "auth_type = trust",
+            f"auth_file = {users}",
+            f"pool_mode = {self.pool_mode}",
+            f"default_pool_size = {self.pool_size}",
+            "min_pool_size = 0",
+            "reserve_pool_size = 0",
+            "max_client_conn = 500",
+            "ignore_startup_parameters = extra_float_digits,options",
+        ]
+        if self.max_prepared_statements is not None:
+            lines.append(f"max_prepared_statements = {self.max_prepared_statements}")
+        ini.write_text("\n".join(lines) + "\n")
+        owner = _postgres_owner()
+        if owner:
+            for path in (self.base, ini, users):
+                os.chown(path, owner["user"], owner["group"])
+        with open(self.log_path, "ab") as log:  # it logs to stderr when not daemonized
+            self.proc = subprocess.Popen(
+                [_pgbouncer_binary(), str(ini)], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.base, **owner,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while not self._accepts():
+            if time.monotonic() > deadline:
+                raise ProcessStartError(f"pgbouncer on port {self.port} not ready in {timeout} s")
+            time.sleep(0.05)
+        return self
+
+    def _accepts(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ProcessStartError(f"pgbouncer exited: see {self.log_path}")
+        try:
+            psycopg.connect(
+                host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
+                connect_timeout=2, autocommit=True,
+            ).close()  # fmt: skip
+        except psycopg.OperationalError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """SIGKILL: every client connection through it breaks at once."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+        if self.base is not None:
+            shutil.rmtree(self.base, ignore_errors=True)
+            self.base = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _pgbouncer_binary() -> str:
+    found = shutil.which("pgbouncer") or shutil.which("/usr/sbin/pgbouncer")
+    if found is None:
+        raise ProcessStartError("pgbouncer is not installed (apt-get install pgbouncer)")
+    return found
+
+
+def _postgres_owner() -> dict[str, Any]:
+    """Popen arguments that run a server as `postgres` when we are root (PgBouncer and
+    PostgreSQL both refuse root)."""
+    if os.geteuid() != 0:
+        return {}
+    try:
+        account = pwd.getpwnam("postgres")
+    except KeyError:
+        raise ProcessStartError(
+            "the server refuses to run as root, and there is no postgres user"
+        ) from None
+    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
 
 
 def _pg_binary(name: str) -> str:

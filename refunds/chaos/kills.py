@@ -21,7 +21,7 @@ from django.db import DatabaseError, connections
 from agentflow.models import StepCheckpoint
 from agentflow.states import StepStatus
 from agentflow.testing.processes import PostgresServer, WorkerProcess
-from refunds.chaos.processes import RedisBroker
+from refunds.chaos.processes import RabbitBroker, RedisBroker
 
 CHILD, WORKER, BROKER, POSTGRES = "child", "worker", "broker", "postgres"
 #: How long the database stays down after each crash before it starts again (then crash
@@ -186,7 +186,7 @@ class Monkey:
         *,
         rng: random.Random,
         pool: WorkerPool,
-        broker: RedisBroker | None,
+        broker: RedisBroker | RabbitBroker | None,
         postgres: PostgresServer | None = None,
     ) -> None:
         self.rng, self.pool, self.broker, self.postgres = rng, pool, broker, postgres

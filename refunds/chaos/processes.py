@@ -1,4 +1,5 @@
-"""The processes a chaos run owns: a private Redis broker, the partner sandbox and Celery beat.
+"""The processes a chaos run owns: a private broker (Redis or RabbitMQ), the partner sandbox and
+Celery beat.
 
 Each is started in its own process group with its log in the run's directory, and can be killed
 with SIGKILL exactly as an OOM killer would. Workers come from `agentflow.testing.processes`.
@@ -23,7 +24,12 @@ from typing import Any
 from celery import current_app as app
 from django.conf import settings
 
-from agentflow.testing.processes import ProcessStartError, RedisServer, free_port
+from agentflow.testing.processes import (
+    ProcessStartError,
+    RabbitMQServer,
+    RedisServer,
+    free_port,
+)
 
 
 def _wait(ready: Callable[[], bool], *, timeout: float, what: str) -> None:
@@ -72,6 +78,17 @@ class RedisBroker(RedisServer):
             if args is not None:
                 found.append(args)
         return found
+
+
+class RabbitBroker(RabbitMQServer):
+    """The chaos run's private RabbitMQ node. Its queue is durable and its messages
+    persistent (Celery's defaults), so a restart gives back what the node had written to disk,
+    and the messages its consumers held unacknowledged become ready again."""
+
+    def queued_steps(self) -> list[tuple[str, int]]:
+        """Not read: a RabbitMQ queue cannot be listed without taking its messages. What a
+        restart lost shows as runs the sweeper had to re-publish."""
+        return []
 
 
 def _step_args(message: dict[str, Any]) -> tuple[str, int] | None:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import dj_database_url
 from django.conf import settings
 from django.core.management import call_command
 from django.db import DatabaseError, connections
@@ -28,11 +29,11 @@ from django.utils import timezone
 from agentflow import durable, logs
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES
-from agentflow.testing.processes import PostgresServer, current_database_url
+from agentflow.testing.processes import PgBouncerServer, PostgresServer, current_database_url
 from refunds.chaos import evidence as evidence_mod
 from refunds.chaos import report, traffic
 from refunds.chaos.kills import Monkey, WorkerPool
-from refunds.chaos.processes import Beat, RedisBroker, Sandbox, publishing_to
+from refunds.chaos.processes import Beat, RabbitBroker, RedisBroker, Sandbox, publishing_to
 from refunds.models import RefundRequest
 from refunds.services import RESUBMIT_WINDOW
 
@@ -84,6 +85,13 @@ class ChaosConfig:
     #: Which engine handles the refunds: the graph workflow, or the same refund as an agent run
     #: whose model is the sandbox's (the scripted planner over HTTP, counted).
     engine: str = "graph"
+    #: The run's private broker: "redis" (no persistence) or "rabbitmq" (a node of its own).
+    broker: str = "redis"
+    #: "transaction" or "session": the workers reach Postgres through a private PgBouncer in
+    #: that mode, with `pgbouncer_pool` server connections (fewer than the worker processes),
+    #: and hold their liveness locks on a direct connection. "": straight to Postgres.
+    pgbouncer: str = ""
+    pgbouncer_pool: int = 3
 
 
 #: Agent runs under chaos: the model answers slowly at times, fails, or its answer is lost.
@@ -138,12 +146,30 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
             submissions,
             "the chaos run stopped (interrupted, error or deadline)",
         )
-        broker = RedisBroker(workdir).start()
+        broker = (
+            RabbitBroker(workdir / "rabbitmq")
+            if config.broker == "rabbitmq"
+            else RedisBroker(workdir)
+        )
         stack.callback(broker.kill)
+        progress(f"chaos: private {config.broker} broker on port {broker.port}")
+        broker.start()
+        liveness_url = ""
+        if config.pgbouncer:
+            bouncer = _pgbouncer_for(config, db_url, workdir)
+            stack.callback(bouncer.stop)
+            progress(
+                f"chaos: PgBouncer {'.'.join(map(str, bouncer.version()))} in {config.pgbouncer} "
+                f"mode on port {bouncer.port}, {config.pgbouncer_pool} server connections; "
+                "liveness straight to Postgres"
+            )
+            db_url, liveness_url = bouncer.url_for(dj_database_url.parse(db_url)["NAME"]), db_url
         sandbox = Sandbox(workdir)
         stack.callback(sandbox.kill)
         sandbox.start({**os.environ, "AGENTFLOW_VAR_DIR": str(workdir)})
         env = _worker_env(config, db_url, broker, sandbox, workdir)
+        if liveness_url:
+            env["AGENTFLOW_LIVENESS_DATABASE_URL"] = liveness_url
         pool = WorkerPool(
             env=env, count=config.workers, concurrency=config.concurrency, log_dir=workdir
         )
@@ -185,6 +211,19 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
     if config.cleanup and postgres is None:  # a private server's rows went with it
         _delete(submissions)
     return result
+
+
+def _pgbouncer_for(config: ChaosConfig, db_url: str, workdir: Path) -> PgBouncerServer:
+    parsed = dj_database_url.parse(db_url)
+    if parsed.get("HOST") not in ("127.0.0.1", "localhost", ""):
+        raise ChaosError("--pgbouncer puts a PgBouncer on this machine in front of a local "
+                         f"Postgres, not {parsed.get('HOST')}")  # fmt: skip
+    return PgBouncerServer(
+        workdir,
+        upstream_port=int(parsed.get("PORT") or 5432),
+        pool_mode=config.pgbouncer,
+        pool_size=config.pgbouncer_pool,
+    ).start()
 
 
 def _planned_kills(config: ChaosConfig) -> dict[str, int]:
@@ -251,13 +290,17 @@ def _double_submits(rng: random.Random, config: ChaosConfig) -> dict[int, str]:
 
 
 def _worker_env(
-    config: ChaosConfig, db_url: str, broker: RedisBroker, sandbox: Sandbox, workdir: Path
+    config: ChaosConfig,
+    db_url: str,
+    broker: RedisBroker | RabbitBroker,
+    sandbox: Sandbox,
+    workdir: Path,
 ) -> dict[str, str]:
     return {
         **os.environ,
         "DATABASE_URL": db_url,
         "CELERY_BROKER_URL": broker.url,
-        "REDIS_URL": broker.url,
+        **({"REDIS_URL": broker.url} if config.broker == "redis" else {}),
         "SANDBOX_URL": sandbox.url,
         "SANDBOX_SMTP_PORT": str(sandbox.smtp_port),
         "STRIPE_API_BASE": sandbox.url,

@@ -3,7 +3,11 @@
 Fixtures:
 - `redis_server` (session): a private `redis-server` on a free port, without persistence, that
   a test may stop, kill or restart (everything in it is lost, like a broker restart in prod).
-- `broker`: points this process's Celery app at that Redis for one test, empties it first.
+- `infra`: what the workers run on, "redis" unless a test is parametrized (indirect) over
+  `INFRA`: "rabbitmq" (the machine's RabbitMQ, TEST_RABBITMQ_URL), "pgbouncer" (Redis, and the
+  database through a private PgBouncer in transaction mode with fewer server connections than
+  clients; liveness straight to Postgres, as the README says).
+- `broker`: points this process's Celery app at the test's broker for one test, emptied first.
 - `partner_db`: a fresh partner file; `TEST_PARTNER_DB` names it for this process and workers.
 - `worker_env`: builds a worker's environment (test database, private broker, test workflows).
 - `workers`: starts `agentflow.testing.processes.WorkerProcess`es, SIGKILLs each at teardown,
@@ -20,12 +24,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import dj_database_url
 import kombu.pools
 import pytest
 from django.conf import settings
 
 from agentflow import leases
-from agentflow.testing.processes import RedisServer, WorkerProcess, current_database_url
+from agentflow.testing.processes import (
+    PgBouncerServer,
+    ProcessStartError,
+    RedisServer,
+    WorkerProcess,
+    current_database_url,
+    rabbitmq_purge,
+    rabbitmq_queue_length,
+)
 from config.celery_app import app
 from tests.support import partner
 
@@ -48,7 +61,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.kill()
 
 
-def _point_app_at(url: str) -> None:
+def point_app_at(url: str) -> None:
     """Make this process publish to `url`; the cached connection and producer pools go.
 
     Celery resolves `broker_write_url`/`broker_read_url` from the Django setting once, so
@@ -62,16 +75,84 @@ def _point_app_at(url: str) -> None:
         amqp._producer_pool = None
 
 
+#: The machine's RabbitMQ; a vhost of the suite's own keeps parallel suites apart.
+RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+#: What a test's workers can run on (see `infra`).
+INFRA = ("redis", "rabbitmq", "pgbouncer")
+#: Server connections PgBouncer gives the test database: fewer than the clients (worker pool
+#: processes, beat), so they wait for one another as in production.
+PGBOUNCER_POOL_SIZE = 2
+
+
+def _unavailable(what: str) -> None:
+    """Skip, except under CI=true, where a missing service is a failure."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(what)
+    pytest.skip(what)
+
+
 @pytest.fixture
-def broker(redis_server: RedisServer) -> Iterator[RedisServer]:
-    """This test publishes to the private Redis, emptied first; the old broker comes back after."""
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.start()
-    redis_server.client().flushall()
+def infra(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "redis"))
+
+
+class MachineRabbitMQ:
+    """The machine's RabbitMQ as a test's broker: what a test asks of a broker, except
+    restarting it (other users share it; `agentflow.testing.processes.RabbitMQServer` is a
+    private node that may be crashed)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.proc = None
+
+    def queue_length(self, queue: str = "celery") -> int:
+        return rabbitmq_queue_length(self.url, queue)
+
+    def flush(self) -> None:
+        rabbitmq_purge(self.url)
+
+
+@pytest.fixture
+def broker(infra: str, redis_server: RedisServer) -> Iterator[Any]:
+    """This test publishes to its broker, emptied first; the old broker comes back after."""
+    server: Any
+    if infra == "rabbitmq":
+        server = MachineRabbitMQ(RABBITMQ_URL)
+        try:
+            server.flush()
+        except OSError as exc:
+            _unavailable(f"RabbitMQ does not answer at {RABBITMQ_URL}: {exc}")
+    else:
+        if redis_server.proc is None or redis_server.proc.poll() is not None:
+            redis_server.start()
+        redis_server.client().flushall()
+        server = redis_server
     previous = app.conf.broker_write_url
-    _point_app_at(redis_server.url)
-    yield redis_server
-    _point_app_at(previous)
+    point_app_at(server.url)
+    yield server
+    point_app_at(previous)
+    if infra == "rabbitmq":
+        server.flush()  # nothing of this test is left for the next one's workers
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_server(
+    tmp_path_factory: pytest.TempPathFactory, django_db_setup: None
+) -> Iterator[PgBouncerServer]:
+    """A private PgBouncer in transaction mode in front of the test database's server."""
+    from django.db import connection
+
+    port = int(connection.settings_dict["PORT"] or 5432)
+    server = PgBouncerServer(
+        tmp_path_factory.mktemp("pgbouncer"), upstream_port=port, pool_size=PGBOUNCER_POOL_SIZE
+    )
+    try:
+        server.start()
+    except ProcessStartError as exc:
+        server.stop()
+        _unavailable(f"no PgBouncer here: {exc}")
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -94,12 +175,27 @@ EnvBuilder = Callable[..., dict[str, str]]
 
 
 @pytest.fixture
-def worker_env(broker: RedisServer, partner_db: Path, transactional_db: None) -> EnvBuilder:
+def worker_env(
+    infra: str,
+    broker: Any,
+    partner_db: Path,
+    transactional_db: None,
+    request: pytest.FixtureRequest,
+) -> EnvBuilder:
     """`worker_env(AGENTFLOW_LEASE_SECONDS="2", ...)`: a worker's environment, overrides last."""
+    database = worker_database_url()
+    pooled: dict[str, str] = {}
+    if infra == "pgbouncer":
+        bouncer: PgBouncerServer = request.getfixturevalue("pgbouncer_server")
+        name = dj_database_url.parse(database)["NAME"]
+        pooled = {
+            "DATABASE_URL": bouncer.url_for(name),
+            "AGENTFLOW_LIVENESS_DATABASE_URL": database,  # advisory locks need a session
+        }
 
     def build(**overrides: str) -> dict[str, str]:
         env = {
-            "DATABASE_URL": worker_database_url(),
+            "DATABASE_URL": database,
             "CELERY_BROKER_URL": broker.url,
             "REDIS_URL": broker.url,
             "AGENTFLOW_WORKFLOW_MODULES": WORKFLOW_MODULES,
@@ -110,6 +206,7 @@ def worker_env(broker: RedisServer, partner_db: Path, transactional_db: None) ->
             "AGENTFLOW_LEASE_SECONDS": "10",
             "AGENTFLOW_SWEEP_INTERVAL": "5",
             "LOG_LEVEL": "INFO",
+            **pooled,
         }
         env.update(overrides)
         return env

@@ -435,6 +435,60 @@ lost_db = durable.Workflow("crash_lost_db", version=1)
 lost_db.step("charge", kind="effect")(effect_then_lose_the_database)
 lost_db.step("finish", kind="read")(_finish)
 
+
+# --- a pooler loses a prepared statement (issue 20) ---------------------------------------------
+def _lose_a_prepared_statement() -> None:
+    """What PgBouncer in transaction mode does to a client: the server connection it is handed
+    has no such prepared statement. A real error from Postgres (SQLSTATE 26000)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("EXECUTE agentflow_lost_by_the_pooler")
+
+
+def read_losing_a_statement(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    if ctx.attempt == 1:
+        _lose_a_prepared_statement()
+    return {"step": ctx.step, "seq": ctx.seq}
+
+
+def effect_losing_a_statement(ctx: durable.StepContext) -> dict[str, Any]:
+    """The effect is made, then the database fails: it may have happened, and the retry under
+    the same key replays it rather than making a second one."""
+    _record(ctx)
+    result = partner.apply(ctx.idempotency_key)
+    if ctx.attempt == 1:
+        _lose_a_prepared_statement()
+    return result
+
+
+def effect_always_losing_a_statement(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    result = partner.apply(ctx.idempotency_key)
+    _lose_a_prepared_statement()
+    return result
+
+
+QUICK = durable.RetryPolicy(base_seconds=0.01, max_seconds=0.02, max_attempts=3)
+pooled = durable.Workflow("crash_pooled", version=1)
+pooled.step("lookup", kind="read", retry=QUICK)(read_losing_a_statement)
+pooled.step("charge", kind="effect", retry=QUICK)(effect_losing_a_statement)
+pooled.step("finish", kind="read")(_finish)
+
+
+def read_always_losing_a_statement(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    _lose_a_prepared_statement()
+    return {}
+
+
+pooled_for_good = durable.Workflow("crash_pooled_for_good", version=1)
+pooled_for_good.step("charge", kind="effect", retry=QUICK)(effect_always_losing_a_statement)
+
+pooled_read_for_good = durable.Workflow("crash_pooled_read_for_good", version=1)
+pooled_read_for_good.step("lookup", kind="read", retry=QUICK)(read_always_losing_a_statement)
+
 # --- agent mode: a divergence an operator answers with a fork ---------------------------------
 #: The shopping agent again, but its buy holds until the test releases it, and a prompt
 #: "deployed" mid-run (a flag at the partner) changes the conversation from the second turn on:

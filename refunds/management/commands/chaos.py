@@ -96,6 +96,25 @@ class Command(BaseCommand):
             default=d.engine,
             help="refunds as the graph workflow, or as agent runs asking the sandbox's model",
         )
+        parser.add_argument(
+            "--broker",
+            choices=("redis", "rabbitmq"),
+            default=d.broker,
+            help="the run's private broker: redis-server, or a RabbitMQ node of its own",
+        )
+        parser.add_argument(
+            "--pgbouncer",
+            choices=("transaction", "session"),
+            default=None,
+            help="workers reach Postgres through a private PgBouncer in this pool mode "
+            "(liveness direct)",
+        )
+        parser.add_argument(
+            "--pgbouncer-pool",
+            type=int,
+            default=d.pgbouncer_pool,
+            help="PgBouncer's server connections (keep it below the worker processes)",
+        )
         parser.add_argument("--no-faults", action="store_true", help="no partner faults")
         parser.add_argument(
             "--model",
@@ -137,6 +156,9 @@ class Command(BaseCommand):
             cleanup=options["cleanup"],
             postgres_restarts=options["postgres_restarts"],
             engine=options["engine"],
+            broker=options["broker"],
+            pgbouncer=options["pgbouncer"] or "",
+            pgbouncer_pool=options["pgbouncer_pool"],
         )
         if config.refunds < 1 or config.workers < 1:
             raise CommandError("--refunds and --workers must be at least 1")

@@ -21,10 +21,10 @@ from django.core.management import call_command
 from django.db import connections
 
 from agentflow import durable
-from agentflow.testing.processes import PostgresServer, ProcessStartError
+from agentflow.testing.processes import PgBouncerServer, PostgresServer, ProcessStartError
 from tests.agentflow.acceptance.test_engine_crashes import assert_completed_once, wait_finished
 from tests.support import workflows
-from tests.support.processes import Workers
+from tests.support.processes import INFRA, Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,15 +61,25 @@ def test_private_postgres__restart_is_a_new_postmaster_after_crash_recovery_with
     assert "database system was not properly shut down; automatic recovery in progress" in log
 
 
+@pytest.mark.parametrize("infra", INFRA, indirect=True)
 def test_worker__a_step_after_a_database_restart_runs_without_the_sweeper(
-    postgres: PostgresServer, workers: Workers
+    postgres: PostgresServer, workers: Workers, infra: str, tmp_path: Path
 ) -> None:
     """The worker's pooled connection died with the server. Its next step must reconnect
     instead of failing on it: the message would be dropped and, with no sweeper running here,
-    the run would never move again."""
+    the run would never move again. Through PgBouncer the worker's own connection lives on;
+    the server connection behind it is the one that died."""
+    database = {"DATABASE_URL": postgres.url}
+    if infra == "pgbouncer":
+        bouncer = PgBouncerServer(tmp_path / "pgbouncer", upstream_port=postgres.port, pool_size=1)
+        bouncer.start()
+        database = {
+            "DATABASE_URL": bouncer.url_for(postgres.dbname),
+            "AGENTFLOW_LIVENESS_DATABASE_URL": postgres.url,
+        }
     with postgres.serving_django():
         call_command("migrate", verbosity=0, interactive=False)
-        workers.start(DATABASE_URL=postgres.url)  # no beat: no sweeper
+        workers.start(**database)  # no beat: no sweeper
         first = durable.start(workflows.chain.name)
         wait_finished(first)  # the worker's connection is now open, and pooled
 
@@ -79,6 +89,9 @@ def test_worker__a_step_after_a_database_restart_runs_without_the_sweeper(
 
         wait_finished(second, timeout=20)
         assert_completed_once(second)
+    if infra == "pgbouncer":
+        workers.kill_all()
+        bouncer.stop()
 
 
 def test_chaos__one_postgres_restart_loses_nothing_and_doubles_nothing() -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery, current_app
 from django.test import override_settings
+from kombu import Queue
 
 from agentflow import checks, dispatch
 
@@ -16,11 +18,15 @@ from agentflow import checks, dispatch
 def app_with(**conf: Any) -> Iterator[Celery]:
     previous = current_app._get_current_object()
     app = Celery("check-test", set_as_current=True)
-    app.conf.update(broker_url="redis://127.0.0.1:6379/0", **conf)
+    app.conf.update({"broker_url": "redis://127.0.0.1:6379/0", **conf})
+    # Celery prefers CELERY_BROKER_URL from the environment (make test sets it) to the setting.
+    env_url = os.environ.pop("CELERY_BROKER_URL", None)
     try:
         yield app
     finally:
         previous.set_current()
+        if env_url is not None:
+            os.environ["CELERY_BROKER_URL"] = env_url
 
 
 def ids(**conf: Any) -> list[str]:
@@ -51,3 +57,14 @@ def test_a_model_server_without_a_model__is_an_error() -> None:
     with override_settings(AGENTFLOW_LLM_BASE_URL="http://127.0.0.1:9/v1", AGENTFLOW_LLM_MODEL=""):
         assert [m.id for m in checks.model_settings()] == ["agentflow.E001"]
     assert checks.model_settings() == []
+
+
+def test_rabbitmq__a_step_that_can_outlast_the_consumer_timeout__warns() -> None:
+    rabbit = "amqp://guest:guest@127.0.0.1:5672//"
+    assert ids(broker_url=rabbit) == []  # 300 s + 30 s inside RabbitMQ's default 1800 s
+    assert ids(broker_url=rabbit, worker_prefetch_multiplier=6) == ["agentflow.W005"]
+    late = {dispatch.RUN_STEP_TASK: {"time_limit": 3600}}
+    assert ids(broker_url=rabbit, task_annotations=late) == ["agentflow.W005"]
+    short = Queue("celery", queue_arguments={"x-consumer-timeout": 120_000})
+    assert ids(broker_url=rabbit, task_queues=[short]) == ["agentflow.W005"]
+    assert ids(broker_url=rabbit, task_queues=[Queue("celery")]) == []

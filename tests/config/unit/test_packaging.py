@@ -112,6 +112,24 @@ def test_compose__secrets_come_from_the_environment_and_redis_requires_a_passwor
         assert f"{passthrough}: ${{{passthrough}:-" in compose
 
 
+def test_compose__the_pgbouncer_profile_pools_the_app_and_leaves_liveness_direct() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert 'profiles: ["pgbouncer"]' in compose
+    assert "@${POSTGRES_ADDRESS:-postgres:5432}/agentflow" in compose  # pooled when asked
+    assert (
+        "AGENTFLOW_LIVENESS_DATABASE_URL: postgres://agentflow:${POSTGRES_PASSWORD:?set "
+        "POSTGRES_PASSWORD}@postgres:5432/agentflow" in compose
+    )
+    assert "required: false" in compose  # the app starts without the profile too
+    ini = (ROOT / "deploy" / "pgbouncer.ini").read_text()
+    for line in (
+        "pool_mode = transaction",
+        "max_prepared_statements = 200",
+        "ignore_startup_parameters = extra_float_digits,options",
+    ):
+        assert line in ini
+
+
 def test_compose__every_volume_the_app_writes_is_its_users() -> None:
     """The app runs as the image's user: a volume mounted where it writes must be that user's,
     or the first metric file (or the sandbox's state) fails to open. A named volume copies the

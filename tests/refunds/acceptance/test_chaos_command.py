@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import shutil
 from collections import Counter
@@ -63,6 +64,26 @@ def test_chaos__small_run_completes_every_refund_once_despite_a_child_kill() -> 
     # The rows stay as evidence: one refund per customer, double submits included.
     assert RefundRequest.objects.count() == 5
     assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_chaos__through_pgbouncer_in_transaction_mode__every_refund_once_none_failed() -> None:
+    """PgBouncer 1.18 (Debian's) with two server connections for five worker processes and
+    beat, liveness straight to Postgres: what failed or stuck 39 of 40 refunds (issue 20)."""
+    if shutil.which("pgbouncer") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("pgbouncer is not installed (.ci/run installs it)")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    report = chaos(
+        "--refunds", "6", "--seed", "7", "--pgbouncer", "transaction", "--pgbouncer-pool", "2",
+        "--child-kills", "1", "--worker-kills", "0", "--no-broker-restart",
+        "--double-submits", "0", "--timeout", "120",
+    )  # fmt: skip
+
+    assert (report["runs"], report["completed"], report["failed"], report["stuck"]) == (6, 6, 0, 0)
+    assert report["payments_per_refund"]["min"] == report["payments_per_refund"]["max"] == 1
+    assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7", "I8"), True)
+    assert report["config"]["pgbouncer"] == "transaction"
 
 
 @pytest.mark.django_db(transaction=True)
