@@ -121,7 +121,7 @@ def test_compose__the_pgbouncer_profile_pools_the_app_and_leaves_liveness_direct
         "POSTGRES_PASSWORD}@postgres:5432/agentflow" in compose
     )
     assert "required: false" in compose  # the app starts without the profile too
-    ini = (ROOT / "deploy" / "pgbouncer.ini").read_text()
+    ini = (ROOT / "config" / "pgbouncer.ini").read_text()
     for line in (
         "pool_mode = transaction",
         "max_prepared_statements = 200",
