@@ -159,7 +159,7 @@ def test_child_sigkill_mid_step__step_redelivered_and_rerun_once(workers: Worker
 # --- (c) the whole worker killed mid-step -------------------------------------------------------
 @pytest.mark.parametrize("infra", INFRA, indirect=True)
 def test_whole_worker_sigkill_mid_step__sweeper_of_a_fresh_worker_resumes(
-    workers: Workers,
+    workers: Workers, infra: str
 ) -> None:
     first = workers.start()  # default lease (10 s) and sweep interval (5 s)
     run_id = durable.start(workflows.held.name)
@@ -175,7 +175,11 @@ def test_whole_worker_sigkill_mid_step__sweeper_of_a_fresh_worker_resumes(
     print(f"\nrecovery after whole-worker SIGKILL (lease 10 s + sweep 5 s): {recovered:.2f} s")
     assert_completed_once(run_id, reexecuted={"hold": 2})
     assert partner.requests()[key_of(run_id)] == 1
-    assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SWEEP_REQUEUE).exists()
+    requeued = RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SWEEP_REQUEUE).exists()
+    # On Redis the dead worker's unacked message stays invisible for the visibility timeout, so
+    # only the sweeper brings the run back. RabbitMQ gives the message back the moment the dead
+    # consumer's connection closes: the fresh worker may take it before any sweep is due.
+    assert requeued or infra == "rabbitmq"
 
 
 # --- (d) the broker restarted empty -------------------------------------------------------------
