@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
@@ -40,6 +40,24 @@ from django.db import connection, connections
 
 class ProcessStartError(RuntimeError):
     pass
+
+
+def _until_ready(
+    ready: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    on_timeout: Callable[[], None] | None = None,
+) -> None:
+    """Poll a server just started until it answers; ProcessStartError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            if on_timeout is not None:
+                on_timeout()
+            raise ProcessStartError(f"{what} not ready in {timeout} s")
+        time.sleep(interval)
 
 
 def free_port(*, pair: bool = False) -> int:
@@ -99,11 +117,7 @@ class RedisServer:
                 "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
                 "--logfile", str(self.workdir / "redis.log")]  # fmt: skip
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 15
-        while not self._pong():
-            if time.monotonic() > deadline:
-                raise ProcessStartError(f"redis-server on port {self.port} not ready in 15 s")
-            time.sleep(0.05)
+        _until_ready(self._pong, timeout=15, what=f"redis-server on port {self.port}")
         return self
 
     def _pong(self) -> bool:
@@ -182,12 +196,10 @@ class RabbitMQServer:
                 [binary], env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.workdir,
             )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while not self._answers():
-            if time.monotonic() > deadline:
-                self.kill()
-                raise ProcessStartError(f"rabbitmq on port {self.port} not ready in {timeout} s")
-            time.sleep(0.1)
+        _until_ready(
+            self._answers, timeout=timeout, what=f"rabbitmq on port {self.port}",
+            interval=0.1, on_timeout=self.kill,
+        )  # fmt: skip
         return self
 
     def _answers(self) -> bool:
@@ -295,11 +307,7 @@ class PostgresServer:
             "-p", str(self.port), "-c", "listen_addresses=127.0.0.1",
             "-c", f"unix_socket_directories={self.base}", "-c", "fsync=off",
             "-c", "full_page_writes=off", "-c", "max_connections=200"])  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while not self._accepts():
-            if time.monotonic() > deadline:
-                raise ProcessStartError(f"postgres on port {self.port} not ready in {timeout} s")
-            time.sleep(0.05)
+        _until_ready(self._accepts, timeout=timeout, what=f"postgres on port {self.port}")
         if fresh:
             with self.connect("postgres") as conn:
                 conn.execute(f'CREATE DATABASE "{self.dbname}"')
@@ -471,11 +479,7 @@ class PgBouncerServer:
                 [_pgbouncer_binary(), str(ini)], stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.base, **owner,
             )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while not self._accepts():
-            if time.monotonic() > deadline:
-                raise ProcessStartError(f"pgbouncer on port {self.port} not ready in {timeout} s")
-            time.sleep(0.05)
+        _until_ready(self._accepts, timeout=timeout, what=f"pgbouncer on port {self.port}")
         return self
 
     def _accepts(self) -> bool:
