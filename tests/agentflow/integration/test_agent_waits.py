@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from agentflow import durable, runtime, store
-from agentflow.models import RunEvent, RunWait, StepCheckpoint
+from agentflow.models import RunEvent, RunWait
 from agentflow.states import RunStatus, StepKind
 from agentflow.store import synthetic
 from agentflow.testing import capture_messages, run_to_end
