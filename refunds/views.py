@@ -70,6 +70,8 @@ def refund_new(request: HttpRequest) -> HttpResponse:
         booking_reference=data["booking_reference"],
         last_name=data["last_name"],
         message=data["message"],
+        waiver_reason=data["waiver_reason"],
+        waiver_details=data["waiver_details"],
         submission_token=nonce,
         client_ip=ip,
     )
@@ -167,7 +169,9 @@ def _refund_or_404(public_id: str) -> RefundRequest:
 
 
 def _same_request(refund: RefundRequest, data: dict[str, Any]) -> bool:
-    fields = ("email", "booking_reference", "last_name", "message")
+    fields = (
+        "email", "booking_reference", "last_name", "message", "waiver_reason", "waiver_details",
+    )  # fmt: skip
     return all(getattr(refund, name) == data[name] for name in fields)
 
 
