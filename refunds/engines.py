@@ -10,14 +10,16 @@ from typing import Any
 from django.conf import settings
 
 from agentflow import durable
+from refunds import waivers
 
 GRAPH = "refund"
 AGENT = "refund_agent"
 #: What the customer sees of an agent run: its tool calls, in the order a refund takes them
 #: (model turns and the owner check in code are the engine's business).
 AGENT_STEPS = (
-    "load_request", "fetch_booking", "check_cancellation_policy", "charge_customer",
-    "cancel_seat", "issue_boarding_pass", "update_crm", "send_confirmation_email", "capture_fee",
+    "load_request", "fetch_booking", "check_cancellation_policy", waivers.STEP,
+    "charge_customer", "cancel_seat", "issue_boarding_pass", "update_crm",
+    "send_confirmation_email", "capture_fee",
 )  # fmt: skip
 #: Its compensations, shown once they start (named after the call they undo: `refund_fee@7`).
 AGENT_COMPENSATIONS = ("refund_fee", "reinstate_seat", "notify_failure")
@@ -29,11 +31,14 @@ def workflow_name() -> str:
     return AGENT if settings.REFUNDS_ENGINE == "agent" else GRAPH
 
 
-def planned(run: durable.RunSnapshot | None) -> list[str]:
-    """The rows the status page lists before they happen."""
+def planned(run: durable.RunSnapshot | None, *, waiver_asked: bool = False) -> list[str]:
+    """The rows the status page lists before they happen; the fee waiver's only when the
+    customer asked for one."""
     if run is not None and run.workflow == AGENT:
-        return list(AGENT_STEPS)
-    return durable.workflow_steps(GRAPH)
+        rows = list(AGENT_STEPS)
+    else:
+        rows = durable.workflow_steps(GRAPH)
+    return rows if waiver_asked else [name for name in rows if name != waivers.STEP]
 
 
 def customer_steps(run: durable.RunSnapshot) -> list[durable.StepSnapshot]:

@@ -15,7 +15,7 @@ from django.template.loader import render_to_string
 
 from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
-from refunds import fee, ownership, policy, progress, timetable
+from refunds import fee, ownership, policy, progress, timetable, waivers
 from refunds.gateways import (
     AirlineGateway,
     BookingNotFound,
@@ -77,14 +77,59 @@ def check_flight(ctx: StepContext) -> dict[str, Any]:
 
 
 def check_cancellation_policy(ctx: StepContext) -> dict[str, Any]:
+    """The fare's rules, and the fee waiver they propose for an operator's approval when the
+    customer asked for one for a reason the policy considers (refunds.waivers)."""
     rules = policy.policy_for(ctx.output_of("fetch_booking")["fare_class"])
     if not rules.rebookable:
         raise PermanentStepError(rules.refusal)
-    return {"fare_class": rules.fare_class, "rebookable": True, "fee_cents": rules.fee_cents}
+    proposed = waivers.proposal(request_of(ctx), rules.fare_class)
+    return {
+        "fare_class": rules.fare_class,
+        "rebookable": True,
+        "fee_cents": rules.fee_cents,
+        "fee_waiver": waivers.proposal_output(proposed),
+    }
+
+
+def fee_waiver_proposed(ctx: StepContext) -> bool:
+    """`request_fee_waiver` waits for an operator's approval only when the policy proposed a
+    waiver; otherwise it runs at once and records that none was asked for."""
+    return bool(_proposed_waiver(ctx))
+
+
+def fee_waiver_arguments(ctx: StepContext) -> dict[str, Any]:
+    """What the operator approves or rejects (refunds.waivers)."""
+    return waivers.approval_arguments(request_of(ctx), _proposed_waiver(ctx))
+
+
+def request_fee_waiver(ctx: StepContext) -> dict[str, Any]:
+    """Runs once an operator approved the proposed waiver (a rejection or a timeout records the
+    engine's own output instead, and this does not run), or at once when none was proposed.
+    Nothing is waived without an approving decision."""
+    proposed = _proposed_waiver(ctx)
+    decision = getattr(ctx, "decision", None)
+    if not proposed:
+        return dict(waivers.NOT_REQUESTED)
+    if decision is None or getattr(decision, "approved", False) is not True:
+        return {"approved": False, "actor": "", "reason": "", "timed_out": False}
+    return waivers.granted_output(proposed, ctx)
+
+
+def _proposed_waiver(ctx: StepContext) -> dict[str, Any]:
+    return (ctx.output_of("check_cancellation_policy") or {}).get("fee_waiver") or {}
 
 
 def calculate_penalty_fee(ctx: StepContext) -> dict[str, Any]:
-    return policy.calculate_penalty_fee(ctx.output_of("fetch_booking")["fare_class"])
+    """The policy's fee, less a waiver an operator approved (then 0: nothing is held)."""
+    due = policy.calculate_penalty_fee(ctx.output_of("fetch_booking")["fare_class"])
+    waived = waivers.waived_cents(ctx.output_of(waivers.STEP))
+    if not waived:
+        return due
+    return {
+        **due,
+        "amount_cents": max(0, int(due["amount_cents"]) - waived),
+        "waived_cents": waived,
+    }
 
 
 # --- effects --------------------------------------------------------------------------------
@@ -214,6 +259,7 @@ def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
         "fee_charged": _fee_due(charge),
         "fee": _fee_text(charge),
         "payment_intent_id": charge.get("payment_intent_id", ""),
+        **_waiver_context(ctx),
     }
     message_id = _send(ctx, booking["contact_email"], "confirmation", context)
     return {"message_id": message_id}
@@ -301,6 +347,7 @@ def notify_failure(ctx: StepContext) -> dict[str, Any]:
         "seat_released": bool(released) and not reinstated.get("reinstated"),
         "seat_reinstated": bool(reinstated.get("reinstated")),
         "seat": released.get("seat", "") or booking.get("seat", ""),
+        **_waiver_context(ctx),
     }
     message_id = _send(ctx, contact, "failure", context)
     return {"sent": True, "message_id": message_id, "reason": reason}
@@ -377,6 +424,15 @@ def _fee_text(charge: dict[str, Any] | None) -> str:
     if not charge or not _fee_due(charge):
         return "none"
     return policy.format_amount(charge["amount_cents"], charge.get("currency", policy.CURRENCY))
+
+
+def _waiver_context(ctx: StepContext) -> dict[str, Any]:
+    """What the e-mails say of a fee waiver asked for: granted, refused (with the operator's
+    words) or not decided in time (refunds.waivers); nothing when none was asked for."""
+    outcome = waivers.outcome_of(ctx.output_of(waivers.STEP))
+    if outcome is None:
+        return {"fee_waived": False, "waiver_line": ""}
+    return {"fee_waived": outcome.granted, "waiver_line": outcome.customer_line}
 
 
 def _send(ctx: StepContext, to: str, template: str, context: dict[str, Any]) -> str:
