@@ -552,3 +552,50 @@ def charge_unless_moody(ctx: durable.AgentContext) -> str:
         raise RuntimeError("the function changed its mind")
     ctx.step("charge", effect, kind="effect")
     return "charged"
+
+
+# --- durable time and people (SPEC §4 C) --------------------------------------------------------
+def _over_limit(ctx: durable.StepContext) -> bool:
+    return int(ctx.input.get("amount", 0)) > 1000
+
+
+def _after_decision(output: Any) -> str:
+    return "declined" if isinstance(output, dict) and output.get("approved") is False else "finish"
+
+
+def _charge_approved(ctx: durable.StepContext) -> dict[str, Any]:
+    assert ctx.decision is None or ctx.decision.approved
+    return {**effect(ctx), "approved_by": ctx.decision.actor if ctx.decision else None}
+
+
+#: prepare -> charge (an effect; amounts over 1000 wait for approval) -> finish, or declined.
+approval = durable.Workflow("hitl_approval", version=1)
+approval.step("prepare", kind="read")(read)
+approval.step(
+    "charge",
+    kind="effect",
+    requires_approval=_over_limit,
+    approval_arguments=lambda ctx: {"amount": ctx.input.get("amount")},
+    next=_after_decision,
+)(_charge_approved)
+approval.step("finish", kind="read", next=lambda output: durable.END)(_finish)
+approval.step("declined", kind="read")(read)
+
+
+#: prepare -> wait for signal "reply" (timeout from the input) -> finish.
+signalled = durable.Workflow("hitl_signal", version=1)
+signalled.step("prepare", kind="read")(read)
+signalled.wait_for("reply", signal="reply", timeout=None)
+signalled.step("finish", kind="read")(_finish)
+
+#: prepare -> wait for "reply" at most 60 s -> finish (its output says which).
+signal_or_timeout = durable.Workflow("hitl_signal_timeout", version=1)
+signal_or_timeout.step("prepare", kind="read")(read)
+signal_or_timeout.wait_for("reply", signal="reply", timeout=60)
+signal_or_timeout.step("finish", kind="read")(_finish)
+
+#: prepare -> sleep 120 s -> finish.
+timed = durable.Workflow("hitl_timer", version=1)
+timed.step("prepare", kind="read")(read)
+timed.sleep("cool_off", seconds=120)
+timed.step("finish", kind="read")(_finish)
