@@ -67,11 +67,23 @@ def outputs(steps: Sequence[durable.StepSnapshot]) -> dict[str, dict[str, Any]]:
 
 def _refused(step: durable.StepSnapshot) -> bool:
     output = step.output
-    return isinstance(output, dict) and output.get("ok") is False and "result" in output
+    return (
+        isinstance(output, dict)
+        and output.get("ok") is False
+        and "result" in output
+        and not _rejected(output)
+    )
+
+
+def _rejected(output: dict[str, Any]) -> bool:
+    """A call our team rejected (or left undecided until it timed out): it did not run, but the
+    decision is the customer's to read, so it is shown, its answer as its output."""
+    result = output.get("result")
+    return isinstance(result, dict) and result.get("rejected") is True
 
 
 def _as_graph_step(step: durable.StepSnapshot, name: str) -> durable.StepSnapshot:
     output = step.output
     if isinstance(output, dict) and "ok" in output and "result" in output:
-        output = output["result"] if output["ok"] else None
+        output = output["result"] if output["ok"] or _rejected(output) else None
     return replace(step, name=name, output=output)

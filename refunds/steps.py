@@ -240,6 +240,12 @@ def find_crm_update(ctx: StepContext) -> dict[str, Any] | None:
 
 
 def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
+    return confirm(ctx, waiver=ctx.output_of(waivers.STEP))
+
+
+def confirm(ctx: StepContext, *, waiver: Any) -> dict[str, Any]:
+    """The confirmation e-mail; `waiver` the fee waiver's recorded output (refunds.waivers),
+    which an agent run's rejected call holds outside its tools' outputs."""
     booking = ctx.output_of("fetch_booking")
     issued = ctx.output_of("issue_boarding_pass")
     # The agent's model e-mails before its answer, which the capture follows: then the fee
@@ -259,7 +265,7 @@ def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
         "fee_charged": _fee_due(charge),
         "fee": _fee_text(charge),
         "payment_intent_id": charge.get("payment_intent_id", ""),
-        **_waiver_context(ctx),
+        **_waiver_context(waiver),
     }
     message_id = _send(ctx, booking["contact_email"], "confirmation", context)
     return {"message_id": message_id}
@@ -347,7 +353,7 @@ def notify_failure(ctx: StepContext) -> dict[str, Any]:
         "seat_released": bool(released) and not reinstated.get("reinstated"),
         "seat_reinstated": bool(reinstated.get("reinstated")),
         "seat": released.get("seat", "") or booking.get("seat", ""),
-        **_waiver_context(ctx),
+        **_waiver_context(ctx.output_of(waivers.STEP)),
     }
     message_id = _send(ctx, contact, "failure", context)
     return {"sent": True, "message_id": message_id, "reason": reason}
@@ -426,10 +432,10 @@ def _fee_text(charge: dict[str, Any] | None) -> str:
     return policy.format_amount(charge["amount_cents"], charge.get("currency", policy.CURRENCY))
 
 
-def _waiver_context(ctx: StepContext) -> dict[str, Any]:
+def _waiver_context(recorded: Any) -> dict[str, Any]:
     """What the e-mails say of a fee waiver asked for: granted, refused (with the operator's
     words) or not decided in time (refunds.waivers); nothing when none was asked for."""
-    outcome = waivers.outcome_of(ctx.output_of(waivers.STEP))
+    outcome = waivers.outcome_of(recorded)
     if outcome is None:
         return {"fee_waived": False, "waiver_line": ""}
     return {"fee_waived": outcome.granted, "waiver_line": outcome.customer_line}

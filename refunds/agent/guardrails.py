@@ -73,6 +73,12 @@ def waiver_decisions(history: Sequence[ToolRecord]) -> list[waivers.Outcome]:
     return [outcome for outcome in found if outcome is not None]
 
 
+def waiver_output(history: Sequence[ToolRecord]) -> object:
+    """The latest fee waiver call's recorded result, approved or not (None: never asked)."""
+    found = [record.result for record in history if record.name == waivers.STEP]
+    return found[-1] if found else None
+
+
 def waived_cents(history: Sequence[ToolRecord]) -> int:
     """The fee an approved waiver takes off (0 without one): the charge is the policy's fee
     less this, and nothing else the model says."""

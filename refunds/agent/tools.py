@@ -248,7 +248,7 @@ def send_confirmation_email(ctx: ToolContext, refund_id: RefundId) -> dict[str, 
         ("load_request", "fetch_booking", "charge_customer", "issue_boarding_pass"),
         ctx.history,
     )
-    return steps.send_confirmation_email(ctx.step_context())
+    return steps.confirm(ctx.step_context(), waiver=guardrails.waiver_output(ctx.history))
 
 
 # --- compensations (the engine's alone: never offered to the model) -----------------------------
