@@ -41,12 +41,17 @@ def planned(run: durable.RunSnapshot | None, *, waiver_asked: bool = False) -> l
     return rows if waiver_asked else [name for name in rows if name != waivers.STEP]
 
 
-def customer_steps(run: durable.RunSnapshot) -> list[durable.StepSnapshot]:
+def customer_steps(
+    run: durable.RunSnapshot, *, waiver_asked: bool = False
+) -> list[durable.StepSnapshot]:
     """The run's steps as the status page names them: an agent run's tool calls and its
     compensations by their tool's name, with the tool's result as the output. A call that was
-    refused (unknown, invalid, over a limit) did nothing, so it is not shown as a step done."""
+    refused (unknown, invalid, over a limit) did nothing, so it is not shown as a step done;
+    nor is the graph's fee waiver step when no waiver was asked for (it waited for no one)."""
     if run.workflow != AGENT:
-        return list(run.steps)
+        if waiver_asked:
+            return list(run.steps)
+        return [step for step in run.steps if step.output != waivers.NOT_REQUESTED]
     shown = []
     for step in run.steps:
         name = step.name.split(_UNDO_SUFFIX, 1)[0]

@@ -198,7 +198,7 @@ def _progress(refund: RefundRequest, run: durable.RunSnapshot | None) -> progres
             steps=[],
             planned=engines.planned(run, waiver_asked=waiver_asked),
         )
-    steps = engines.customer_steps(run)
+    steps = engines.customer_steps(run, waiver_asked=waiver_asked)
     outputs = engines.outputs(steps)
     notice = outputs.get(_NOTICE_STEP, {})
     return progress.describe(
