@@ -673,3 +673,10 @@ def wait_patiently(ctx: durable.AgentContext) -> dict[str, Any]:
     heard = {"payload": got.payload, "timed_out": got.timed_out}
     ctx.step("finish", read, arguments=heard)
     return heard
+
+
+#: prepare -> sleep 3 s -> finish: short enough for a test with real workers to wait out.
+short_timer = durable.Workflow("hitl_short_timer", version=1)
+short_timer.step("prepare", kind="read")(read)
+short_timer.sleep("pause", seconds=3)
+short_timer.step("finish", kind="read")(_finish)

@@ -4,13 +4,17 @@ its position with the operator and reason, and a timeout is an outcome the workf
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connection, transaction
 
 from agentflow import durable, runtime, sweeper
 from agentflow.models import RunEvent, RunSignal, RunWait, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepKind, StepStatus
 from agentflow.store import synthetic
 from agentflow.testing import Message, capture_messages, run_to_end
+from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
@@ -167,6 +171,52 @@ def test_approval__racing_cancel__whichever_comes_second_is_refused() -> None:
     done = run_to_end(second)
     assert done.status == RunStatus.CANCELLED
     assert charge_keys(second) == {}  # the approved charge never ran: the cancel came first
+
+
+def test_approval__racing_a_cancel_that_holds_the_run__waits_for_it_then_is_refused() -> None:
+    """The real race: Cancel holds the run's row lock when Approve arrives; Approve waits for
+    it (the same lock every operator action takes), then finds the run cancelled."""
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+    outcome: list[BaseException | None] = []
+
+    def approve() -> None:
+        try:
+            durable.approve(run_id, actor="alice", reason="ok")
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        durable.cancel(run_id, actor="carol", reason="customer withdrew")
+        racer = threading.Thread(target=approve)
+        racer.start()
+        wait_for(
+            lambda: blocked_on_a_lock() or outcome,
+            timeout=10,
+            interval=0.02,
+            what="approve to wait",
+        )
+        assert not outcome, outcome  # it waits for the lock, it has not decided anything
+    racer.join(timeout=10)
+
+    assert len(outcome) == 1 and isinstance(outcome[0], durable.ActionRefused), outcome
+    assert run_to_end(run_id).status == RunStatus.CANCELLED
+    assert charge_keys(run_id) == {}
+    assert not RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.OPERATOR_APPROVE)
+
+
+def blocked_on_a_lock() -> bool:
+    """Another session of this database waits for a lock (the racer, on the run's row)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one snapshot per transaction
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return bool(cursor.fetchone()[0])
 
 
 # --- signals ------------------------------------------------------------------------------------
