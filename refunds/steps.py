@@ -91,32 +91,9 @@ def check_cancellation_policy(ctx: StepContext) -> dict[str, Any]:
     }
 
 
-def fee_waiver_proposed(ctx: StepContext) -> bool:
-    """`request_fee_waiver` waits for an operator's approval only when the policy proposed a
-    waiver; otherwise it runs at once and records that none was asked for."""
-    return bool(_proposed_waiver(ctx))
-
-
 def fee_waiver_arguments(ctx: StepContext) -> dict[str, Any]:
-    """What the operator approves or rejects (refunds.waivers)."""
-    return waivers.approval_arguments(request_of(ctx), _proposed_waiver(ctx))
-
-
-def request_fee_waiver(ctx: StepContext) -> dict[str, Any]:
-    """Runs once an operator approved the proposed waiver (a rejection or a timeout records the
-    engine's own output instead, and this does not run), or at once when none was proposed.
-    Nothing is waived without an approving decision."""
-    proposed = _proposed_waiver(ctx)
-    decision = getattr(ctx, "decision", None)
-    if not proposed:
-        return dict(waivers.NOT_REQUESTED)
-    if decision is None or getattr(decision, "approved", False) is not True:
-        return {"approved": False, "actor": "", "reason": "", "timed_out": False}
-    return waivers.granted_output(proposed, ctx)
-
-
-def _proposed_waiver(ctx: StepContext) -> dict[str, Any]:
-    return (ctx.output_of("check_cancellation_policy") or {}).get("fee_waiver") or {}
+    """What the operator approves or rejects before `request_fee_waiver` (refunds.waivers)."""
+    return waivers.approval_arguments(request_of(ctx), waivers.proposed_in(ctx))
 
 
 def calculate_penalty_fee(ctx: StepContext) -> dict[str, Any]:
@@ -265,7 +242,7 @@ def confirm(ctx: StepContext, *, waiver: Any) -> dict[str, Any]:
         "fee_charged": _fee_due(charge),
         "fee": _fee_text(charge),
         "payment_intent_id": charge.get("payment_intent_id", ""),
-        **_waiver_context(waiver),
+        **waivers.email_context(waiver),
     }
     message_id = _send(ctx, booking["contact_email"], "confirmation", context)
     return {"message_id": message_id}
@@ -353,7 +330,7 @@ def notify_failure(ctx: StepContext) -> dict[str, Any]:
         "seat_released": bool(released) and not reinstated.get("reinstated"),
         "seat_reinstated": bool(reinstated.get("reinstated")),
         "seat": released.get("seat", "") or booking.get("seat", ""),
-        **_waiver_context(ctx.output_of(waivers.STEP)),
+        **waivers.email_context(waivers.recorded(ctx)),
     }
     message_id = _send(ctx, contact, "failure", context)
     return {"sent": True, "message_id": message_id, "reason": reason}
@@ -430,15 +407,6 @@ def _fee_text(charge: dict[str, Any] | None) -> str:
     if not charge or not _fee_due(charge):
         return "none"
     return policy.format_amount(charge["amount_cents"], charge.get("currency", policy.CURRENCY))
-
-
-def _waiver_context(recorded: Any) -> dict[str, Any]:
-    """What the e-mails say of a fee waiver asked for: granted, refused (with the operator's
-    words) or not decided in time (refunds.waivers); nothing when none was asked for."""
-    outcome = waivers.outcome_of(recorded)
-    if outcome is None:
-        return {"fee_waived": False, "waiver_line": ""}
-    return {"fee_waived": outcome.granted, "waiver_line": outcome.customer_line}
 
 
 def _send(ctx: StepContext, to: str, template: str, context: dict[str, Any]) -> str:

@@ -65,6 +65,30 @@ def approval_arguments(request: RefundRequest, proposed: Mapping[str, Any]) -> d
     }
 
 
+# --- the graph's step -----------------------------------------------------------------------
+def proposed_in(ctx: StepContext) -> dict[str, Any]:
+    """The waiver the policy step proposed ({} for none)."""
+    return (ctx.output_of("check_cancellation_policy") or {}).get("fee_waiver") or {}
+
+
+def needs_approval(ctx: StepContext) -> bool:
+    """`request_fee_waiver` waits for an operator's approval only when the policy proposed a
+    waiver; otherwise it runs at once and records that none was asked for."""
+    return bool(proposed_in(ctx))
+
+
+def request_fee_waiver(ctx: StepContext) -> dict[str, Any]:
+    """The graph step: runs once an operator approved the proposed waiver (a rejection or a
+    timeout records the engine's own output instead, and this does not run), or at once when
+    none was proposed. Nothing is waived without an approving decision."""
+    proposed = proposed_in(ctx)
+    if not proposed:
+        return dict(NOT_REQUESTED)
+    if ctx.decision is None or not ctx.decision.approved:
+        return {"approved": False, "actor": "", "reason": "", "timed_out": False}
+    return granted_output(proposed, ctx)
+
+
 def granted_output(proposed: Mapping[str, Any], ctx: StepContext) -> dict[str, Any]:
     """The waiver step's output once approved: the fee it waives and the operator's words."""
     decision = getattr(ctx, "decision", None)
@@ -128,6 +152,28 @@ def waived_cents(output: Any) -> int:
         return 0
     value = output.get("fee_cents")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+# --- the e-mails ----------------------------------------------------------------------------
+def recorded(ctx: StepContext) -> Any:
+    """The waiver step's recorded output. An agent run's rejected call did not run, so its
+    tools' outputs leave it out: then the engine's `{"rejected": true, ...}` in its checkpoint."""
+    found = ctx.output_of(STEP)
+    if found is not None:
+        return found
+    for call in reversed(ctx.recorded_calls()):
+        if call.name == STEP and isinstance(call.output, dict):
+            return call.output.get("result")
+    return None
+
+
+def email_context(output: Any) -> dict[str, Any]:
+    """What the e-mails say of a waiver asked for: granted, refused (with the operator's words)
+    or not decided in time; nothing when none was asked for."""
+    outcome = outcome_of(output)
+    if outcome is None:
+        return {"fee_waived": False, "waiver_line": ""}
+    return {"fee_waived": outcome.granted, "waiver_line": outcome.customer_line}
 
 
 def _text(value: Any) -> str:

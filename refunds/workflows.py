@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentflow import durable
-from refunds import steps
+from refunds import steps, waivers
 from refunds.gateways import (
     COMPENSATION_RETRY,
     PARTNER_RETRY,
@@ -28,11 +28,11 @@ refund.step("fetch_booking", kind="read", retry=PARTNER_RETRY)(steps.fetch_booki
 refund.step("check_flight", kind="read", retry=PARTNER_RETRY)(steps.check_flight)
 refund.step("check_cancellation_policy", kind="read")(steps.check_cancellation_policy)
 refund.step(
-    "request_fee_waiver",
+    waivers.STEP,
     kind="read",
-    requires_approval=steps.fee_waiver_proposed,
+    requires_approval=waivers.needs_approval,
     approval_arguments=steps.fee_waiver_arguments,
-)(steps.request_fee_waiver)
+)(waivers.request_fee_waiver)
 refund.step("calculate_penalty_fee", kind="read")(steps.calculate_penalty_fee)
 refund.step(
     "charge_customer",

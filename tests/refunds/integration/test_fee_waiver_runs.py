@@ -143,3 +143,25 @@ def test_no_waiver_to_consider__never_waits_for_anyone(
     assert not [
         s for s in done.steps if s.name == waivers.STEP and s.output != waivers.NOT_REQUESTED
     ]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_waiver_rejected_then_the_card_declined__nothing_kept_and_both_told(
+    engine: str, partners: SandboxProcess, settings: Any
+) -> None:
+    """The fee path after a rejection can fail like any other: no money kept, the seat never
+    touched, and the failure e-mail says what became of the waiver too."""
+    settings.REFUNDS_ENGINE = engine
+    run_id = submit(f"DEC{engine[0].upper()}W1", waiver_reason="medical", waiver_details=DETAILS)
+    waiting(run_id)
+
+    durable.reject(run_id, actor="ops", reason="Not enough detail")
+    done = the_end(run_id)
+
+    assert done.status == RunStatus.FAILED
+    ledger = partner_effects(partners, run_id)
+    assert money_kept(ledger) == 0 and holds_left(ledger) == []
+    assert ledger["seat_cancellations"] == [] and ledger["boarding_passes"] == []
+    [email] = ledger["emails"]
+    assert "Why: Your card was declined." in email["body"]
+    assert "our team couldn't waive the fee (Not enough detail)" in email["body"]
