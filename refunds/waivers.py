@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from refunds import policy
 
 if TYPE_CHECKING:  # the status page reads outcomes without a database
-    from agentflow.durable import StepContext
+    from agentflow.durable import Decision, StepContext
     from refunds.models import RefundRequest
 
 #: The persisted name of the graph step and of the agent's tool.
@@ -86,17 +86,17 @@ def request_fee_waiver(ctx: StepContext) -> dict[str, Any]:
         return dict(NOT_REQUESTED)
     if ctx.decision is None or not ctx.decision.approved:
         return {"approved": False, "actor": "", "reason": "", "timed_out": False}
-    return granted_output(proposed, ctx)
+    return granted_output(proposed, ctx.decision)
 
 
-def granted_output(proposed: Mapping[str, Any], ctx: StepContext) -> dict[str, Any]:
-    """The waiver step's output once approved: the fee it waives and the operator's words."""
-    decision = getattr(ctx, "decision", None)
+def granted_output(proposed: Mapping[str, Any], decision: Decision | None) -> dict[str, Any]:
+    """The waiver's output once approved: the fee it waives and the operator's words (an agent's
+    tool is not handed the decision: then none)."""
     return {
         "waived": True,
         "waiver_reason": proposed["reason"],
         "fee_cents": proposed["fee_cents"],
-        "note": str(getattr(decision, "reason", "") or ""),
+        "note": decision.reason if decision is not None else "",
     }
 
 

@@ -131,7 +131,8 @@ def request_fee_waiver(
         )
     if reason != proposed.reason:
         raise ToolRefused(f"the customer asked for a waiver for {proposed.reason}, not {reason}")
-    return waivers.granted_output(waivers.proposal_output(proposed) or {}, ctx)
+    # The engine does not hand a tool the decision it ran under (ToolContext has no `decision`).
+    return waivers.granted_output(waivers.proposal_output(proposed) or {}, None)
 
 
 # --- effects --------------------------------------------------------------------------------
