@@ -166,6 +166,8 @@ def test_approval__racing_cancel__whichever_comes_second_is_refused() -> None:
 
     second = durable.start(workflows.approval.name, input={"amount": 4500})
     waiting(second)
+    with pytest.raises(durable.ActionRefused, match="only failed or parked runs"):
+        durable.retry(second, actor="dave", reason="while it waits")
     durable.approve(second, actor="alice", reason="ok")
     durable.cancel(second, actor="carol", reason="customer withdrew")
     done = run_to_end(second)
