@@ -280,11 +280,6 @@ AGENTFLOW_AGENT_MAX_TOKENS = env_int("AGENTFLOW_AGENT_MAX_TOKENS", 100_000, mini
 # past either is refused and the model told why: it runs nothing, and nothing undoes it.
 AGENTFLOW_AGENT_MAX_TOOL_CALLS = env_int("AGENTFLOW_AGENT_MAX_TOOL_CALLS", 40, minimum=1)
 
-# --- Durable time and people (SPEC §4 C) ------------------------------------------------------
-# Seconds a call declared requires_approval (the refund's fee waiver) waits for an operator
-# before it is rejected as timed out: 48 h, as customers are told.
-AGENTFLOW_APPROVAL_TIMEOUT = env_float("AGENTFLOW_APPROVAL_TIMEOUT", 48 * 3600.0, minimum=1.0)
-
 # --- Partners and refunds -------------------------------------------------------------------
 SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8765")
 SANDBOX_SMTP_PORT = env_int("SANDBOX_SMTP_PORT", (urlsplit(SANDBOX_URL).port or 8765) + 1)
