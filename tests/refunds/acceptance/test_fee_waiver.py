@@ -177,3 +177,48 @@ def test_waiver_nobody_decides__times_out_to_the_fee_path_and_says_so(
     [email] = ledger["emails"]
     assert "couldn't review your request in time" in email["body"]
     assert any("in time" in line for line in status_json(run_id)["customer"]["details"])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_worker_killed_while_the_waiver_waits__the_approval_reaches_a_fresh_worker(
+    engine: str, start_worker: StartWorker, clean_sandbox: SandboxProcess
+) -> None:
+    """A wait holds no worker: the whole worker SIGKILLed while the waiver waits loses nothing,
+    and the approval given meanwhile is carried out once by the next worker."""
+    reference = f"WVK{engine[0].upper()}01"
+    first = start_worker(engine)
+    run_id = ask_for_a_waiver(reference, first, clean_sandbox)
+    first.kill()
+
+    durable.approve(run_id, actor=OPERATOR, reason="Approved while the workers were down")
+    run = finished(run_id, start_worker(engine), timeout=90)
+
+    assert run.status == durable.RunStatus.COMPLETED, run.error
+    ledger = partner_effects(clean_sandbox, run_id)
+    assert ledger["authorizations"] == [] and ledger["payments"] == []
+    assert [len(ledger[kind]) for kind in ("seat_cancellations", "boarding_passes")] == [1, 1]
+    assert len(ledger["emails"]) == 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rejected_then_killed_right_after_the_charge__the_fee_held_and_taken_once(
+    engine: str, start_worker: StartWorker, clean_sandbox: SandboxProcess
+) -> None:
+    """The article's crash on the fee path a rejection leads to: SIGKILL right after the hold
+    was made, before its checkpoint. The takeover finds the hold; the fee is taken once."""
+    reference = f"WVC{engine[0].upper()}01"
+    worker = start_worker(
+        engine, AGENTFLOW_FAULTS="1", AGENTFLOW_CRASH_AT="charge_customer:after_effect"
+    )
+    run_id = ask_for_a_waiver(reference, worker, clean_sandbox)
+
+    durable.reject(run_id, actor=OPERATOR, reason="Not one of our listed cases")
+    run = finished(run_id, worker, timeout=120)
+
+    assert run.status == durable.RunStatus.COMPLETED, run.error
+    assert "fault injection: SIGKILL at charge_customer:after_effect" in worker.log_tail(400)
+    ledger = partner_effects(clean_sandbox, run_id)
+    assert len(ledger["authorizations"]) == 1
+    [payment] = ledger["payments"]
+    assert payment["amount"] == 4500 and money_kept(ledger) == 4500 and holds_left(ledger) == []
+    assert [len(ledger[kind]) for kind in ("seat_cancellations", "boarding_passes")] == [1, 1]
