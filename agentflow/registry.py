@@ -105,6 +105,10 @@ def approval_wait(
     approval_arguments: Callable[[StepContext], dict[str, Any]] | None,
 ) -> WaitsFor | None:
     """A graph step's approval: the call is (step name, `approval_arguments(ctx)`)."""
+    if not (isinstance(requires_approval, bool) or callable(requires_approval)):
+        raise DefinitionError(
+            f"step {name!r}: requires_approval is True, False or a predicate of the step's ctx"
+        )
     if requires_approval is False:
         return None
     if approval_arguments is not None and not callable(approval_arguments):
@@ -124,7 +128,9 @@ def _timer(
 ) -> WaitsFor:
     if (seconds is None) == (until is None):
         raise DefinitionError(f"sleep {name!r}: give exactly one of seconds= or until=")
-    if seconds is not None and not seconds >= 0:
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0
+    ):
         raise DefinitionError(f"sleep {name!r}: seconds must be 0 or more, not {seconds!r}")
 
     def waits_for(ctx: StepContext) -> WaitSpec:

@@ -243,6 +243,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                 v for v in run_actions.VERBS.values() if self._offers(request, obj, v)
             ]
         if obj is not None:
+            context["af_pending"] = approvals.pending_call(obj)
             rows = run_page.RunRows.load(obj)
             context["af_timeline"] = run_page.timeline_of(obj, rows)
             context["af_trajectory"] = run_page.trajectory_of(

@@ -108,7 +108,9 @@ def wait_settle(run: StepState, spec: WaitSpec, seq: int) -> Any | None:
             return None
         wanted = call_digest(spec.name, spec.arguments) if spec.kind == WaitKind.APPROVAL else ""
         found = _wait_at(run.id, run.branch, seq)
-        if found is not None and (found.kind != spec.kind or found.digest != wanted):
+        if found is not None and (
+            found.kind != spec.kind or found.name != spec.name[:200] or found.digest != wanted
+        ):
             _set_aside(run.id, seq, found, spec)
             found = None
         if found is None:
@@ -199,15 +201,15 @@ def _decided_before(run_id: str, branch: int, wanted: str) -> RunWait | None:
 
 
 def _set_aside(run_id: str, seq: int, found: OpenWait, spec: WaitSpec) -> None:
-    """The call at this position is not the one recorded (its arguments changed between
-    replays): a decision binds to the exact call, so the old record goes (kept in an event)
-    and the new call waits for its own decision."""
+    """The wait at this position is not the one recorded (another signal, or a call whose
+    arguments changed between replays): a decision binds to the exact call, so the old record
+    goes (kept in an event) and the new wait is recorded in its place."""
     sql.execute(f"DELETE FROM {sql.WAITS} WHERE id = %s", [found.id])
     event_add(
         run_id,
         RunEvent.Kind.WAITING,
-        f"the call at {seq} is now {spec.name} with other arguments; its earlier "
-        "request (and any decision on it) no longer applies",
+        f"the wait at {seq} is now for {spec.kind} {spec.name}; the earlier one "
+        f"({found.kind} {found.name}, and any decision on it) no longer applies",
         seq=seq,
         data={"replaced": {"kind": found.kind, "name": found.name, "digest": found.digest,
                            "arguments": found.arguments, "outcome": found.outcome}},

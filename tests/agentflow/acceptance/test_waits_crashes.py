@@ -44,14 +44,14 @@ def waiting_for(run_id: str, what: str) -> durable.RunSnapshot:
     return wait_for(found, timeout=30, interval=0.05, what=f"run {run_id} to wait for {what}")
 
 
-def assert_completed_once(run_id: str, *, wait: str) -> None:
-    """COMPLETED; every step but the wait (which runs no code) executed once; one effect per
+def assert_completed_once(run_id: str, *, waits: tuple[str, ...]) -> None:
+    """COMPLETED; every step but the waits (which run no code) executed once; one effect per
     key at the partner."""
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.status == RunStatus.COMPLETED, run.error
     steps = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq"))
     assert all(cp.status == StepStatus.COMPLETED for cp in steps)
-    expected = {(run_id, cp.seq, cp.name): 1 for cp in steps if cp.name != wait}
+    expected = {(run_id, cp.seq, cp.name): 1 for cp in steps if cp.name not in waits}
     assert dict(partner.execution_counts(run_id)) == expected
     keys = {cp.idempotency_key for cp in steps if cp.kind == StepKind.EFFECT}
     ours = {key: n for key, n in partner.effects().items() if key.startswith(f"{run_id}_")}
@@ -65,13 +65,22 @@ def killed_and_restarted(worker: object, postgres: PostgresServer, workers: Work
     connections.close_all()  # ours died with it
 
 
+#: (workflow, input, the steps that wait and so run no code, the wait's position)
+SIGNAL_WAITS = {
+    "graph": (workflows.signalled, {}, ("reply",), 2),
+    "agent": (workflows.patient, {"sleep": 0}, ("sleep", "wait_for:reply"), 3),
+}
+
+
+@pytest.mark.parametrize("engine_kind", SIGNAL_WAITS)
 def test_signal_wait__survives_a_whole_worker_sigkill_and_a_postgres_restart__acts_once(
-    postgres: PostgresServer, workers: Workers
+    postgres: PostgresServer, workers: Workers, engine_kind: str
 ) -> None:
+    workflow, given, waits, position = SIGNAL_WAITS[engine_kind]
     with postgres.serving_django():
         call_command("migrate", verbosity=0, interactive=False)
         first = workers.start(DATABASE_URL=postgres.url)
-        run_id = durable.start(workflows.signalled.name)
+        run_id = durable.start(workflow.name, input=given)
         waiting_for(run_id, "signal")
 
         killed_and_restarted(first, postgres, workers)
@@ -82,20 +91,30 @@ def test_signal_wait__survives_a_whole_worker_sigkill_and_a_postgres_restart__ac
         workers.start(DATABASE_URL=postgres.url, beat=True)
         wait_finished(run_id)
 
-        assert_completed_once(run_id, wait="reply")
-        reply = StepCheckpoint.objects.get(run_id=run_id, seq=2)
-        assert (reply.name, reply.output) == ("reply", {"payload": {"text": "yes"}})
+        assert_completed_once(run_id, waits=waits)
+        reply = StepCheckpoint.objects.get(run_id=run_id, seq=position)
+        assert (reply.name, reply.output) == (waits[-1], {"payload": {"text": "yes"}})
         assert RunSignal.objects.filter(run_id=run_id).count() == 1
         assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SIGNAL).count() == 1
 
 
+#: (workflow, input, the run's checkpoints once done, those that record no execution at the
+#: partner (model turns)); the charge is at 2 in both
+APPROVAL_WAITS = {
+    "graph": (workflows.approval, {"amount": 4500}, ["prepare", "charge", "finish"], ()),
+    "agent": (workflows.cashier, {}, ["llm", "charge", "llm"], ("llm",)),
+}
+
+
+@pytest.mark.parametrize("engine_kind", APPROVAL_WAITS)
 def test_approval_wait__survives_a_whole_worker_sigkill_and_a_postgres_restart__charges_once(
-    postgres: PostgresServer, workers: Workers
+    postgres: PostgresServer, workers: Workers, engine_kind: str
 ) -> None:
+    workflow, given, names, unrecorded = APPROVAL_WAITS[engine_kind]
     with postgres.serving_django():
         call_command("migrate", verbosity=0, interactive=False)
         first = workers.start(DATABASE_URL=postgres.url)
-        run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+        run_id = durable.start(workflow.name, input=given)
         pending = waiting_for(run_id, "approval").pending_approval
 
         killed_and_restarted(first, postgres, workers)
@@ -105,10 +124,8 @@ def test_approval_wait__survives_a_whole_worker_sigkill_and_a_postgres_restart__
         durable.approve(run_id, actor="alice", reason="fee confirmed")
         wait_finished(run_id)
 
-        assert_completed_once(run_id, wait="")
-        assert [cp.name for cp in StepCheckpoint.objects.filter(run_id=run_id)] == [
-            "prepare", "charge", "finish"
-        ]  # fmt: skip
+        assert_completed_once(run_id, waits=unrecorded)
+        assert [cp.name for cp in StepCheckpoint.objects.filter(run_id=run_id)] == names
         assert partner.effects()[durable.idempotency_key(run_id, 2)] == 1
 
 
@@ -124,5 +141,5 @@ def test_timer__its_message_died_with_the_worker__the_sweeper_wakes_it(
     run = wait_finished(run_id, timeout=40)
 
     assert run.status == RunStatus.COMPLETED, run.error
-    assert_completed_once(run_id, wait="pause")
+    assert_completed_once(run_id, waits=("pause",))
     assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SWEEP_REQUEUE).exists()

@@ -50,6 +50,10 @@ def test_run_page__shows_the_call_waiting_for_approval_and_the_buttons(approver:
     page = text(approver.get(detail_url(run)))
 
     assert "Waiting for approval" in page
+    assert (
+        "<strong>Waiting for approval:</strong> the run stopped before it makes this call" in page
+    )
+    assert "could not be drawn" not in page  # the timeline of a waiting run
     assert 'class="af-tool-approve"' in page and 'class="af-tool-reject"' in page
     assert 'class="af-tool-retry"' not in page  # operating needs the change permission
     assert "Waits for approval of" in page and "<code>charge</code>" in page

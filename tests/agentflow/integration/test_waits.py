@@ -94,6 +94,23 @@ def test_approval__reject__the_step_does_not_run_and_the_branch_takes_the_reject
     assert partner.execution_counts(run_id)[(run_id, 2, "charge")] == 0
 
 
+def test_approval__bound_to_the_exact_call__another_amount_at_the_position_waits_again() -> None:
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+    durable.approve(run_id, actor="alice", reason="for 4500")
+    WorkflowRun.objects.filter(pk=run_id).update(input={"amount": 9900})  # the call changed
+
+    found = waiting(run_id)
+
+    assert found.pending_approval is not None
+    assert found.pending_approval["arguments"] == {"amount": 9900}
+    assert charge_keys(run_id) == {}  # the decision on 4500 does not buy a charge of 9900
+    replaced = RunEvent.objects.get(
+        run_id=run_id, kind=RunEvent.Kind.WAITING, data__has_key="replaced"
+    )
+    assert replaced.data["replaced"]["outcome"]["approved"] is True  # kept for audit
+
+
 def test_approval__predicate_false__runs_at_once_without_waiting() -> None:
     run_id = durable.start(workflows.approval.name, input={"amount": 500})
 

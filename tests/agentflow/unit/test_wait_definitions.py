@@ -28,6 +28,15 @@ def test_sleep__needs_exactly_one_of_seconds_or_until(flow: durable.Workflow) ->
         flow.sleep("nap", seconds=1, until=lambda ctx: datetime.now())
     with pytest.raises(DefinitionError, match="0 or more"):
         flow.sleep("nap", seconds=-1)
+    with pytest.raises(DefinitionError, match="0 or more"):
+        flow.sleep("nap", seconds="soon")  # type: ignore[arg-type]
+
+
+def test_step__requires_approval_is_true_false_or_a_predicate(flow: durable.Workflow) -> None:
+    with pytest.raises(DefinitionError, match="requires_approval"):
+        flow.step("charge", kind="effect", requires_approval="always")  # type: ignore[arg-type]
+    with pytest.raises(DefinitionError, match="approval_arguments"):
+        flow.step("charge", kind="effect", requires_approval=True, approval_arguments={"a": 1})  # type: ignore[arg-type]
 
 
 def test_wait_for__needs_a_signal_and_a_positive_timeout(flow: durable.Workflow) -> None:
