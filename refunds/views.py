@@ -15,7 +15,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_safe
 
 from agentflow import durable
-from refunds import engines, progress, proxies, services, waivers
+from refunds import engines, policy, progress, proxies, services, waivers
 from refunds.forms import RefundRequestForm, new_submission_token, unsign_submission_token
 from refunds.models import RefundRequest
 
@@ -89,6 +89,9 @@ def refund_status(request: HttpRequest, public_id: str) -> HttpResponse:
             "refund": refund,
             "progress": _progress(refund, _snapshot(refund)),
             "status_url": reverse("refunds:status_json", args=[refund.public_id]),
+            "waiver_reason": policy.waiver_reason_words(refund.waiver_reason)
+            if refund.waiver_reason
+            else "",
         },
     )
 

@@ -8,7 +8,9 @@ Postgres and the partner sandbox, counted at its ledger. Both engines.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +33,8 @@ PASSWORD = "correct horse battery staple"
 OPERATOR = "ops-waivers"
 DONE = "All done — your new boarding pass is on its way"
 WAITING = "Your fee waiver request is waiting for our team"
+#: Screenshots of the waiting status page, for a person to look at (as test_browser's).
+SHOTS = Path(os.environ.get("PAGES_SHOTS_DIR", "/tmp/pages-shots"))
 #: Generous: a cold worker on two shared cores.
 RUN_SECONDS = 90
 
@@ -85,6 +89,8 @@ def ask_for_a_waiver(page: Any, reference: str) -> RefundRequest:
     page.get_by_text(WAITING).wait_for(timeout=RUN_SECONDS * 1000)
     step = page.locator(".step--awaiting")
     assert step.locator(".step__state").inner_text() == "Waiting for our team"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "waiver-waiting-desktop.png"), full_page=True)
     public_id = page.url.rstrip("/").split("/")[-1]
     return db(lambda: RefundRequest.objects.get(public_id=public_id))
 

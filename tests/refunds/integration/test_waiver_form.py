@@ -120,3 +120,13 @@ def test_resubmitted_words__with_a_waiver_added_are_a_new_request(client: Client
     second = submit(client, waiver_reason="bereavement", waiver_details=DETAILS)
     assert first["Location"] != second["Location"]
     assert counts() == (2, 2)
+
+
+def test_status_page__shows_the_waiver_asked_for_beside_the_message(client: Client) -> None:
+    response = submit(client, waiver_reason="medical", waiver_details=DETAILS)
+    page = client.get(response["Location"]).content.decode()
+    assert "You asked us to waive the change fee:" in page
+    assert html.escape(policy.WAIVER_REASONS["medical"]) in page
+    assert html.escape(DETAILS) in page
+    plain = client.get(submit(client)["Location"]).content.decode()
+    assert "waive the change fee:" not in plain
