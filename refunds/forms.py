@@ -8,8 +8,9 @@ import secrets
 from django import forms
 from django.core import signing
 from django.core.validators import RegexValidator
+from django.utils.functional import lazy
 
-from refunds import policy
+from refunds import policy, waivers
 from refunds.addresses import smtp_problem
 
 #: Long enough to fill in a form at leisure, short enough that an old tab is not replayed.
@@ -135,8 +136,13 @@ class RefundRequestForm(forms.Form):
         label="Ask us to waive the change fee?",
         required=False,
         choices=[NO_WAIVER, *policy.WAIVER_REASONS.items()],
-        help_text="We waive the fee for these reasons only. A person on our team decides "
-        "before anything on your booking changes, usually within a day (at most 48 hours).",
+        help_text=lazy(
+            lambda: (
+                "We waive the fee for these reasons only. A person on our team decides "
+                f"before anything on your booking changes, within {waivers.decided_within()}."
+            ),
+            str,
+        )(),
         error_messages={"invalid_choice": "Choose one of the reasons in the list."},
     )
     waiver_details = MessageField(

@@ -431,9 +431,9 @@ def _summary(
         return (
             "awaiting_approval",
             "Your fee waiver request is waiting for our team",
-            "A person on our team will look at your request, usually within a day (at most 48 "
-            "hours). Nothing on your booking or your card changes until then; this page updates "
-            "by itself.",
+            f"A person on our team will look at your request within {waivers.decided_within()}. "
+            "Nothing on your booking or your card changes until then; this page updates by "
+            "itself.",
         )
     if undoing:
         return (

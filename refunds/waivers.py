@@ -22,7 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.utils import timezone
+from django.utils.timesince import timeuntil
 
 from refunds import policy
 
@@ -33,6 +38,13 @@ if TYPE_CHECKING:  # the status page reads outcomes without a database
 #: The persisted name of the graph step and of the agent's tool.
 STEP = "request_fee_waiver"
 NOT_REQUESTED: dict[str, Any] = {"requested": False}
+
+
+def decided_within() -> str:
+    """How long a customer may wait for our team, in words ("2 days"): the engine's approval
+    timeout, after which the normal fee path runs; so the promise follows the setting."""
+    now = timezone.now()
+    return timeuntil(now + timedelta(seconds=float(settings.AGENTFLOW_APPROVAL_TIMEOUT)), now)
 
 
 def proposal(request: RefundRequest, fare_class: str) -> policy.WaiverProposal | None:
