@@ -1,11 +1,13 @@
-"""Timed phases on real workers: plain Celery chains, agentflow runs, and commits per step."""
+"""Timed phases on real workers: plain Celery chains, agentflow runs, DBOS, commits per step, and
+the worker's resident memory as the steps add up."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 from celery import Signature, chain
@@ -15,6 +17,7 @@ from django.utils import timezone
 
 from agentflow import durable
 from agentflow.contrib.bench import workload
+from agentflow.contrib.bench.dbos_peer import DbosPeer
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.store import synthetic
@@ -65,6 +68,35 @@ class Commits:
     def per_step(self) -> float:
         # Each durable.start is one commit of its own; the rest belongs to the steps.
         return (self.xids - self.throughput.runs) / self.throughput.steps
+
+
+@dataclass(kw_only=True)
+class WorkerMemory:
+    """The worker's resident memory (parent and pool processes, KiB) after so many agentflow
+    steps: a leak shows as growth with the steps done, so the first sample is after warm-up."""
+
+    samples: list[tuple[int, int]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        (_, first), (steps, last) = self.samples[0], self.samples[-1]
+        return {
+            "steps": steps,
+            "rss_mib": round(last / 1024, 1),
+            "after_warmup_rss_mib": round(first / 1024, 1),
+            "growth_mib": round((last - first) / 1024, 1),
+            "samples": [[done, round(kib / 1024, 1)] for done, kib in self.samples],
+        }
+
+
+def worker_rss_kib(worker: WorkerProcess) -> int:
+    """VmRSS of the worker's parent and pool processes, from /proc (Linux)."""
+    total = 0
+    for pid in (worker.pid, *worker.children()):
+        status = Path(f"/proc/{pid}/status").read_text()
+        total += int(
+            next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]
+        )
+    return total
 
 
 def bench_worker(concurrency: int, *, beat: bool = False) -> WorkerProcess:
@@ -150,6 +182,13 @@ def _timed_chains(chains: int, links: Callable[[str], list[Signature]]) -> Throu
     finally:
         client.delete(done_key, workload.done_at_key(done_key))
     return Throughput(runs=chains, steps=chains * workload.STEPS, seconds=ended - started)
+
+
+# --- DBOS -----------------------------------------------------------------------------------------
+def dbos_throughput(peer: DbosPeer, mode: str, workflows: int) -> Throughput:
+    """`workflows` DBOS workflows of STEPS no-op steps, from two threads or on its queue."""
+    seconds = peer.run(mode, workflows, timeout=phase_timeout(workflows * workload.STEPS))
+    return Throughput(runs=workflows, steps=workflows * workload.STEPS, seconds=seconds)
 
 
 # --- agentflow ----------------------------------------------------------------------------------
