@@ -8,7 +8,9 @@ rule for effects (SPEC 3.3a).
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
@@ -33,9 +35,13 @@ def run_step(
     """Handle one `run_step` message. Safe to call any number of times for the same step.
 
     `redelivered`: the broker gave this message back because its consumer died.
-    `fresh`: the publisher's hint that the run was just moved onto this (claimed) step.
+    `fresh`: the publisher's hint that the run was just moved onto this step (a claimed one,
+    or a read step with the run's input).
     """
     _drop_broken_connection()
+    ahead = None if redelivered else _read_ahead(run_id, seq, fresh)
+    if ahead is not None and ahead.done:
+        return
     run, claim = _load(run_id, seq, fresh)
     if run is None:
         logger.warning("run %s does not exist; dropping its message", run_id)
@@ -110,7 +116,71 @@ def run_step(
                 fence=seen.fence,
             )
             return
-    _run_unclaimed(run, workflow, step, seq, seen)
+    _run_unclaimed(run, workflow, step, seq, seen, ahead)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ahead:
+    """A read step run from its message, before its run was loaded (`_read_ahead`)."""
+
+    done: bool
+    step: str = ""
+    workflow: str = ""
+    version: int = 0
+    input: Any = None
+    output: Any = None
+    error: Exception | None = None
+
+    def answers(
+        self, run: store.StepState, step: StepDef, seen: store.CheckpointRow | None
+    ) -> bool:
+        """Is this the first attempt of `step` that the loaded `run` is waiting for? Then its
+        result stands: a read step is run once per attempt, whoever loads the run."""
+        return (
+            seen is None
+            and (run.workflow, run.version, step.name) == (self.workflow, self.version, self.step)
+            and run.input == self.input
+        )
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.output
+
+
+def _read_ahead(run_id: str, seq: int, fresh: dispatch.Fresh | None) -> _Ahead | None:
+    """A fresh read step whose message carries the run's input: run it, then record it in one
+    statement fenced on everything the message claimed (the run at `seq` on this step, this
+    definition and input, not cancelling, no checkpoint), so the step costs one round trip.
+
+    A read changes nothing outside, so running it for a run that moved on meanwhile is
+    harmless; then nothing is recorded and the caller loads the run and goes on as usual, with
+    this attempt's result if it is still the one wanted."""
+    if fresh is None or len(fresh) != 4:
+        return None
+    name, version, step_name, carried = fresh
+    workflow = registry.lookup(str(name), int(version))
+    if workflow is None or isinstance(workflow, CodeWorkflow):
+        return None
+    step = workflow.steps.get(str(step_name))
+    if step is None or step.kind != StepKind.READ or step.compensation_only:
+        return None
+    assumed = store.fresh_read_state(run_id, seq, workflow, step.name, carried["input"])
+    ahead = partial(
+        _Ahead,
+        step=step.name,
+        workflow=workflow.name,
+        version=workflow.version,
+        input=assumed.input,
+    )
+    try:
+        output = to_json(step.fn(_context(assumed, step, seq, 1)), f"output of step {step.name}")
+    except Exception as exc:
+        return ahead(done=False, error=exc)
+    faults.crash_point(step.name, "after_effect", 1)
+    if store.unclaimed_complete(assumed, workflow, step, seq, None, output, assumed=True):
+        return ahead(done=True)
+    return ahead(done=False, output=output)
 
 
 def _load(
@@ -120,7 +190,7 @@ def _load(
     exactly the claim `store.step_claim` would commit after the checks in `run_step`, which
     then hold by construction."""
     if fresh is not None:
-        name, version, step_name = fresh
+        name, version, step_name = fresh[:3]
         workflow = registry.lookup(str(name), int(version))
         step = workflow.steps.get(str(step_name)) if workflow is not None else None
         # Not for an agent run: after a fork its compensations' keys name the branch,
@@ -296,8 +366,10 @@ def _run_unclaimed(
     step: StepDef,
     seq: int,
     seen: store.CheckpointRow | None,
+    ahead: _Ahead | None,
 ) -> None:
-    """read: run, then one commit. db: run and commit together, under the run's row lock."""
+    """read: run (unless `ahead` ran this very attempt), then one commit. db: run and commit
+    together, under the run's row lock."""
     if store.claim_blocker(seen) is not None:
         return  # a retry not yet due (an early duplicate), or a failure for good
     attempt = seen.attempts + 1 if seen else 1
@@ -306,8 +378,11 @@ def _run_unclaimed(
         if step.kind == StepKind.DB:
             _run_db_step(run, workflow, step, seq, ctx)
             return
-        output = to_json(step.fn(ctx), f"output of step {step.name}")
-        faults.crash_point(step.name, "after_effect", attempt)
+        if ahead is not None and ahead.answers(run, step, seen):
+            output = ahead.result()
+        else:
+            output = to_json(step.fn(ctx), f"output of step {step.name}")
+            faults.crash_point(step.name, "after_effect", attempt)
         try:
             store.unclaimed_complete(run, workflow, step, seq, seen, output)
         except IntegrityError:
