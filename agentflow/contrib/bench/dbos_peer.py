@@ -75,6 +75,9 @@ class DbosPeer:
         self.version = str(self._answer(timeout)["version"])  # once DBOS has launched
         return self
 
+    def pids(self) -> list[int]:
+        return [self.process.pid] if self.process is not None else []
+
     def run(self, mode: str, workflows: int, *, timeout: float) -> float:
         """Seconds for `workflows` runs in `mode` ("threads" or "queue")."""
         assert self.process is not None and self.process.stdin is not None

@@ -6,6 +6,7 @@ import os
 import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import celery
@@ -18,6 +19,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from agentflow import store
 from agentflow.contrib.bench import dbos_peer, takeover, workload
+from agentflow.contrib.bench.cpu import CpuMeter, CpuPerStep
 from agentflow.contrib.bench.purge import PurgeFigure, purge_at_scale
 from agentflow.contrib.bench.sweep_scale import sweep_at_scale
 from agentflow.contrib.bench.throughput import (
@@ -110,6 +112,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     report["ratio_to_dbos"] = round(mixed.steps_per_s / dbos.steps_per_s, 3)
     report["ratio_to_dbos_per_round"] = done.ratios("flow", "dbos")
     report["ratio_to_dbos_queue"] = round(mixed.steps_per_s / dbos_queue.steps_per_s, 3)
+    report["cpu_ms_per_step"] = {name: figure.as_dict() for name, figure in done.cpu.items()}
     purged, child = done.purged, done.child
     report["purge"] = purged.as_dict() if purged is not None else None
     report["recovery"] = {"bound_s": takeover.bound_seconds()}
@@ -146,6 +149,7 @@ class WorkerFigures:
     dbos_version: str
     child: takeover.Recovery | None
     purged: PurgeFigure | None
+    cpu: dict[str, CpuPerStep]
 
     def total(self, contender: str) -> Throughput:
         return Throughput.total(getattr(turn, contender) for turn in self.turns)
@@ -178,6 +182,11 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
         dbos_throughput(peer, "threads", WARMUP)
         dbos_throughput(peer, "queue", WARMUP)
         memory = WorkerMemory(samples=[(0, worker_rss_kib(worker))])
+        ours = connection.settings_dict["NAME"]
+        cpu = {
+            name: CpuMeter(own=lambda: [worker.pid, *worker.children()], dbname=ours)
+            for name in ("chain", "flow", "naive")
+        } | {name: CpuMeter(own=peer.pids, dbname=peer.dbname) for name in ("dbos", "dbos_queue")}
         turns, steps = [], 0
         for number, size in enumerate(_split(options.runs, options.rounds), start=1):
             progress(
@@ -187,11 +196,13 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
             )
             turns.append(
                 Turn(
-                    chain=chain_throughput(size),
-                    flow=workflow_throughput(workload.MIXED, size),
-                    naive=naive_chain_throughput(size),
-                    dbos=dbos_throughput(peer, "threads", size),
-                    dbos_queue=dbos_throughput(peer, "queue", size),
+                    chain=cpu["chain"].measure(partial(chain_throughput, size)),
+                    flow=cpu["flow"].measure(partial(workflow_throughput, workload.MIXED, size)),
+                    naive=cpu["naive"].measure(partial(naive_chain_throughput, size)),
+                    dbos=cpu["dbos"].measure(partial(dbos_throughput, peer, "threads", size)),
+                    dbos_queue=cpu["dbos_queue"].measure(
+                        partial(dbos_throughput, peer, "queue", size)
+                    ),
                 )
             )
             steps += size * workload.STEPS
@@ -234,6 +245,7 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
         dbos_version=peer.version,
         child=child,
         purged=purge,
+        cpu={name: meter.figure for name, meter in cpu.items()},
     )
 
 

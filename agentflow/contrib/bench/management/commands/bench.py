@@ -118,6 +118,14 @@ def render(report: dict[str, Any]) -> str:
         ),
         ("step overhead per process (ms)", f"{flow['step_overhead_ms']:.3f}"),
         (
+            "CPU ms per step, own + Postgres: chain / agentflow / DBOS threads",
+            " / ".join(
+                f"{report['cpu_ms_per_step'][name]['own_ms']:.2f}+"
+                f"{report['cpu_ms_per_step'][name]['postgres_ms']:.2f}"
+                for name in ("chain", "flow", "dbos")
+            ),
+        ),
+        (
             f"worker RSS after {flow['worker_memory']['steps']:,} steps (MiB; growth)",
             f"{flow['worker_memory']['rss_mib']:.1f} ({flow['worker_memory']['growth_mib']:+.1f})",
         ),
