@@ -8,13 +8,21 @@ rule for effects (SPEC 3.3a).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
-from functools import partial
-from typing import Any
+from dataclasses import replace
 
 from django.db import IntegrityError, connection, transaction
 
-from agentflow import dispatch, faults, leases, outcomes, pooler, registry, store, telemetry
+from agentflow import (
+    dispatch,
+    faults,
+    leases,
+    outcomes,
+    pooler,
+    readahead,
+    registry,
+    store,
+    telemetry,
+)
 from agentflow.agent import loop as agent_loop
 from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
 from agentflow.attempts import ClaimedAttempt, describe, retry_delay, transient
@@ -39,7 +47,7 @@ def run_step(
     or a read step with the run's input).
     """
     _drop_broken_connection()
-    ahead = None if redelivered else _read_ahead(run_id, seq, fresh)
+    ahead = None if redelivered else readahead.read_ahead(run_id, seq, fresh)
     if ahead is not None and ahead.done:
         return
     run, claim = _load(run_id, seq, fresh)
@@ -119,70 +127,6 @@ def run_step(
     _run_unclaimed(run, workflow, step, seq, seen, ahead)
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Ahead:
-    """A read step run from its message, before its run was loaded (`_read_ahead`)."""
-
-    done: bool
-    step: str = ""
-    workflow: str = ""
-    version: int = 0
-    input: Any = None
-    output: Any = None
-    error: Exception | None = None
-
-    def answers(
-        self, run: store.StepState, step: StepDef, seen: store.CheckpointRow | None
-    ) -> bool:
-        """Is this the first attempt of `step` that the loaded `run` is waiting for? Then its
-        result stands: a read step is run once per attempt, whoever loads the run."""
-        return (
-            seen is None
-            and (run.workflow, run.version, step.name) == (self.workflow, self.version, self.step)
-            and run.input == self.input
-        )
-
-    def result(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.output
-
-
-def _read_ahead(run_id: str, seq: int, fresh: dispatch.Fresh | None) -> _Ahead | None:
-    """A fresh read step whose message carries the run's input: run it, then record it in one
-    statement fenced on everything the message claimed (the run at `seq` on this step, this
-    definition and input, not cancelling, no checkpoint), so the step costs one round trip.
-
-    A read changes nothing outside, so running it for a run that moved on meanwhile is
-    harmless; then nothing is recorded and the caller loads the run and goes on as usual, with
-    this attempt's result if it is still the one wanted."""
-    if fresh is None or len(fresh) != 4:
-        return None
-    name, version, step_name, carried = fresh
-    workflow = registry.lookup(str(name), int(version))
-    if workflow is None or isinstance(workflow, CodeWorkflow):
-        return None
-    step = workflow.steps.get(str(step_name))
-    if step is None or step.kind != StepKind.READ or step.compensation_only:
-        return None
-    assumed = store.fresh_read_state(run_id, seq, workflow, step.name, carried["input"])
-    ahead = partial(
-        _Ahead,
-        step=step.name,
-        workflow=workflow.name,
-        version=workflow.version,
-        input=assumed.input,
-    )
-    try:
-        output = to_json(step.fn(_context(assumed, step, seq, 1)), f"output of step {step.name}")
-    except Exception as exc:
-        return ahead(done=False, error=exc)
-    faults.crash_point(step.name, "after_effect", 1)
-    if store.unclaimed_complete(assumed, workflow, step, seq, None, output, assumed=True):
-        return ahead(done=True)
-    return ahead(done=False, output=output)
-
-
 def _load(
     run_id: str, seq: int, fresh: dispatch.Fresh | None
 ) -> tuple[store.StepState | None, store.Claim | None]:
@@ -226,36 +170,6 @@ def _settles_first(kind: str | None, seen: store.CheckpointRow | None) -> bool:
     if kind is None:
         return seen.status == StepStatus.FAILED and seen.retryable
     return outcomes.unsettled(kind=kind, status=seen.status, retryable=seen.retryable)
-
-
-def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> StepContext:
-    telemetry.step_started(
-        run_id=run.id,
-        workflow=run.workflow,
-        seq=seq,
-        step=step.name,
-        kind=step.kind,
-        attempt=attempt,
-    )
-    view = getattr(registry.lookup(run.workflow, run.version), "outputs_view", None)
-    # A compensation sees every branch's calls (it tells the customer about the booking
-    # whichever branch fetched it) and is handed the exact call it undoes.
-    every_branch = step.compensation_only
-    undoes = (step.arguments or {}).get("undoes") if every_branch else None
-    return StepContext(
-        run_id=run.id,
-        workflow=run.workflow,
-        seq=seq,
-        step=step.name,
-        attempt=attempt,
-        input=run.input,
-        load_outputs=lambda: (view or dict)(
-            store.outputs_load(run.id, seq, every_branch=every_branch)
-        ),
-        key=step.key,
-        undoes=store.undone_call(run.id, **undoes) if undoes else None,
-        load_calls=lambda: store.calls_load(run.id, seq),
-    )
 
 
 # --- agent runs: replay the function up to its next call -------------------------------------
@@ -325,7 +239,7 @@ def _run_claimed(
             "%s step %d %s: attempt %d takes over from a lost owner; asks the partner first",
             run.id, seq, step.name, claim.attempt,
         )  # fmt: skip
-    ctx = _context(run, step, seq, claim.attempt)
+    ctx = readahead.step_context(run, step, seq, claim.attempt)
     faults.crash_point(step.name, "after_claim", claim.attempt)
     attempt = ClaimedAttempt(run, workflow, step, seq, claim, ctx)
     with leases.kept_alive(
@@ -366,14 +280,14 @@ def _run_unclaimed(
     step: StepDef,
     seq: int,
     seen: store.CheckpointRow | None,
-    ahead: _Ahead | None,
+    ahead: readahead.Ahead | None,
 ) -> None:
     """read: run (unless `ahead` ran this very attempt), then one commit. db: run and commit
     together, under the run's row lock."""
     if store.claim_blocker(seen) is not None:
         return  # a retry not yet due (an early duplicate), or a failure for good
     attempt = seen.attempts + 1 if seen else 1
-    ctx = _context(run, step, seq, attempt)
+    ctx = readahead.step_context(run, step, seq, attempt)
     try:
         if step.kind == StepKind.DB:
             _run_db_step(run, workflow, step, seq, ctx)
