@@ -181,7 +181,7 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
         naive_chain_throughput(WARMUP)
         dbos_throughput(peer, "threads", WARMUP)
         dbos_throughput(peer, "queue", WARMUP)
-        memory = WorkerMemory(samples=[(0, worker_rss_kib(worker))])
+        memory = WorkerMemory(samples=[(0, *worker_rss_kib(worker))])
         ours = connection.settings_dict["NAME"]
         cpu = {
             name: CpuMeter(own=lambda: [worker.pid, *worker.children()], dbname=ours)
@@ -206,7 +206,7 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
                 )
             )
             steps += size * workload.STEPS
-            memory.samples.append((steps, worker_rss_kib(worker)))
+            memory.samples.append((steps, *worker_rss_kib(worker)))
             _delete_bench_runs()
             _vacuum()  # each turn starts from the same clean tables, as autovacuum would keep them
         peer.stop()

@@ -72,31 +72,40 @@ class Commits:
 
 @dataclass(kw_only=True)
 class WorkerMemory:
-    """The worker's resident memory (parent and pool processes, KiB) after so many agentflow
-    steps: a leak shows as growth with the steps done, so the first sample is after warm-up."""
+    """The worker's resident memory (KiB) after so many agentflow steps, its parent apart
+    from its pool processes, which run the steps: a leak shows as growth with the steps done,
+    so the first sample is after warm-up."""
 
-    samples: list[tuple[int, int]] = field(default_factory=list)
+    #: (agentflow steps done, parent KiB, pool processes KiB together)
+    samples: list[tuple[int, int, int]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
-        (_, first), (steps, last) = self.samples[0], self.samples[-1]
+        (_, parent0, pool0), (steps, parent, pool) = self.samples[0], self.samples[-1]
         return {
             "steps": steps,
-            "rss_mib": round(last / 1024, 1),
-            "after_warmup_rss_mib": round(first / 1024, 1),
-            "growth_mib": round((last - first) / 1024, 1),
-            "samples": [[done, round(kib / 1024, 1)] for done, kib in self.samples],
+            "rss_mib": _mib(parent + pool),
+            "pool_rss_mib": _mib(pool),
+            "parent_rss_mib": _mib(parent),
+            "after_warmup_rss_mib": _mib(parent0 + pool0),
+            "growth_mib": _mib(parent + pool - parent0 - pool0),
+            "pool_growth_mib": _mib(pool - pool0),
+            "parent_growth_mib": _mib(parent - parent0),
+            "samples": [[done, _mib(a), _mib(b)] for done, a, b in self.samples],
         }
 
 
-def worker_rss_kib(worker: WorkerProcess) -> int:
-    """VmRSS of the worker's parent and pool processes, from /proc (Linux)."""
-    total = 0
-    for pid in (worker.pid, *worker.children()):
-        status = Path(f"/proc/{pid}/status").read_text()
-        total += int(
-            next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]
-        )
-    return total
+def _mib(kib: int) -> float:
+    return round(kib / 1024, 1)
+
+
+def worker_rss_kib(worker: WorkerProcess) -> tuple[int, int]:
+    """VmRSS of the worker's parent, and of its pool processes together, from /proc (Linux)."""
+    return _rss_kib(worker.pid), sum(_rss_kib(pid) for pid in worker.children())
+
+
+def _rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
 
 
 def bench_worker(concurrency: int, *, beat: bool = False) -> WorkerProcess:

@@ -52,7 +52,7 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
         assert cursor.fetchone()[0] == 0
     memory = flow["worker_memory"]
     assert memory["steps"] == 4 * workload.STEPS and len(memory["samples"]) == 5
-    assert memory["rss_mib"] > 0
+    assert memory["rss_mib"] > 0 and memory["pool_rss_mib"] > 0 and memory["parent_rss_mib"] > 0
     cpu = report["cpu_ms_per_step"]
     assert set(cpu) == {"chain", "flow", "naive", "dbos", "dbos_queue"}
     assert cpu["flow"]["own_ms"] > 0 and cpu["dbos"]["own_ms"] > 0

@@ -88,6 +88,13 @@ def _whole(text: str, *, at_least: int) -> int:
     return value
 
 
+def _memory(memory: dict[str, Any]) -> str:
+    return (
+        f"{memory['pool_rss_mib']:.1f} ({memory['pool_growth_mib']:+.1f}) + "
+        f"{memory['parent_rss_mib']:.1f} ({memory['parent_growth_mib']:+.1f})"
+    )
+
+
 def _dbos_rates(dbos: dict[str, Any]) -> str:
     return f"{dbos['steps_per_s']:,.1f} / {dbos['queue_steps_per_s']:,.1f}"
 
@@ -126,8 +133,8 @@ def render(report: dict[str, Any]) -> str:
             ),
         ),
         (
-            f"worker RSS after {flow['worker_memory']['steps']:,} steps (MiB; growth)",
-            f"{flow['worker_memory']['rss_mib']:.1f} ({flow['worker_memory']['growth_mib']:+.1f})",
+            f"worker RSS after {flow['worker_memory']['steps']:,} steps, pool + parent (MiB)",
+            _memory(flow["worker_memory"]),
         ),
         ("commits per read step", f"{flow['commits_per_read_step']:.3f}"),
         ("commits per effect step", f"{flow['commits_per_effect_step']:.3f}"),
