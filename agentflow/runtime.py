@@ -18,6 +18,7 @@ from agentflow import (
     leases,
     outcomes,
     pooler,
+    readahead,
     registry,
     store,
     telemetry,
@@ -43,9 +44,13 @@ def run_step(
     """Handle one `run_step` message. Safe to call any number of times for the same step.
 
     `redelivered`: the broker gave this message back because its consumer died.
-    `fresh`: the publisher's hint that the run was just moved onto this (claimed) step.
+    `fresh`: the publisher's hint that the run was just moved onto this step (a claimed one,
+    or a read step with the run's input).
     """
     _drop_broken_connection()
+    ahead = None if redelivered else readahead.read_ahead(run_id, seq, fresh)
+    if ahead is not None and ahead.done:
+        return
     run, claim = _load(run_id, seq, fresh)
     if run is None:
         logger.warning("run %s does not exist; dropping its message", run_id)
@@ -125,7 +130,7 @@ def run_step(
                 fence=seen.fence,
             )
             return
-    _run_unclaimed(run, workflow, step, seq, seen)
+    _run_unclaimed(run, workflow, step, seq, seen, ahead)
 
 
 def _load(
@@ -135,7 +140,7 @@ def _load(
     exactly the claim `store.step_claim` would commit after the checks in `run_step`, which
     then hold by construction."""
     if fresh is not None:
-        name, version, step_name = fresh
+        name, version, step_name = fresh[:3]
         workflow = registry.lookup(str(name), int(version))
         step = workflow.steps.get(str(step_name)) if workflow is not None else None
         # Not for an agent run: after a fork its compensations' keys name the branch,
@@ -171,37 +176,6 @@ def _settles_first(kind: str | None, seen: store.CheckpointRow | None) -> bool:
     if kind is None:
         return seen.status == StepStatus.FAILED and seen.retryable
     return outcomes.unsettled(kind=kind, status=seen.status, retryable=seen.retryable)
-
-
-def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> StepContext:
-    telemetry.step_started(
-        run_id=run.id,
-        workflow=run.workflow,
-        seq=seq,
-        step=step.name,
-        kind=step.kind,
-        attempt=attempt,
-    )
-    view = getattr(registry.lookup(run.workflow, run.version), "outputs_view", None)
-    # A compensation sees every branch's calls (it tells the customer about the booking
-    # whichever branch fetched it) and is handed the exact call it undoes.
-    every_branch = step.compensation_only
-    undoes = (step.arguments or {}).get("undoes") if every_branch else None
-    return StepContext(
-        run_id=run.id,
-        workflow=run.workflow,
-        seq=seq,
-        step=step.name,
-        attempt=attempt,
-        input=run.input,
-        load_outputs=lambda: (view or dict)(
-            store.outputs_load(run.id, seq, every_branch=every_branch)
-        ),
-        key=step.key,
-        undoes=store.undone_call(run.id, **undoes) if undoes else None,
-        load_calls=lambda: store.calls_load(run.id, seq),
-        decision=step.decision,
-    )
 
 
 def _settle_wait(
@@ -295,7 +269,7 @@ def _run_claimed(
             "%s step %d %s: attempt %d takes over from a lost owner; asks the partner first",
             run.id, seq, step.name, claim.attempt,
         )  # fmt: skip
-    ctx = _context(run, step, seq, claim.attempt)
+    ctx = readahead.step_context(run, step, seq, claim.attempt)
     faults.crash_point(step.name, "after_claim", claim.attempt)
     attempt = ClaimedAttempt(run, workflow, step, seq, claim, ctx)
     with leases.kept_alive(
@@ -336,18 +310,23 @@ def _run_unclaimed(
     step: StepDef,
     seq: int,
     seen: store.CheckpointRow | None,
+    ahead: readahead.Ahead | None,
 ) -> None:
-    """read: run, then one commit. db: run and commit together, under the run's row lock."""
+    """read: run (unless `ahead` ran this very attempt), then one commit. db: run and commit
+    together, under the run's row lock."""
     if store.claim_blocker(seen) is not None:
         return  # a retry not yet due (an early duplicate), or a failure for good
     attempt = seen.attempts + 1 if seen else 1
-    ctx = _context(run, step, seq, attempt)
+    ctx = readahead.step_context(run, step, seq, attempt)
     try:
         if step.kind == StepKind.DB:
             _run_db_step(run, workflow, step, seq, ctx)
             return
-        output = to_json(step.fn(ctx), f"output of step {step.name}")
-        faults.crash_point(step.name, "after_effect", attempt)
+        if ahead is not None and ahead.answers(run, step, seen):
+            output = ahead.result()
+        else:
+            output = to_json(step.fn(ctx), f"output of step {step.name}")
+            faults.crash_point(step.name, "after_effect", attempt)
         try:
             store.unclaimed_complete(run, workflow, step, seq, seen, output)
         except IntegrityError:

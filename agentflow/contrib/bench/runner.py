@@ -6,6 +6,7 @@ import os
 import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import celery
@@ -17,19 +18,23 @@ from django.db import connection
 from kombu.utils.url import maybe_sanitize_url
 
 from agentflow import store
-from agentflow.contrib.bench import takeover, workload
+from agentflow.contrib.bench import dbos_peer, takeover, workload
+from agentflow.contrib.bench.cpu import CpuMeter, CpuPerStep
 from agentflow.contrib.bench.purge import PurgeFigure, purge_at_scale
 from agentflow.contrib.bench.sweep_scale import sweep_at_scale
 from agentflow.contrib.bench.throughput import (
     BenchError,
     Commits,
     Throughput,
+    WorkerMemory,
     bench_worker,
     chain_throughput,
     commits_per_step,
+    dbos_throughput,
     naive_chain_throughput,
     other_writers_per_s,
     wait_until,
+    worker_rss_kib,
     workflow_throughput,
 )
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
@@ -67,9 +72,10 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         progress(f"sweeper query at {options.history:,} finished runs")
         figure = sweep_at_scale(history=options.history, stale=options.stale, progress=progress)
         report["sweep"] = asdict(figure)
-    chain, mixed, naive, rounds, reads, effects, others, child, purged = _on_worker(
-        options, progress
-    )
+    done = _on_worker(options, progress)
+    chain, mixed, naive = done.total("chain"), done.total("flow"), done.total("naive")
+    dbos, dbos_queue = done.total("dbos"), done.total("dbos_queue")
+    reads, effects = done.reads, done.effects
     report["agentflow"] = {
         **_rates(mixed),
         "commits_per_read_step": round(reads.per_step, 3),
@@ -84,16 +90,30 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
             "steps_per_run": workload.STEPS,
             "read_xids": reads.xids,
             "effect_xids": effects.xids,
-            "other_writers_xids_per_s": round(others, 1),
+            "other_writers_xids_per_s": round(done.others, 1),
         },
+        "worker_memory": done.memory.as_dict(),
     }
     report["celery_chain"] = _rates(chain)
     report["ratio"] = round(mixed.steps_per_s / chain.steps_per_s, 3)
-    report["ratio_per_round"] = [
-        round(flow.steps_per_s / plain.steps_per_s, 3) for plain, flow, _ in rounds
-    ]
+    report["ratio_per_round"] = done.ratios("flow", "chain")
     report["naive_durable_chain"] = _rates(naive)
     report["ratio_to_naive"] = round(mixed.steps_per_s / naive.steps_per_s, 3)
+    report["dbos"] = {
+        "version": done.dbos_version,
+        "threads": dbos_peer.THREADS,
+        "queue_concurrency": dbos_peer.QUEUE_CONCURRENCY,
+        "queue_polling_s": dbos_peer.QUEUE_POLLING_SECONDS,
+        "steps_per_s": round(dbos.steps_per_s, 1),
+        "workflows_per_s": round(dbos.workflows_per_s, 2),
+        "queue_steps_per_s": round(dbos_queue.steps_per_s, 1),
+        "queue_workflows_per_s": round(dbos_queue.workflows_per_s, 2),
+    }
+    report["ratio_to_dbos"] = round(mixed.steps_per_s / dbos.steps_per_s, 3)
+    report["ratio_to_dbos_per_round"] = done.ratios("flow", "dbos")
+    report["ratio_to_dbos_queue"] = round(mixed.steps_per_s / dbos_queue.steps_per_s, 3)
+    report["cpu_ms_per_step"] = {name: figure.as_dict() for name, figure in done.cpu.items()}
+    purged, child = done.purged, done.child
     report["purge"] = purged.as_dict() if purged is not None else None
     report["recovery"] = {"bound_s": takeover.bound_seconds()}
     if child is not None:
@@ -108,60 +128,97 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     return report
 
 
-def _on_worker(
-    options: BenchOptions, progress: Callable[[str], None]
-) -> tuple[
-    Throughput,
-    Throughput,
-    Throughput,
-    list[tuple[Throughput, Throughput, Throughput]],
-    Commits,
-    Commits,
-    float,
-    takeover.Recovery | None,
-    PurgeFigure | None,
-]:
-    """The phases that need a worker, on one worker, from a clean queue and table."""
+@dataclass(frozen=True, kw_only=True)
+class Turn:
+    """One turn of each contender, back to back, so a slow spell slows them all alike."""
+
+    chain: Throughput
+    flow: Throughput
+    naive: Throughput
+    dbos: Throughput
+    dbos_queue: Throughput
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerFigures:
+    turns: list[Turn]
+    reads: Commits
+    effects: Commits
+    others: float
+    memory: WorkerMemory
+    dbos_version: str
+    child: takeover.Recovery | None
+    purged: PurgeFigure | None
+    cpu: dict[str, CpuPerStep]
+
+    def total(self, contender: str) -> Throughput:
+        return Throughput.total(getattr(turn, contender) for turn in self.turns)
+
+    def ratios(self, contender: str, to: str) -> list[float]:
+        return [
+            round(getattr(turn, contender).steps_per_s / getattr(turn, to).steps_per_s, 3)
+            for turn in self.turns
+        ]
+
+
+def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> WorkerFigures:
+    """The phases that need a worker, on one worker, from a clean queue and table; DBOS takes
+    its turn in a process of its own beside it."""
     _delete_bench_runs()
     _vacuum()
     purged = app.control.purge()
     if purged:
         progress(f"purged {purged} leftover messages")
     worker = bench_worker(options.concurrency)
-    progress(f"starting worker -c {options.concurrency} (log: {worker.log_path})")
+    peer = dbos_peer.DbosPeer(_conninfo(), steps=workload.STEPS)
+    progress(f"starting worker -c {options.concurrency} (log: {worker.log_path}) and DBOS")
     try:
         worker.start(timeout=60)
-        progress("warming up")
+        peer.start()
+        progress(f"warming up (DBOS {peer.version})")
         chain_throughput(WARMUP)
         workflow_throughput(workload.MIXED, WARMUP)
         naive_chain_throughput(WARMUP)
-        rounds = []
+        dbos_throughput(peer, "threads", WARMUP)
+        dbos_throughput(peer, "queue", WARMUP)
+        memory = WorkerMemory(samples=[(0, *worker_rss_kib(worker))])
+        ours = connection.settings_dict["NAME"]
+        cpu = {
+            name: CpuMeter(own=lambda: [worker.pid, *worker.children()], dbname=ours)
+            for name in ("chain", "flow", "naive")
+        } | {name: CpuMeter(own=peer.pids, dbname=peer.dbname) for name in ("dbos", "dbos_queue")}
+        turns, steps = [], 0
         for number, size in enumerate(_split(options.runs, options.rounds), start=1):
             progress(
                 f"round {number}: plain Celery chain, {size} chains x {workload.STEPS} tasks; "
-                f"agentflow, {size} runs x {workload.STEPS} steps; hand-written durable chain"
+                f"agentflow, {size} runs x {workload.STEPS} steps; hand-written durable chain; "
+                f"DBOS, {size} workflows from {dbos_peer.THREADS} threads, then on its queue"
             )
-            rounds.append(
-                (
-                    chain_throughput(size),
-                    workflow_throughput(workload.MIXED, size),
-                    naive_chain_throughput(size),
+            turns.append(
+                Turn(
+                    chain=cpu["chain"].measure(partial(chain_throughput, size)),
+                    flow=cpu["flow"].measure(partial(workflow_throughput, workload.MIXED, size)),
+                    naive=cpu["naive"].measure(partial(naive_chain_throughput, size)),
+                    dbos=cpu["dbos"].measure(partial(dbos_throughput, peer, "threads", size)),
+                    dbos_queue=cpu["dbos_queue"].measure(
+                        partial(dbos_throughput, peer, "queue", size)
+                    ),
                 )
             )
+            steps += size * workload.STEPS
+            memory.samples.append((steps, *worker_rss_kib(worker)))
             _delete_bench_runs()
             _vacuum()  # each turn starts from the same clean tables, as autovacuum would keep them
-        chain = Throughput.total(plain for plain, _, _ in rounds)
-        mixed = Throughput.total(flow for _, flow, _ in rounds)
-        naive = Throughput.total(hand for _, _, hand in rounds)
+        peer.stop()
         wait_until(_queue_empty, timeout=30, what=lambda: "the broker queue to drain")
         idle_before = other_writers_per_s()
         progress(f"commits: {options.commit_runs} read-only and effect-only runs")
         reads = commits_per_step(workload.READ_ONLY, options.commit_runs)
         effects = commits_per_step(workload.EFFECT_ONLY, options.commit_runs)
         others = (idle_before + other_writers_per_s()) / 2
-        purged = None
+        purge = None
         if options.purge_runs:
-            purged = purge_at_scale(
+            purge = purge_at_scale(
                 runs=options.purge_runs,
                 step_runs=_split(options.runs, options.rounds)[0],
                 progress=progress,
@@ -172,13 +229,30 @@ def _on_worker(
         if options.child_kills:
             progress(f"recovery: {options.child_kills} pool-child kills")
             child = takeover.child_kill_recovery(worker, samples=options.child_kills)
-    except (BenchError, ProcessStartError) as exc:
+    except (BenchError, ProcessStartError, dbos_peer.DbosUnavailable) as exc:
         raise BenchError(f"{exc}\nworker log ({worker.log_path}):\n{worker.log_tail()}") from None
     finally:
         worker.kill()
+        peer.stop()
         _delete_bench_runs()
     worker.log_path.unlink(missing_ok=True)  # kept only when something went wrong
-    return chain, mixed, naive, rounds, reads, effects, others, child, purged
+    return WorkerFigures(
+        turns=turns,
+        reads=reads,
+        effects=effects,
+        others=others,
+        memory=memory,
+        dbos_version=peer.version,
+        child=child,
+        purged=purge,
+        cpu={name: meter.figure for name, meter in cpu.items()},
+    )
+
+
+def _conninfo() -> dict[str, Any]:
+    """Where DBOS's system database goes: the bench's own server, as this process reaches it."""
+    params = connection.get_connection_params()
+    return {key: params.get(key) for key in ("dbname", "user", "password", "host", "port")}
 
 
 def _split(total: int, parts: int) -> list[int]:

@@ -1,11 +1,13 @@
-"""Timed phases on real workers: plain Celery chains, agentflow runs, and commits per step."""
+"""Timed phases on real workers: plain Celery chains, agentflow runs, DBOS, commits per step, and
+the worker's resident memory as the steps add up."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 from celery import Signature, chain
@@ -15,6 +17,7 @@ from django.utils import timezone
 
 from agentflow import durable
 from agentflow.contrib.bench import workload
+from agentflow.contrib.bench.dbos_peer import DbosPeer
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.store import synthetic
@@ -65,6 +68,44 @@ class Commits:
     def per_step(self) -> float:
         # Each durable.start is one commit of its own; the rest belongs to the steps.
         return (self.xids - self.throughput.runs) / self.throughput.steps
+
+
+@dataclass(kw_only=True)
+class WorkerMemory:
+    """The worker's resident memory (KiB) after so many agentflow steps, its parent apart
+    from its pool processes, which run the steps: a leak shows as growth with the steps done,
+    so the first sample is after warm-up."""
+
+    #: (agentflow steps done, parent KiB, pool processes KiB together)
+    samples: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        (_, parent0, pool0), (steps, parent, pool) = self.samples[0], self.samples[-1]
+        return {
+            "steps": steps,
+            "rss_mib": _mib(parent + pool),
+            "pool_rss_mib": _mib(pool),
+            "parent_rss_mib": _mib(parent),
+            "after_warmup_rss_mib": _mib(parent0 + pool0),
+            "growth_mib": _mib(parent + pool - parent0 - pool0),
+            "pool_growth_mib": _mib(pool - pool0),
+            "parent_growth_mib": _mib(parent - parent0),
+            "samples": [[done, _mib(a), _mib(b)] for done, a, b in self.samples],
+        }
+
+
+def _mib(kib: int) -> float:
+    return round(kib / 1024, 1)
+
+
+def worker_rss_kib(worker: WorkerProcess) -> tuple[int, int]:
+    """VmRSS of the worker's parent, and of its pool processes together, from /proc (Linux)."""
+    return _rss_kib(worker.pid), sum(_rss_kib(pid) for pid in worker.children())
+
+
+def _rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
 
 
 def bench_worker(concurrency: int, *, beat: bool = False) -> WorkerProcess:
@@ -150,6 +191,13 @@ def _timed_chains(chains: int, links: Callable[[str], list[Signature]]) -> Throu
     finally:
         client.delete(done_key, workload.done_at_key(done_key))
     return Throughput(runs=chains, steps=chains * workload.STEPS, seconds=ended - started)
+
+
+# --- DBOS -----------------------------------------------------------------------------------------
+def dbos_throughput(peer: DbosPeer, mode: str, workflows: int) -> Throughput:
+    """`workflows` DBOS workflows of STEPS no-op steps, from two threads or on its queue."""
+    seconds = peer.run(mode, workflows, timeout=phase_timeout(workflows * workload.STEPS))
+    return Throughput(runs=workflows, steps=workflows * workload.STEPS, seconds=seconds)
 
 
 # --- agentflow ----------------------------------------------------------------------------------

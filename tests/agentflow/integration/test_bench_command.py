@@ -7,6 +7,7 @@ import json
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from agentflow.contrib.bench import workload
 from agentflow.models import WorkflowRun
@@ -34,6 +35,27 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     assert chain["runs"] == flow["runs"] == 4  # in turns: 4 rounds of one run each
     assert len(report["ratio_per_round"]) == 4 and all(r > 0 for r in report["ratio_per_round"])
     assert report["naive_durable_chain"]["runs"] == 4 and report["ratio_to_naive"] > 0
+    # DBOS in the same turns, in its own process and system database, dropped after.
+    dbos = report["dbos"]
+    assert dbos["version"].startswith("3.") and (dbos["threads"], dbos["queue_concurrency"]) == (
+        2,
+        2,
+    )
+    assert dbos["steps_per_s"] > 0 and dbos["queue_steps_per_s"] > 0
+    assert report["ratio_to_dbos"] > 0 and report["ratio_to_dbos_queue"] > 0
+    assert len(report["ratio_to_dbos_per_round"]) == 4
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_database WHERE datname = %s",
+            [f"{connection.settings_dict['NAME']}_dbos"],
+        )
+        assert cursor.fetchone()[0] == 0
+    memory = flow["worker_memory"]
+    assert memory["steps"] == 4 * workload.STEPS and len(memory["samples"]) == 5
+    assert memory["rss_mib"] > 0 and memory["pool_rss_mib"] > 0 and memory["parent_rss_mib"] > 0
+    cpu = report["cpu_ms_per_step"]
+    assert set(cpu) == {"chain", "flow", "naive", "dbos", "dbos_queue"}
+    assert cpu["flow"]["own_ms"] > 0 and cpu["dbos"]["own_ms"] > 0
     # Counted from Postgres transaction ids, which other writers on the cluster also consume.
     assert flow["commits_per_read_step"] >= 1.0
     assert flow["commits_per_effect_step"] >= 2.0

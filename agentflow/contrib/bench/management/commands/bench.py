@@ -15,9 +15,9 @@ from agentflow.contrib.bench.throughput import BenchError
 
 class Command(BaseCommand):
     help = (
-        "Measure agentflow against a plain Celery chain on the configured Postgres and Redis: "
-        "steps/s, commits per step, per-step overhead, the sweeper's query and the retention "
-        "purge at scale."
+        "Measure agentflow against a plain Celery chain and DBOS on the configured Postgres and "
+        "Redis: steps/s, commits per step, per-step overhead, the worker's memory, the sweeper's "
+        "query and the retention purge at scale."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -88,6 +88,17 @@ def _whole(text: str, *, at_least: int) -> int:
     return value
 
 
+def _memory(memory: dict[str, Any]) -> str:
+    return (
+        f"{memory['pool_rss_mib']:.1f} ({memory['pool_growth_mib']:+.1f}) + "
+        f"{memory['parent_rss_mib']:.1f} ({memory['parent_growth_mib']:+.1f})"
+    )
+
+
+def _dbos_rates(dbos: dict[str, Any]) -> str:
+    return f"{dbos['steps_per_s']:,.1f} / {dbos['queue_steps_per_s']:,.1f}"
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as a readable table."""
     flow, plain, sweep, env = (
@@ -107,7 +118,24 @@ def render(report: dict[str, Any]) -> str:
             f"{report['naive_durable_chain']['steps_per_s']:,.1f}",
         ),
         ("ratio (agentflow / hand-written)", f"{report['ratio_to_naive']:.3f}"),
+        ("DBOS steps/s, 2 threads / its queue", _dbos_rates(report["dbos"])),
+        (
+            "ratio (agentflow / DBOS threads, queue)",
+            f"{report['ratio_to_dbos']:.3f} / {report['ratio_to_dbos_queue']:.3f}",
+        ),
         ("step overhead per process (ms)", f"{flow['step_overhead_ms']:.3f}"),
+        (
+            "CPU ms per step, own + Postgres: chain / agentflow / DBOS threads",
+            " / ".join(
+                f"{report['cpu_ms_per_step'][name]['own_ms']:.2f}+"
+                f"{report['cpu_ms_per_step'][name]['postgres_ms']:.2f}"
+                for name in ("chain", "flow", "dbos")
+            ),
+        ),
+        (
+            f"worker RSS after {flow['worker_memory']['steps']:,} steps, pool + parent (MiB)",
+            _memory(flow["worker_memory"]),
+        ),
         ("commits per read step", f"{flow['commits_per_read_step']:.3f}"),
         ("commits per effect step", f"{flow['commits_per_effect_step']:.3f}"),
     ]
