@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentflow.agent.canonical import normalise
-from agentflow.agent.fingerprint import Fingerprint, llm_fingerprint
 
 Message = dict[str, Any]
 
@@ -108,11 +107,6 @@ class ModelRequest:
     model: str
     messages: tuple[Message, ...]
     tools: tuple[dict[str, Any], ...] = ()
-
-    def fingerprint(self, position: int) -> Fingerprint:
-        return llm_fingerprint(
-            position, model=self.model, messages=list(self.messages), tools=list(self.tools)
-        )
 
     def as_json(self) -> dict[str, Any]:
         return {"model": self.model, "messages": list(self.messages), "tools": list(self.tools)}

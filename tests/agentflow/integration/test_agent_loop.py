@@ -179,7 +179,11 @@ def test_fork__then_failing__undoes_the_superseded_effects_the_new_branch_did_no
     turn_2 = StepCheckpoint.objects.get(run_id=run_id, seq=4)
     recorded = turn_2.arguments
     StepCheckpoint.objects.filter(pk=turn_2.pk).update(
-        arguments={**recorded, "arguments": {**recorded["arguments"], "model": "another model"}}
+        arguments={
+            **recorded,
+            "arguments": {**recorded["arguments"], "model": "another model"},
+            "digest": "the digest of the turn as another model was asked",
+        }
     )
     assert drive(run_id).status == RunStatus.NEEDS_ATTENTION  # diverged at 4
     store.run_fork(run_id, position=4, actor="ops", reason="x")
