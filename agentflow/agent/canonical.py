@@ -35,7 +35,7 @@ def canonical_json(value: Any) -> str:
         NotCanonicalError: `value` is not made of dicts with string keys, lists, tuples,
             strings, finite numbers, booleans and None.
     """
-    return _ENCODER.encode(value if _is_normal(value) else _normalise(value, "$"))
+    return _ENCODER.encode(plain(value))
 
 
 def unchanged(value: Any, text: str) -> bool:
@@ -50,6 +50,12 @@ def unchanged(value: Any, text: str) -> bool:
 def digest(value: Any) -> str:
     """SHA-256 of the canonical text, hex: a short, stable name for a value."""
     return hashlib.sha256(canonical_json(value).encode("ascii")).hexdigest()
+
+
+def plain(value: Any) -> Any:
+    """What `normalise` makes of `value` for writing it as JSON (tuples may stay tuples), and
+    `value` itself, not a copy, when it already is: for texts made on every replay."""
+    return value if _is_normal(value) else _normalise(value, "$")
 
 
 def normalise(value: Any) -> Any:
@@ -74,7 +80,10 @@ def _is_normal(value: Any) -> bool:
                 return False
         return True
     if kind is list or kind is tuple:
-        return all(type(item) is str or _is_normal(item) for item in value)
+        for item in value:  # noqa: SIM110 (a loop: all() over a generator is slower here)
+            if type(item) is not str and not _is_normal(item):
+                return False
+        return True
     if kind is int:
         return -_EXACT_INTEGER_LIMIT < value < _EXACT_INTEGER_LIMIT
     if kind is float:

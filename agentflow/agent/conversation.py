@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow.agent.canonical import normalise
+from agentflow.agent.canonical import plain
 
 Message = dict[str, Any]
 
@@ -19,7 +19,7 @@ Message = dict[str, Any]
 def message_json(value: Any) -> str:
     """Deterministic JSON text for message contents (a tool's result, a call's arguments):
     sorted keys and numbers by value, like canonical JSON, but readable non-ASCII text."""
-    return json.dumps(normalise(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def system_message(text: str) -> Message:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from agentflow.agent.canonical import canonical_json, digest, normalise
+from agentflow.agent.canonical import canonical_json, digest, normalise, plain
 
 #: The checkpoint name of every model turn (tools and steps are named by their own names), so
 #: `AGENTFLOW_CRASH_AT=llm:after_effect` reads naturally.
@@ -31,6 +31,9 @@ class CallKind(StrEnum):
     LLM = "llm"
     TOOL = "tool"
     STEP = "step"
+
+
+_KINDS = {str(kind): kind for kind in CallKind}  # a dict's lookup: an enum's call is slower
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,14 +67,13 @@ class Fingerprint:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Fingerprint:
-        """A recorded fingerprint. A tool's or step's digest is computed again from its values
-        (what `jsonb` handed back); a model turn's chain is taken as recorded, except from a turn
-        recorded whole, before deltas (no `keep`), whose chain is computed from its messages."""
-        position, kind, name = int(data["position"]), CallKind(data["kind"]), str(data["name"])
+        """A recorded fingerprint, its digest as recorded (the digest of the canonical values
+        when they were recorded), except a model turn recorded whole, before deltas (no
+        `keep`): its digest then named the whole request, so its chain is computed from its
+        messages."""
+        position, kind, name = int(data["position"]), _KINDS[data["kind"]], str(data["name"])
         arguments = data["arguments"]
-        if kind != CallKind.LLM:
-            return _of_values(position, kind, name, normalise(arguments))
-        if "keep" in arguments:
+        if kind != CallKind.LLM or "keep" in arguments:
             return cls(
                 position=position, kind=kind, name=name, arguments=arguments, digest=data["digest"]
             )
@@ -96,8 +98,8 @@ def chain_link(chain: str, text: str) -> str:
 
 def turn_digest(*, model: str, chain: str, tools_digest: str) -> str:
     """A model turn is the same call when the model, the conversation (its chain) and the
-    tools are."""
-    return digest([str(CallKind.LLM), LLM_CALL_NAME, [model, chain, tools_digest]])
+    tools are. Two digests of fixed length, then the model's name: one way to read it."""
+    return hashlib.sha256(f"llm{chain}{tools_digest}{model}".encode()).hexdigest()
 
 
 def llm_fingerprint(
@@ -120,11 +122,11 @@ def llm_fingerprint(
 def tool_fingerprint(position: int, name: str, arguments: Any) -> Fingerprint:
     """`arguments` as the model sent them (parsed), before validation: a call the registry
     refused is recorded, and replayed, like any other."""
-    return _of_values(position, CallKind.TOOL, name, normalise(arguments))
+    return _of_values(position, CallKind.TOOL, name, plain(arguments))
 
 
 def step_fingerprint(position: int, name: str, arguments: Any) -> Fingerprint:
-    return _of_values(position, CallKind.STEP, name, normalise(arguments))
+    return _of_values(position, CallKind.STEP, name, plain(arguments))
 
 
 def _of_values(position: int, kind: CallKind, name: str, arguments: Any) -> Fingerprint:

@@ -282,6 +282,7 @@ class AgentContext:
         branch: int,
         recorded: Sequence[Any],
         reusable: Callable[[], Sequence[Any]],
+        turns: Callable[[int], Sequence[Any]],
         exact: bool = False,
     ) -> None:
         self.run_id = run_id
@@ -291,6 +292,7 @@ class AgentContext:
         self._branch = branch
         self._recorded = {call.seq: call for call in recorded}
         self._reusable = reusable
+        self._load_turns = turns
         self._position = 0
         self._turns_taken = 0
         self._tokens = 0
@@ -356,7 +358,8 @@ class AgentContext:
         capped = self._limits.tool_call_refusal(in_turn=self._turn_calls, in_run=self._calls_run)
         if capped is None:
             self._calls_run += 1
-        fingerprint = tool_fingerprint(position, call.name, call.arguments)
+        arguments = call.arguments
+        fingerprint = tool_fingerprint(position, call.name, arguments)
         recorded = self._replayed(fingerprint)
         if recorded is not None:
             outcome = ToolOutcome.from_json(recorded)
@@ -364,7 +367,7 @@ class AgentContext:
                 ToolRecord(
                     position=position,
                     name=call.name,
-                    arguments=call.arguments,
+                    arguments=arguments,
                     result=outcome.result,
                     ok=outcome.ok,
                 )
@@ -377,7 +380,7 @@ class AgentContext:
                 call.name, refusal("limit_reached", f"{call.name} was not called: {capped}.")
             )
         else:
-            prepared = toolbox.prepare(call.name, call.arguments, history=history)
+            prepared = toolbox.prepare(call.name, arguments, history=history)
 
         def run(ctx: StepContext) -> Any:
             return prepared.run(_tool_context(ctx, call.name, history)).as_json()
@@ -483,11 +486,8 @@ class AgentContext:
     def _whole_recorded(self, position: int) -> Fingerprint | None:
         """The model turn recorded at `position`, rebuilt whole from the turns before it."""
         request = None
-        for seq in sorted(self._recorded):
-            arguments = self._recorded[seq].arguments or {}
-            if seq > position or arguments.get("kind") != CallKind.LLM:
-                continue
-            request = whole_request(arguments.get("arguments"), request)
+        for turn in self._load_turns(position):
+            request = whole_request((turn.arguments or {}).get("arguments"), request)
             if request is None:
                 return None
         if request is None:
@@ -545,8 +545,11 @@ def replay(
     branch: int,
     recorded: Sequence[Any],
     reusable: Callable[[], Sequence[Any]],
+    turns: Callable[[int], Sequence[Any]],
 ) -> Outcome:
     """Run the function from the top against its recorded calls; what this task must do.
+    `recorded`: the branch's calls, model turns by digest; `turns(position)`: its model turns
+    up to `position` with their stored messages (a divergence's diff reads them).
 
     Again, comparing every turn's messages by value, if the function changed a message in
     place after a model turn was sent it (see `Turns`)."""
@@ -560,6 +563,7 @@ def replay(
             branch=branch,
             recorded=recorded,
             reusable=reusable,
+            turns=turns,
             exact=exact,
         )
         return _run(workflow, seq, ctx), ctx

@@ -78,10 +78,9 @@ class Turns:
     def observe(self, model: str, messages: Sequence[Any]) -> Turn:
         now = tuple(messages)
         texts = [canonical_json(m) for m in now] if self._exact else None
-        same: Callable[[Any, Any], bool] = operator.eq if self._exact else operator.is_
-        matched = list(map(same, texts if texts is not None else now, self._sent))
-        keep = matched.index(False) if False in matched else len(matched)
-        chains = self._chains[: keep + 1]
+        keep = _kept(texts if texts is not None else now, self._sent, exact=self._exact)
+        chains = self._chains
+        del chains[keep + 1 :]  # a turn that only appends (the usual one) copies nothing
         for index in range(keep, len(now)):
             if texts is not None:
                 text = texts[index]
@@ -89,7 +88,7 @@ class Turns:
                 text = canonical_json(now[index])
                 self._hashed.append((now[index], text))
             chains.append(chain_link(chains[-1], text))
-        self._sent, self._chains = (tuple(texts) if texts is not None else now), chains
+        self._sent = tuple(texts) if texts is not None else now
         tools, self._first = (self._tools if self._first else None), False
         return Turn(
             model=model,
@@ -103,6 +102,15 @@ class Turns:
         """Was a message this replay hashed changed afterwards (so a later turn it was kept in
         may have been another request than its digest says)?"""
         return not all(unchanged(message, text) for message, text in self._hashed)
+
+
+def _kept(now: Sequence[Any], sent: Sequence[Any], *, exact: bool) -> int:
+    """How many of `sent` the request `now` starts with: the same objects (the same texts when
+    `exact`), compared in C."""
+    same: Callable[[Any, Any], bool] = operator.eq if exact else operator.is_
+    if all(map(same, now, sent)):
+        return min(len(now), len(sent))
+    return list(map(same, now, sent)).index(False)
 
 
 def whole_request(arguments: Any, before: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from agentflow import store
 from agentflow.contrib.bench import takeover, workload
+from agentflow.contrib.bench.agent_scale import POSITIONS, agent_scale
 from agentflow.contrib.bench.purge import PurgeFigure, purge_at_scale
 from agentflow.contrib.bench.sweep_scale import sweep_at_scale
 from agentflow.contrib.bench.throughput import (
@@ -57,6 +58,8 @@ class BenchOptions:
     #: Kills per recovery figure (a pool child; a whole worker while another one runs).
     child_kills: int = 5
     worker_kills: int = 10
+    #: The lengths of the agent runs measured (empty: none).
+    agent_positions: tuple[int, ...] = POSITIONS
 
 
 def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict:
@@ -95,6 +98,9 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     report["naive_durable_chain"] = _rates(naive)
     report["ratio_to_naive"] = round(mixed.steps_per_s / naive.steps_per_s, 3)
     report["purge"] = purged.as_dict() if purged is not None else None
+    report["agent_scale"] = (
+        agent_scale(options.agent_positions, progress=progress) if options.agent_positions else None
+    )
     report["recovery"] = {"bound_s": takeover.bound_seconds()}
     if child is not None:
         report["recovery"]["child_kill"] = child.as_dict()

@@ -100,6 +100,7 @@ def test_agent__another_call_at_a_recorded_position__parked_with_a_readable_diff
         arguments={
             **StepCheckpoint.objects.get(run_id=run_id, seq=2).arguments,
             "arguments": {"item": "banana"},
+            "digest": "the digest of a lookup of bananas",
         }
     )
 
@@ -120,7 +121,11 @@ def test_fork__from_a_diverged_position__same_calls_reused_others_keyed_by_branc
         runtime.run_step(run_id, seq)
     recorded = StepCheckpoint.objects.get(run_id=run_id, seq=2)
     StepCheckpoint.objects.filter(pk=recorded.pk).update(
-        arguments={**recorded.arguments, "arguments": {"item": "banana"}}
+        arguments={
+            **recorded.arguments,
+            "arguments": {"item": "banana"},
+            "digest": "the digest of a lookup of bananas",
+        }
     )
     assert drive(run_id).status == RunStatus.NEEDS_ATTENTION
 
