@@ -94,14 +94,25 @@ class AgentScale:
     ms_per_task_last: float
     #: From start to COMPLETED on the worker.
     run_s: float
-    #: The worker's pool process, resident, after the run.
+    #: The worker's pool process, resident, after the run (the runs share one process).
     worker_rss_mb: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentMemory:
+    """The worker's pool process, resident: once started, after each run, and after the
+    longest run made again (a process that kept what its tasks loaded would grow there)."""
+
+    started_mb: float
+    after_runs_mb: list[float]
+    after_longest_again_mb: float
 
 
 def agent_scale(
     positions: Sequence[int] = POSITIONS, *, progress: Callable[[str], None] = lambda _: None
-) -> list[dict[str, Any]]:
-    """One run of each length, longest last, on one fresh single-process worker."""
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One run of each length, in order, then the longest again, on one fresh single-process
+    worker: the figures of each run, and the worker's memory."""
     for length in positions:
         if length < 4 or length % 2:
             raise BenchError(f"agent runs have an even number of positions, 4 or more: {length}")
@@ -120,16 +131,25 @@ def agent_scale(
     figures = []
     try:
         worker.start(timeout=60)
+        started = _worker_rss_mb(worker)
         for length in positions:
             progress(f"agent scale: one run of {length} positions")
-            figures.append(asdict(_one_run(worker, length)))
+            figures.append(_one_run(worker, length))
+        longest = max(positions)
+        progress(f"agent scale: the run of {longest} positions again, for the worker's memory")
+        again = _one_run(worker, longest)
     except (BenchError, ProcessStartError) as exc:
         raise BenchError(f"{exc}\nworker log ({worker.log_path}):\n{worker.log_tail()}") from None
     finally:
         worker.kill()
         store.runs_delete(workflows=[AGENT])
     worker.log_path.unlink(missing_ok=True)
-    return figures
+    memory = AgentMemory(
+        started_mb=started,
+        after_runs_mb=[figure.worker_rss_mb for figure in figures],
+        after_longest_again_mb=again.worker_rss_mb,
+    )
+    return [asdict(figure) for figure in figures], asdict(memory)
 
 
 def _one_run(worker: WorkerProcess, positions: int) -> AgentScale:
@@ -153,7 +173,7 @@ def _one_run(worker: WorkerProcess, positions: int) -> AgentScale:
         bytes_per_position=round(stored / positions, 1),
         ms_per_task_last=round(_last_task_ms(run_id, positions), 3),
         run_s=round(run_s, 3),
-        worker_rss_mb=round(max(_rss_mb(pid) for pid in worker.children()), 1),
+        worker_rss_mb=_worker_rss_mb(worker),
     )
 
 
@@ -198,8 +218,9 @@ def _last_task_ms(run_id: str, positions: int) -> float:
     return statistics.median(samples)
 
 
-def _rss_mb(pid: int) -> float:
+def _worker_rss_mb(worker: WorkerProcess) -> float:
+    [pid] = worker.children()
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise BenchError(f"no resident size for process {pid}")
+            return round(int(line.split()[1]) / 1024, 1)
+    raise BenchError(f"no resident size for the worker's process {pid}")

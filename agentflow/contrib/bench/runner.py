@@ -98,8 +98,10 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     report["naive_durable_chain"] = _rates(naive)
     report["ratio_to_naive"] = round(mixed.steps_per_s / naive.steps_per_s, 3)
     report["purge"] = purged.as_dict() if purged is not None else None
-    report["agent_scale"] = (
-        agent_scale(options.agent_positions, progress=progress) if options.agent_positions else None
+    report["agent_scale"], report["agent_memory"] = (
+        agent_scale(options.agent_positions, progress=progress)
+        if options.agent_positions
+        else (None, None)
     )
     report["recovery"] = {"bound_s": takeover.bound_seconds()}
     if child is not None:

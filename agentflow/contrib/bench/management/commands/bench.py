@@ -165,6 +165,14 @@ def render(report: dict[str, Any]) -> str:
                 f"{agent['run_s']:.1f} / {agent['worker_rss_mb']:.0f}",
             )
         )
+    memory = report.get("agent_memory")
+    if memory:
+        rows.append(
+            (
+                "agent worker RSS (MB): started / after the longest run again",
+                f"{memory['started_mb']:.0f} / {memory['after_longest_again_mb']:.0f}",
+            )
+        )
     for kind, label in (("child_kill", "pool child"), ("worker_kill", "whole worker")):
         figure = report["recovery"].get(kind)
         if figure:
