@@ -473,9 +473,13 @@ class AgentContext:
     def _check(
         self, recorded: Any, now: Fingerprint, whole: Callable[[], Fingerprint] | None
     ) -> None:
+        stored = recorded.arguments or {}
+        said = [stored.get(key) for key in ("digest", "position", "kind", "name")]
+        if said == [now.digest, now.position, now.kind, now.name]:
+            return  # the usual case, read without building the recorded fingerprint
         found = Fingerprint.from_json(recorded.arguments)
         if found.matches(now):
-            return
+            return  # a model turn recorded whole, before deltas
         if whole is not None and found.kind == CallKind.LLM:
             # Stored as deltas: the diff reads the two whole conversations.
             found, now = self._whole_recorded(found.position) or found, whole()
