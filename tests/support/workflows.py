@@ -592,3 +592,26 @@ def count_along(ctx: durable.AgentContext) -> str:
         for tool_call in turn.tool_calls:
             messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
     return turn.text
+
+
+#: The counting agent, but once the partner flag `<run>/edit` is set its function edits the
+#: user's message in place after each turn: the later requests then differ from the recorded
+#: ones although each holds the very message objects sent before.
+editing_agent = durable.CodeWorkflow(
+    "editing_agent",
+    version=1,
+    toolbox=counting,
+    model=ScriptedModel("scripted-counter", counting_plan),
+)
+
+
+@editing_agent.run
+def count_and_edit(ctx: durable.AgentContext) -> str:
+    messages = [system_message("You count."), user_message("Square 1 to 19, one at a time.")]
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for tool_call in turn.tool_calls:
+            messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+        if partner.is_released(f"{ctx.run_id}/edit"):
+            messages[1]["content"] = "Square 1 to 19, twice."
+    return turn.text

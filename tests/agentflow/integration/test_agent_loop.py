@@ -298,3 +298,23 @@ def test_agent__tool_calls_past_the_turn_s_or_run_s_cap_are_refused(
         assert run.status == RunStatus.FAILED and run.error == "nothing was bought"
     else:
         assert run.status == RunStatus.COMPLETED, run.error
+
+
+def test_agent__a_sent_message_edited_in_place__diverges_at_the_turn_that_sends_it_changed(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """A turn keeps the previous turn's messages by identity; a message changed in place since
+    it was hashed is found, and the replay compares every turn by value instead."""
+    run_id = durable.start(workflows.editing_agent.name)
+    for seq in (1, 2, 3, 4):  # turn 1, its count, turn 2, its count
+        runtime.run_step(run_id, seq)
+    partner.release(f"{run_id}/edit")  # a deploy: the function now edits the user's message
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.NEEDS_ATTENTION
+    event = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.DIVERGENCE)
+    assert event.data["position"] == 3  # turn 2, the first sent after the edit
+    [change] = event.data["changes"]
+    assert change["path"] == "arguments.messages[1].content"
+    assert change["now"] == '"Square 1 to 19, twice."'
