@@ -62,7 +62,8 @@ def turns_load(run_id: str, through_seq: int) -> list[RecordedCall]:
 
 def _slim_arguments() -> str:
     if sql.postgres():
-        return """CASE WHEN arguments #> '{arguments}' ? 'keep'
+        return """CASE WHEN jsonb_typeof(arguments -> 'arguments') = 'object'
+                AND arguments -> 'arguments' ? 'keep'
             THEN arguments #- '{arguments,messages}' #- '{arguments,tools}'
             ELSE arguments END"""
     return """CASE WHEN json_type(arguments, '$.arguments.keep') IS NOT NULL
