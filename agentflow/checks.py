@@ -44,6 +44,22 @@ def model_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return []
 
 
+@checks.register()
+def approval_timeout(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A call waiting for approval times out into the reject path after this many seconds; a
+    value that is no positive number would fail every such call when it is first asked."""
+    value = settings.AGENTFLOW_APPROVAL_TIMEOUT
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return []
+    return [
+        checks.Error(
+            f"AGENTFLOW_APPROVAL_TIMEOUT must be a positive number of seconds, not {value!r}.",
+            hint="48 * 3600 (the default) waits two days for an operator's decision.",
+            id="agentflow.E003",
+        )
+    ]
+
+
 #: Brokers that hand an unacked message to another worker after a visibility timeout, and the
 #: timeout kombu gives them when none is set.
 VISIBILITY_TIMEOUT_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sqs": 1800.0}

@@ -58,6 +58,10 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "AGENTFLOW_AGENT_MAX_TURNS": (20, "Model turns per agent run."),
     "AGENTFLOW_AGENT_MAX_TOKENS": (100_000, "Model tokens per agent run."),
     "AGENTFLOW_AGENT_MAX_TOOL_CALLS": (40, "Tool calls per agent run."),
+    "AGENTFLOW_APPROVAL_TIMEOUT": (
+        48 * 3600.0,
+        "Seconds a call declared requires_approval waits for a decision before it is rejected.",
+    ),
     "AGENTFLOW_METRICS_TOKEN": ("", "Bearer token the metrics view requires when set."),
     "AGENTFLOW_METRICS_PUBLIC": (
         False,

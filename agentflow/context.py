@@ -33,6 +33,35 @@ class UndoneCall:
     idempotency_key: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """An operator's answer to a call that waited for approval (SPEC §4 C), as recorded at the
+    call's position: a step that runs after it reads who approved it and why."""
+
+    approved: bool
+    actor: str
+    reason: str
+    #: Nobody decided within `AGENTFLOW_APPROVAL_TIMEOUT`: the reject path (never approved).
+    timed_out: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "approved": self.approved,
+            "actor": self.actor,
+            "reason": self.reason,
+            "timed_out": self.timed_out,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Decision:
+        return cls(
+            approved=bool(data.get("approved")),
+            actor=str(data.get("actor", "")),
+            reason=str(data.get("reason", "")),
+            timed_out=bool(data.get("timed_out")),
+        )
+
+
 class StepContext:
     """Passed to every step, reconcile and compensation function.
 
@@ -45,6 +74,7 @@ class StepContext:
         "_lost",
         "_outputs",
         "attempt",
+        "decision",
         "idempotency_key",
         "input",
         "run_id",
@@ -67,6 +97,7 @@ class StepContext:
         key: str | None = None,
         undoes: UndoneCall | None = None,
         load_calls: Callable[[], Sequence[Any]] | None = None,
+        decision: Decision | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -77,6 +108,8 @@ class StepContext:
         self.idempotency_key = key or idempotency_key(run_id, seq)
         #: A compensation's: the call it undoes (None for every other step).
         self.undoes = undoes
+        #: A step declared `requires_approval`: the approval it runs under (None otherwise).
+        self.decision = decision
         self._load_outputs = load_outputs
         self._load_calls = load_calls
         self._outputs: dict[str, Any] | None = None

@@ -30,7 +30,8 @@ def fresh_hint(workflow: Workflow, step: str) -> Fresh | None:
     """The hint that lets the worker claim `step` while it loads the run (see
     `store.state_load_claiming`); None for steps that take no claim."""
     found = workflow.steps.get(step)
-    if found is not None and found.kind in CLAIMED_KINDS:
+    # A step that may wait (for approval) is never claimed on load: its wait comes first.
+    if found is not None and found.kind in CLAIMED_KINDS and found.waits_for is None:
         return [workflow.name, workflow.version, step]
     return None
 

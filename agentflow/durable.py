@@ -22,7 +22,8 @@ from typing import Any
 
 from agentflow import forks, outcomes, registry, store, telemetry
 from agentflow.agent.loop import AgentContext, CodeWorkflow
-from agentflow.context import StepContext, UndoneCall, idempotency_key
+from agentflow.agent.waiting import Waited
+from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,
     InvalidInputError,
@@ -37,9 +38,11 @@ from agentflow.models import WorkflowRun
 from agentflow.registry import END, Workflow
 from agentflow.retry import RetryPolicy
 from agentflow.serialization import NotJSONError, to_json
-from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepKind, StepStatus
+from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 
 ActionRefused = store.ActionRefused
+#: What `signal` answers: "delivered", or "duplicate" for a `signal_id` seen before.
+Delivery = store.Delivery
 
 __all__ = [
     "END",
@@ -47,6 +50,8 @@ __all__ = [
     "AgentContext",
     "AgentflowError",
     "CodeWorkflow",
+    "Decision",
+    "Delivery",
     "InvalidInputError",
     "Link",
     "OutcomeUnknown",
@@ -63,7 +68,10 @@ __all__ = [
     "StepStatus",
     "UndoneCall",
     "UnknownWorkflowError",
+    "WaitKind",
+    "Waited",
     "Workflow",
+    "approve",
     "cancel",
     "delete_runs",
     "fork",
@@ -71,7 +79,9 @@ __all__ = [
     "may_have_happened",
     "partner_call",
     "register_links",
+    "reject",
     "retry",
+    "signal",
     "snapshot",
     "start",
     "workflow_steps",
@@ -153,6 +163,59 @@ def retry(run_id: str, *, actor: str, reason: str) -> None:
     store.run_retry(run_id, actor=actor, reason=reason)
 
 
+def signal(run_id: str, name: str, payload: Any = None, *, signal_id: str) -> Delivery:
+    """Deliver signal `name` with `payload` to the run's `wait_for` of that name, exactly once
+    per `signal_id`: from a webhook, a view, a shell. Returns "delivered", or "duplicate" when
+    this `signal_id` was delivered before (acknowledged; nothing happens again). Recorded before
+    the run goes on; a replay of the run reads it from its checkpoint.
+
+    Raises:
+        InvalidInputError: an empty name or signal id, or a payload that is not JSON.
+        ActionRefused: no such run, the run is finished, or it waits for no signal of that
+            name now (not there yet, past it, or its timeout passed): the reason says which.
+    """
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise InvalidInputError("a signal needs a name (1-200 characters)")
+    if not isinstance(signal_id, str) or not signal_id or len(signal_id) > 200:
+        raise InvalidInputError("a signal needs a signal_id (1-200 characters)")
+    try:
+        data = to_json(payload, f"the payload of signal {name!r}")
+    except NotJSONError as exc:
+        raise InvalidInputError(str(exc)) from None
+    return store.signal_deliver(run_id, name, data, signal_id=signal_id)
+
+
+def approve(run_id: str, *, actor: str, reason: str = "") -> None:
+    """Approve the call the run waits to make (a step or tool declared `requires_approval`):
+    recorded at its position with `actor` and `reason`, bound to the call's digest; the call
+    then runs.
+
+    Raises:
+        ActionRefused: nothing waits for approval (or it timed out, or a concurrent Cancel,
+            Retry or fork changed the run first).
+    """
+    _decide(run_id, approved=True, actor=actor, reason=reason)
+
+
+def reject(run_id: str, *, actor: str, reason: str) -> None:
+    """Reject the call the run waits to make: it does not run; a graph step records
+    `{"approved": False, ...}` (its `next` branches on it), a tool call answers the model
+    `{"rejected": true, "reason": ...}`.
+
+    Raises:
+        ActionRefused: as `approve`.
+    """
+    _decide(run_id, approved=False, actor=actor, reason=reason)
+
+
+def _decide(run_id: str, *, approved: bool, actor: str, reason: str) -> None:
+    if not isinstance(actor, str) or not actor.strip():
+        raise InvalidInputError("a decision needs the actor who made it")
+    if not isinstance(reason, str):
+        raise InvalidInputError("the reason is text")
+    store.wait_decide(run_id, approved=approved, actor=actor.strip(), reason=reason.strip())
+
+
 def delete_runs(run_ids: Iterable[str]) -> int:
     """Delete these runs, whatever their status, with their checkpoints and events; return how
     many runs were deleted. For clean-ups after tests and chaos runs, once no worker can run
@@ -197,6 +260,12 @@ class RunSnapshot:
     created_at: datetime
     updated_at: datetime
     steps: list[StepSnapshot]
+    #: What a WAITING run waits for at its position: "approval", "signal", "timer", or None
+    #: (not waiting, or waiting to retry a step).
+    waiting_for: str | None = None
+    #: While it waits for approval: `{"call", "arguments", "digest", "requested_at",
+    #: "expires_at"}`, the exact call an operator approves or rejects.
+    pending_approval: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -223,6 +292,16 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         )
         for cp in run.steps.order_by("seq")
     ]
+    pending = store.wait_pending(run)
+    approval = None
+    if pending is not None and pending.kind == WaitKind.APPROVAL:
+        approval = {
+            "call": pending.name,
+            "arguments": pending.arguments,
+            "digest": pending.digest,
+            "requested_at": pending.requested_at,
+            "expires_at": pending.deadline,
+        }
     return RunSnapshot(
         id=run.id,
         workflow=run.workflow,
@@ -235,4 +314,6 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         created_at=run.created_at,
         updated_at=run.updated_at,
         steps=steps,
+        waiting_for=pending.kind if pending is not None else None,
+        pending_approval=approval,
     )

@@ -7,10 +7,10 @@ Two sources, each where it stays right when processes die:
   in PROMETHEUS_MULTIPROC_DIR). A scrape adds them up. A killed process's file stays, so no
   series goes backwards or disappears when a pool child is SIGKILLed mid-step; its replacement
   writes a file of its own.
-- Gauges of state (active runs by workflow and status, overdue, needs attention, the sweeper's
-  age) are read from Postgres at scrape time: a gauge kept in a process would die with it. The
-  queries are served by the partial indexes over active and parked runs, so a scrape costs the
-  same at a million finished runs as at none.
+- Gauges of state (active runs by workflow and status, overdue, needs attention, waiting for
+  approval, the sweeper's age) are read from Postgres at scrape time: a gauge kept in a process
+  would die with it. The queries are served by the partial indexes over active and parked runs
+  and open waits, so a scrape costs the same at a million finished runs as at none.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Min, Q, QuerySet
 from django.db.models.functions import Now
 
 from agentflow import registry
 from agentflow.conf import settings
-from agentflow.models import WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+from agentflow.models import RunWait, WorkflowRun
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, WaitKind
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +187,23 @@ def active_runs_query() -> QuerySet[WorkflowRun, tuple[str, str, int, int]]:
     )
 
 
+def waiting_for_approval_query() -> QuerySet[RunWait, tuple[str, int, Any]]:
+    """Runs waiting for an operator's decision, by workflow, with the oldest request's time:
+    open waits at their run's current position, served by `wait_open` (open waits only)."""
+    return (
+        RunWait.objects.filter(
+            resolved_at__isnull=True,
+            kind=WaitKind.APPROVAL,
+            run__status=RunStatus.WAITING,
+            run__current_seq=F("seq"),
+            run__branch=F("branch"),
+        )
+        .order_by()
+        .values_list("run__workflow")
+        .annotate(n=Count("pk"), oldest=Min("requested_at"))
+    )
+
+
 def parked_runs_query() -> QuerySet[WorkflowRun, tuple[str, int]]:
     """Parked runs by workflow, served by `run_needs_attention`."""
     return (
@@ -198,7 +215,7 @@ def parked_runs_query() -> QuerySet[WorkflowRun, tuple[str, int]]:
 
 
 class _StateFromDatabase:
-    """Gauges read at scrape time, in three statements that touch no finished run."""
+    """Gauges read at scrape time, in four statements that touch no finished run."""
 
     def __init__(self, heartbeat: Callable[[], Any]) -> None:
         self._heartbeat = heartbeat
@@ -260,7 +277,16 @@ class _StateFromDatabase:
             "(+Inf if it never ran against this database).",
             value=math.inf if beat is None else max(beat.age_seconds, 0.0),
         )
-        yield from (active, overdue, parked, sweeper)
+        approvals = GaugeMetricFamily(
+            "agentflow_runs_waiting_for_approval",
+            "Runs waiting for an operator to approve or reject a call (SPEC 4 C).",
+            labels=["workflow"],
+        )
+        deciding = dict.fromkeys(known, 0)
+        deciding.update((workflow, n) for workflow, n, _ in waiting_for_approval_query())
+        for workflow, n in sorted(deciding.items()):
+            approvals.add_metric([workflow], n)
+        yield from (active, overdue, parked, approvals, sweeper)
 
 
 class _Counted:

@@ -7,7 +7,7 @@ import secrets
 from django.db import models
 from django.db.models import Q
 
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 
 
 def new_run_id() -> str:
@@ -49,6 +49,9 @@ class WorkflowRun(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [
+            ("approve_workflowrun", "Can approve or reject a call that waits for approval"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["workflow", "business_key"],
@@ -170,6 +173,14 @@ class RunEvent(models.Model):
         DIVERGENCE = "divergence", "Diverged from its recorded history"
         #: An operator forked an agent run from a position; later steps were superseded.
         FORK = "fork", "Forked by an operator"
+        #: The run began to wait for a timer, a signal or an approval (the wait's row says which).
+        WAITING = "waiting", "Waiting"
+        #: A signal was delivered to the wait at its position (`data`: its id and name).
+        SIGNAL = "signal", "Signal received"
+        OPERATOR_APPROVE = "operator_approve", "Approved by an operator"
+        OPERATOR_REJECT = "operator_reject", "Rejected by an operator"
+        #: A signal's or an approval's timeout passed first (an approval's: the reject path).
+        WAIT_TIMED_OUT = "wait_timed_out", "Wait timed out"
 
     run = models.ForeignKey(
         WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False
@@ -224,6 +235,85 @@ class SupersededStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} branch {self.branch} #{self.seq} {self.name}"
+
+
+class RunWait(models.Model):
+    """Where a run waits (SPEC §4 C): a timer, a signal or an approval, at one position of one
+    branch. Recorded when the run first gets there, resolved once (the signal's payload, the
+    operator's decision, a timeout), and read back by every replay of that position."""
+
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="waits", db_index=False
+    )
+    branch = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=10, choices=WaitKind.choices)
+    #: The signal's name; the call's name (step or tool) for an approval; a timer's step.
+    name = models.CharField(max_length=200)
+    #: An approval: the call's canonical arguments (what the operator sees and decides on).
+    arguments = models.JSONField(null=True, blank=True)
+    #: An approval: SHA-256 of the canonical (name, arguments); a decision is reused only for
+    #: a call with the same digest.
+    digest = models.CharField(max_length=64, blank=True)
+    requested_at = models.DateTimeField()
+    #: A timer's time; a signal's or an approval's timeout. NULL: a signal without a timeout.
+    deadline = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    #: What the waiting step reads: `{"woke_at"}`, `{"payload"}` / `{"timed_out": true}`, or
+    #: the decision (`{"approved", "actor", "reason", "timed_out"}`).
+    outcome = models.JSONField(null=True, blank=True)
+    #: Who resolved it ("engine" for a timer or a timeout) and why.
+    actor = models.CharField(max_length=150, blank=True)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run_id", "branch", "seq"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "branch", "seq"], name="wait_unique_run_branch_seq"
+            ),
+            models.CheckConstraint(condition=Q(kind__in=WaitKind.values), name="wait_kind_valid"),
+            models.CheckConstraint(
+                condition=Q(resolved_at__isnull=True) | Q(outcome__isnull=False),
+                name="wait_resolved_has_outcome",
+            ),
+        ]
+        indexes = [
+            # The dashboard's and the gauge's "waiting for approval": cost follows open waits.
+            models.Index(
+                fields=["requested_at"],
+                condition=Q(resolved_at__isnull=True),
+                name="wait_open",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} #{self.seq} {self.kind} {self.name}"
+
+
+class RunSignal(models.Model):
+    """A signal delivered to a run, once per `signal_id` (the unique constraint is the
+    exactly-once: a repeated id is acknowledged and changes nothing)."""
+
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="signals", db_index=False
+    )
+    signal_id = models.CharField(max_length=200)
+    name = models.CharField(max_length=200)
+    payload = models.JSONField(null=True, blank=True)
+    #: The wait it was delivered to.
+    branch = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    received_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["run_id", "received_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "signal_id"], name="signal_unique_run_id")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} signal {self.name} ({self.signal_id})"
 
 
 class SweeperHeartbeat(models.Model):

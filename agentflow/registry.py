@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
-from agentflow.context import StepContext
+from agentflow.context import Decision, StepContext
 from agentflow.exceptions import DefinitionError, UnknownWorkflowError
 from agentflow.retry import DEFAULT_RETRY, RetryPolicy
-from agentflow.states import StepKind
+from agentflow.states import StepKind, WaitKind
 
 StepFn = Callable[[StepContext], Any]
 
@@ -41,6 +42,36 @@ def undoing(seq: int, branch: int | None) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WaitSpec:
+    """What a step waits for before it runs (SPEC §4 C), as the run reached it.
+
+    The engine records it at the step's position the first time the run gets there (a timer's
+    time, a timeout, the exact call to approve) and decides from that record ever after, so a
+    replay, a restart or a redelivery finds the same wait, never a new one.
+    """
+
+    kind: WaitKind
+    #: The signal's name; the call's (step's or tool's) name for an approval; the step's own
+    #: name for a timer.
+    name: str
+    #: A timer: seconds from when the run first got there. A signal: its timeout (None waits
+    #: until one comes). An approval: its timeout (None: `AGENTFLOW_APPROVAL_TIMEOUT`).
+    seconds: float | None = None
+    #: A timer's absolute time (instead of `seconds`).
+    until: datetime | None = None
+    #: An approval: the call's arguments, canonical JSON; with `name`, what the decision is
+    #: bound to (its digest).
+    arguments: Any = None
+    #: An approval that was rejected or timed out: the step's recorded output, from the
+    #: decision's JSON (`Decision.as_json()`); the step's function does not run.
+    rejected: Callable[[dict[str, Any]], Any] | None = None
+
+
+#: Given the step's context, what it waits for (None: nothing, it runs at once).
+WaitsFor = Callable[[StepContext], WaitSpec | None]
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepDef:
     name: str
     kind: StepKind
@@ -62,6 +93,57 @@ class StepDef:
     #: or a superseded call's that is reused).
     arguments: Any = None
     key: str | None = None
+    #: A timer, a signal or an approval the step waits for before it runs (SPEC §4 C).
+    waits_for: WaitsFor | None = None
+    #: Set by the engine once an approval was decided: what `ctx.decision` reads.
+    decision: Decision | None = None
+
+
+def approval_wait(
+    name: str,
+    requires_approval: bool | Callable[[StepContext], bool],
+    approval_arguments: Callable[[StepContext], dict[str, Any]] | None,
+) -> WaitsFor | None:
+    """A graph step's approval: the call is (step name, `approval_arguments(ctx)`)."""
+    if not (isinstance(requires_approval, bool) or callable(requires_approval)):
+        raise DefinitionError(
+            f"step {name!r}: requires_approval is True, False or a predicate of the step's ctx"
+        )
+    if requires_approval is False:
+        return None
+    if approval_arguments is not None and not callable(approval_arguments):
+        raise DefinitionError(f"step {name!r}: approval_arguments must be a function of ctx")
+
+    def waits_for(ctx: StepContext) -> WaitSpec | None:
+        if callable(requires_approval) and not requires_approval(ctx):
+            return None
+        arguments = approval_arguments(ctx) if approval_arguments is not None else {}
+        return WaitSpec(kind=WaitKind.APPROVAL, name=name, arguments=arguments)
+
+    return waits_for
+
+
+def _timer(
+    name: str, seconds: float | None, until: Callable[[StepContext], datetime] | None
+) -> WaitsFor:
+    if (seconds is None) == (until is None):
+        raise DefinitionError(f"sleep {name!r}: give exactly one of seconds= or until=")
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0
+    ):
+        raise DefinitionError(f"sleep {name!r}: seconds must be 0 or more, not {seconds!r}")
+
+    def waits_for(ctx: StepContext) -> WaitSpec:
+        at = until(ctx) if until is not None else None
+        if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
+            raise DefinitionError(f"sleep {name!r}: until() must return an aware datetime")
+        return WaitSpec(kind=WaitKind.TIMER, name=name, seconds=seconds, until=at)
+
+    return waits_for
+
+
+def _waited(ctx: StepContext) -> Any:
+    raise AssertionError(f"{ctx.step}: a wait's output is the engine's record, not a function's")
 
 
 @dataclass
@@ -93,7 +175,18 @@ class Workflow:
         compensate: str | None = None,
         key_window_seconds: float | None = None,
         next: Callable[[Any], str] | None = None,
+        requires_approval: bool | Callable[[StepContext], bool] = False,
+        approval_arguments: Callable[[StepContext], dict[str, Any]] | None = None,
     ) -> Callable[[StepFn], StepFn]:
+        """Declare the decorated function as step `name`.
+
+        `requires_approval` (True, or a predicate of the step's context): before the step runs
+        the run waits for an operator's `durable.approve` / `durable.reject` of the call (this
+        step, with `approval_arguments(ctx)`: what the operator sees, e.g. the amount). Approved,
+        the function runs with `ctx.decision`; rejected or timed out, it does not run and the
+        step's output is `{"approved": False, "actor", "reason", "timed_out"}`, which `next`
+        can branch on.
+        """
         return self._add(
             name,
             kind=StepKind(kind),
@@ -103,7 +196,48 @@ class Workflow:
             key_window_seconds=key_window_seconds,
             next=next,
             compensation_only=False,
+            waits_for=approval_wait(name, requires_approval, approval_arguments),
         )
+
+    def sleep(
+        self,
+        name: str,
+        *,
+        seconds: float | None = None,
+        until: Callable[[StepContext], datetime] | None = None,
+        next: Callable[[Any], str] | None = None,
+    ) -> None:
+        """A step that waits: `seconds` from when the run gets there, or `until(ctx)` (an aware
+        datetime). The run is WAITING meanwhile, holding no worker; its output is
+        `{"woke_at": ISO time}`."""
+        self._add(
+            name,
+            kind=StepKind.READ,
+            next=next,
+            compensation_only=False,
+            waits_for=_timer(name, seconds, until),
+        )(_waited)
+
+    def wait_for(
+        self,
+        name: str,
+        *,
+        signal: str,
+        timeout: float | None = None,
+        next: Callable[[Any], str] | None = None,
+    ) -> None:
+        """A step that waits for `durable.signal(run_id, signal, payload, signal_id=...)`: its
+        output is `{"payload": payload}`, or `{"timed_out": True}` once `timeout` seconds have
+        passed without one (None: it waits until one comes)."""
+        if not signal:
+            raise DefinitionError(f"{self.name}: wait_for {name!r} needs a signal name")
+        if timeout is not None and not timeout > 0:
+            raise DefinitionError(f"{self.name}: wait_for {name!r}: timeout must be above 0")
+        spec = WaitSpec(kind=WaitKind.SIGNAL, name=signal, seconds=timeout)
+        self._add(
+            name, kind=StepKind.READ, next=next, compensation_only=False,
+            waits_for=lambda ctx: spec,
+        )(_waited)  # fmt: skip
 
     def compensation(
         self,

@@ -12,7 +12,17 @@ from dataclasses import replace
 
 from django.db import IntegrityError, connection, transaction
 
-from agentflow import dispatch, faults, leases, outcomes, pooler, registry, store, telemetry
+from agentflow import (
+    dispatch,
+    faults,
+    leases,
+    outcomes,
+    pooler,
+    registry,
+    store,
+    telemetry,
+    waits,
+)
 from agentflow.agent import loop as agent_loop
 from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
 from agentflow.attempts import ClaimedAttempt, describe, retry_delay, transient
@@ -94,6 +104,11 @@ def run_step(
     if cancelling and not _settles_first(step.kind, seen):
         store.cancel_begin(run.id, seq)
         return
+    if step.waits_for is not None:
+        settled = _settle_wait(run, workflow, step, seq, seen)
+        if settled is None:
+            return  # WAITING for its timer, signal or approval; or the run moved on
+        step = settled
     if step.kind in CLAIMED_KINDS:
         _run_claimed(run, workflow, step, seq, seen, claim)
         return
@@ -185,7 +200,32 @@ def _context(run: store.StepState, step: StepDef, seq: int, attempt: int) -> Ste
         key=step.key,
         undoes=store.undone_call(run.id, **undoes) if undoes else None,
         load_calls=lambda: store.calls_load(run.id, seq),
+        decision=step.decision,
     )
+
+
+def _settle_wait(
+    run: store.StepState,
+    workflow: Workflow,
+    step: StepDef,
+    seq: int,
+    seen: store.CheckpointRow | None,
+) -> StepDef | None:
+    """The step as its wait decided (see `agentflow.waits`). A workflow's predicate or
+    arguments function that raises fails the run with the reason, before anything acted (as a
+    `read`: nothing of the step ran)."""
+    try:
+        return waits.settle(run, step, seq)
+    except Exception as exc:
+        if pooler.database_trouble(exc):
+            raise  # the engine's own statement failed: the message is retried
+        logger.exception("%s step %s (%s): deciding its wait raised", run.id, seq, step.name)
+        failed = PermanentStepError(
+            f"deciding what it waits for raised {type(exc).__name__}: {exc}"
+        )
+        unrun = replace(step, kind=StepKind.READ, waits_for=None)
+        _record_unclaimed_failure(run, workflow, unrun, seq, seen, 1, failed)
+        return None
 
 
 # --- agent runs: replay the function up to its next call -------------------------------------

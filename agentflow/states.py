@@ -10,8 +10,9 @@ class RunStatus(models.TextChoices):
     PENDING = "PENDING", "Pending"
     #: A step is being worked on, or the next one is queued.
     RUNNING = "RUNNING", "Running"
-    #: Backing off after a retryable error; `wake_at` says when it goes again.
-    WAITING = "WAITING", "Waiting to retry"
+    #: Backing off after a retryable error, or waiting for a timer, a signal or an approval
+    #: (SPEC §4 C: its `RunWait` row says which); `wake_at` says when it is looked at again.
+    WAITING = "WAITING", "Waiting"
     COMPLETED = "COMPLETED", "Completed"
     #: Failed permanently (after any compensation ran).
     FAILED = "FAILED", "Failed"
@@ -36,6 +37,17 @@ class StepKind(models.TextChoices):
     DB = "db", "db"
     #: An LLM turn: checkpointed like an effect so its answer is replayed, never re-asked.
     LLM = "llm", "llm"
+
+
+class WaitKind(models.TextChoices):
+    """What a WAITING run waits for at its current position (SPEC §4 C)."""
+
+    #: `ctx.sleep` / `Workflow.sleep`: a time, recorded when the run first got there.
+    TIMER = "timer", "timer"
+    #: `ctx.wait_for` / `Workflow.wait_for`: a named signal (`durable.signal`), or its timeout.
+    SIGNAL = "signal", "signal"
+    #: A call declared `requires_approval`: an operator's decision, or its timeout (reject).
+    APPROVAL = "approval", "approval"
 
 
 #: Kinds whose claim commits before the step runs (SPEC §3.3).

@@ -256,6 +256,8 @@ AGENTFLOW_MAX_BACKOFF = env_float("AGENTFLOW_MAX_BACKOFF", 300.0, minimum=1.0)
 # How long partners keep idempotency keys unless a step declares its own window (Stripe: 24 h):
 # an effect first attempted longer ago is never retried blindly (SPEC 3.3b).
 AGENTFLOW_KEY_WINDOW_SECONDS = env_float("AGENTFLOW_KEY_WINDOW_SECONDS", 24 * 3600.0)
+# Seconds a call declared requires_approval waits for an operator before it is rejected (SPEC 4 C).
+AGENTFLOW_APPROVAL_TIMEOUT = env_float("AGENTFLOW_APPROVAL_TIMEOUT", 48 * 3600.0, minimum=1.0)
 # Tests only (ignored unless AGENTFLOW_FAULTS=1): this process's clock runs this far ahead.
 AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0, minimum=None)
 #: Finished runs older than this are deleted by the beat task (SPEC §3.8); 0 keeps everything.

@@ -32,6 +32,8 @@ class RefundRequestAdmin(admin.ModelAdmin):
         "booking_reference",
         "last_name",
         "message",
+        "waiver_reason",
+        "waiver_details",
         "client_ip",
         "workflow_link",
         "run_status",

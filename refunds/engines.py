@@ -10,14 +10,16 @@ from typing import Any
 from django.conf import settings
 
 from agentflow import durable
+from refunds import waivers
 
 GRAPH = "refund"
 AGENT = "refund_agent"
 #: What the customer sees of an agent run: its tool calls, in the order a refund takes them
 #: (model turns and the owner check in code are the engine's business).
 AGENT_STEPS = (
-    "load_request", "fetch_booking", "check_cancellation_policy", "charge_customer",
-    "cancel_seat", "issue_boarding_pass", "update_crm", "send_confirmation_email", "capture_fee",
+    "load_request", "fetch_booking", "check_cancellation_policy", waivers.STEP,
+    "charge_customer", "cancel_seat", "issue_boarding_pass", "update_crm",
+    "send_confirmation_email", "capture_fee",
 )  # fmt: skip
 #: Its compensations, shown once they start (named after the call they undo: `refund_fee@7`).
 AGENT_COMPENSATIONS = ("refund_fee", "reinstate_seat", "notify_failure")
@@ -29,19 +31,27 @@ def workflow_name() -> str:
     return AGENT if settings.REFUNDS_ENGINE == "agent" else GRAPH
 
 
-def planned(run: durable.RunSnapshot | None) -> list[str]:
-    """The rows the status page lists before they happen."""
+def planned(run: durable.RunSnapshot | None, *, waiver_asked: bool = False) -> list[str]:
+    """The rows the status page lists before they happen; the fee waiver's only when the
+    customer asked for one."""
     if run is not None and run.workflow == AGENT:
-        return list(AGENT_STEPS)
-    return durable.workflow_steps(GRAPH)
+        rows = list(AGENT_STEPS)
+    else:
+        rows = durable.workflow_steps(GRAPH)
+    return rows if waiver_asked else [name for name in rows if name != waivers.STEP]
 
 
-def customer_steps(run: durable.RunSnapshot) -> list[durable.StepSnapshot]:
+def customer_steps(
+    run: durable.RunSnapshot, *, waiver_asked: bool = False
+) -> list[durable.StepSnapshot]:
     """The run's steps as the status page names them: an agent run's tool calls and its
     compensations by their tool's name, with the tool's result as the output. A call that was
-    refused (unknown, invalid, over a limit) did nothing, so it is not shown as a step done."""
+    refused (unknown, invalid, over a limit) did nothing, so it is not shown as a step done;
+    nor is the graph's fee waiver step when no waiver was asked for (it waited for no one)."""
     if run.workflow != AGENT:
-        return list(run.steps)
+        if waiver_asked:
+            return list(run.steps)
+        return [step for step in run.steps if step.output != waivers.NOT_REQUESTED]
     shown = []
     for step in run.steps:
         name = step.name.split(_UNDO_SUFFIX, 1)[0]
@@ -62,11 +72,23 @@ def outputs(steps: Sequence[durable.StepSnapshot]) -> dict[str, dict[str, Any]]:
 
 def _refused(step: durable.StepSnapshot) -> bool:
     output = step.output
-    return isinstance(output, dict) and output.get("ok") is False and "result" in output
+    return (
+        isinstance(output, dict)
+        and output.get("ok") is False
+        and "result" in output
+        and not _rejected(output)
+    )
+
+
+def _rejected(output: dict[str, Any]) -> bool:
+    """A call our team rejected (or left undecided until it timed out): it did not run, but the
+    decision is the customer's to read, so it is shown, its answer as its output."""
+    result = output.get("result")
+    return isinstance(result, dict) and result.get("rejected") is True
 
 
 def _as_graph_step(step: durable.StepSnapshot, name: str) -> durable.StepSnapshot:
     output = step.output
     if isinstance(output, dict) and "ok" in output and "result" in output:
-        output = output["result"] if output["ok"] else None
+        output = output["result"] if output["ok"] or _rejected(output) else None
     return replace(step, name=name, output=output)

@@ -9,6 +9,7 @@ from django import forms
 from django.core import signing
 from django.core.validators import RegexValidator
 
+from refunds import policy
 from refunds.addresses import smtp_problem
 
 #: Long enough to fill in a form at leisure, short enough that an old tab is not replayed.
@@ -62,8 +63,13 @@ class MessageField(forms.CharField):
         return attrs
 
 
+#: The first choice: most requests ask for no waiver.
+NO_WAIVER = ("", "No, I'm not asking for that")
+
+
 class RefundRequestForm(forms.Form):
-    """Booking reference, the passenger's last name, the booking's e-mail and their words.
+    """Booking reference, the passenger's last name, the booking's e-mail and their words, and
+    optionally a fee waiver: one of the policy's reasons, with a few words about it.
 
     The name and e-mail are checked against the airline's booking before anything changes
     (refunds.ownership): whoever knows a reference is not thereby its owner.
@@ -125,6 +131,25 @@ class RefundRequestForm(forms.Form):
         },
         widget=forms.Textarea(attrs={"rows": 7}),
     )
+    waiver_reason = forms.ChoiceField(
+        label="Ask us to waive the change fee?",
+        required=False,
+        choices=[NO_WAIVER, *policy.WAIVER_REASONS.items()],
+        help_text="We waive the fee for these reasons only. A person on our team decides "
+        "before anything on your booking changes, usually within a day (at most 48 hours).",
+        error_messages={"invalid_choice": "Choose one of the reasons in the list."},
+    )
+    waiver_details = MessageField(
+        label="What happened?",
+        required=False,
+        max_length=policy.WAIVER_DETAILS_MAX_CHARS,
+        help_text="Only if you ask for a waiver: a few words for our team, for example the "
+        "date and who was affected. Up to 1,000 characters.",
+        error_messages={
+            "max_length": "Please keep this to 1,000 characters or fewer (it has %(show_value)d).",
+        },
+        widget=forms.Textarea(attrs={"rows": 3}),
+    )
     submission_token = forms.CharField(
         widget=forms.HiddenInput, required=False, max_length=200, strip=True
     )
@@ -145,3 +170,29 @@ class RefundRequestForm(forms.Form):
         if not any(ch.isalpha() for ch in name):
             raise forms.ValidationError("Enter the passenger's last name.", code="no_letters")
         return name
+
+    def clean(self) -> dict[str, object]:
+        """A waiver needs both its reason and a few words about it; either alone is a field
+        error on the other, so nothing typed is dropped or silently ignored."""
+        data = super().clean()
+        reason = data.get("waiver_reason", "")
+        details = (data.get("waiver_details") or "").strip()
+        if "waiver_details" in data:
+            data["waiver_details"] = details
+        if reason and "waiver_details" in data and not details:
+            self.add_error(
+                "waiver_details",
+                forms.ValidationError(
+                    "Tell us briefly what happened, so our team can decide.", code="required"
+                ),
+            )
+        if details and "waiver_reason" in data and not reason:
+            self.add_error(
+                "waiver_reason",
+                forms.ValidationError(
+                    "Choose the reason for the waiver, or empty the box below if you are not "
+                    "asking for one.",
+                    code="required",
+                ),
+            )
+        return data

@@ -22,6 +22,10 @@ class RefundRequest(models.Model):
     #: The passenger's last name as typed, compared with the booking's (refunds.ownership).
     last_name = models.CharField(max_length=100, default="")
     message = models.TextField(max_length=5000)
+    #: A fee waiver asked for: one of `refunds.policy.WAIVER_REASONS` ("" for none), and the
+    #: customer's few words about it, which the operator deciding on it reads.
+    waiver_reason = models.CharField(max_length=20, blank=True, default="")
+    waiver_details = models.TextField(max_length=1000, blank=True, default="")
     #: The form's one-time token: the same token always maps to this one request.
     submission_token = models.CharField(max_length=64, unique=True)
     #: The key the per-address limit counts: the client's IPv4 address, or its IPv6 /64

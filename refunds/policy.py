@@ -1,4 +1,5 @@
-"""The cancellation policy: by fare class, whether a booking may be changed and for what fee."""
+"""The cancellation policy: by fare class, whether a booking may be changed and for what fee, and
+for which reasons a customer may ask to have the fee waived."""
 
 from __future__ import annotations
 
@@ -52,3 +53,43 @@ def format_amount(amount_cents: int, currency: str = CURRENCY) -> str:
     """ "$45.00" for emails and notes."""
     symbol = "$" if currency.lower() == "usd" else f"{currency.upper()} "
     return f"{symbol}{amount_cents / 100:,.2f}"
+
+
+#: Reasons for which an operator may consider waiving the change fee, as an airline's
+#: compassionate policy lists them: (code kept in the request, words the customer and the
+#: operator read). Only these are offered on the form; any other case is a normal change.
+WAIVER_REASONS: dict[str, str] = {
+    "medical": "A medical emergency (yours, or a travelling companion's)",
+    "bereavement": "A death in the family",
+    "jury_duty": "A court summons or jury duty",
+    "military": "Military deployment orders",
+}
+#: How much the customer may tell us about it: enough for an operator to decide.
+WAIVER_DETAILS_MAX_CHARS = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaiverProposal:
+    """A waiver the policy proposes for an operator's approval: the customer asked, for a
+    reason the policy allows to consider, and there is a fee to waive."""
+
+    reason: str
+    fee_cents: int
+
+    @property
+    def reason_words(self) -> str:
+        return waiver_reason_words(self.reason)
+
+
+def waiver_reason_words(reason: str) -> str:
+    """The words of an allowed reason; an unknown code is shown as itself, never dropped."""
+    return WAIVER_REASONS.get(reason, reason)
+
+
+def propose_waiver(*, reason: str, fare_class: str) -> WaiverProposal | None:
+    """The waiver to put before an operator, or None: no reason given, one the policy does not
+    consider, a fare that cannot change, or no fee to waive (flex fares change for free)."""
+    rules = policy_for(fare_class)
+    if reason not in WAIVER_REASONS or not rules.rebookable or rules.fee_cents <= 0:
+        return None
+    return WaiverProposal(reason=reason, fee_cents=rules.fee_cents)

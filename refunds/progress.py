@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from agentflow import durable
 from agentflow.durable import RunStatus, StepStatus
+from refunds import waivers
 
 #: The standard fare's change fee (SPEC §5), shown until the run has worked out the real one.
 DEFAULT_FEE_CENTS = 4500
@@ -20,6 +21,7 @@ STEP_LABELS: Mapping[str, str] = {
     "fetch_booking": "Finding your booking and checking your details",
     "check_flight": "Checking your new flight in the airline's schedule",
     "check_cancellation_policy": "Checking the fare rules",
+    "request_fee_waiver": "Our team reviewing your fee waiver request",
     "calculate_penalty_fee": "Working out the fee",
     "charge_customer": "Securing the {fee} change fee on your card",
     "cancel_seat": "Releasing your seat",
@@ -34,8 +36,15 @@ STEP_LABELS: Mapping[str, str] = {
 }
 #: Fares that change for free (flex) have nothing to charge or refund.
 NO_FEE_LABELS: Mapping[str, str] = {
+    "request_fee_waiver": "No change fee to waive for your fare",
     "charge_customer": "No change fee for your fare",
     "capture_fee": "No change fee to take",
+    "refund_fee": "No fee to give back",
+}
+#: A fee our team waived (refunds.waivers) has nothing to hold, take or give back either.
+WAIVED_LABELS: Mapping[str, str] = {
+    "charge_customer": "Change fee waived: nothing held on your card",
+    "capture_fee": "Change fee waived: nothing to take",
     "refund_fee": "No fee to give back",
 }
 #: A step added later without a label must not show its internal name to customers.
@@ -77,6 +86,7 @@ STATE_LABELS: Mapping[str, str] = {
     "retrying": "Taking longer than usual, still trying",
     "failed": "Could not be completed",
     "pending": "Waiting",
+    "awaiting": "Waiting for our team",
     "held": "On hold for our team",
     "skipped": "Not done",
 }
@@ -84,11 +94,13 @@ STATE_LABELS: Mapping[str, str] = {
 
 @dataclass(frozen=True, kw_only=True)
 class Progress:
-    #: working, completed, refunded, failed, needs_attention, cancelled, archived.
+    #: working, awaiting_approval, completed, refunded, failed, needs_attention, cancelled,
+    #: archived.
     outcome: str
     headline: str
     message: str
-    #: True once nothing will change without a human: the page stops polling.
+    #: True once nothing will change without a human: the page stops polling (it keeps
+    #: polling while a fee waiver waits for our team: their decision moves the run on).
     final: bool
     steps: tuple[StepView, ...]
     #: Once final: what changed, or what did not, one plain sentence each.
@@ -119,7 +131,11 @@ def format_fee(cents: int) -> str:
     return f"${dollars}" if rest == 0 else f"${dollars}.{rest:02d}"
 
 
-def step_label(name: str, *, fee_cents: int = DEFAULT_FEE_CENTS) -> str:
+def step_label(name: str, *, fee_cents: int = DEFAULT_FEE_CENTS, waived: bool = False) -> str:
+    if waived:  # the fee was 0 because our team waived it, not because the fare is free
+        return WAIVED_LABELS.get(name) or STEP_LABELS.get(name, GENERIC_LABEL).format(
+            fee=format_fee(fee_cents)
+        )
     if fee_cents <= 0 and name in NO_FEE_LABELS:
         return NO_FEE_LABELS[name]
     return STEP_LABELS.get(name, GENERIC_LABEL).format(fee=format_fee(fee_cents))
@@ -136,6 +152,7 @@ def describe(
     emailed: bool = False,
     details: Sequence[str] = (),
     outputs: Mapping[str, Mapping[str, Any]] | None = None,
+    awaiting_approval: str = "",
 ) -> Progress:
     """Turn a run's status and checkpoints into what the status page says.
 
@@ -144,31 +161,37 @@ def describe(
     run worked out (None until it has); `reason` a failure explanation already written for
     customers, shown when the change could not be made; `emailed` whether the customer was
     written to about it; `details` what changed (see `outcome_details`), shown once final;
-    `outputs` the completed steps' outputs, which say what happened to the money.
+    `outputs` the completed steps' outputs, which say what happened to the money (and to a fee
+    waiver); `awaiting_approval` the step the run waits on an operator's approval for, if any
+    (`durable.snapshot(...).waiting_for == "approval"`).
     """
+    waiver = waivers.outcome_of((outputs or {}).get(waivers.STEP))
+    waived = waiver is not None and waiver.granted
     fee = DEFAULT_FEE_CENTS if fee_cents is None else fee_cents
     latest = _latest_by_name(steps)
     # An active run whose current step is off the forward path is running compensations.
     undoing = not _is_finished(status) and bool(current_step) and current_step not in planned
+    awaiting = "" if _is_finished(status) else awaiting_approval
     rows = [
         _row(name, latest.get(name), status=status, current_step=current_step,
-             stopped=undoing or _is_finished(status), fee=fee)
+             stopped=undoing or _is_finished(status), fee=fee, waived=waived, awaiting=awaiting)
         for name in planned
     ]  # fmt: skip
     extra = sorted(
         (cp for name, cp in latest.items() if name not in planned), key=lambda cp: cp.seq
     )
     rows += [
-        _row(cp.name, cp, status=status, current_step=current_step, stopped=False, fee=fee)
+        _row(cp.name, cp, status=status, current_step=current_step, stopped=False, fee=fee,
+             waived=waived, awaiting=awaiting)
         for cp in extra
-    ]
+    ]  # fmt: skip
     money = Money.of(outputs or {})
     outcome, headline, message = _summary(
-        status, latest, money, undoing=undoing, fee=fee, emailed=emailed
+        status, latest, money, undoing=undoing, fee=fee, emailed=emailed, awaiting=awaiting
     )
     if reason and outcome in ("failed", "refunded"):
         message = f"{reason.strip()} {message}"
-    final = outcome != "working"
+    final = outcome not in ("working", "awaiting_approval")
     return Progress(
         outcome=outcome,
         headline=headline,
@@ -229,15 +252,22 @@ def outcome_details(status: str, outputs: Mapping[str, Mapping[str, Any]]) -> tu
     booking = outputs.get("fetch_booking") or {}
     money = Money.of(outputs)
     fee = format_fee(money.cents)
+    waiver = waivers.outcome_of(outputs.get(waivers.STEP))
     if status == RunStatus.COMPLETED:
         issued = outputs.get("issue_boarding_pass") or {}
+        if money.taken:
+            charged = f"Change fee: {fee}, charged to your card"
+        elif waiver is not None and waiver.granted:
+            charged = "Change fee: none, our team waived it"
+        else:
+            charged = "Change fee: none for your fare"
         lines = [
             f"New flight: {issued.get('flight', '')} on {date_in_words(issued.get('date', ''))}",
             f"New seat: {issued.get('seat', '')}",
-            f"Change fee: {fee}, charged to your card"
-            if money.taken
-            else "Change fee: none for your fare",
+            charged,
         ]
+        if waiver is not None:
+            lines.append(waiver.customer_line)
         if outputs.get("send_confirmation_email"):
             lines.append("Confirmation and boarding pass emailed to the address on your booking")
         return tuple(lines)
@@ -259,6 +289,8 @@ def outcome_details(status: str, outputs: Mapping[str, Mapping[str, Any]]) -> tu
         lines = [f"Your original seat {released.get('seat', '')} on {old} was released."]
     else:
         lines = [f"Your booking was not changed: still {old}, seat {booking.get('seat', '')}."]
+    if waiver is not None:
+        lines.append(waiver.customer_line)
     if money.refunded:
         lines.append(f"The {fee} change fee was refunded to your card.")
     elif money.released:
@@ -304,11 +336,16 @@ def _row(
     current_step: str,
     stopped: bool,
     fee: int,
+    waived: bool,
+    awaiting: str,
 ) -> StepView:
-    state = _row_state(name, cp, status, current_step, stopped)
+    if name == awaiting and (cp is None or cp.status != StepStatus.COMPLETED):
+        state = "awaiting"
+    else:
+        state = _row_state(name, cp, status, current_step, stopped)
     return StepView(
         name=name,
-        label=step_label(name, fee_cents=fee),
+        label=step_label(name, fee_cents=fee, waived=waived),
         state=state,
         state_label=STATE_LABELS[state],
     )
@@ -342,6 +379,7 @@ def _summary(
     undoing: bool,
     fee: int,
     emailed: bool,
+    awaiting: str,
 ) -> tuple[str, str, str]:
     amount = format_fee(money.cents or fee)
     # The engine's one predicate: a charge whose answer was lost may have held or taken the
@@ -388,6 +426,14 @@ def _summary(
             "This request was stopped",
             "A member of our team stopped this request. If you didn't expect this, please "
             "contact us.",
+        )
+    if awaiting:
+        return (
+            "awaiting_approval",
+            "Your fee waiver request is waiting for our team",
+            "A person on our team will look at your request, usually within a day (at most 48 "
+            "hours). Nothing on your booking or your card changes until then; this page updates "
+            "by itself.",
         )
     if undoing:
         return (

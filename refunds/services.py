@@ -36,6 +36,8 @@ def refund_request_create(
     message: str,
     submission_token: str,
     client_ip: str | None,
+    waiver_reason: str = "",
+    waiver_details: str = "",
 ) -> RefundRequest:
     """Create the request and start its workflow in one transaction, once per token.
 
@@ -45,7 +47,12 @@ def refund_request_create(
     (its run included) roll back and it returns the winner's request.
     """
     existing = refund_request_by_token(submission_token) or _same_request_recently(
-        email=email, booking_reference=booking_reference, last_name=last_name, message=message
+        email=email,
+        booking_reference=booking_reference,
+        last_name=last_name,
+        message=message,
+        waiver_reason=waiver_reason,
+        waiver_details=waiver_details,
     )
     if existing is not None:
         return existing
@@ -63,6 +70,8 @@ def refund_request_create(
                 booking_reference=booking_reference,
                 last_name=last_name,
                 message=message,
+                waiver_reason=waiver_reason,
+                waiver_details=waiver_details,
                 submission_token=submission_token,
                 client_ip=client_ip,
                 workflow_id=workflow_id,
@@ -79,10 +88,17 @@ def refund_request_by_token(submission_token: str) -> RefundRequest | None:
 
 
 def _same_request_recently(
-    *, email: str, booking_reference: str, last_name: str, message: str
+    *,
+    email: str,
+    booking_reference: str,
+    last_name: str,
+    message: str,
+    waiver_reason: str,
+    waiver_details: str,
 ) -> RefundRequest | None:
     """The same words within RESUBMIT_WINDOW. The name counts too: a corrected last name
-    after a mismatch is a new request, not the failed one again."""
+    after a mismatch is a new request, not the failed one again; and so does the waiver, so a
+    request sent again with a waiver asked for is not taken for the one without."""
     return (
         RefundRequest.objects.annotate(email_ci=Lower("email"))
         .filter(
@@ -90,6 +106,8 @@ def _same_request_recently(
             booking_reference=booking_reference,
             last_name=last_name,
             message=message,
+            waiver_reason=waiver_reason,
+            waiver_details=waiver_details,
             created_at__gt=timezone.now() - RESUBMIT_WINDOW,
         )
         .order_by("created_at")

@@ -15,7 +15,7 @@ from django.template.loader import render_to_string
 
 from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
-from refunds import fee, ownership, policy, progress, timetable
+from refunds import fee, ownership, policy, progress, timetable, waivers
 from refunds.gateways import (
     AirlineGateway,
     BookingNotFound,
@@ -77,14 +77,36 @@ def check_flight(ctx: StepContext) -> dict[str, Any]:
 
 
 def check_cancellation_policy(ctx: StepContext) -> dict[str, Any]:
+    """The fare's rules, and the fee waiver they propose for an operator's approval when the
+    customer asked for one for a reason the policy considers (refunds.waivers)."""
     rules = policy.policy_for(ctx.output_of("fetch_booking")["fare_class"])
     if not rules.rebookable:
         raise PermanentStepError(rules.refusal)
-    return {"fare_class": rules.fare_class, "rebookable": True, "fee_cents": rules.fee_cents}
+    proposed = waivers.proposal(request_of(ctx), rules.fare_class)
+    return {
+        "fare_class": rules.fare_class,
+        "rebookable": True,
+        "fee_cents": rules.fee_cents,
+        "fee_waiver": waivers.proposal_output(proposed),
+    }
+
+
+def fee_waiver_arguments(ctx: StepContext) -> dict[str, Any]:
+    """What the operator approves or rejects before `request_fee_waiver` (refunds.waivers)."""
+    return waivers.approval_arguments(request_of(ctx), waivers.proposed_in(ctx))
 
 
 def calculate_penalty_fee(ctx: StepContext) -> dict[str, Any]:
-    return policy.calculate_penalty_fee(ctx.output_of("fetch_booking")["fare_class"])
+    """The policy's fee, less a waiver an operator approved (then 0: nothing is held)."""
+    due = policy.calculate_penalty_fee(ctx.output_of("fetch_booking")["fare_class"])
+    waived = waivers.waived_cents(ctx.output_of(waivers.STEP))
+    if not waived:
+        return due
+    return {
+        **due,
+        "amount_cents": max(0, int(due["amount_cents"]) - waived),
+        "waived_cents": waived,
+    }
 
 
 # --- effects --------------------------------------------------------------------------------
@@ -195,6 +217,12 @@ def find_crm_update(ctx: StepContext) -> dict[str, Any] | None:
 
 
 def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
+    return confirm(ctx, waiver=ctx.output_of(waivers.STEP))
+
+
+def confirm(ctx: StepContext, *, waiver: Any) -> dict[str, Any]:
+    """The confirmation e-mail; `waiver` the fee waiver's recorded output (refunds.waivers),
+    which an agent run's rejected call holds outside its tools' outputs."""
     booking = ctx.output_of("fetch_booking")
     issued = ctx.output_of("issue_boarding_pass")
     # The agent's model e-mails before its answer, which the capture follows: then the fee
@@ -214,6 +242,7 @@ def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
         "fee_charged": _fee_due(charge),
         "fee": _fee_text(charge),
         "payment_intent_id": charge.get("payment_intent_id", ""),
+        **waivers.email_context(waiver),
     }
     message_id = _send(ctx, booking["contact_email"], "confirmation", context)
     return {"message_id": message_id}
@@ -301,6 +330,7 @@ def notify_failure(ctx: StepContext) -> dict[str, Any]:
         "seat_released": bool(released) and not reinstated.get("reinstated"),
         "seat_reinstated": bool(reinstated.get("reinstated")),
         "seat": released.get("seat", "") or booking.get("seat", ""),
+        **waivers.email_context(waivers.recorded(ctx)),
     }
     message_id = _send(ctx, contact, "failure", context)
     return {"sent": True, "message_id": message_id, "reason": reason}

@@ -15,7 +15,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_safe
 
 from agentflow import durable
-from refunds import engines, progress, proxies, services
+from refunds import engines, policy, progress, proxies, services, waivers
 from refunds.forms import RefundRequestForm, new_submission_token, unsign_submission_token
 from refunds.models import RefundRequest
 
@@ -70,6 +70,8 @@ def refund_new(request: HttpRequest) -> HttpResponse:
         booking_reference=data["booking_reference"],
         last_name=data["last_name"],
         message=data["message"],
+        waiver_reason=data["waiver_reason"],
+        waiver_details=data["waiver_details"],
         submission_token=nonce,
         client_ip=ip,
     )
@@ -87,6 +89,9 @@ def refund_status(request: HttpRequest, public_id: str) -> HttpResponse:
             "refund": refund,
             "progress": _progress(refund, _snapshot(refund)),
             "status_url": reverse("refunds:status_json", args=[refund.public_id]),
+            "waiver_reason": policy.waiver_reason_words(refund.waiver_reason)
+            if refund.waiver_reason
+            else "",
         },
     )
 
@@ -105,6 +110,8 @@ def refund_status_json(request: HttpRequest, public_id: str) -> JsonResponse:
             "id": refund.public_id,
             "status": status,
             "workflow_id": refund.workflow_id,
+            # "approval" while a fee waiver waits for our team (SPEC §6), else null.
+            "waiting_for": run.waiting_for if run else None,
             "steps": [
                 {"seq": s.seq, "name": s.name, "status": s.status, "attempts": s.attempts}
                 for s in (run.steps if run else [])
@@ -167,7 +174,9 @@ def _refund_or_404(public_id: str) -> RefundRequest:
 
 
 def _same_request(refund: RefundRequest, data: dict[str, Any]) -> bool:
-    fields = ("email", "booking_reference", "last_name", "message")
+    fields = (
+        "email", "booking_reference", "last_name", "message", "waiver_reason", "waiver_details",
+    )  # fmt: skip
     return all(getattr(refund, name) == data[name] for name in fields)
 
 
@@ -184,26 +193,29 @@ def _purged(refund: RefundRequest, run: durable.RunSnapshot | None) -> bool:
 def _progress(refund: RefundRequest, run: durable.RunSnapshot | None) -> progress.Progress:
     if _purged(refund, run):
         return progress.archived()
+    waiver_asked = bool(refund.waiver_reason)
     if run is None:  # not expected (the run is created with the request), but never a 500
         return progress.describe(
             status=durable.RunStatus.PENDING,
             current_step="",
             steps=[],
-            planned=engines.planned(run),
+            planned=engines.planned(run, waiver_asked=waiver_asked),
         )
-    steps = engines.customer_steps(run)
+    steps = engines.customer_steps(run, waiver_asked=waiver_asked)
     outputs = engines.outputs(steps)
     notice = outputs.get(_NOTICE_STEP, {})
     return progress.describe(
         status=run.status,
         current_step=run.current_step,
         steps=steps,
-        planned=engines.planned(run),
+        planned=engines.planned(run, waiver_asked=waiver_asked),
         fee_cents=_fee_cents(outputs),
         reason=_customer_reason(notice),
         emailed=notice.get("sent") is True,
         details=progress.outcome_details(run.status, outputs),
         outputs=outputs,
+        # The refund's one approval is the fee waiver's.
+        awaiting_approval=waivers.STEP if run.waiting_for == "approval" else "",
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentflow import durable
-from refunds import steps
+from refunds import steps, waivers
 from refunds.gateways import (
     COMPENSATION_RETRY,
     PARTNER_RETRY,
@@ -17,13 +17,22 @@ from refunds.gateways import (
 #: is held before the seat is touched (`charge_customer`) and taken after the pass
 #: (`capture_fee`); a failure releases the hold or refunds, and gives a released seat back
 #: (`reinstate_seat`). v2 runs still in flight are parked for an operator, as v1's were.
-refund = durable.Workflow("refund", version=3, on_failure="notify_failure")
+#: v4: a fee waiver the customer asked for, and the policy proposes, waits for an operator's
+#: approval (`request_fee_waiver`) before the fee is worked out, so before the card or the seat
+#: is touched; approved, the fee is 0. v3 runs still in flight are parked, as before.
+refund = durable.Workflow("refund", version=4, on_failure="notify_failure")
 
 refund.step("load_request", kind="read")(steps.load_request)
 refund.step("parse_flight_details", kind="read")(steps.parse_flight_details)
 refund.step("fetch_booking", kind="read", retry=PARTNER_RETRY)(steps.fetch_booking)
 refund.step("check_flight", kind="read", retry=PARTNER_RETRY)(steps.check_flight)
 refund.step("check_cancellation_policy", kind="read")(steps.check_cancellation_policy)
+refund.step(
+    waivers.STEP,
+    kind="read",
+    requires_approval=waivers.needs_approval,
+    approval_arguments=steps.fee_waiver_arguments,
+)(waivers.request_fee_waiver)
 refund.step("calculate_penalty_fee", kind="read")(steps.calculate_penalty_fee)
 refund.step(
     "charge_customer",

@@ -1,5 +1,5 @@
-"""Retry, Cancel and Resume now for operators: ask for a reason, call the store, report each
-run's outcome.
+"""Retry, Cancel, Resume now, Approve and Reject for operators: ask for a reason, call the
+store, report each run's outcome.
 
 The store decides what is safe (`store.ActionRefused`) and records the event with the actor and
 reason (I6); this module only turns its answers into messages, never into a traceback.
@@ -20,6 +20,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from agentflow import store
+from agentflow.admin import approvals
 from agentflow.admin.display import badge
 from agentflow.forms import ReasonForm
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
@@ -46,6 +47,9 @@ class Verb:
     #: The store function: (run_id, *, actor, reason), raising `store.ActionRefused`; it may
     #: return what happens next, in words, when the action is not over at once.
     act: Callable[..., str | None]
+    #: Who may: "operate" (the model's change permission) or "approve"
+    #: (`agentflow.approve_workflowrun`, for Approve and Reject).
+    permission: str = "operate"
 
 
 RETRY = Verb(
@@ -88,7 +92,33 @@ RESUME = Verb(
     ),
     act=store.run_resume,
 )
-VERBS = {verb.name: verb for verb in (RETRY, RESUME, CANCEL)}
+APPROVE = Verb(
+    name="approve",
+    label="Approve",
+    done="approved",
+    offered_for=(RunStatus.WAITING,),
+    explanation=(
+        "Approve lets the run make the call shown below, exactly as shown: the decision is "
+        "recorded at this position with your username and reason, and binds to this call's "
+        "digest, so a call with another amount or target would need a decision of its own."
+    ),
+    act=approvals.approve,
+    permission="approve",
+)
+REJECT = Verb(
+    name="reject",
+    label="Reject",
+    done="rejected",
+    offered_for=(RunStatus.WAITING,),
+    explanation=(
+        "Reject stops the call shown below from being made: the run goes on without it (a "
+        "workflow takes its rejected branch; an agent's model is told the call was rejected, "
+        "and why). Recorded at this position with your username and reason."
+    ),
+    act=approvals.reject,
+    permission="approve",
+)
+VERBS = {verb.name: verb for verb in (RETRY, RESUME, CANCEL, APPROVE, REJECT)}
 
 
 def perform(request: HttpRequest, verb: Verb, runs: list[dict[str, Any]], reason: str) -> None:
@@ -118,6 +148,8 @@ def perform(request: HttpRequest, verb: Verb, runs: list[dict[str, Any]], reason
         then = {
             RETRY: f" It resumes at step {step}.",
             RESUME: f" Step {step} was published again.",
+            APPROVE: f" Step {step} runs now.",
+            REJECT: f" Step {step} records the rejection and the run goes on.",
         }.get(verb, "")
         messages.success(request, f"Run {run['pk']} {verb.done}.{then}")
     elif done:
@@ -137,6 +169,7 @@ def confirmation(
     form: ReasonForm,
     *,
     from_list: bool,
+    pending: dict[str, Any] | None = None,
 ) -> TemplateResponse:
     """The page that asks for the reason before anything happens."""
     labels = dict(RunStatus.choices)
@@ -152,6 +185,7 @@ def confirmation(
         "from_list": from_list,
         "action_name": f"{verb.name}_runs",
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "af_pending": pending,
         "media": model_admin.media,
     }
     return TemplateResponse(request, CONFIRMATION_TEMPLATE, context)

@@ -3,7 +3,8 @@
 At a million finished runs a COUNT over all runs by status costs ~100 ms per page view, and
 the events table has no index on time alone. So:
 - active, stuck and parked runs are counted exactly, each through its own partial index
-  (`run_sweep_due`, `run_needs_attention`): their cost follows the work in flight;
+  (`run_sweep_due`, `run_needs_attention`), and runs waiting for approval through the open
+  waits' (`wait_open`): their cost follows the work in flight;
 - finished runs are counted exactly while the table is small, then estimated from Postgres's
   statistics (the planner's row estimate: no rows read);
 - the last hour's retries, takeovers and sweeps are counted among the newest events, read
@@ -21,7 +22,7 @@ from django.db.models import Count, Min, Q
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from agentflow import store
+from agentflow import metrics, store
 from agentflow.admin import counting
 from agentflow.admin.counting import count_label, planner_estimate
 from agentflow.admin.display import duration
@@ -109,6 +110,9 @@ def dashboard(now: datetime) -> dict[str, Any]:
     def url(**params: str) -> str:
         return f"{base}?{urlencode(params)}"
 
+    deciding = [(n, oldest) for _, n, oldest in metrics.waiting_for_approval_query()]
+    approvals = sum(n for n, _ in deciding)
+    oldest = min((at for _, at in deciding), default=None)
     terminal = set(TERMINAL_RUN_STATUSES)
     parked = counts[RunStatus.NEEDS_ATTENTION]
     return {
@@ -129,6 +133,10 @@ def dashboard(now: datetime) -> dict[str, Any]:
         "needs_attention": parked,
         "needs_attention_label": count_label(parked, False),
         "needs_attention_url": url(status__exact=RunStatus.NEEDS_ATTENTION),
+        "approvals": approvals,
+        "approvals_label": count_label(approvals, False),
+        "approvals_oldest": duration(now - oldest) if oldest else None,
+        "approvals_url": url(wake="approval"),
         "overdue": stuck["n"],
         "overdue_label": count_label(stuck["n"], False),
         "overdue_oldest": duration(now - stuck["oldest"]) if stuck["oldest"] else None,

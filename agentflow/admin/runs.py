@@ -1,5 +1,6 @@
 """The workflow run admin: a read-only list and detail page with a timeline (and, for agent
-runs, the conversation), plus Retry, Resume now, Cancel and Fork.
+runs, the conversation), plus Retry, Resume now, Cancel and Fork, and Approve / Reject of a call
+that waits for approval.
 
 Engine rows are never edited here (procrastinate's and django-celery-results' shape): the
 only writes are the operator actions in `agentflow.admin.actions` and `forking`, which go
@@ -22,7 +23,7 @@ from django.utils.html import format_html, format_html_join
 
 from agentflow import links, registry
 from agentflow.admin import actions as run_actions
-from agentflow.admin import forking, run_page
+from agentflow.admin import approvals, forking, run_page
 from agentflow.admin.counting import EstimatingPaginator, bounded_count
 from agentflow.admin.dashboard import dashboard
 from agentflow.admin.dates import date_hierarchy
@@ -38,6 +39,7 @@ RUN_FIELDS = (
     "related", "wake_up", "created", "updated",
 )  # fmt: skip
 PAYLOAD_FIELDS = ("error_block", "output_block", "input_block", "compensations_block")
+WAIT_FIELDS = ("pending_block", "waits_block")
 
 
 @admin.register(WorkflowRun)
@@ -62,8 +64,9 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": RUN_FIELDS}),
         ("Outcome and input", {"fields": PAYLOAD_FIELDS}),
+        ("Waits and decisions", {"fields": WAIT_FIELDS}),
     )
-    readonly_fields = RUN_FIELDS + PAYLOAD_FIELDS
+    readonly_fields = RUN_FIELDS + PAYLOAD_FIELDS + WAIT_FIELDS
 
     # --- read-only: nothing here edits an engine row -----------------------------------------
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -79,6 +82,10 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         """Retry, Resume now and Cancel belong to whoever holds the model's change permission."""
         return request.user.has_perm("agentflow.change_workflowrun")
 
+    def has_approve_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Approve and Reject belong to holders of `agentflow.approve_workflowrun` alone."""
+        return approvals.may_decide(request)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
         # The current step's attempts, through the (run, seq) unique index: one probe per row
         # of the page, inside the same query.
@@ -88,7 +95,10 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
-            .annotate(current_step_attempts=Subquery(attempts.values("attempts")[:1]))
+            .annotate(
+                current_step_attempts=Subquery(attempts.values("attempts")[:1]),
+                open_wait_kind=approvals.open_wait_kind(),
+            )
         )
 
     def get_search_results(
@@ -127,7 +137,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="status")
     def status_badge(self, run: WorkflowRun) -> str:
-        return badge(run.status, run.get_status_display())
+        return badge(run.status, approvals.status_label(run))
 
     @admin.display(description="current step")
     def current(self, run: WorkflowRun) -> str:
@@ -163,6 +173,25 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     @admin.display(description="input")
     def input_block(self, run: WorkflowRun) -> str:
         return pretty(run.input)
+
+    @admin.display(description="waits for approval of")
+    def pending_block(self, run: WorkflowRun) -> str:
+        pending = approvals.pending_call(run)
+        if pending is None:
+            return "—"
+        return format_html(
+            '<code>{}</code>{}<div class="af-key">digest {} · asked {} · rejected if '
+            "undecided by {}</div>",
+            pending["call"],
+            pending["arguments"],
+            pending["digest"],
+            pending["requested"],
+            pending["expires"],
+        )
+
+    @admin.display(description="waits and decisions")
+    def waits_block(self, run: WorkflowRun) -> str:
+        return approvals.waits_block(run)
 
     @admin.display(description="compensations still to run")
     def compensations_block(self, run: WorkflowRun) -> str:
@@ -209,17 +238,32 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         form_url: str = "",
         obj: WorkflowRun | None = None,
     ) -> HttpResponse:
-        if obj is not None and self.has_operate_permission(request):
+        if obj is not None:
             context["af_verbs"] = [
-                v for v in run_actions.VERBS.values() if obj.status in v.offered_for
+                v for v in run_actions.VERBS.values() if self._offers(request, obj, v)
             ]
         if obj is not None:
+            context["af_pending"] = approvals.pending_call(obj)
             rows = run_page.RunRows.load(obj)
             context["af_timeline"] = run_page.timeline_of(obj, rows)
             context["af_trajectory"] = run_page.trajectory_of(
                 obj, rows, may_fork=self.has_operate_permission(request)
             )
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _offers(self, request: HttpRequest, run: WorkflowRun, verb: run_actions.Verb) -> bool:
+        """The detail page's buttons: by permission and status; Approve and Reject only while
+        the run waits for approval."""
+        if not self._may(request, verb) or run.status not in verb.offered_for:
+            return False
+        if verb.permission == "approve":
+            return getattr(run, "open_wait_kind", None) == "approval"
+        return True
+
+    def _may(self, request: HttpRequest, verb: run_actions.Verb) -> bool:
+        if verb.permission == "approve":
+            return self.has_approve_permission(request)
+        return self.has_operate_permission(request)
 
     def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
         """Inline instances are made per request: the step inline learns its run here, so each
@@ -285,12 +329,13 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return run_actions.confirmation(self, request, verb, runs, form, from_list=True)
 
     def run_action_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
-        """The detail page's Retry / Cancel buttons: confirm with a reason, act, go back."""
-        if not self.has_operate_permission(request):
+        """The detail page's buttons (Retry, Cancel, Approve, ...): confirm with a reason, act,
+        go back."""
+        chosen = run_actions.VERBS[verb]
+        if not self._may(request, chosen):
             raise PermissionDenied
         if request.method not in ("GET", "POST"):
             return HttpResponseNotAllowed(["GET", "POST"])
-        chosen = run_actions.VERBS[verb]
         run_id = unquote(object_id).replace("\x00", "")  # Postgres text cannot hold NUL
         run = WorkflowRun.objects.filter(pk=run_id).values(*run_actions.RUN_SUMMARY).first()
         if run is None or run_id != unquote(object_id):
@@ -302,7 +347,18 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(
                 reverse("admin:agentflow_workflowrun_change", args=(quote(run_id),))
             )
-        return run_actions.confirmation(self, request, chosen, [run], form, from_list=False)
+        pending = None
+        if chosen.permission == "approve":
+            found = WorkflowRun.objects.get(pk=run_id)
+            pending = approvals.pending_call(found)
+            if pending is None and request.method == "GET":
+                messages.warning(request, f"Run {run_id} waits for no approval now.")
+                return HttpResponseRedirect(
+                    reverse("admin:agentflow_workflowrun_change", args=(quote(run_id),))
+                )
+        return run_actions.confirmation(
+            self, request, chosen, [run], form, from_list=False, pending=pending
+        )
 
     def _changelist_url(self) -> str:
         return reverse("admin:agentflow_workflowrun_changelist")

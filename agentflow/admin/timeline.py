@@ -59,6 +59,8 @@ MARK_KINDS: Mapping[str, MarkKind] = {
     RunEvent.Kind.OPERATOR_RETRY: MarkKind.OPERATOR,
     RunEvent.Kind.OPERATOR_CANCEL: MarkKind.OPERATOR,
     RunEvent.Kind.OPERATOR_RESUME: MarkKind.OPERATOR,
+    RunEvent.Kind.OPERATOR_APPROVE: MarkKind.OPERATOR,
+    RunEvent.Kind.OPERATOR_REJECT: MarkKind.OPERATOR,
     RunEvent.Kind.NEEDS_ATTENTION: MarkKind.PARKED,
     RunEvent.Kind.VERSION_MISMATCH: MarkKind.PARKED,
     RunEvent.Kind.OUTCOME_UNKNOWN: MarkKind.PARKED,

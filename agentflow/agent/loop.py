@@ -25,8 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
+from agentflow.agent import waiting
 from agentflow.agent.clients import ModelClient, configured_client
 from agentflow.agent.conversation import Message, ModelRequest, ModelResponse, ToolCall
 from agentflow.agent.divergence import Change, Divergence, diverges
@@ -390,16 +392,15 @@ class AgentContext:
             return found.as_json() if found is not None else None
 
         tool = prepared.tool
-        raise Suspend(
-            self._step(
-                fingerprint,
-                prepared.kind,
-                run,
-                extra={"call_id": call.id},
-                reconcile=reconcile if tool is not None and tool.reconcile else None,
-                key_window_seconds=tool.key_window_seconds if tool is not None else None,
-            )
+        step = self._step(
+            fingerprint,
+            prepared.kind,
+            run,
+            extra={"call_id": call.id},
+            reconcile=reconcile if tool is not None and tool.reconcile else None,
+            key_window_seconds=tool.key_window_seconds if tool is not None else None,
         )
+        raise Suspend(waiting.with_approval(step, prepared))
 
     def step(
         self,
@@ -429,6 +430,32 @@ class AgentContext:
                 key_window_seconds=key_window_seconds,
             )
         )
+
+    def sleep(self, seconds: float) -> None:
+        """Wait `seconds` (counted from when the run first gets here), holding no worker: the
+        run is WAITING until then, and a replay after it returns at once."""
+        self._wait(waiting.sleep_call(seconds=seconds))
+
+    def sleep_until(self, when: datetime) -> None:
+        """Wait until `when` (an aware datetime; a fixed one, e.g. from the input: it is part
+        of the call's fingerprint)."""
+        self._wait(waiting.sleep_call(until=when))
+
+    def wait_for(self, name: str, *, timeout: float | None = None) -> waiting.Waited:
+        """Wait for `durable.signal(run_id, name, payload, signal_id=...)`: its `.payload`, or
+        `.timed_out` once `timeout` seconds (from when the run got here) passed without one."""
+        return waiting.Waited.from_json(self._wait(waiting.signal_call(name, timeout)))
+
+    def _wait(self, call: waiting.WaitCall) -> Any:
+        position = self._next()
+        fingerprint = step_fingerprint(position, call.name, call.arguments)
+        recorded = self._replayed(fingerprint)
+        if recorded is not None:
+            return recorded
+        step = self._step(fingerprint, StepKind.READ, _waited, extra={})
+        if "reused" in step.arguments:  # the same wait, over in a branch a fork set aside
+            raise Suspend(step)
+        raise Suspend(replace(step, waits_for=lambda ctx: call.spec))
 
     # --- what the function may read --------------------------------------------------------
     @property
@@ -601,6 +628,10 @@ def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
         return Failed(reason=unfinished)
     output = to_json(result, f"the result of {workflow.name}")
     return Finished(output=output, tokens_saved=ctx._tokens)
+
+
+def _waited(ctx: StepContext) -> Any:
+    raise AssertionError(f"{ctx.step}: a wait's outcome is the engine's record")
 
 
 def _missing(now: Fingerprint) -> Divergence:

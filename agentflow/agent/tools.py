@@ -153,6 +153,15 @@ class Tool:
     #: How many calls of this tool one run may make that ran (None: no limit, for reads);
     #: the next is refused, so one fee never buys a second boarding pass.
     max_calls: int | None = None
+    #: True, or a predicate of the call's validated arguments: such a call waits for an
+    #: operator's approval of exactly those arguments before it runs (SPEC §4 C).
+    requires_approval: bool | Callable[[dict[str, Any]], bool] = False
+
+    def needs_approval(self, values: dict[str, Any]) -> bool:
+        """Whether this call (with these validated arguments) must be approved first."""
+        if callable(self.requires_approval):
+            return bool(self.requires_approval(values))
+        return bool(self.requires_approval)
 
     @property
     def step_kind(self) -> StepKind:
@@ -228,10 +237,15 @@ class Toolbox:
         compensate: str | None = None,
         key_window_seconds: float | None = None,
         max_calls: int | None = None,
+        requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
     ) -> Callable[[ToolFn], ToolFn]:
         """Register the decorated function as tool `name`, offered to the model.
 
         `max_calls`: how many times one run may make it (side effects default to 1).
+        `requires_approval`: True, or a predicate of the validated arguments; such a call
+        waits for `durable.approve` / `durable.reject` of exactly those arguments before it
+        runs. Rejected (or timed out), it does not run and the model's result is
+        `{"rejected": true, "reason": ..., "timed_out": ...}`.
 
         Raises:
             DefinitionError: not exactly one of `read_only` / `side_effect`, a bad or taken
@@ -253,6 +267,11 @@ class Toolbox:
             )
         if max_calls is not None and max_calls < 1:
             raise DefinitionError(f"{self.name}: tool {name!r} needs max_calls of at least 1")
+        if not (isinstance(requires_approval, bool) or callable(requires_approval)):
+            raise DefinitionError(
+                f"{self.name}: tool {name!r}: requires_approval is True, False or a predicate "
+                "of the call's arguments"
+            )
 
         def decorator(fn: ToolFn) -> ToolFn:
             self._tools[name] = Tool(
@@ -265,6 +284,7 @@ class Toolbox:
                 compensate=compensate,
                 key_window_seconds=key_window_seconds,
                 max_calls=max_calls if max_calls is not None or read_only else 1,
+                requires_approval=requires_approval,
             )
             return fn
 

@@ -53,19 +53,31 @@ from agentflow.store.sweeps import (
     sweep_statements,
 )
 from agentflow.store.traces import trace_parent_record
+from agentflow.store.waits import (
+    Delivery,
+    PendingWait,
+    call_digest,
+    signal_deliver,
+    wait_decide,
+    wait_pending,
+    wait_settle,
+)
 
 __all__ = [
     "ActionRefused",
     "CheckpointRow",
     "Claim",
     "Deleted",
+    "Delivery",
     "DueRun",
     "Fenced",
     "Heartbeat",
+    "PendingWait",
     "RecordedCall",
     "Settled",
     "StepState",
     "attempt_lost",
+    "call_digest",
     "calls_load",
     "cancel_begin",
     "claim_blocker",
@@ -88,6 +100,7 @@ __all__ = [
     "run_retry",
     "runs_delete",
     "runs_purge",
+    "signal_deliver",
     "state_load",
     "state_load_claiming",
     "step_claim",
@@ -101,4 +114,7 @@ __all__ = [
     "turns_load",
     "unclaimed_complete",
     "undone_call",
+    "wait_decide",
+    "wait_pending",
+    "wait_settle",
 ]

@@ -20,13 +20,24 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from agentflow import leases, pooler
-from agentflow.models import RunEvent, StepCheckpoint, SweeperHeartbeat, WorkflowRun
+from agentflow.models import (
+    RunEvent,
+    RunSignal,
+    RunWait,
+    StepCheckpoint,
+    SweeperHeartbeat,
+    WorkflowRun,
+)
 
 RUNS = WorkflowRun._meta.db_table
 STEPS = StepCheckpoint._meta.db_table
 EVENTS = RunEvent._meta.db_table
 HEARTBEATS = SweeperHeartbeat._meta.db_table
-JSON_COLUMNS = frozenset({"input", "output", "compensations", "arguments", "data"})
+WAITS = RunWait._meta.db_table
+SIGNALS = RunSignal._meta.db_table
+JSON_COLUMNS = frozenset(
+    {"input", "output", "compensations", "arguments", "data", "outcome", "payload"}
+)
 
 
 # --- the database's clock -----------------------------------------------------------------------

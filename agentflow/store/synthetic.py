@@ -16,7 +16,7 @@ from django.db import connection
 from django.db.models import Model
 from django.utils import timezone
 
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, RunWait, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepKind, StepStatus
 
 _RUNS_INSERT = """
@@ -175,6 +175,7 @@ _AGED = {
         "run_id",
         ("lease_expires_at", "retry_at", "first_started_at", "started_at", "finished_at"),
     ),
+    RunWait: ("run_id", ("requested_at", "deadline", "resolved_at")),
 }
 
 

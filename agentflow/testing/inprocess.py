@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 from django.db import connection
+from django.db.models.functions import Now
 from django.test import TestCase
 
 from agentflow import dispatch, durable, faults, leases, runtime
@@ -279,6 +280,15 @@ def _let_the_wait_pass(run_id: str) -> None:
         synthetic.runs_age([run_id], seconds=seconds + 0.001)
 
 
+def _waits_for_someone(run_id: str) -> bool:
+    """Waiting for a signal or an approval, its timeout not reached: only a person (or a
+    webhook) moves it on, not time (a timer or a retry back-off is waited out)."""
+    if WorkflowRun.objects.filter(pk=run_id, wake_at__lte=Now()).exists():
+        return False  # its timeout passed (database clock): the next delivery times it out
+    found = durable.snapshot(run_id)
+    return found is not None and found.waiting_for in ("signal", "approval")
+
+
 def _stuck(run_id: str, seq: int) -> str:
     checkpoint = StepCheckpoint.objects.filter(run_id=run_id, seq=seq).first()
     if checkpoint is not None and checkpoint.status == StepStatus.IN_PROGRESS:
@@ -307,9 +317,11 @@ def run_to_end(
     CANCELLED) or parked (NEEDS_ATTENTION), and return its snapshot. No broker is needed:
     step messages are kept in an outbox (see `capture_messages`) meanwhile.
 
-    `retries`: a run backing off after a retryable error is moved on in time (by the
-    database's clock) to its retry, which then runs; with False, a waiting run is returned as
-    it is. Raises AssertionError when a delivery changes nothing (another owner holds the
+    `retries`: a run backing off after a retryable error, or sleeping on a timer, is moved on
+    in time (by the database's clock) to its retry or wake-up, which then runs; with False, a
+    waiting run is returned as it is. A run waiting for a signal or an approval is returned as
+    it is (`snapshot.waiting_for` says which): signal, approve or reject it, then call this
+    again. Raises AssertionError when a delivery changes nothing (another owner holds the
     step) or after `max_deliveries`. Works in `django_db` and `django_db(transaction=True)`
     tests alike.
     """
@@ -325,7 +337,7 @@ def run_to_end(
                     if status not in ACTIVE_RUN_STATUSES:
                         break
                     if status == RunStatus.WAITING:
-                        if not retries:
+                        if not retries or _waits_for_someone(run_id):
                             break
                         _let_the_wait_pass(run_id)
                         before = _where(run_id)

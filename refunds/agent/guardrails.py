@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from agentflow.agent import ToolRecord, ToolRefused
 from agentflow.durable import PermanentStepError
-from refunds import policy
+from refunds import policy, waivers
 
 
 class GuardrailViolation(PermanentStepError):
@@ -63,6 +63,43 @@ def check_charge_amount(amount_cents: int, *, fee_cents: int, reference: str) ->
             f"{STOPPED} to charge {policy.format_amount(amount_cents)}, but the change fee for "
             f"booking {normalise_reference(reference)} is {policy.format_amount(fee_cents)}, "
             "so no charge was made."
+        )
+
+
+def waiver_decisions(history: Sequence[ToolRecord]) -> list[waivers.Outcome]:
+    """What our team decided on this run's fee waiver calls: approved (the tool ran), or
+    rejected or timed out (the engine's answer in its place)."""
+    found = (waivers.outcome_of(record.result) for record in history if record.name == waivers.STEP)
+    return [outcome for outcome in found if outcome is not None]
+
+
+def waiver_output(history: Sequence[ToolRecord]) -> object:
+    """The latest fee waiver call's recorded result, approved or not (None: never asked)."""
+    found = [record.result for record in history if record.name == waivers.STEP]
+    return found[-1] if found else None
+
+
+def waived_cents(history: Sequence[ToolRecord]) -> int:
+    """The fee an approved waiver takes off (0 without one): the charge is the policy's fee
+    less this, and nothing else the model says."""
+    return max(
+        (
+            waivers.waived_cents(record.result)
+            for record in history
+            if record.ok and record.name == waivers.STEP
+        ),
+        default=0,
+    )
+
+
+def check_waiver_decided(history: Sequence[ToolRecord]) -> None:
+    """A waiver the customer asked for (and the policy proposes) is decided by our team before
+    the card is touched, so before the seat too (which waits for the fee)."""
+    if not waiver_decisions(history):
+        raise ToolRefused(
+            "call request_fee_waiver first with the reason check_cancellation_policy's "
+            "fee_waiver gives: the customer asked for the fee to be waived, and our team "
+            "decides before the card is touched"
         )
 
 

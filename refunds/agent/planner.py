@@ -4,7 +4,9 @@ A deterministic function of the conversation so far: it reads which tools have a
 asks for what comes next, several calls per turn where they belong together (the two lookups;
 the fee, then the seat; the note and the e-mail), then answers the customer. The same
 conversation always gets the same turn, so a resumed run asks for exactly what the
-uninterrupted run would have. Six turns for a standard refund.
+uninterrupted run would have. Six turns for a standard refund; one more when the policy proposes
+a fee waiver, which it asks our team for before the fee (approved: it charges 0; rejected or
+timed out, the engine's `{"rejected": true}` in its place: the policy's fee).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from refunds.agent.prompts import read_first_user_message
 from refunds.parsing import parse_request
 
 #: The model name recorded in every turn's fingerprint: bump it when the planner's choices change.
-MODEL = "scripted-refund-planner-2"
+MODEL = "scripted-refund-planner-3"
 
 
 def plan_refund(request: ModelRequest) -> Plan:
@@ -43,9 +45,14 @@ def plan_refund(request: ModelRequest) -> Plan:
     ]
     if lookups:
         return calls(*lookups)
+    proposed = done["check_cancellation_policy"].get("fee_waiver")
+    if proposed and "request_fee_waiver" not in done:  # decided before the card is touched
+        return calls(call("request_fee_waiver", refund_id=refund_id, reason=proposed["reason"]))
     effects = []
     if "charge_customer" not in done:  # the fee is secured before the seat is touched
         fee = done["check_cancellation_policy"]["fee_cents"]
+        if (done.get("request_fee_waiver") or {}).get("waived") is True:
+            fee = 0
         effects.append(call("charge_customer", refund_id=refund_id, amount_cents=fee))
     if "cancel_seat" not in done:
         effects.append(call("cancel_seat", booking_reference=reference))
@@ -105,11 +112,14 @@ def _crm_note(words: str, done: dict[str, Any]) -> str:
 
 def _customer_answer(done: dict[str, Any]) -> str:
     issued, charge = done["issue_boarding_pass"], done["charge_customer"]
-    fee = (
-        f"We charged the {_fee_text(charge)} change fee."
-        if charge.get("authorized")
-        else "There was no change fee."
-    )
+    waiver = done.get("request_fee_waiver") or {}
+    if waiver.get("waived") is True:
+        fee = "Our team waived the change fee."
+    elif charge.get("authorized"):
+        refused = "Our team couldn't waive it, so w" if waiver.get("rejected") else "W"
+        fee = f"{refused}e charged the {_fee_text(charge)} change fee."
+    else:
+        fee = "There was no change fee."
     return (
         f"You're booked on {issued['flight']} on {issued['date']}, seat {issued['seat']} "
         f"(boarding pass {issued['boarding_pass_id']}). {fee} Your confirmation is on its way "

@@ -21,8 +21,11 @@ Handle their request with the tools, then answer the customer.
 Do it in this order:
 1. load_request(refund_id) with the refund id you were given: it tells you the booking reference.
 2. fetch_booking and check_cancellation_policy for that booking (you may call both at once).
+   If check_cancellation_policy returned a fee_waiver, call request_fee_waiver with the refund
+   id and its reason, alone, and wait: a person on our team decides.
 3. charge_customer with the refund id and exactly the fee_cents that check_cancellation_policy
-   returned (0 when there is no fee): it secures the fee first. Then cancel_seat for the booking.
+   returned (0 when there is no fee, or when our team approved the fee waiver; if they rejected
+   it, the fee_cents): it secures the fee first. Then cancel_seat for the booking.
 4. issue_boarding_pass for the flight and date the customer asked for; if they named none, use
    the flight and date of their booking.
 5. update_crm with a one-line note of what you did, then send_confirmation_email.

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from agentflow.agent import Toolbox, ToolContext, ToolRefused
 from agentflow.durable import PermanentStepError
-from refunds import fee, policy, steps, timetable
+from refunds import fee, policy, steps, timetable, waivers
 from refunds.agent import guardrails
 from refunds.gateways import STRIPE_KEY_WINDOW_SECONDS, AirlineGateway, CrmGateway
 from refunds.models import RefundRequest
@@ -48,6 +48,12 @@ AmountCents = Annotated[
     Field(
         description="The fee in cents: exactly the fee_cents check_cancellation_policy returned.",
         ge=0,
+    ),
+]
+WaiverReason = Annotated[
+    Literal[tuple(policy.WAIVER_REASONS)],  # type: ignore[valid-type]
+    Field(
+        description="Why the customer asks: the reason in check_cancellation_policy's fee_waiver."
     ),
 ]
 Note = Annotated[
@@ -94,7 +100,39 @@ def check_cancellation_policy(
         "rebookable": True,
         "fee_cents": rules.fee_cents,
         "currency": policy.CURRENCY,
+        # The waiver the policy proposes for our team's approval, or None (refunds.waivers).
+        "fee_waiver": waivers.proposal_output(waivers.proposal(_request(ctx), rules.fare_class)),
     }
+
+
+# --- our team's decision ----------------------------------------------------------------------
+@toolbox.tool(
+    waivers.STEP,
+    read_only=True,
+    requires_approval=True,
+    description="Ask our team to waive the change fee, only when check_cancellation_policy "
+    "returned a fee_waiver, with its reason. A person decides before it answers: approved, "
+    "charge 0; rejected, charge the fee_cents. Before charge_customer.",
+)
+def request_fee_waiver(
+    ctx: ToolContext, refund_id: RefundId, reason: WaiverReason
+) -> dict[str, Any]:
+    """Runs only once an operator approved this exact call (a rejection or a timeout reaches
+    the model as the engine's `{"rejected": true, ...}` and this does not run). It waives only
+    what the customer asked for and the policy proposes: another reason, or a waiver nobody
+    asked for, is refused even when approved."""
+    guardrails.check_own_refund(refund_id, _refund_id(ctx))
+    request = _request(ctx)
+    reference = guardrails.normalise_reference(request.booking_reference)
+    proposed = waivers.proposal(request, _booking(ctx, reference)["fare_class"])
+    if proposed is None:
+        raise ToolRefused(
+            "the customer did not ask for a fee waiver the policy considers: charge the fee_cents"
+        )
+    if reason != proposed.reason:
+        raise ToolRefused(f"the customer asked for a waiver for {proposed.reason}, not {reason}")
+    # The engine does not hand a tool the decision it ran under (ToolContext has no `decision`).
+    return waivers.granted_output(waivers.proposal_output(proposed) or {}, None)
 
 
 # --- effects --------------------------------------------------------------------------------
@@ -140,9 +178,12 @@ def charge_customer(
     rules = policy.policy_for(booking["fare_class"])
     if not rules.rebookable:
         raise PermanentStepError(rules.refusal)  # the fare's rule, already in customer words
-    guardrails.check_charge_amount(amount_cents, fee_cents=rules.fee_cents, reference=reference)
+    if waivers.proposal(_request(ctx), rules.fare_class) is not None:
+        guardrails.check_waiver_decided(ctx.history)  # before the card is touched
+    due = max(0, rules.fee_cents - guardrails.waived_cents(ctx.history))
+    guardrails.check_charge_amount(amount_cents, fee_cents=due, reference=reference)
     return fee.hold(
-        amount_cents=rules.fee_cents,
+        amount_cents=due,
         currency=policy.CURRENCY,
         payment_method=booking["payment_method"],
         reference=reference,
@@ -208,7 +249,7 @@ def send_confirmation_email(ctx: ToolContext, refund_id: RefundId) -> dict[str, 
         ("load_request", "fetch_booking", "charge_customer", "issue_boarding_pass"),
         ctx.history,
     )
-    return steps.send_confirmation_email(ctx.step_context())
+    return steps.confirm(ctx.step_context(), waiver=guardrails.waiver_output(ctx.history))
 
 
 # --- compensations (the engine's alone: never offered to the model) -----------------------------

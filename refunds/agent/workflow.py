@@ -41,8 +41,9 @@ def results(history: Sequence[ToolRecord], tool: str) -> list[Any]:
 
 def fee_secured_once(history: Sequence[ToolRecord]) -> bool:
     """The fee is settled exactly once: one charge call that held it on the card, or said none
-    was due (the charge tool takes exactly the policy's fee, so "nothing held" means a free
-    change). `capture_fee` takes a held fee only once the whole change is done."""
+    was due (the charge tool takes exactly the policy's fee less what our team waived, so
+    "nothing held" means a free change or a waived fee). `capture_fee` takes a held fee only
+    once the whole change is done."""
     charges = results(history, "charge_customer")
     return len(charges) == 1 and bool(
         charges[0].get("authorized") or charges[0].get("amount_cents") == 0
@@ -71,9 +72,12 @@ def rebooked(history: Sequence[ToolRecord]) -> str | None:
 #: fee is held by `charge_customer` (before `cancel_seat`) and taken by `capture_fee` in code
 #: after the answer; `refund_fee` and `reinstate_seat` are the engine's alone. v1 runs still in
 #: flight are parked for an operator.
+#: v3: `request_fee_waiver`, declared `requires_approval`, asks our team to waive the fee the
+#: customer asked to have waived, before `charge_customer` (which refuses until it is decided,
+#: and then charges the policy's fee less what was waived). v2 runs in flight are parked.
 refund_agent = durable.CodeWorkflow(
     "refund_agent",
-    version=2,
+    version=3,
     toolbox=toolbox,
     model=scripted_refund_model,
     on_failure="notify_failure",

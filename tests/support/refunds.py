@@ -25,10 +25,17 @@ EFFECT_LISTS = (
 
 
 def submit(
-    reference: str, *, last_name: str | None = None, email: str | None = None, message: str = WORDS
+    reference: str,
+    *,
+    last_name: str | None = None,
+    email: str | None = None,
+    message: str = WORDS,
+    waiver_reason: str = "",
+    waiver_details: str = "",
 ) -> str:
     """What the form does once it has a valid request: the request row and its run, in one
-    transaction (the booking's owner unless told otherwise). Returns the run id."""
+    transaction (the booking's owner unless told otherwise; a fee waiver if asked). Returns
+    the run id."""
     owner = owner_of(reference)
     request = services.refund_request_create(
         email=email or owner.email,
@@ -37,6 +44,8 @@ def submit(
         message=message,
         submission_token=f"token-{reference}",
         client_ip="127.0.0.1",
+        waiver_reason=waiver_reason,
+        waiver_details=waiver_details,
     )
     assert request.workflow_id is not None
     return request.workflow_id

@@ -554,6 +554,134 @@ def charge_unless_moody(ctx: durable.AgentContext) -> str:
     return "charged"
 
 
+# --- durable time and people (SPEC §4 C) --------------------------------------------------------
+def _over_limit(ctx: durable.StepContext) -> bool:
+    return int(ctx.input.get("amount", 0)) > 1000
+
+
+def _after_decision(output: Any) -> str:
+    return "declined" if isinstance(output, dict) and output.get("approved") is False else "finish"
+
+
+def _charge_approved(ctx: durable.StepContext) -> dict[str, Any]:
+    assert ctx.decision is None or ctx.decision.approved
+    return {**effect(ctx), "approved_by": ctx.decision.actor if ctx.decision else None}
+
+
+#: prepare -> charge (an effect; amounts over 1000 wait for approval) -> finish, or declined.
+approval = durable.Workflow("hitl_approval", version=1)
+approval.step("prepare", kind="read")(read)
+approval.step(
+    "charge",
+    kind="effect",
+    requires_approval=_over_limit,
+    approval_arguments=lambda ctx: {"amount": ctx.input.get("amount")},
+    next=_after_decision,
+)(_charge_approved)
+approval.step("finish", kind="read", next=lambda output: durable.END)(_finish)
+approval.step("declined", kind="read")(read)
+
+
+#: prepare -> wait for signal "reply" (timeout from the input) -> finish.
+signalled = durable.Workflow("hitl_signal", version=1)
+signalled.step("prepare", kind="read")(read)
+signalled.wait_for("reply", signal="reply", timeout=None)
+signalled.step("finish", kind="read")(_finish)
+
+#: prepare -> wait for "reply" at most 60 s -> finish (its output says which).
+signal_or_timeout = durable.Workflow("hitl_signal_timeout", version=1)
+signal_or_timeout.step("prepare", kind="read")(read)
+signal_or_timeout.wait_for("reply", signal="reply", timeout=60)
+signal_or_timeout.step("finish", kind="read")(_finish)
+
+#: prepare -> sleep 120 s -> finish.
+timed = durable.Workflow("hitl_timer", version=1)
+timed.step("prepare", kind="read")(read)
+timed.sleep("cool_off", seconds=120)
+timed.step("finish", kind="read")(_finish)
+
+
+# --- agent mode: durable time and people ---------------------------------------------------------
+cashier_tools = Toolbox("hitl_cashier")
+DISCOUNT_NOTE = "The customer has a discount."
+
+
+@cashier_tools.tool(
+    "charge",
+    side_effect=True,
+    compensate="refund_charge",
+    description="Charge the customer, in cents.",
+    requires_approval=lambda arguments: arguments["amount_cents"] > 1000,
+    max_calls=2,  # a fork's branch may charge another amount (the limit counts every branch)
+)
+def charge_tool(ctx: ToolContext, amount_cents: int) -> dict[str, Any]:
+    _record_tool(ctx)
+    return {"amount_cents": amount_cents, **partner.apply(ctx.idempotency_key)}
+
+
+@cashier_tools.compensation("refund_charge")
+def refund_charge(ctx: ToolContext) -> dict[str, Any]:
+    _record_tool(ctx)
+    return partner.apply(ctx.idempotency_key)
+
+
+def cashier_plan(request: ModelRequest) -> Any:
+    """Turn 1: charge 4500 (3000 once the discount note is in the conversation); then say
+    what the tool answered."""
+    if request.turn == 1:
+        said = [m.get("content") for m in request.messages if m.get("role") == "user"]
+        amount = 3000 if DISCOUNT_NOTE in said else int(said[0] or 4500)
+        return calls(call("charge", amount_cents=amount))
+    result = next(m["content"] for m in reversed(request.messages) if m.get("role") == "tool")
+    return answer(f"charge answered: {result}")
+
+
+cashier = durable.CodeWorkflow(
+    "hitl_cashier",
+    version=1,
+    toolbox=cashier_tools,
+    model=ScriptedModel("scripted-cashier", cashier_plan),
+)
+
+
+def discount(run_id: str) -> str:
+    """The partner flag that gives the customer a discount (a fork sees another conversation)."""
+    return f"{run_id}/discount"
+
+
+@cashier.run
+def charge_the_customer(ctx: durable.AgentContext) -> str:
+    messages = [system_message("You charge fees."), user_message(str(ctx.input.get("amount", "")))]
+    if partner.is_released(discount(ctx.run_id)):
+        messages.append(user_message(DISCOUNT_NOTE))
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for tool_call in turn.tool_calls:
+            messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+    return turn.text
+
+
+#: prepare, sleep 60 s, wait for signal "reply" (timeout from the input), then record it.
+patient = durable.CodeWorkflow("hitl_patient", version=1)
+
+
+@patient.run
+def wait_patiently(ctx: durable.AgentContext) -> dict[str, Any]:
+    ctx.step("prepare", read)
+    ctx.sleep(ctx.input.get("sleep", 60))
+    got = ctx.wait_for("reply", timeout=ctx.input.get("timeout"))
+    heard = {"payload": got.payload, "timed_out": got.timed_out}
+    ctx.step("finish", read, arguments=heard)
+    return heard
+
+
+#: prepare -> sleep 3 s -> finish: short enough for a test with real workers to wait out.
+short_timer = durable.Workflow("hitl_short_timer", version=1)
+short_timer.step("prepare", kind="read")(read)
+short_timer.sleep("pause", seconds=3)
+short_timer.step("finish", kind="read")(_finish)
+
+
 # --- agent mode: a long conversation, recorded before per-turn deltas ----------------------------
 #: Twenty model turns, a read-only tool call in each of the first nineteen. A run of it recorded
 #: with the whole conversation in every turn's checkpoint (before per-turn deltas) is kept under

@@ -280,3 +280,108 @@ def test_viewer__sees_no_action_buttons_and_a_forged_post_is_refused(page: Any) 
     assert db(lambda: WorkflowRun.objects.get(pk=parked).status) == RunStatus.NEEDS_ATTENTION
     assert db(lambda: WorkflowRun.objects.get(pk=waiting).status) in ACTIVE_RUN_STATUSES
     assert not db(RunEvent.objects.exists)
+
+
+# --- approvals (SPEC §4 C) ----------------------------------------------------------------------
+def approver_user(name: str, *, may_decide: bool) -> None:
+    """Staff who may look and operate, and (with `may_decide`) approve or reject."""
+
+    def create() -> None:
+        user = User.objects.create_user(name, password=PASSWORD, is_staff=True)
+        codenames = ["view_workflowrun", "change_workflowrun"]
+        if may_decide:
+            codenames.append("approve_workflowrun")
+        for codename in codenames:
+            user.user_permissions.add(Permission.objects.get(codename=codename))
+
+    db(create)
+
+
+def start_charge(amount: int) -> str:
+    return db(lambda: durable.start(workflows.approval.name, input={"amount": amount}))
+
+
+def waiting_for_approval(run_id: str) -> None:
+    def waits() -> bool:
+        found = db(lambda: durable.snapshot(run_id))
+        return found is not None and found.waiting_for == "approval"
+
+    wait_for(waits, timeout=RUN_SECONDS, what=f"{run_id} to wait for approval")
+
+
+def test_approver__sees_the_waiting_charge_approves_one_rejects_another(
+    workers: Workers, page: Any
+) -> None:
+    workers.start()
+    approved, rejected = start_charge(4500), start_charge(9900)
+    waiting_for_approval(approved)
+    waiting_for_approval(rejected)
+    approver_user("ops-amy", may_decide=True)
+    log_in(page, "ops-amy")
+
+    page.goto(f"{LIST_URL}?wake=approval")
+    assert sorted(page.locator("#result_list tbody th a").all_inner_texts()) == sorted(
+        [approved, rejected]
+    )
+    page.goto(run_url(approved))
+    assert shown_status(page) == "Waiting for approval"
+    assert '"amount": 4500' in page.locator(".field-pending_block").inner_text()
+    page.locator("a.af-tool-approve").click()
+    assert "4500" in page.locator(".af-pending-call").inner_text()
+    page.get_by_label("Reason:").fill("Fee confirmed by phone (T-9)")
+    page.locator('.submit-row input[type="submit"]').click()
+    page.wait_for_url("**/change/")
+    assert f"Run {approved} approved." in page.locator(".messagelist").inner_text()
+    watch_until(page, "Completed")
+    assert "approved by ops-amy" in page.locator(".field-waits_block").inner_text()
+
+    page.goto(run_url(rejected))
+    act(page, "reject", "Not eligible for a refund of this fare")
+    watch_until(page, "Completed")
+    assert "rejected by ops-amy" in page.locator(".field-waits_block").inner_text()
+
+    assert partner.effects()[durable.idempotency_key(approved, 2)] == 1
+    assert durable.idempotency_key(rejected, 2) not in partner.effects()
+    decided = db(
+        lambda: list(
+            RunEvent.objects.filter(
+                kind__in=[RunEvent.Kind.OPERATOR_APPROVE, RunEvent.Kind.OPERATOR_REJECT]
+            ).values_list("run_id", "kind", "actor", "detail")
+        )
+    )
+    assert sorted(decided) == sorted(
+        [
+            (approved, "operator_approve", "ops-amy", "Fee confirmed by phone (T-9)"),
+            (rejected, "operator_reject", "ops-amy", "Not eligible for a refund of this fare"),
+        ]
+    )
+
+
+def test_operator_without_the_approve_permission__sees_no_approve_button_and_a_forged_post_fails(
+    workers: Workers, page: Any
+) -> None:
+    workers.start()
+    run_id = start_charge(4500)
+    waiting_for_approval(run_id)
+    approver_user("ops-olga", may_decide=False)
+    log_in(page, "ops-olga")
+
+    page.goto(run_url(run_id))
+    assert shown_status(page) == "Waiting for approval"
+    assert page.locator("a.af-tool-cancel").count() == 1  # she may operate...
+    assert page.locator("a.af-tool-approve, a.af-tool-reject").count() == 0  # ...not decide
+    forged = page.evaluate(
+        """async (url) => {
+            const token = document.cookie.match(/csrftoken=([^;]+)/)[1];
+            const post = (to) => fetch(to, {
+                method: "POST", credentials: "same-origin",
+                body: new URLSearchParams({csrfmiddlewaretoken: token, reason: "forged"}),
+            }).then(r => r.status);
+            return [await post(url + "approve/"), await post(url + "reject/")];
+        }""",
+        f"{LIST_URL}{quote(run_id)}/",
+    )
+
+    assert forged == [403, 403]
+    found = db(lambda: durable.snapshot(run_id))
+    assert found is not None and found.waiting_for == "approval"

@@ -39,7 +39,8 @@ class Standby(PostgresServer):
             self.base = Path(tempfile.mkdtemp(prefix="agentflow-standby-"))
             self._run_as_owner([_pg_binary("pg_basebackup"), "-h", "127.0.0.1",
                                 "-p", str(self.primary.port), "-U", "postgres",
-                                "-D", str(self.base / "data"), "-R", "-X", "stream"],
+                                "-D", str(self.base / "data"), "-R", "-X", "stream",
+                                "--checkpoint=fast"],
                                wait=True)  # fmt: skip
         return super().start(timeout=timeout)  # a base already there: no initdb, no database
 

@@ -19,8 +19,8 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentflow import durable, metrics, store
-from agentflow.models import RunEvent, SweeperHeartbeat, WorkflowRun
-from agentflow.states import RunStatus
+from agentflow.models import RunEvent, RunWait, SweeperHeartbeat, WorkflowRun
+from agentflow.states import RunStatus, WaitKind
 from refunds.gateways import AirlineGateway, BookingNotFound, CrmGateway
 from tests.support.sandbox import SandboxProcess
 
@@ -133,16 +133,38 @@ def test_metrics__scrape_reads_only_active_and_parked_runs_through_their_partial
     with CaptureQueriesContext(connection) as queries:
         scrape(client)
     statements = [q["sql"] for q in queries.captured_queries]  # (the heartbeat's is raw psycopg)
-    runs = [sql for sql in statements if "agentflow_workflowrun" in sql]
+    runs = [sql for sql in statements if "agentflow_workflowrun" in sql and "runwait" not in sql]
     assert len(runs) == 2 and all('"status" IN' in sql or '"status" =' in sql for sql in runs)
+    waits = [sql for sql in statements if "agentflow_runwait" in sql]
+    assert len(waits) == 1 and '"resolved_at" IS NULL' in waits[0]
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")  # tiny table: make the choice visible
         plans = []
         for sql in runs:
             cursor.execute(f"EXPLAIN {sql}")
             plans.append("\n".join(row[0] for row in cursor.fetchall()))
+        cursor.execute(f"EXPLAIN {waits[0]}")
+        waits_plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "run_sweep_due" in plans[0], plans[0]
     assert "run_needs_attention" in plans[1], plans[1]
+    assert "wait_open" in waits_plan, waits_plan
+
+
+def test_metrics__gauge_counts_runs_waiting_for_approval_by_workflow(client: Client) -> None:
+    waiting = _run(RunStatus.WAITING, wake_in_seconds=3600)
+    RunWait.objects.create(
+        run=waiting, branch=0, seq=1, kind=WaitKind.APPROVAL, name="charge",
+        requested_at=timezone.now(), deadline=waiting.wake_at,
+    )  # fmt: skip
+    decided = _run(RunStatus.RUNNING, wake_in_seconds=30)
+    RunWait.objects.create(
+        run=decided, branch=0, seq=1, kind=WaitKind.APPROVAL, name="charge",
+        requested_at=timezone.now(), resolved_at=timezone.now(), outcome={"approved": True},
+    )  # fmt: skip
+
+    samples = scrape(client)
+
+    assert value(samples, "agentflow_runs_waiting_for_approval", workflow="demo") == 1
 
 
 def test_metrics__bearer_token_required_when_configured(client: Client, settings: Any) -> None:

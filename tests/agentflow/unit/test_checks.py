@@ -68,3 +68,12 @@ def test_rabbitmq__a_step_that_can_outlast_the_consumer_timeout__warns() -> None
     short = Queue("celery", queue_arguments={"x-consumer-timeout": 120_000})
     assert ids(broker_url=rabbit, task_queues=[short]) == ["agentflow.W005"]
     assert ids(broker_url=rabbit, task_queues=[Queue("celery")]) == []
+
+
+def test_approval_timeout__a_positive_number_passes__anything_else_is_an_error() -> None:
+    assert checks.approval_timeout() == []
+    for bad in (0, -5, "48h", None, True):
+        with override_settings(AGENTFLOW_APPROVAL_TIMEOUT=bad):
+            assert [m.id for m in checks.approval_timeout()] == ["agentflow.E003"], bad
+    with override_settings(AGENTFLOW_APPROVAL_TIMEOUT=600):
+        assert checks.approval_timeout() == []

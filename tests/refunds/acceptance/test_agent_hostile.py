@@ -123,7 +123,7 @@ def test_hostile_model__completes_with_one_of_each_or_keeps_nothing_and_says_so(
         assert page["outcome"] == "completed"
         # Every row shown done happened once; a refused call (refund_fee) is no row at all.
         done = [step["name"] for step in page["steps"] if step["state"] == "done"]
-        assert done == list(engines.AGENT_STEPS)
+        assert done == engines.planned(run)  # the agent's rows (no waiver was asked for)
         assert "New flight: SK1240 on Tuesday 16 March 2027" in page["details"]
         assert "Change fee: $45, charged to your card" in page["details"]
     else:

@@ -120,7 +120,7 @@ def test_fee_refund__first_attempt_days_ago__found_at_stripe_and_adopted_not_par
     parking would wait for ever. Its reconcile finds the refund by its key and adopts it."""
     partners.set_fault(endpoint="crm.update", error_rate=1.0, error_status=400)  # after the capture
     run_id = submit("RKW001")
-    run = step_until(run_id, "refund_fee@7")  # the compensation of the charge at 7
+    run = step_until(run_id, "refund_fee@8")  # the compensation of the charge at 8
     state = store.state_load(run_id, run.current_seq)
     assert state is not None
     undo = refund.step_named(run.current_step)

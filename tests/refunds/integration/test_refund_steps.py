@@ -66,6 +66,7 @@ class Flow:
             attempt=attempt,
             input={"refund_id": self.request.public_id},
             load_outputs=lambda: earlier,
+            load_calls=list,  # no earlier agent calls: a graph run's outputs say it all
             undoes=self.undone(UNDOES[step]) if step in UNDOES else None,
         )
 
@@ -81,7 +82,7 @@ class Flow:
         return self.ctx(step).idempotency_key
 
     def run(self, step: str, seq: int | None = None) -> Any:
-        output = getattr(steps, step)(self.ctx(step, seq))
+        output = refund.steps[step].fn(self.ctx(step, seq))  # the function the workflow runs
         assert json.loads(json.dumps(output)) == output  # outputs are checkpointed as JSON
         self.outputs[step] = output
         return output

@@ -1,10 +1,18 @@
-"""The cancellation-policy table: which fares change, and for what fee."""
+"""The cancellation-policy table: which fares change, for what fee, and which waivers are put
+before an operator."""
 
 from __future__ import annotations
 
 import pytest
 
-from refunds.policy import calculate_penalty_fee, format_amount, policy_for
+from refunds.policy import (
+    WAIVER_REASONS,
+    calculate_penalty_fee,
+    format_amount,
+    policy_for,
+    propose_waiver,
+    waiver_reason_words,
+)
 
 
 @pytest.mark.parametrize(
@@ -34,3 +42,32 @@ def test_calculate_penalty_fee__standard_is_the_specs_45_dollars() -> None:
 def test_format_amount__dollars_and_cents() -> None:
     assert format_amount(4500) == "$45.00"
     assert format_amount(123456, "eur") == "EUR 1,234.56"
+
+
+@pytest.mark.parametrize("reason", ["medical", "bereavement"])
+def test_propose_waiver__an_allowed_reason_on_a_fee_is_proposed_for_the_whole_fee(
+    reason: str,
+) -> None:
+    proposal = propose_waiver(reason=reason, fare_class="standard")
+    assert proposal is not None
+    assert (proposal.reason, proposal.fee_cents) == (reason, 4500)
+    assert proposal.reason_words == WAIVER_REASONS[reason]
+
+
+@pytest.mark.parametrize(
+    ("reason", "fare_class"),
+    [
+        ("", "standard"),  # none asked for
+        ("bad_weather", "standard"),  # not a reason the policy considers
+        ("medical", "flex"),  # nothing to waive
+        ("medical", "basic"),  # cannot change at all: the refusal stands
+        ("medical", "premium-gold"),  # unknown fare: refused, not waived
+    ],
+)
+def test_propose_waiver__nothing_to_put_before_an_operator(reason: str, fare_class: str) -> None:
+    assert propose_waiver(reason=reason, fare_class=fare_class) is None
+
+
+def test_waiver_reason_words__an_unknown_code_is_shown_as_itself() -> None:
+    assert waiver_reason_words("medical").startswith("A medical emergency")
+    assert waiver_reason_words("retired_code") == "retired_code"

@@ -19,8 +19,14 @@ BOOKING = {
 }  # fmt: skip
 
 
-def fake_result(name: str, arguments: dict[str, Any], fee_cents: int) -> Any:
-    """What the sandbox would answer (the tools themselves are tested against it elsewhere)."""
+MEDICAL = {"reason": "medical", "reason_words": "A medical emergency", "fee_cents": 4500}
+
+
+def fake_result(
+    name: str, arguments: dict[str, Any], fee_cents: int, waiver: Any = None, decision: Any = None
+) -> Any:
+    """What the sandbox would answer (the tools themselves are tested against it elsewhere);
+    `waiver` what the policy proposes, `decision` what our team's answer reads like."""
     return {
         "load_request": {
             "refund_id": "rf_1",
@@ -34,7 +40,9 @@ def fake_result(name: str, arguments: dict[str, Any], fee_cents: int) -> Any:
             "rebookable": True,
             "fee_cents": fee_cents,
             "currency": "usd",
+            "fee_waiver": waiver,
         },
+        "request_fee_waiver": decision,
         "cancel_seat": {"cancellation_id": "sc_1", "seat": "3A", "status": "released"},
         "charge_customer": {
             "authorized": fee_cents > 0,
@@ -57,7 +65,7 @@ def fake_result(name: str, arguments: dict[str, Any], fee_cents: int) -> Any:
 
 
 def converse(
-    words: str, *, fee_cents: int = 4500
+    words: str, *, fee_cents: int = 4500, waiver: Any = None, decision: Any = None
 ) -> tuple[list[ModelResponse], list[dict[str, Any]]]:
     messages = list(prompts.opening_messages("rf_1", words))
     turns = []
@@ -72,7 +80,9 @@ def converse(
             return turns, messages
         assert len(turns) < 10, "the planner loops"
         for tool_call in response.tool_calls:
-            result = fake_result(tool_call.name, tool_call.arguments, fee_cents)
+            if tool_call.name == "charge_customer":
+                fee_cents = tool_call.arguments["amount_cents"]  # what was asked is held
+            result = fake_result(tool_call.name, tool_call.arguments, fee_cents, waiver, decision)
             messages.append(tool_result_message(tool_call.id, result))
 
 
@@ -115,6 +125,36 @@ def test_planner__no_flight_named_keeps_the_booked_flight_and_a_free_change_says
     assert turns[3].tool_calls[0].arguments["date"] == "2027-05-01"
     assert turns[2].tool_calls[0].arguments["amount_cents"] == 0
     assert "There was no change fee." in turns[-1].text
+
+
+def test_planner__a_proposed_waiver_is_asked_for_alone_before_the_card_and_approved_is_free() -> (
+    None
+):
+    granted = {"waived": True, "waiver_reason": "medical", "fee_cents": 4500, "note": ""}
+    turns, _ = converse("Please move me to SK1240 on 2027-03-16", waiver=MEDICAL, decision=granted)
+
+    assert [names(turn) for turn in turns[:4]] == [
+        ["load_request"],
+        ["fetch_booking", "check_cancellation_policy"],
+        ["request_fee_waiver"],  # our team decides before the card or the seat is touched
+        ["charge_customer", "cancel_seat"],
+    ]
+    assert turns[2].tool_calls[0].arguments == {"refund_id": "rf_1", "reason": "medical"}
+    assert turns[3].tool_calls[0].arguments == {"refund_id": "rf_1", "amount_cents": 0}
+    assert "Our team waived the change fee." in turns[-1].text
+    for turn in turns:
+        for tool_call in turn.tool_calls:
+            assert toolbox.prepare(tool_call.name, tool_call.arguments).refused is None, tool_call
+
+
+@pytest.mark.parametrize("timed_out", [False, True])
+def test_planner__a_rejected_or_timed_out_waiver_charges_the_policys_fee(timed_out: bool) -> None:
+    rejected = {"rejected": True, "reason": "Not a listed emergency", "timed_out": timed_out}
+    turns, _ = converse("Please move me to SK1240", waiver=MEDICAL, decision=rejected)
+
+    assert names(turns[2]) == ["request_fee_waiver"]
+    assert turns[3].tool_calls[0].arguments == {"refund_id": "rf_1", "amount_cents": 4500}
+    assert "Our team couldn't waive it, so we charged the $45.00 change fee." in turns[-1].text
 
 
 def test_planner__relative_dates_read_from_the_submission_day() -> None:

@@ -1,0 +1,186 @@
+"""Timers, signals and approvals in agent runs (SPEC §4 C), in this process against real
+Postgres: a wait is a durable call at its position, replayed from its checkpoint; a tool that
+requires approval waits for a decision on that exact call; a fork reuses a decision only for the
+byte-identical call."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentflow import durable, runtime, store
+from agentflow.models import RunEvent, RunWait
+from agentflow.states import RunStatus, StepKind
+from agentflow.store import synthetic
+from agentflow.testing import capture_messages, run_to_end
+from tests.support import partner, workflows
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
+
+CHARGE = 2  # the cashier's charge: after its first model turn
+
+
+def waiting(run_id: str) -> durable.RunSnapshot:
+    found = run_to_end(run_id, retries=False)
+    assert found.status == RunStatus.WAITING, found.error
+    return found
+
+
+def effects_of(run_id: str) -> dict[str, int]:
+    return {k: n for k, n in partner.effects().items() if k.startswith(f"{run_id}_")}
+
+
+# --- approvals of tool calls --------------------------------------------------------------------
+def test_tool_approval__waits_for_the_exact_call_then_runs_once_approved() -> None:
+    run_id = durable.start(workflows.cashier.name)
+
+    found = waiting(run_id)
+
+    assert found.waiting_for == "approval"
+    assert found.pending_approval is not None
+    assert found.pending_approval["call"] == "charge"
+    assert found.pending_approval["arguments"] == {"amount_cents": 4500}
+    assert found.pending_approval["digest"] == store.call_digest("charge", {"amount_cents": 4500})
+    assert effects_of(run_id) == {}
+
+    durable.approve(run_id, actor="alice", reason="fee confirmed")
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert effects_of(run_id) == {durable.idempotency_key(run_id, CHARGE): 1}
+    assert done.steps[CHARGE - 1].output["ok"] is True
+    assert partner.execution_counts(run_id)[(run_id, CHARGE, "charge")] == 1
+
+
+def test_tool_approval__rejected__the_tool_does_not_run_and_the_model_reads_why() -> None:
+    run_id = durable.start(workflows.cashier.name)
+    waiting(run_id)
+
+    durable.reject(run_id, actor="bob", reason="fee waived")
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    charge = done.steps[CHARGE - 1]
+    assert charge.kind == StepKind.READ
+    assert charge.output == {
+        "ok": False, "result": {"rejected": True, "reason": "fee waived", "timed_out": False}
+    }  # fmt: skip
+    assert '"rejected":true' in done.output
+    assert effects_of(run_id) == {}
+
+
+def test_tool_approval__timeout__the_model_reads_a_timed_out_rejection() -> None:
+    run_id = durable.start(workflows.cashier.name)
+    waiting(run_id)
+
+    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.steps[CHARGE - 1].output["result"]["timed_out"] is True
+    assert effects_of(run_id) == {}
+
+
+def test_tool_approval__predicate_false__the_call_runs_at_once() -> None:
+    run_id = durable.start(workflows.cashier.name, input={"amount": 900})
+
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED
+    assert not RunWait.objects.filter(run_id=run_id).exists()
+    assert effects_of(run_id) == {durable.idempotency_key(run_id, CHARGE): 1}
+
+
+def approved_then_parked(run_id: str) -> None:
+    """Approve the charge, let it run, then park the run before its next model turn (as if
+    that turn had diverged)."""
+    waiting(run_id)
+    durable.approve(run_id, actor="alice", reason="fee confirmed")
+    with capture_messages():
+        runtime.run_step(run_id, CHARGE)
+    assert effects_of(run_id) == {durable.idempotency_key(run_id, CHARGE): 1}
+    assert store.run_park(run_id, CHARGE + 1, "parked for the test", fence=None)
+
+
+def test_fork__the_byte_identical_call_reuses_the_approved_charge_and_waits_for_nothing() -> None:
+    run_id = durable.start(workflows.cashier.name)
+    approved_then_parked(run_id)
+
+    durable.fork(run_id, position=1, actor="ops", reason="try again")
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert effects_of(run_id) == {durable.idempotency_key(run_id, CHARGE): 1}  # never again
+    assert not RunWait.objects.filter(run_id=run_id, branch=1).exists()
+
+
+def test_fork__approved_but_not_yet_run__the_byte_identical_call_reuses_the_decision() -> None:
+    run_id = durable.start(workflows.cashier.name)
+    waiting(run_id)
+    durable.approve(run_id, actor="alice", reason="fee confirmed")
+    assert store.run_park(run_id, CHARGE, "parked before the charge ran", fence=None)
+
+    durable.fork(run_id, position=1, actor="ops", reason="try again")
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error  # no second wait
+    assert effects_of(run_id) == {durable.idempotency_key(run_id, CHARGE, branch=1): 1}
+    reused = RunWait.objects.get(run_id=run_id, branch=1, seq=CHARGE)
+    assert (reused.actor, reused.outcome["approved"]) == ("alice", True)
+    event = RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.OPERATOR_APPROVE).last()
+    assert event is not None and event.data["reused_from"] == {"branch": 0, "seq": CHARGE}
+
+
+def test_fork__a_different_amount_needs_a_fresh_decision() -> None:
+    run_id = durable.start(workflows.cashier.name)
+    approved_then_parked(run_id)
+    partner.release(workflows.discount(run_id))  # the new branch's model charges 3000
+
+    durable.fork(run_id, position=1, actor="ops", reason="discount applies")
+    found = waiting(run_id)
+
+    assert found.waiting_for == "approval"
+    assert found.pending_approval is not None
+    assert found.pending_approval["arguments"] == {"amount_cents": 3000}
+    with pytest.raises(durable.ActionRefused):
+        durable.fork(run_id, position=1, actor="ops", reason="racing the approval")
+    durable.approve(run_id, actor="alice", reason="discounted fee")
+    done = run_to_end(run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert effects_of(run_id)[durable.idempotency_key(run_id, CHARGE, branch=1)] == 1
+    decisions = RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.OPERATOR_APPROVE)
+    assert [e.data["arguments"] for e in decisions] == [
+        {"amount_cents": 4500},
+        {"amount_cents": 3000},
+    ]
+
+
+# --- ctx.sleep and ctx.wait_for -----------------------------------------------------------------
+def test_agent_sleep_then_signal__each_wait_replayed_from_its_checkpoint() -> None:
+    run_id = durable.start(workflows.patient.name)
+
+    found = waiting(run_id)
+    assert found.waiting_for == "timer"
+    synthetic.runs_age([run_id], seconds=60)
+    found = run_to_end(run_id)  # the timer is waited out; the signal is not
+    assert found.waiting_for == "signal"
+    assert durable.signal(run_id, "reply", {"ok": 1}, signal_id="s-1") == "delivered"
+    assert durable.signal(run_id, "reply", {"ok": 2}, signal_id="s-1") == "duplicate"
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.output == {"payload": {"ok": 1}, "timed_out": False}
+    names = [s.name for s in done.steps]
+    assert names == ["prepare", "sleep", "wait_for:reply", "finish"]
+    assert partner.execution_counts(run_id)[(run_id, 1, "prepare")] == 1
+
+
+def test_agent_wait_for__timeout_is_an_outcome_the_function_reads() -> None:
+    run_id = durable.start(workflows.patient.name, input={"sleep": 0, "timeout": 30})
+    found = run_to_end(run_id, retries=False)
+    assert found.waiting_for == "signal"
+
+    synthetic.runs_age([run_id], seconds=31)
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.output == {"payload": None, "timed_out": True}

@@ -1,0 +1,311 @@
+"""Timers, signals and approvals in step graphs (SPEC §4 C), in this process against real
+Postgres: a run waits holding no worker, a signal acts once per id, a decision is recorded at
+its position with the operator and reason, and a timeout is an outcome the workflow handles."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, transaction
+
+from agentflow import durable, runtime, sweeper
+from agentflow.models import RunEvent, RunSignal, RunWait, StepCheckpoint, WorkflowRun
+from agentflow.states import RunStatus, StepKind, StepStatus
+from agentflow.store import synthetic
+from agentflow.testing import Message, capture_messages, run_to_end
+from agentflow.testing.waiting import wait_for
+from tests.support import partner, workflows
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
+
+
+def waiting(run_id: str) -> durable.RunSnapshot:
+    found = run_to_end(run_id, retries=False)
+    assert found.status == RunStatus.WAITING, found.error
+    return found
+
+
+def deliver(messages: list[Message]) -> None:
+    """What a worker does with the sweeper's messages."""
+    assert messages
+    with capture_messages():
+        for message in messages:
+            runtime.run_step(message.run_id, message.seq)
+
+
+def charge_keys(run_id: str) -> dict[str, int]:
+    return {k: n for k, n in partner.effects().items() if k.startswith(f"{run_id}_")}
+
+
+# --- approvals ----------------------------------------------------------------------------------
+def test_approval__the_run_waits_showing_the_exact_call_and_no_effect_is_made() -> None:
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+
+    found = waiting(run_id)
+
+    assert found.waiting_for == "approval"
+    pending = found.pending_approval
+    assert pending is not None
+    assert (pending["call"], pending["arguments"]) == ("charge", {"amount": 4500})
+    assert len(pending["digest"]) == 64
+    assert pending["expires_at"] > pending["requested_at"]
+    assert charge_keys(run_id) == {}
+    assert not StepCheckpoint.objects.filter(run_id=run_id, seq=2).exists()
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.wake_at == pending["expires_at"]  # no worker held: the deadline wakes it
+
+
+def test_approval__approve__the_step_runs_once_with_the_decision() -> None:
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+
+    durable.approve(run_id, actor="alice", reason="customer called")
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert [s.name for s in done.steps] == ["prepare", "charge", "finish"]
+    assert done.steps[1].output["approved_by"] == "alice"
+    assert charge_keys(run_id) == {durable.idempotency_key(run_id, 2): 1}
+    event = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.OPERATOR_APPROVE)
+    assert (event.actor, event.detail, event.seq) == ("alice", "customer called", 2)
+    assert event.data["arguments"] == {"amount": 4500}
+    wait = RunWait.objects.get(run_id=run_id)
+    assert (wait.actor, wait.reason, wait.outcome["approved"]) == ("alice", "customer called", True)
+    assert done.waiting_for is None and done.pending_approval is None
+
+
+def test_approval__reject__the_step_does_not_run_and_the_branch_takes_the_rejection() -> None:
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+
+    durable.reject(run_id, actor="bob", reason="looks like fraud")
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert [s.name for s in done.steps] == ["prepare", "charge", "declined"]
+    charge = done.steps[1]
+    assert charge.output == {
+        "approved": False, "actor": "bob", "reason": "looks like fraud", "timed_out": False
+    }  # fmt: skip
+    assert charge.kind == StepKind.READ  # nothing acted: nothing may have happened
+    assert not durable.may_have_happened(charge)
+    assert charge_keys(run_id) == {}
+    assert partner.execution_counts(run_id)[(run_id, 2, "charge")] == 0
+
+
+def test_approval__bound_to_the_exact_call__another_amount_at_the_position_waits_again() -> None:
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+    durable.approve(run_id, actor="alice", reason="for 4500")
+    WorkflowRun.objects.filter(pk=run_id).update(input={"amount": 9900})  # the call changed
+
+    found = waiting(run_id)
+
+    assert found.pending_approval is not None
+    assert found.pending_approval["arguments"] == {"amount": 9900}
+    assert charge_keys(run_id) == {}  # the decision on 4500 does not buy a charge of 9900
+    replaced = RunEvent.objects.get(
+        run_id=run_id, kind=RunEvent.Kind.WAITING, data__has_key="replaced"
+    )
+    assert replaced.data["replaced"]["outcome"]["approved"] is True  # kept for audit
+
+
+def test_approval__predicate_false__runs_at_once_without_waiting() -> None:
+    run_id = durable.start(workflows.approval.name, input={"amount": 500})
+
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED
+    assert not RunWait.objects.filter(run_id=run_id).exists()
+    assert charge_keys(run_id) == {durable.idempotency_key(run_id, 2): 1}
+
+
+def test_approval__timeout__takes_the_reject_path_and_a_late_approve_is_refused() -> None:
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    found = waiting(run_id)
+    seconds = found.pending_approval["expires_at"] - found.pending_approval["requested_at"]
+    assert seconds.total_seconds() == 48 * 3600  # AGENTFLOW_APPROVAL_TIMEOUT's default
+
+    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)  # by the database's clock
+    with pytest.raises(durable.ActionRefused, match="timed out"):
+        durable.approve(run_id, actor="alice", reason="too late")
+    with capture_messages() as outbox:
+        report = sweeper.sweep()
+    assert run_id in report.requeued
+    deliver(outbox.for_run(run_id))
+    done = run_to_end(run_id)
+
+    assert [s.name for s in done.steps] == ["prepare", "charge", "declined"]
+    assert done.steps[1].output["timed_out"] is True
+    assert done.steps[1].output["approved"] is False
+    assert charge_keys(run_id) == {}
+    assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.WAIT_TIMED_OUT).exists()
+
+
+def test_approval__refused_with_the_reason_when_nothing_waits_for_it() -> None:
+    with pytest.raises(durable.ActionRefused, match="no such run"):
+        durable.approve("wf_nope", actor="alice")
+    run_id = durable.start(workflows.approval.name, input={"amount": 500})
+    with pytest.raises(durable.ActionRefused, match="nothing waits for approval"):
+        durable.approve(run_id, actor="alice")  # pending, not waiting
+    run_to_end(run_id)
+    with pytest.raises(durable.ActionRefused, match="finished"):
+        durable.reject(run_id, actor="alice", reason="no")
+    signal_run = durable.start(workflows.signalled.name)
+    waiting(signal_run)
+    with pytest.raises(durable.ActionRefused, match="waits for a signal"):
+        durable.approve(signal_run, actor="alice")
+    with pytest.raises(durable.InvalidInputError, match="actor"):
+        durable.approve(signal_run, actor=" ")
+
+
+def test_approval__twice__the_second_decision_is_refused() -> None:
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+
+    durable.approve(run_id, actor="alice", reason="ok")
+    with pytest.raises(durable.ActionRefused, match="nothing waits for approval"):
+        durable.reject(run_id, actor="bob", reason="no")
+
+    assert run_to_end(run_id).status == RunStatus.COMPLETED
+    assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.OPERATOR_REJECT).count() == 0
+
+
+def test_approval__racing_cancel__whichever_comes_second_is_refused() -> None:
+    first = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(first)
+    durable.cancel(first, actor="carol", reason="customer withdrew")
+    with pytest.raises(durable.ActionRefused):
+        durable.approve(first, actor="alice", reason="ok")
+    assert run_to_end(first).status == RunStatus.CANCELLED
+    assert charge_keys(first) == {}
+
+    second = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(second)
+    with pytest.raises(durable.ActionRefused, match="only failed or parked runs"):
+        durable.retry(second, actor="dave", reason="while it waits")
+    durable.approve(second, actor="alice", reason="ok")
+    durable.cancel(second, actor="carol", reason="customer withdrew")
+    done = run_to_end(second)
+    assert done.status == RunStatus.CANCELLED
+    assert charge_keys(second) == {}  # the approved charge never ran: the cancel came first
+
+
+def test_approval__racing_a_cancel_that_holds_the_run__waits_for_it_then_is_refused() -> None:
+    """The real race: Cancel holds the run's row lock when Approve arrives; Approve waits for
+    it (the same lock every operator action takes), then finds the run cancelled."""
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+    outcome: list[BaseException | None] = []
+
+    def approve() -> None:
+        try:
+            durable.approve(run_id, actor="alice", reason="ok")
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        durable.cancel(run_id, actor="carol", reason="customer withdrew")
+        racer = threading.Thread(target=approve)
+        racer.start()
+        wait_for(
+            lambda: blocked_on_a_lock() or outcome,
+            timeout=10,
+            interval=0.02,
+            what="approve to wait",
+        )
+        assert not outcome, outcome  # it waits for the lock, it has not decided anything
+    racer.join(timeout=10)
+
+    assert len(outcome) == 1 and isinstance(outcome[0], durable.ActionRefused), outcome
+    assert run_to_end(run_id).status == RunStatus.CANCELLED
+    assert charge_keys(run_id) == {}
+    assert not RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.OPERATOR_APPROVE)
+
+
+def blocked_on_a_lock() -> bool:
+    """Another session of this database waits for a lock (the racer, on the run's row)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one snapshot per transaction
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return bool(cursor.fetchone()[0])
+
+
+# --- signals ------------------------------------------------------------------------------------
+def test_signal__delivered_once__a_repeated_signal_id_is_acknowledged_and_ignored() -> None:
+    run_id = durable.start(workflows.signalled.name)
+    found = waiting(run_id)
+    assert found.waiting_for == "signal" and found.pending_approval is None
+
+    assert durable.signal(run_id, "reply", {"text": "yes"}, signal_id="msg-1") == "delivered"
+    assert durable.signal(run_id, "reply", {"text": "again"}, signal_id="msg-1") == "duplicate"
+    done = run_to_end(run_id)
+    assert durable.signal(run_id, "reply", {"text": "late"}, signal_id="msg-1") == "duplicate"
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.steps[1].name == "reply"
+    assert done.steps[1].output == {"payload": {"text": "yes"}}
+    assert RunSignal.objects.filter(run_id=run_id).count() == 1
+    assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SIGNAL).count() == 1
+
+
+def test_signal__refused_with_the_reason() -> None:
+    run_id = durable.start(workflows.signalled.name)
+    with pytest.raises(durable.ActionRefused, match="nothing waits for signal 'reply'"):
+        durable.signal(run_id, "reply", signal_id="early")  # not there yet
+    waiting(run_id)
+    with pytest.raises(durable.ActionRefused, match="no signal named 'other'"):
+        durable.signal(run_id, "other", signal_id="x")
+    with pytest.raises(durable.InvalidInputError, match="signal_id"):
+        durable.signal(run_id, "reply", signal_id="")
+    with pytest.raises(durable.InvalidInputError, match="JSON"):
+        durable.signal(run_id, "reply", object(), signal_id="y")
+    durable.signal(run_id, "reply", signal_id="ok")
+    run_to_end(run_id)
+    with pytest.raises(durable.ActionRefused, match="finished"):
+        durable.signal(run_id, "reply", signal_id="after")
+    with pytest.raises(durable.ActionRefused, match="no such run"):
+        durable.signal("wf_nope", "reply", signal_id="z")
+
+
+def test_signal__timeout_is_an_outcome_the_workflow_reads() -> None:
+    run_id = durable.start(workflows.signal_or_timeout.name)
+    waiting(run_id)
+
+    synthetic.runs_age([run_id], seconds=61)
+    with pytest.raises(durable.ActionRefused, match="timed out"):
+        durable.signal(run_id, "reply", signal_id="late")
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED
+    assert done.steps[1].output == {"timed_out": True}
+
+
+# --- timers -------------------------------------------------------------------------------------
+def test_timer__waits_holding_no_worker__the_sweeper_wakes_it_at_its_time() -> None:
+    run_id = durable.start(workflows.timed.name)
+    found = waiting(run_id)
+    assert found.waiting_for == "timer"
+    wait = RunWait.objects.get(run_id=run_id)
+    assert WorkflowRun.objects.get(pk=run_id).wake_at == wait.deadline
+
+    with capture_messages() as outbox:
+        assert run_id not in sweeper.sweep().requeued  # not due: left alone
+        synthetic.runs_age([run_id], seconds=120)
+        assert run_id in sweeper.sweep().requeued
+    assert [m.seq for m in outbox.for_run(run_id)] == [2]
+    deliver(outbox.for_run(run_id))
+    done = run_to_end(run_id, retries=False)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    cool_off = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    assert (cool_off.name, cool_off.status) == ("cool_off", StepStatus.COMPLETED)
+    wait.refresh_from_db()  # (aged with the run)
+    assert cool_off.output == {"woke_at": wait.deadline.isoformat()}  # the recorded time
