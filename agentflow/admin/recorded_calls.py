@@ -171,14 +171,13 @@ def fingerprint(row: Row) -> dict[str, Any] | None:
     return None
 
 
-def messages(row: Row) -> list[dict[str, Any]]:
-    """The conversation a model turn sent (its request's messages), or [] if unreadable."""
+def sent_messages(row: Row) -> list[Any] | None:
+    """The messages a model turn's checkpoint stores (those it added to the turn before's, or
+    all of them for a turn recorded whole), or None if unreadable."""
     recorded = fingerprint(row)
     request = recorded.get("arguments") if recorded else None
     found = request.get("messages") if isinstance(request, dict) else None
-    if not isinstance(found, list):
-        return []
-    return [m for m in found if isinstance(m, dict)]
+    return found if isinstance(found, list) else None
 
 
 def said(message: dict[str, Any]) -> Said:
@@ -217,7 +216,7 @@ def _part(row: Row, recorded: dict[str, Any] | None) -> Part:
 
 
 def _read_turn(call: Call, row: Row) -> None:
-    if fingerprint(row) is not None and not messages(row):
+    if fingerprint(row) is not None and sent_messages(row) is None:
         call.notes.append("its request holds no messages in the expected shape")
     if row.status != StepStatus.COMPLETED:
         return  # no answer yet (in flight) or none (failed: the error says why)

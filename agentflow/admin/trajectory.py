@@ -15,8 +15,17 @@ from datetime import datetime
 from typing import Any
 
 from agentflow.admin import replays
-from agentflow.admin.recorded_calls import Call, Part, int_of, messages, read_call, said, words
+from agentflow.admin.recorded_calls import (
+    Call,
+    Part,
+    fingerprint,
+    int_of,
+    read_call,
+    said,
+    words,
+)
 from agentflow.admin.replays import Epochs, ForkRecord
+from agentflow.agent.turns import whole_request
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import RunStatus, StepKind
 
@@ -207,9 +216,11 @@ def branch_views(
 
 def _read_view(view: Mapping[int, Any], calls: dict[int, Call]) -> None:
     """Read a branch's rows in order: a turn's new messages are those the turn before it did
-    not send (every system and user message, for the first)."""
+    not send (every system and user message, for the first); each turn's whole conversation is
+    its stored delta over the turn before's."""
     sent: set[str] = set()
     turn = 0
+    request: dict[str, Any] | None = None  # the turn before's, rebuilt whole from the deltas
     for seq in sorted(view):
         row = view[seq]
         call = calls.get(id(row))
@@ -218,7 +229,9 @@ def _read_view(view: Mapping[int, Any], calls: dict[int, Call]) -> None:
         if call.part != Part.TURN:
             continue
         turn += 1
-        conversation = messages(row)
+        recorded = fingerprint(row)
+        request = whole_request(recorded.get("arguments") if recorded else None, request)
+        conversation = [m for m in request["messages"] if isinstance(m, dict)] if request else []
         if call.turn is None:  # a row two branches share was read with the same history
             call.turn = turn
             call.added = [

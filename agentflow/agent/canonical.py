@@ -18,6 +18,9 @@ from typing import Any
 _EXACT_INTEGER_LIMIT = 10**21
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 class NotCanonicalError(ValueError):
     """A value with no canonical JSON form (a non-string key, NaN, a set, an object…)."""
 
@@ -32,9 +35,16 @@ def canonical_json(value: Any) -> str:
         NotCanonicalError: `value` is not made of dicts with string keys, lists, tuples,
             strings, finite numbers, booleans and None.
     """
-    return json.dumps(
-        _normalise(value, "$"), sort_keys=True, separators=(",", ":"), allow_nan=False
-    )
+    return _ENCODER.encode(plain(value))
+
+
+def unchanged(value: Any, text: str) -> bool:
+    """Whether `value` still has the canonical text it had. Cheaper than `canonical_json`
+    (no scan); a value that was not already normal (an integral float) reads as changed."""
+    try:
+        return _ENCODER.encode(value) == text
+    except (TypeError, ValueError):
+        return False
 
 
 def digest(value: Any) -> str:
@@ -42,10 +52,43 @@ def digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode("ascii")).hexdigest()
 
 
+def plain(value: Any) -> Any:
+    """What `normalise` makes of `value` for writing it as JSON (tuples may stay tuples), and
+    `value` itself, not a copy, when it already is: for texts made on every replay."""
+    return value if _is_normal(value) else _normalise(value, "$")
+
+
 def normalise(value: Any) -> Any:
     """`value` as the plain JSON value its canonical text stands for (tuples become lists,
     integral floats ints): what a later read of the stored value compares equal to."""
     return _normalise(value, "$")
+
+
+def _is_normal(value: Any) -> bool:
+    """True when `value` is already what `normalise` would make of it, up to tuples (which
+    `json` writes as lists): a read-only scan, several times cheaper than building the copy,
+    for the messages every replay hashes. Exact types only: a subclass (an enum member) takes
+    the long way, which gives the same text."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return False
+            if type(item) is not str and item is not None and not _is_normal(item):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        for item in value:  # noqa: SIM110 (a loop: all() over a generator is slower here)
+            if type(item) is not str and not _is_normal(item):
+                return False
+        return True
+    if kind is int:
+        return -_EXACT_INTEGER_LIMIT < value < _EXACT_INTEGER_LIMIT
+    if kind is float:
+        return math.isfinite(value) and not value.is_integer()
+    return False
 
 
 def _normalise(value: Any, path: str) -> Any:

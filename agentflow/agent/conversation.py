@@ -11,8 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow.agent.canonical import normalise
-from agentflow.agent.fingerprint import Fingerprint, llm_fingerprint
+from agentflow.agent.canonical import plain
 
 Message = dict[str, Any]
 
@@ -20,7 +19,7 @@ Message = dict[str, Any]
 def message_json(value: Any) -> str:
     """Deterministic JSON text for message contents (a tool's result, a call's arguments):
     sorted keys and numbers by value, like canonical JSON, but readable non-ASCII text."""
-    return json.dumps(normalise(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def system_message(text: str) -> Message:
@@ -108,11 +107,6 @@ class ModelRequest:
     model: str
     messages: tuple[Message, ...]
     tools: tuple[dict[str, Any], ...] = ()
-
-    def fingerprint(self, position: int) -> Fingerprint:
-        return llm_fingerprint(
-            position, model=self.model, messages=list(self.messages), tools=list(self.tools)
-        )
 
     def as_json(self) -> dict[str, Any]:
         return {"model": self.model, "messages": list(self.messages), "tools": list(self.tools)}

@@ -29,11 +29,17 @@ from datetime import datetime
 from typing import Any
 
 from agentflow.agent import waiting
-from agentflow.agent.canonical import canonical_json
 from agentflow.agent.clients import ModelClient, configured_client
 from agentflow.agent.conversation import Message, ModelRequest, ModelResponse, ToolCall
 from agentflow.agent.divergence import Change, Divergence, diverges
-from agentflow.agent.fingerprint import Fingerprint, step_fingerprint, tool_fingerprint
+from agentflow.agent.fingerprint import (
+    LLM_CALL_NAME,
+    CallKind,
+    Fingerprint,
+    llm_fingerprint,
+    step_fingerprint,
+    tool_fingerprint,
+)
 from agentflow.agent.limits import DEFAULT_TOOL_CALLS_PER_TURN, AgentLimits
 from agentflow.agent.tools import (
     PreparedCall,
@@ -44,6 +50,7 @@ from agentflow.agent.tools import (
     refusal,
     refused_call,
 )
+from agentflow.agent.turns import Turns, whole_request
 from agentflow.context import StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import DefinitionError, OutcomeUnknown, PermanentStepError
 from agentflow.registry import StepDef, Workflow, undo_name, undo_target, undoing
@@ -277,6 +284,8 @@ class AgentContext:
         branch: int,
         recorded: Sequence[Any],
         reusable: Callable[[], Sequence[Any]],
+        turns: Callable[[int], Sequence[Any]],
+        exact: bool = False,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -285,8 +294,9 @@ class AgentContext:
         self._branch = branch
         self._recorded = {call.seq: call for call in recorded}
         self._reusable = reusable
+        self._load_turns = turns
         self._position = 0
-        self._turns = 0
+        self._turns_taken = 0
         self._tokens = 0
         self._limits = AgentLimits.from_settings(
             max_tool_calls_per_turn=workflow.max_tool_calls_per_turn
@@ -294,6 +304,9 @@ class AgentContext:
         self._turn_calls = 0  # tool calls asked since the latest model turn
         self._calls_run = 0  # tool calls of the run that the caps let through
         toolbox = workflow.toolbox
+        self._client: ModelClient | None = None
+        self._tools = tuple(toolbox.openai_tools()) if toolbox is not None else ()
+        self._turns = Turns(self._tools, exact=exact)
         self._history: list[ToolRecord] = []
         self._earlier: list[ToolRecord] = []  # completed calls of superseded branches
         if branch and toolbox is not None:
@@ -302,24 +315,37 @@ class AgentContext:
     # --- the durable calls -----------------------------------------------------------------
     def llm(self, messages: Sequence[Message]) -> ModelResponse:
         """One model turn with the workflow's tools; recorded, and replayed, never re-asked."""
-        client = configured_client(self._model())
-        tools = self.workflow.toolbox.openai_tools() if self.workflow.toolbox else []
-        request = ModelRequest(model=client.model, messages=tuple(messages), tools=tuple(tools))
+        client = self._model_client()
+        sent = tuple(messages)
         position = self._next()
-        fingerprint = request.fingerprint(position)
+        turn = self._turns.observe(client.model, sent)
         self._turn_calls = 0
-        recorded = self._replayed(fingerprint)
+        now = Fingerprint(
+            position=position,
+            kind=CallKind.LLM,
+            name=LLM_CALL_NAME,
+            arguments={"model": client.model},
+            digest=turn.digest,
+        )
+
+        def whole() -> Fingerprint:
+            return llm_fingerprint(
+                position, model=client.model, messages=list(sent), tools=list(self._tools)
+            )
+
+        recorded = self._replayed(now, whole=whole)
         if recorded is not None:
             response = ModelResponse.from_json(recorded)
-            self._turns += 1
+            self._turns_taken += 1
             self._tokens += response.usage.total_tokens
             return response
-        self._limits.check_turn(turns_taken=self._turns, tokens_used=self._tokens)
+        self._limits.check_turn(turns_taken=self._turns_taken, tokens_used=self._tokens)
+        request = ModelRequest(model=client.model, messages=sent, tools=self._tools)
 
         def ask(ctx: StepContext) -> Any:
             return client.complete(request).as_json()
 
-        raise Suspend(self._step(fingerprint, StepKind.LLM, ask, extra={}))
+        raise Suspend(self._step(turn.fingerprint(position), StepKind.LLM, ask, extra={}))
 
     def tool(self, call: ToolCall) -> ToolOutcome:
         """One tool call the model asked for; checked first (a call over a cap or its tool's
@@ -334,7 +360,8 @@ class AgentContext:
         capped = self._limits.tool_call_refusal(in_turn=self._turn_calls, in_run=self._calls_run)
         if capped is None:
             self._calls_run += 1
-        fingerprint = tool_fingerprint(position, call.name, call.arguments)
+        arguments = call.arguments
+        fingerprint = tool_fingerprint(position, call.name, arguments)
         recorded = self._replayed(fingerprint)
         if recorded is not None:
             outcome = ToolOutcome.from_json(recorded)
@@ -342,7 +369,7 @@ class AgentContext:
                 ToolRecord(
                     position=position,
                     name=call.name,
-                    arguments=call.arguments,
+                    arguments=arguments,
                     result=outcome.result,
                     ok=outcome.ok,
                 )
@@ -355,7 +382,7 @@ class AgentContext:
                 call.name, refusal("limit_reached", f"{call.name} was not called: {capped}.")
             )
         else:
-            prepared = toolbox.prepare(call.name, call.arguments, history=history)
+            prepared = toolbox.prepare(call.name, arguments, history=history)
 
         def run(ctx: StepContext) -> Any:
             return prepared.run(_tool_context(ctx, call.name, history)).as_json()
@@ -442,28 +469,61 @@ class AgentContext:
         return (*self._earlier, *self._history)
 
     # --- replay ------------------------------------------------------------------------------
-    def _model(self) -> ModelClient:
-        if self.workflow.model is None:
-            raise DefinitionError(f"{self.workflow.name} has no model")
-        return self.workflow.model
+    def _model_client(self) -> ModelClient:
+        """Chosen once per replay: a configured server's client is not built per turn."""
+        if self._client is None:
+            if self.workflow.model is None:
+                raise DefinitionError(f"{self.workflow.name} has no model")
+            self._client = configured_client(self.workflow.model)
+        return self._client
 
     def _next(self) -> int:
         self._position += 1
         return self._position
 
-    def _replayed(self, now: Fingerprint) -> Any | None:
+    def _replayed(
+        self, now: Fingerprint, *, whole: Callable[[], Fingerprint] | None = None
+    ) -> Any | None:
         """The recorded output at `now`'s position (a divergence if another call is recorded
-        there), or None when this is the call to make now."""
-        if now.position >= self._seq:
-            recorded = self._recorded.get(now.position)
-            if recorded is not None:  # a crashed attempt of this very call: must be the same
-                _check(recorded, now)
-            return None
+        there), or None when this is the call to make now. `whole`: a model turn's whole
+        request, built only for a divergence's diff."""
         recorded = self._recorded.get(now.position)
+        if now.position >= self._seq:
+            if recorded is not None:  # a crashed attempt of this very call: must be the same
+                self._check(recorded, now, whole)
+            return None
         if recorded is None or recorded.status != StepStatus.COMPLETED:
             raise Diverged(_missing(now))
-        _check(recorded, now)
+        self._check(recorded, now, whole)
         return recorded.output
+
+    def _check(
+        self, recorded: Any, now: Fingerprint, whole: Callable[[], Fingerprint] | None
+    ) -> None:
+        stored = recorded.arguments or {}
+        said = [stored.get(key) for key in ("digest", "position", "kind", "name")]
+        if said == [now.digest, now.position, now.kind, now.name]:
+            return  # the usual case, read without building the recorded fingerprint
+        found = Fingerprint.from_json(recorded.arguments)
+        if found.matches(now):
+            return  # a model turn recorded whole, before deltas
+        if whole is not None and found.kind == CallKind.LLM:
+            # Stored as deltas: the diff reads the two whole conversations.
+            found, now = self._whole_recorded(found.position) or found, whole()
+        divergence = diverges(found, now)
+        assert divergence is not None  # the two whole requests differ as their digests do
+        raise Diverged(divergence)
+
+    def _whole_recorded(self, position: int) -> Fingerprint | None:
+        """The model turn recorded at `position`, rebuilt whole from the turns before it."""
+        request = None
+        for turn in self._load_turns(position):
+            request = whole_request((turn.arguments or {}).get("arguments"), request)
+            if request is None:
+                return None
+        if request is None:
+            return None
+        return llm_fingerprint(position, **request)
 
     def _step(
         self,
@@ -500,10 +560,9 @@ class AgentContext:
         )
 
     def _reuse(self, now: Fingerprint) -> Any | None:
-        wanted = canonical_json([str(now.kind), now.name, now.arguments])
         for call in self._reusable():
             recorded = Fingerprint.from_json(call.arguments)
-            if canonical_json([str(recorded.kind), recorded.name, recorded.arguments]) == wanted:
+            if (recorded.kind, recorded.name, recorded.digest) == (now.kind, now.name, now.digest):
                 return call
         return None
 
@@ -517,17 +576,36 @@ def replay(
     branch: int,
     recorded: Sequence[Any],
     reusable: Callable[[], Sequence[Any]],
+    turns: Callable[[int], Sequence[Any]],
 ) -> Outcome:
-    """Run the function from the top against its recorded calls; what this task must do."""
-    ctx = AgentContext(
-        run_id=run_id,
-        workflow=workflow,
-        input=input,
-        seq=seq,
-        branch=branch,
-        recorded=recorded,
-        reusable=reusable,
-    )
+    """Run the function from the top against its recorded calls; what this task must do.
+    `recorded`: the branch's calls, model turns by digest; `turns(position)`: its model turns
+    up to `position` with their stored messages (a divergence's diff reads them).
+
+    Again, comparing every turn's messages by value, if the function changed a message in
+    place after a model turn was sent it (see `Turns`)."""
+
+    def attempt(exact: bool) -> tuple[Outcome, AgentContext]:
+        ctx = AgentContext(
+            run_id=run_id,
+            workflow=workflow,
+            input=input,
+            seq=seq,
+            branch=branch,
+            recorded=recorded,
+            reusable=reusable,
+            turns=turns,
+            exact=exact,
+        )
+        return _run(workflow, seq, ctx), ctx
+
+    outcome, ctx = attempt(exact=False)
+    if ctx._turns.changed_in_place():
+        outcome, _ = attempt(exact=True)
+    return outcome
+
+
+def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
     assert workflow.fn is not None
     try:
         result = workflow.fn(ctx)
@@ -535,7 +613,7 @@ def replay(
         return NextCall(
             step=suspended.step,
             replayed=ctx._position - 1,
-            replayed_turns=ctx._turns,
+            replayed_turns=ctx._turns_taken,
             tokens_saved=ctx._tokens,
         )
     except Diverged as diverged:
@@ -548,19 +626,12 @@ def replay(
     unfinished = workflow.done(ctx.history) if workflow.done is not None else None
     if unfinished:
         return Failed(reason=unfinished)
-    return Finished(
-        output=to_json(result, f"the result of {workflow.name}"), tokens_saved=ctx._tokens
-    )
+    output = to_json(result, f"the result of {workflow.name}")
+    return Finished(output=output, tokens_saved=ctx._tokens)
 
 
 def _waited(ctx: StepContext) -> Any:
     raise AssertionError(f"{ctx.step}: a wait's outcome is the engine's record")
-
-
-def _check(recorded: Any, now: Fingerprint) -> None:
-    found = diverges(Fingerprint.from_json(recorded.arguments), now)
-    if found is not None:
-        raise Diverged(found)
 
 
 def _missing(now: Fingerprint) -> Divergence:

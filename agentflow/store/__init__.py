@@ -13,6 +13,7 @@ from agentflow.store.calls import (
     run_fail_between_calls,
     run_finish,
     superseded_reusable,
+    turns_load,
     undone_call,
 )
 from agentflow.store.events import event_add
@@ -112,6 +113,7 @@ __all__ = [
     "sweep_push",
     "sweep_statements",
     "trace_parent_record",
+    "turns_load",
     "unclaimed_complete",
     "undone_call",
     "wait_decide",

@@ -37,13 +37,52 @@ _CALL_FIELDS = (
 
 
 def calls_load(run_id: str, before_seq: int) -> list[RecordedCall]:
-    """Every checkpoint of the run before `before_seq`, in order (one query)."""
-    rows = (
-        StepCheckpoint.objects.filter(run_id=run_id, seq__lt=before_seq)
-        .order_by("seq")
-        .values(*_CALL_FIELDS)
+    """Every checkpoint of the run before `before_seq`, in order (one query). A model turn's
+    stored messages and tools are left in the table: a replay matches turns by their chained
+    digest, so every task reads the conversation's digests, not the conversation
+    (`turns_load` reads it whole, for a divergence's diff). A turn recorded whole, before
+    deltas, is read whole: its digest is computed from its messages."""
+    rows = sql.fetch_all(
+        f"""SELECT seq, name, kind, status, attempts, {_slim_arguments()}, output, idempotency_key
+        FROM {sql.STEPS} WHERE run_id = %s AND seq < %s ORDER BY seq""",
+        [run_id, before_seq],
     )
-    return [RecordedCall(**row) for row in rows]
+    return [_recorded(row) for row in rows]
+
+
+def turns_load(run_id: str, through_seq: int) -> list[RecordedCall]:
+    """The run's model turns up to `through_seq`, whole as stored, in order."""
+    rows = sql.fetch_all(
+        f"""SELECT seq, name, kind, status, attempts, arguments, output, idempotency_key
+        FROM {sql.STEPS} WHERE run_id = %s AND seq <= %s AND kind = %s ORDER BY seq""",
+        [run_id, through_seq, StepKind.LLM],
+    )
+    return [_recorded(row) for row in rows]
+
+
+def _slim_arguments() -> str:
+    if sql.postgres():
+        return """CASE WHEN jsonb_typeof(arguments -> 'arguments') = 'object'
+                AND arguments -> 'arguments' ? 'keep'
+            THEN arguments #- '{arguments,messages}' #- '{arguments,tools}'
+            ELSE arguments END"""
+    return """CASE WHEN json_type(arguments, '$.arguments.keep') IS NOT NULL
+        THEN json_remove(arguments, '$.arguments.messages', '$.arguments.tools')
+        ELSE arguments END"""
+
+
+def _recorded(row: tuple[Any, ...]) -> RecordedCall:
+    seq, name, kind, status, attempts, arguments, output, key = row
+    return RecordedCall(
+        seq=seq,
+        name=name,
+        kind=kind,
+        status=status,
+        attempts=attempts,
+        arguments=sql.read_json(arguments),
+        output=sql.read_json(output),
+        idempotency_key=key,
+    )
 
 
 def superseded_reusable(run_id: str, workflow: Workflow) -> list[RecordedCall]:

@@ -680,3 +680,66 @@ short_timer = durable.Workflow("hitl_short_timer", version=1)
 short_timer.step("prepare", kind="read")(read)
 short_timer.sleep("pause", seconds=3)
 short_timer.step("finish", kind="read")(_finish)
+
+
+# --- agent mode: a long conversation, recorded before per-turn deltas ----------------------------
+#: Twenty model turns, a read-only tool call in each of the first nineteen. A run of it recorded
+#: with the whole conversation in every turn's checkpoint (before per-turn deltas) is kept under
+#: tests/agentflow/integration/fixtures: the engine must still replay it.
+counting = Toolbox("long_agent")
+#: The turn of every request the counting planner answered, in this process.
+counting_requests: list[int] = []
+
+
+@counting.tool("count", read_only=True, description="The square of a number.")
+def count(ctx: ToolContext, n: int) -> dict[str, Any]:
+    _record_tool(ctx)
+    return {"n": n, "square": n * n}
+
+
+def counting_plan(request: ModelRequest) -> Any:
+    counting_requests.append(request.turn)
+    if request.turn < 20:
+        return calls(call("count", n=request.turn))
+    return answer("Counted to 19.")
+
+
+long_agent = durable.CodeWorkflow(
+    "long_agent",
+    version=1,
+    toolbox=counting,
+    model=ScriptedModel("scripted-counter", counting_plan),
+)
+
+
+@long_agent.run
+def count_along(ctx: durable.AgentContext) -> str:
+    messages = [system_message("You count."), user_message("Square 1 to 19, one at a time.")]
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for tool_call in turn.tool_calls:
+            messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+    return turn.text
+
+
+#: The counting agent, but once the partner flag `<run>/edit` is set its function edits the
+#: user's message in place after each turn: the later requests then differ from the recorded
+#: ones although each holds the very message objects sent before.
+editing_agent = durable.CodeWorkflow(
+    "editing_agent",
+    version=1,
+    toolbox=counting,
+    model=ScriptedModel("scripted-counter", counting_plan),
+)
+
+
+@editing_agent.run
+def count_and_edit(ctx: durable.AgentContext) -> str:
+    messages = [system_message("You count."), user_message("Square 1 to 19, one at a time.")]
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for tool_call in turn.tool_calls:
+            messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+        if partner.is_released(f"{ctx.run_id}/edit"):
+            messages[1]["content"] = "Square 1 to 19, twice."
+    return turn.text

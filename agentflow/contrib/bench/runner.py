@@ -19,6 +19,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from agentflow import store
 from agentflow.contrib.bench import dbos_peer, takeover, workload
+from agentflow.contrib.bench.agent_scale import POSITIONS, agent_scale
 from agentflow.contrib.bench.cpu import CpuMeter, CpuPerStep
 from agentflow.contrib.bench.purge import PurgeFigure, purge_at_scale
 from agentflow.contrib.bench.sweep_scale import sweep_at_scale
@@ -62,6 +63,8 @@ class BenchOptions:
     #: Kills per recovery figure (a pool child; a whole worker while another one runs).
     child_kills: int = 5
     worker_kills: int = 10
+    #: The lengths of the agent runs measured (empty: none).
+    agent_positions: tuple[int, ...] = POSITIONS
 
 
 def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict:
@@ -115,6 +118,11 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     report["cpu_ms_per_step"] = {name: figure.as_dict() for name, figure in done.cpu.items()}
     purged, child = done.purged, done.child
     report["purge"] = purged.as_dict() if purged is not None else None
+    report["agent_scale"], report["agent_memory"] = (
+        agent_scale(options.agent_positions, progress=progress)
+        if options.agent_positions
+        else (None, None)
+    )
     report["recovery"] = {"bound_s": takeover.bound_seconds()}
     if child is not None:
         report["recovery"]["child_kill"] = child.as_dict()

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from agentflow.contrib.bench import workload
+from agentflow.contrib.bench import agent_scale, workload
 
-__all__ = ["workload"]
+__all__ = ["agent_scale", "workload"]

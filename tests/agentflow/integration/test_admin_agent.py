@@ -98,6 +98,7 @@ def lost_claim(run_id: str, seq: int) -> None:
         branch=run.branch,
         recorded=store.calls_load(run_id, seq + 1),
         reusable=lambda: [],
+        turns=lambda position: store.turns_load(run_id, position),
     )
     assert isinstance(outcome, agent_loop.NextCall)
     state = store.state_load(run_id, seq)

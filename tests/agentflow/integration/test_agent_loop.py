@@ -100,6 +100,7 @@ def test_agent__another_call_at_a_recorded_position__parked_with_a_readable_diff
         arguments={
             **StepCheckpoint.objects.get(run_id=run_id, seq=2).arguments,
             "arguments": {"item": "banana"},
+            "digest": "the digest of a lookup of bananas",
         }
     )
 
@@ -120,7 +121,11 @@ def test_fork__from_a_diverged_position__same_calls_reused_others_keyed_by_branc
         runtime.run_step(run_id, seq)
     recorded = StepCheckpoint.objects.get(run_id=run_id, seq=2)
     StepCheckpoint.objects.filter(pk=recorded.pk).update(
-        arguments={**recorded.arguments, "arguments": {"item": "banana"}}
+        arguments={
+            **recorded.arguments,
+            "arguments": {"item": "banana"},
+            "digest": "the digest of a lookup of bananas",
+        }
     )
     assert drive(run_id).status == RunStatus.NEEDS_ATTENTION
 
@@ -179,7 +184,11 @@ def test_fork__then_failing__undoes_the_superseded_effects_the_new_branch_did_no
     turn_2 = StepCheckpoint.objects.get(run_id=run_id, seq=4)
     recorded = turn_2.arguments
     StepCheckpoint.objects.filter(pk=turn_2.pk).update(
-        arguments={**recorded, "arguments": {**recorded["arguments"], "model": "another model"}}
+        arguments={
+            **recorded,
+            "arguments": {**recorded["arguments"], "model": "another model"},
+            "digest": "the digest of the turn as another model was asked",
+        }
     )
     assert drive(run_id).status == RunStatus.NEEDS_ATTENTION  # diverged at 4
     store.run_fork(run_id, position=4, actor="ops", reason="x")
@@ -289,3 +298,23 @@ def test_agent__tool_calls_past_the_turn_s_or_run_s_cap_are_refused(
         assert run.status == RunStatus.FAILED and run.error == "nothing was bought"
     else:
         assert run.status == RunStatus.COMPLETED, run.error
+
+
+def test_agent__a_sent_message_edited_in_place__diverges_at_the_turn_that_sends_it_changed(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """A turn keeps the previous turn's messages by identity; a message changed in place since
+    it was hashed is found, and the replay compares every turn by value instead."""
+    run_id = durable.start(workflows.editing_agent.name)
+    for seq in (1, 2, 3, 4):  # turn 1, its count, turn 2, its count
+        runtime.run_step(run_id, seq)
+    partner.release(f"{run_id}/edit")  # a deploy: the function now edits the user's message
+
+    run = drive(run_id)
+
+    assert run.status == RunStatus.NEEDS_ATTENTION
+    event = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.DIVERGENCE)
+    assert event.data["position"] == 3  # turn 2, the first sent after the edit
+    [change] = event.data["changes"]
+    assert change["path"] == "arguments.messages[1].content"
+    assert change["now"] == '"Square 1 to 19, twice."'

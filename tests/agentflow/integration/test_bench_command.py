@@ -22,6 +22,7 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
         "--json",
         *("--runs", "4", "--commit-runs", "2", "--history", "300", "--stale", "5"),
         *("--child-kills", "1", "--worker-kills", "0", "--purge-runs", "30"),
+        *("--agent-positions", "4,8"),
         stdout=out,
         stderr=io.StringIO(),
     )
@@ -76,6 +77,13 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     # A toy purge lasts milliseconds, maybe shorter than any step: only the shape is asserted.
     assert purge["steps_per_s_alone"] >= 0 and purge["steps_per_s_during_purge"] >= 0
     assert len(purge["steps_ratio_per_turn"]) == 3 and purge["window_seconds"] > 0
+    short, longer = report["agent_scale"]
+    assert (short["positions"], longer["positions"]) == (4, 8)
+    assert longer["bytes"] > short["bytes"] > 0 and short["bytes_per_position"] > 0
+    assert short["ms_per_task_last"] > 0 and short["run_s"] > 0 and short["worker_rss_mb"] > 0
+    memory = report["agent_memory"]
+    assert memory["started_mb"] > 0 and len(memory["after_runs_mb"]) == 2
+    assert memory["after_longest_again_mb"] > 0
     child = report["recovery"]["child_kill"]
     assert child["samples"] == 1 and 0 < child["p50_s"] < report["recovery"]["bound_s"]
 

@@ -24,7 +24,11 @@ def diverge_at(run_id: str, seq: int) -> None:
     turn = StepCheckpoint.objects.get(run_id=run_id, seq=seq)
     recorded = turn.arguments
     StepCheckpoint.objects.filter(pk=turn.pk).update(
-        arguments={**recorded, "arguments": {**recorded["arguments"], "model": "another model"}}
+        arguments={
+            **recorded,
+            "arguments": {**recorded["arguments"], "model": "another model"},
+            "digest": "the digest of the turn as another model was asked",
+        }
     )
 
 

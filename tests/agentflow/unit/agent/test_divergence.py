@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 
 from agentflow.agent.conversation import (
-    ModelRequest,
     system_message,
     tool_result_message,
     user_message,
 )
 from agentflow.agent.divergence import MAX_CHANGES, diff_values, diverges
 from agentflow.agent.fingerprint import (
-    CallKind,
     Fingerprint,
     llm_fingerprint,
     step_fingerprint,
@@ -235,9 +233,7 @@ def test_long_values__cut_on_one_line_each() -> None:
 
 
 def test_divergence_as_json__carries_the_text_for_storage() -> None:
-    recorded = Fingerprint(
-        position=9, kind=CallKind.TOOL, name="update_crm", arguments={"note": "a"}
-    )
+    recorded = tool_fingerprint(9, "update_crm", {"note": "a"})
     stored = Fingerprint.from_json(json.loads(json.dumps(recorded.as_json())))
     now = tool_fingerprint(9, "update_crm", {"note": "b"})
 
@@ -247,14 +243,3 @@ def test_divergence_as_json__carries_the_text_for_storage() -> None:
     data = found.as_json()
     assert data["position"] == 9 and data["text"] == found.text()
     assert json.loads(json.dumps(data)) == data
-
-
-def test_llm_request_fingerprint__the_same_from_the_request_value() -> None:
-    request = ModelRequest(model="m", messages=tuple(conversation()), tools=tuple(TOOLS))
-    assert request.fingerprint(3).matches(
-        llm_fingerprint(3, model="m", messages=conversation(), tools=TOOLS)
-    )
-    assert (
-        request.fingerprint(3).digest
-        == llm_fingerprint(3, model="m", messages=conversation(), tools=TOOLS).digest
-    )

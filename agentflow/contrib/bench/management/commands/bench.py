@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from agentflow import logs
+from agentflow.contrib.bench.agent_scale import POSITIONS
 from agentflow.contrib.bench.runner import BenchOptions, run_bench
 from agentflow.contrib.bench.throughput import BenchError
 
@@ -47,6 +48,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--worker-kills", type=_count, default=10, help="whole-worker kills (0: skip)"
         )
+        parser.add_argument(
+            "--agent-positions",
+            type=_lengths,
+            default=POSITIONS,
+            help="lengths of the agent runs measured, comma-separated ('': skip)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         bench = BenchOptions(
@@ -60,6 +67,7 @@ class Command(BaseCommand):
             rounds=options["rounds"],
             child_kills=options["child_kills"],
             worker_kills=options["worker_kills"],
+            agent_positions=options["agent_positions"],
         )
         try:
             # This process starts every run it measures: a line each would bury the progress.
@@ -68,6 +76,10 @@ class Command(BaseCommand):
         except BenchError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(json.dumps(report) if options["json"] else render(report))
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    return tuple(_positive(part) for part in text.split(",") if part.strip())
 
 
 def _positive(text: str) -> int:
@@ -172,6 +184,23 @@ def render(report: dict[str, Any]) -> str:
                 f"({purge['steps_ratio_during_purge']})",
             ),
         ]
+    for agent in report.get("agent_scale") or ():
+        rows.append(
+            (
+                f"agent run of {agent['positions']} positions: bytes/position, last task (ms), "
+                "run (s), worker RSS (MB)",
+                f"{agent['bytes_per_position']:,.0f} / {agent['ms_per_task_last']:.2f} / "
+                f"{agent['run_s']:.1f} / {agent['worker_rss_mb']:.0f}",
+            )
+        )
+    memory = report.get("agent_memory")
+    if memory:
+        rows.append(
+            (
+                "agent worker RSS (MB): started / after the longest run again",
+                f"{memory['started_mb']:.0f} / {memory['after_longest_again_mb']:.0f}",
+            )
+        )
     for kind, label in (("child_kill", "pool child"), ("worker_kill", "whole worker")):
         figure = report["recovery"].get(kind)
         if figure:

@@ -1,0 +1,132 @@
+"""A model turn's request as a delta against the turn before it, and its digest as a chain.
+
+A request holds the whole conversation so far, so storing each turn's request whole, or
+hashing it whole on every replay, grows with the square of the run's length. A turn's
+checkpoint keeps only what the conversation gained since the previous turn (`keep`: how many
+of that turn's messages it starts with; `messages`: the ones after) and the tools only on a
+replay's first turn; its digest chains each new message onto the previous turn's chain. So each
+message is stored once and hashed once per replay, and the whole request is rebuilt, when a
+person needs it, by reading the turns in order.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentflow.agent.canonical import canonical_json, digest, normalise, unchanged
+from agentflow.agent.fingerprint import (
+    CHAIN_START,
+    LLM_CALL_NAME,
+    CallKind,
+    Fingerprint,
+    chain_link,
+    turn_digest,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Turn:
+    """One request, as the replay saw it: what it kept of the previous one, what it added."""
+
+    model: str
+    keep: int
+    added: tuple[Any, ...]
+    #: The tools, on a replay's first turn; None: the previous turn's.
+    tools: tuple[Any, ...] | None
+    digest: str
+
+    def fingerprint(self, position: int) -> Fingerprint:
+        """The stored form: the delta, and the chain's digest."""
+        arguments: dict[str, Any] = {
+            "model": self.model,
+            "keep": self.keep,
+            "messages": normalise(self.added),
+        }
+        if self.tools is not None:
+            arguments["tools"] = normalise(self.tools)
+        return Fingerprint(
+            position=position,
+            kind=CallKind.LLM,
+            name=LLM_CALL_NAME,
+            arguments=arguments,
+            digest=self.digest,
+        )
+
+
+class Turns:
+    """The model turns of one replay, in order.
+
+    The messages a turn keeps from the previous one are found by identity (the function
+    appends to its list, so they are the very objects hashed before) and only the rest are
+    hashed. A message changed in place after it was hashed would go unseen that way, so
+    `changed_in_place` checks every hashed message once at the end; a replay that finds one
+    is run again `exact`: every turn's messages compared by their canonical text.
+    """
+
+    def __init__(self, tools: Sequence[Any], *, exact: bool = False) -> None:
+        self._tools = tuple(tools)
+        self._tools_digest = digest(self._tools)
+        self._exact = exact
+        self._sent: tuple[Any, ...] = ()  # the previous turn's messages (exact: their texts)
+        self._chains = [CHAIN_START]  # the chain after each of its first i messages
+        self._hashed: list[tuple[Any, str]] = []  # each message hashed, with its text then
+        self._first = True
+
+    def observe(self, model: str, messages: Sequence[Any]) -> Turn:
+        now = tuple(messages)
+        texts = [canonical_json(m) for m in now] if self._exact else None
+        keep = _kept(texts if texts is not None else now, self._sent, exact=self._exact)
+        chains = self._chains
+        del chains[keep + 1 :]  # a turn that only appends (the usual one) copies nothing
+        for index in range(keep, len(now)):
+            if texts is not None:
+                text = texts[index]
+            else:
+                text = canonical_json(now[index])
+                self._hashed.append((now[index], text))
+            chains.append(chain_link(chains[-1], text))
+        self._sent = tuple(texts) if texts is not None else now
+        tools, self._first = (self._tools if self._first else None), False
+        return Turn(
+            model=model,
+            keep=keep,
+            added=now[keep:],
+            tools=tools,
+            digest=turn_digest(model=model, chain=chains[-1], tools_digest=self._tools_digest),
+        )
+
+    def changed_in_place(self) -> bool:
+        """Was a message this replay hashed changed afterwards (so a later turn it was kept in
+        may have been another request than its digest says)?"""
+        return not all(unchanged(message, text) for message, text in self._hashed)
+
+
+def _kept(now: Sequence[Any], sent: Sequence[Any], *, exact: bool) -> int:
+    """How many of `sent` the request `now` starts with: the same objects (the same texts when
+    `exact`), compared in C."""
+    same: Callable[[Any, Any], bool] = operator.eq if exact else operator.is_
+    if all(map(same, now, sent)):
+        return min(len(now), len(sent))
+    return list(map(same, now, sent)).index(False)
+
+
+def whole_request(arguments: Any, before: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A turn's whole request (`model`, `messages`, `tools`) from its stored arguments and the
+    whole request of the turn before it in its branch (None for the first turn); None when the
+    arguments are not in either recorded shape. A turn recorded whole (before deltas) has no
+    `keep`: it keeps nothing."""
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("messages"), list):
+        return None
+    keep = arguments.get("keep", 0)
+    if not isinstance(keep, int) or (keep and (before is None or keep > len(before["messages"]))):
+        return None
+    kept = before["messages"][:keep] if before is not None else []
+    tools = arguments.get("tools", before["tools"] if before is not None else [])
+    return {
+        "model": arguments.get("model"),
+        "messages": [*kept, *arguments["messages"]],
+        "tools": tools,
+    }
