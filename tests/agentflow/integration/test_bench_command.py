@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 
+import psycopg
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from agentflow import metrics
 from agentflow.contrib.bench import workload
 from agentflow.models import WorkflowRun
 from agentflow.states import RunStatus
@@ -16,6 +21,9 @@ from agentflow.states import RunStatus
 
 @pytest.mark.django_db(transaction=True)
 def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
+    # The scrape is timed before bench's workers run: the metric files it reads are the ones
+    # already there, so this process writes one (alone, the directory starts empty).
+    metrics.SWEEPS.inc(0)
     out = io.StringIO()
     call_command(
         "bench",
@@ -101,3 +109,26 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
 def test_bench__a_count_that_is_not_one_says_so_before_anything_runs(args: list[str]) -> None:
     with pytest.raises(CommandError, match=f"{args[1]!r} is not a whole number of"):
         call_command("bench", *args)
+
+
+def test_bench__on_a_database_not_migrated__says_to_migrate_and_runs_nothing() -> None:
+    """A fresh database is what the README's bench starts from: a traceback was all it said."""
+    name = f"{connection.settings_dict['NAME']}_unmigrated"
+    admin = connection.settings_dict | {"NAME": "postgres"}
+    url = "postgres://{USER}@{HOST}:{PORT}/".format(**admin)
+    with psycopg.connect(url + "postgres", autocommit=True) as server:
+        server.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        server.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = {**os.environ, "DATABASE_URL": url + name, "DJANGO_DEBUG": "1"}
+        done = subprocess.run(
+            [sys.executable, "manage.py", "bench", "--json"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        with psycopg.connect(url + "postgres", autocommit=True) as server:
+            server.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    assert done.returncode != 0
+    assert f"database {name!r} has" in done.stderr
+    assert "unapplied migrations: run `python manage.py migrate` on it first" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""

@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
 
 from agentflow import logs
 from agentflow.contrib.bench.agent_scale import POSITIONS
@@ -56,6 +58,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        _require_migrated()
         bench = BenchOptions(
             runs=options["runs"],
             commit_runs=options["commit_runs"],
@@ -227,3 +230,16 @@ def render(report: dict[str, Any]) -> str:
     if sweep is not None:
         lines += ["", "sweeper plan:", sweep["plan"]]
     return "\n".join(lines)
+
+
+def _require_migrated() -> None:
+    """bench writes engine rows: on a database not migrated yet, say so instead of a traceback."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    executor = MigrationExecutor(connection)
+    unapplied = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    if unapplied:
+        name = connection.settings_dict["NAME"]
+        raise CommandError(
+            f"database {name!r} has {len(unapplied)} unapplied migrations: "
+            "run `python manage.py migrate` on it first"
+        )
