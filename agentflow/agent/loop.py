@@ -502,6 +502,8 @@ class AgentContext:
     def _reuse(self, now: Fingerprint) -> Any | None:
         wanted = canonical_json([str(now.kind), now.name, now.arguments])
         for call in self._reusable():
+            if waiting.timed_out(call.kind, call.output):
+                continue  # nobody decided it: the new branch waits for a decision
             recorded = Fingerprint.from_json(call.arguments)
             if canonical_json([str(recorded.kind), recorded.name, recorded.arguments]) == wanted:
                 return call

@@ -184,3 +184,52 @@ def test_agent_wait_for__timeout_is_an_outcome_the_function_reads() -> None:
 
     assert done.status == RunStatus.COMPLETED, done.error
     assert done.output == {"payload": None, "timed_out": True}
+
+
+def timed_out_then_parked(run_id: str) -> None:
+    """Let the charge's approval time out (the call records the timed-out rejection), then
+    park the run before its next model turn (as if that turn had diverged)."""
+    waiting(run_id)
+    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)
+    with capture_messages():
+        runtime.run_step(run_id, CHARGE)
+    found = durable.snapshot(run_id)
+    assert found is not None
+    assert found.steps[CHARGE - 1].output["result"]["timed_out"] is True
+    assert store.run_park(run_id, CHARGE + 1, "parked for the test", fence=None)
+
+
+def test_fork__after_a_timed_out_approval__the_new_branch_asks_again() -> None:
+    """A timeout is no operator's decision: a fork's byte-identical call waits for one, rather
+    than adopting the superseded branch's timed-out rejection as if it were decided."""
+    run_id = durable.start(workflows.cashier.name)
+    timed_out_then_parked(run_id)
+
+    durable.fork(run_id, position=1, actor="ops", reason="ask the approvers again")
+    found = waiting(run_id)
+
+    assert found.waiting_for == "approval"
+    assert found.pending_approval is not None
+    assert found.pending_approval["arguments"] == {"amount_cents": 4500}
+    durable.approve(run_id, actor="alice", reason="fee confirmed after all")
+    done = run_to_end(run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert effects_of(run_id) == {durable.idempotency_key(run_id, CHARGE, branch=1): 1}
+
+
+def test_fork__after_a_rejection__the_byte_identical_call_keeps_the_rejection() -> None:
+    """An operator's rejection is a decision on that exact call: the fork's identical call
+    reuses it and runs nothing."""
+    run_id = durable.start(workflows.cashier.name)
+    waiting(run_id)
+    durable.reject(run_id, actor="bob", reason="no")
+    with capture_messages():
+        runtime.run_step(run_id, CHARGE)
+    assert store.run_park(run_id, CHARGE + 1, "parked for the test", fence=None)
+
+    durable.fork(run_id, position=1, actor="ops", reason="try again")
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert '"rejected":true' in done.output
+    assert effects_of(run_id) == {}
