@@ -145,6 +145,8 @@ def _load(
             and not isinstance(workflow, CodeWorkflow)
             and step is not None
             and step.kind in CLAIMED_KINDS
+            # A hint from a publisher that did not know the step waits: its wait comes first.
+            and step.waits_for is None
         ):
             return store.state_load_claiming(run_id, seq, workflow, step)
     return store.state_load(run_id, seq), None

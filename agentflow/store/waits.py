@@ -282,9 +282,25 @@ def _open_wait(run: WorkflowRun, what: str) -> OpenWait:
     if run.cancel_requested:
         raise ActionRefused("the run is being cancelled")
     found = _wait_at(run.id, run.branch, run.current_seq)
-    if found is None or found.outcome is not None:
+    if found is None:
         raise ActionRefused(f"nothing waits for {what}: the run is waiting to retry a step")
+    if found.outcome is not None:
+        raise ActionRefused(_over(found, what))
     return found
+
+
+def _over(found: OpenWait, what: str) -> str:
+    """Why a wait already resolved takes nothing more. Its run can still read WAITING: a
+    timeout is recorded before the step that takes the reject path is checkpointed."""
+    timed_out = isinstance(found.outcome, dict) and found.outcome.get("timed_out") is True
+    if timed_out and found.kind == WaitKind.APPROVAL:
+        return (
+            f"the approval of {found.name} timed out at {event_time(found.deadline)}; "
+            "the run takes the reject path"
+        )
+    if timed_out:
+        return f"the wait for signal {found.name!r} timed out; the run goes on without it"
+    return f"nothing waits for {what}: the wait at its position is over (resolved already)"
 
 
 def signal_deliver(run_id: str, name: str, payload: Any, *, signal_id: str) -> Delivery:

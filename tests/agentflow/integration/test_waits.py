@@ -13,7 +13,7 @@ from agentflow import durable, runtime, sweeper
 from agentflow.models import RunEvent, RunSignal, RunWait, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepKind, StepStatus
 from agentflow.store import synthetic
-from agentflow.testing import Message, capture_messages, run_to_end
+from agentflow.testing import Message, SimulatedCrash, capture_messages, crash_at, run_to_end
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 
@@ -309,3 +309,61 @@ def test_timer__waits_holding_no_worker__the_sweeper_wakes_it_at_its_time() -> N
     assert (cool_off.name, cool_off.status) == ("cool_off", StepStatus.COMPLETED)
     wait.refresh_from_db()  # (aged with the run)
     assert cool_off.output == {"woke_at": wait.deadline.isoformat()}  # the recorded time
+
+
+# --- stale and early messages -------------------------------------------------------------------
+def test_approval__stale_and_early_messages_before_the_deadline__change_nothing() -> None:
+    """A duplicate, a broker redelivery and a sweep before the deadline all find the run
+    waiting: nothing is claimed, nothing runs, and it still wakes at its deadline."""
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    found = waiting(run_id)
+    deadline = found.pending_approval["expires_at"]
+
+    with capture_messages() as outbox:
+        runtime.run_step(run_id, 2)
+        runtime.run_step(run_id, 2, redelivered=True)
+        assert run_id not in sweeper.sweep().requeued
+
+    assert outbox.for_run(run_id) == []
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.wake_at) == (RunStatus.WAITING, deadline)
+    assert not StepCheckpoint.objects.filter(run_id=run_id, seq=2).exists()
+    assert charge_keys(run_id) == {}
+    assert durable.snapshot(run_id).waiting_for == "approval"
+
+
+def test_approval__a_message_hinting_a_claim_on_load__still_waits_before_claiming() -> None:
+    """A step message carrying a claim-on-load hint for a step that waits (one published by a
+    release that did not know the step waits) must not claim it: the wait comes first, and a
+    claimed checkpoint would read as an effect that may have happened."""
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    with capture_messages():
+        runtime.run_step(run_id, 1)
+
+    with capture_messages():
+        runtime.run_step(run_id, 2, fresh=[workflows.approval.name, 1, "charge"])
+
+    assert durable.snapshot(run_id).waiting_for == "approval"
+    assert not StepCheckpoint.objects.filter(run_id=run_id, seq=2).exists()
+    assert charge_keys(run_id) == {}
+
+
+def test_approval__approve_after_the_timeout_took_the_reject_path__refused_saying_so() -> None:
+    """The timeout is recorded, then the worker dies before the rejection is checkpointed
+    (the run still reads WAITING): a late approve is refused as timed out, and the
+    redelivery finishes the reject path without charging."""
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)
+
+    with crash_at("charge:after_effect"), capture_messages():
+        with pytest.raises(SimulatedCrash):
+            runtime.run_step(run_id, 2)
+    assert RunWait.objects.get(run_id=run_id).outcome["timed_out"] is True
+    with pytest.raises(durable.ActionRefused, match="timed out"):
+        durable.approve(run_id, actor="alice", reason="too late")
+    done = run_to_end(run_id)
+
+    assert [s.name for s in done.steps] == ["prepare", "charge", "declined"]
+    assert done.steps[1].kind == StepKind.READ
+    assert charge_keys(run_id) == {}
