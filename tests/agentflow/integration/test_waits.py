@@ -356,9 +356,8 @@ def test_approval__approve_after_the_timeout_took_the_reject_path__refused_sayin
     waiting(run_id)
     synthetic.runs_age([run_id], seconds=48 * 3600 + 1)
 
-    with crash_at("charge:after_effect"), capture_messages():
-        with pytest.raises(SimulatedCrash):
-            runtime.run_step(run_id, 2)
+    with crash_at("charge:after_effect"), capture_messages(), pytest.raises(SimulatedCrash):
+        runtime.run_step(run_id, 2)
     assert RunWait.objects.get(run_id=run_id).outcome["timed_out"] is True
     with pytest.raises(durable.ActionRefused, match="timed out"):
         durable.approve(run_id, actor="alice", reason="too late")
