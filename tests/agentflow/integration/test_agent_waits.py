@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from agentflow import durable, runtime, store
-from agentflow.models import RunEvent, RunWait
+from agentflow.models import RunEvent, RunSignal, RunWait
 from agentflow.states import RunStatus, StepKind
 from agentflow.store import synthetic
 from agentflow.testing import capture_messages, run_to_end
@@ -233,3 +233,28 @@ def test_fork__after_a_rejection__the_byte_identical_call_keeps_the_rejection() 
     assert done.status == RunStatus.COMPLETED, done.error
     assert '"rejected":true' in done.output
     assert effects_of(run_id) == {}
+
+
+def test_signal_after_a_fork__reaches_the_new_branchs_wait_once() -> None:
+    """A run parked while it waits for a signal, then forked: the new branch waits at the same
+    position afresh; the signal is delivered there once, and its id stays spent."""
+    run_id = durable.start(workflows.patient.name, input={"sleep": 0})
+    found = run_to_end(run_id, retries=False)
+    assert found.waiting_for == "signal"
+    position = len(found.steps) + 1  # prepare and sleep are recorded; the wait is next
+    assert store.run_park(run_id, position, "parked for the test", fence=None)
+    with pytest.raises(durable.ActionRefused):
+        durable.signal(run_id, "reply", {"ok": 0}, signal_id="s-0")  # parked: nothing waits
+
+    durable.fork(run_id, position=1, actor="ops", reason="try again")
+    found = run_to_end(run_id, retries=False)
+    assert found.waiting_for == "signal"
+    assert durable.signal(run_id, "reply", {"ok": 1}, signal_id="s-1") == "delivered"
+    assert durable.signal(run_id, "reply", {"ok": 2}, signal_id="s-1") == "duplicate"
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.output == {"payload": {"ok": 1}, "timed_out": False}
+    [signal] = RunSignal.objects.filter(run_id=run_id)
+    assert (signal.branch, signal.seq, signal.signal_id) == (1, position, "s-1")
+    assert partner.execution_counts(run_id)[(run_id, 1, "prepare")] == 1  # reused, not rerun
