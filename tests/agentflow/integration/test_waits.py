@@ -366,3 +366,31 @@ def test_approval__approve_after_the_timeout_took_the_reject_path__refused_sayin
     assert [s.name for s in done.steps] == ["prepare", "charge", "declined"]
     assert done.steps[1].kind == StepKind.READ
     assert charge_keys(run_id) == {}
+
+
+def test_approval__approved_charge_made_then_its_predicate_raises__no_money_kept() -> None:
+    """The approved charge is made, its worker dies before checkpointing it; on the takeover
+    the approval's predicate raises. That is no proof the charge did not happen: the run must
+    not fail with the charge written off as never made (it would keep the money, I8)."""
+    run_id = durable.start(workflows.approved_refundable.name, input={"amount": 4500})
+    waiting(run_id)
+    durable.approve(run_id, actor="alice", reason="ok")
+    with crash_at("charge:after_effect"), capture_messages(), pytest.raises(SimulatedCrash):
+        runtime.run_step(run_id, 2)
+    assert charge_keys(run_id) == {durable.idempotency_key(run_id, 2): 1}
+    partner.release(f"{run_id}/predicate-broken")
+
+    with capture_messages():
+        runtime.run_step(run_id, 2, redelivered=True)
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.NEEDS_ATTENTION, (run.status, run.error)
+    assert run.error.startswith("outcome unknown: charge may have taken effect")
+    charge = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    assert (charge.kind, charge.status) == (StepKind.EFFECT, StepStatus.IN_PROGRESS)
+
+    partner.release(f"{run_id}/predicate-fixed")  # fixed; the operator retries
+    durable.retry(run_id, actor="ops", reason="predicate fixed")
+    done = run_to_end(run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert charge_keys(run_id) == {durable.idempotency_key(run_id, 2): 1}  # made once
