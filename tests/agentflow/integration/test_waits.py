@@ -394,3 +394,61 @@ def test_approval__approved_charge_made_then_its_predicate_raises__no_money_kept
     done = run_to_end(run_id)
     assert done.status == RunStatus.COMPLETED, done.error
     assert charge_keys(run_id) == {durable.idempotency_key(run_id, 2): 1}  # made once
+
+
+def test_approval__approve_and_reject_at_once__exactly_one_decides_and_the_run_follows_it() -> None:
+    """Two approvers press at once (one Approve, one Reject), both queued on the run's row
+    lock: one decision is recorded, the other refused, and the run does what was recorded."""
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+    outcomes: dict[str, BaseException | None] = {}
+
+    def decide(approved: bool) -> None:
+        name = "approve" if approved else "reject"
+        try:
+            decide_fn = durable.approve if approved else durable.reject
+            decide_fn(run_id, actor=name, reason=f"{name} at once")
+            outcomes[name] = None
+        except BaseException as exc:
+            outcomes[name] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        WorkflowRun.objects.select_for_update().get(pk=run_id)  # both queue behind this
+        racers = [threading.Thread(target=decide, args=(flag,)) for flag in (True, False)]
+        for racer in racers:
+            racer.start()
+        wait_for(
+            lambda: lock_waiters() == 2 or outcomes, timeout=10, interval=0.02, what="both wait"
+        )
+        assert not outcomes, outcomes
+    for racer in racers:
+        racer.join(timeout=10)
+
+    winners = [name for name, exc in outcomes.items() if exc is None]
+    assert len(winners) == 1, outcomes
+    [loser] = [exc for exc in outcomes.values() if exc is not None]
+    assert isinstance(loser, durable.ActionRefused), loser
+    done = run_to_end(run_id)
+    if winners == ["approve"]:
+        assert [s.name for s in done.steps] == ["prepare", "charge", "finish"]
+        assert charge_keys(run_id) == {durable.idempotency_key(run_id, 2): 1}
+    else:
+        assert [s.name for s in done.steps] == ["prepare", "charge", "declined"]
+        assert charge_keys(run_id) == {}
+    decided = RunEvent.objects.filter(
+        run_id=run_id, kind__in=[RunEvent.Kind.OPERATOR_APPROVE, RunEvent.Kind.OPERATOR_REJECT]
+    )
+    assert [e.actor for e in decided] == winners
+
+
+def lock_waiters() -> int:
+    """Sessions of this database waiting for a lock (the racers, on the run's row)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
