@@ -348,15 +348,22 @@ def signal_deliver(run_id: str, name: str, payload: Any, *, signal_id: str) -> D
     return "delivered"
 
 
-def wait_decide(run_id: str, *, approved: bool, actor: str, reason: str) -> None:
+def wait_decide(
+    run_id: str, *, approved: bool, actor: str, reason: str, digest: str | None = None
+) -> None:
     """Record an operator's decision on the call the run waits to make, at its position and
     bound to its digest, and move the run on (approved: the call runs; rejected: it does not,
     and the step records the rejection). One commit, fenced on the run's row lock like Cancel,
     Retry and Fork: whichever comes second finds the run changed and is refused.
 
+    `digest`: the call the decider was shown (`call_digest`); given, the decision is refused
+    unless the run waits for exactly that call still (a page left open while the call at the
+    position was replaced, or the run moved on to another call, decides nothing unseen).
+
     Raises:
         ActionRefused: nothing waits for approval (not waiting, finished, cancelling, waiting
-            for something else), or its timeout has passed (it takes the reject path).
+            for something else), its timeout has passed (it takes the reject path), or it
+            waits for another call than the one `digest` names.
     """
     with transaction.atomic():
         run = locked_run(run_id)
@@ -367,6 +374,11 @@ def wait_decide(run_id: str, *, approved: bool, actor: str, reason: str) -> None
             raise ActionRefused(
                 f"the approval of {found.name} timed out at {event_time(found.deadline)}; "
                 "the run takes the reject path"
+            )
+        if digest is not None and digest != found.digest:
+            raise ActionRefused(
+                f"the call waiting for approval is not the one you were shown: it is now "
+                f"{found.name} with {found.arguments}; look at it again"
             )
         decision = Decision(approved=approved, actor=actor, reason=reason)
         if not _resolve(found.id, decision.as_json(), actor=actor, reason=reason):
