@@ -121,7 +121,7 @@ def wait_settle(run: StepState, spec: WaitSpec, seq: int) -> Any | None:
             return found.outcome
         if found.due:
             return _time_out(run.id, seq, found)
-        _sleep_until_deadline(run.id, seq, found)
+        _sleep_until_deadline(run.id, seq, found, doorbell=locked.status != RunStatus.WAITING)
     return None
 
 
@@ -255,9 +255,13 @@ def _resolve(wait_id: int, outcome: Any, *, actor: str, reason: str) -> bool:
     )
 
 
-def _sleep_until_deadline(run_id: str, seq: int, found: OpenWait) -> None:
+def _sleep_until_deadline(run_id: str, seq: int, found: OpenWait, *, doorbell: bool) -> None:
     """WAITING, woken at the deadline by the sweeper (or a short countdown message), or
-    earlier by the signal or decision; no worker is held meanwhile."""
+    earlier by the signal or decision; no worker is held meanwhile.
+
+    `doorbell`: this delivery moved the run to WAITING, so it publishes the countdown. A
+    delivery that finds it WAITING already (that countdown arriving early, a duplicate, a
+    Resume now) does not: each would ring again, and the wake-up time stands behind it."""
     remaining = found.remaining_seconds
     wake = sql.at_now_plus(RECHECK_SECONDS) if remaining is None else found.deadline
     sql.update(
@@ -266,7 +270,7 @@ def _sleep_until_deadline(run_id: str, seq: int, found: OpenWait) -> None:
         f"id = %s AND current_seq = %s AND status IN ({sql.placeholders(ACTIVE)})",
         [run_id, seq, *ACTIVE],
     )
-    if remaining is not None and remaining <= dispatch.MAX_COUNTDOWN_SECONDS:
+    if doorbell and remaining is not None and remaining <= dispatch.MAX_COUNTDOWN_SECONDS:
         dispatch.send_step_on_commit(run_id, seq, countdown=max(remaining, 0.0))
 
 

@@ -452,3 +452,30 @@ def lock_waiters() -> int:
             "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
         )
         return int(cursor.fetchone()[0])
+
+
+def test_timer__its_doorbell_delivered_early__rings_no_second_one() -> None:
+    """The countdown a short wait publishes as it goes WAITING can arrive before its time (a
+    worker's clock ahead of the database's, a broker's early redelivery). That delivery finds
+    the run still waiting and must not publish another, or every early or duplicate delivery
+    rings again (with immediate doorbells, for ever): the deadline's wake-up time and the
+    sweeper stand behind it."""
+    run_id = durable.start(workflows.short_timer.name)
+    with capture_messages() as outbox:
+        runtime.run_step(run_id, 1)
+        runtime.run_step(run_id, 2)
+    [doorbell] = [m for m in outbox.for_run(run_id) if m.seq == 2 and m.countdown]
+    assert 0 < doorbell.countdown <= 3
+
+    with capture_messages() as again:
+        runtime.run_step(run_id, 2)  # early: the timer has not run out
+        runtime.run_step(run_id, 2)  # and a duplicate of it
+
+    assert again.for_run(run_id) == []
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.wake_at) == (RunStatus.WAITING, RunWait.objects.get(run=run).deadline)
+    synthetic.runs_age([run_id], seconds=3)
+    with capture_messages() as swept:
+        assert run_id in sweeper.sweep().requeued  # its wake-up time still wakes it
+    deliver(swept.for_run(run_id))
+    assert run_to_end(run_id).status == RunStatus.COMPLETED
