@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from django.db import IntegrityError, transaction
 
-from agentflow import dispatch
+from agentflow import dispatch, outcomes
 from agentflow.agent.canonical import digest, normalise
 from agentflow.conf import settings
 from agentflow.context import Decision
@@ -27,7 +27,7 @@ from agentflow.states import RunStatus, WaitKind
 from agentflow.store import sql
 from agentflow.store.events import event_add, event_time
 from agentflow.store.operator import locked_run, wake_soon
-from agentflow.store.runs import ActionRefused
+from agentflow.store.runs import ActionRefused, run_park
 from agentflow.store.steps import ACTIVE, StepState, state_load
 
 #: A signal wait without a timeout still has a wake-up time (I7: no active run without one):
@@ -111,6 +111,22 @@ def wait_settle(run: StepState, spec: WaitSpec, seq: int) -> Any | None:
         if found is not None and (
             found.kind != spec.kind or found.name != spec.name[:200] or found.digest != wanted
         ):
+            claimed = locked.checkpoint
+            if claimed is not None and outcomes.unsettled(
+                kind=claimed.kind, status=claimed.status, retryable=claimed.retryable
+            ):
+                # The call decided on was claimed and may have acted: asking again about
+                # another call would let a rejection write that attempt off as never made.
+                run_park(
+                    run.id,
+                    seq,
+                    f"outcome unknown: {claimed.name} may have acted as approved "
+                    f"({found.name}, digest {found.digest[:12]}), and the call at {seq} is "
+                    f"now another ({spec.name}, digest {wanted[:12]}); check the partner",
+                    kind=RunEvent.Kind.OUTCOME_UNKNOWN,
+                    fence=claimed.fence,
+                )
+                return None
             _set_aside(run.id, seq, found, spec)
             found = None
         if found is None:

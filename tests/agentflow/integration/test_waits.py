@@ -479,3 +479,28 @@ def test_timer__its_doorbell_delivered_early__rings_no_second_one() -> None:
         assert run_id in sweeper.sweep().requeued  # its wake-up time still wakes it
     deliver(swept.for_run(run_id))
     assert run_to_end(run_id).status == RunStatus.COMPLETED
+
+
+def test_approval__call_changed_after_the_approved_charge_was_made__never_written_off() -> None:
+    """The approved charge of 4500 is made and its worker dies before checkpointing it; then
+    the call at the position reads 9900. Setting the decision aside and asking again would
+    leave a charge that may have happened under a fresh wait, which a rejection would then
+    overwrite as a call that never ran: the run is parked for an operator instead."""
+    run_id = durable.start(workflows.approved_refundable.name, input={"amount": 4500})
+    waiting(run_id)
+    durable.approve(run_id, actor="alice", reason="for 4500")
+    with crash_at("charge:after_effect"), capture_messages(), pytest.raises(SimulatedCrash):
+        runtime.run_step(run_id, 2)
+    WorkflowRun.objects.filter(pk=run_id).update(input={"amount": 9900})  # the call changed
+
+    with capture_messages():
+        runtime.run_step(run_id, 2, redelivered=True)
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.NEEDS_ATTENTION, (run.status, run.error)
+    assert run.error.startswith("outcome unknown: charge")
+    with pytest.raises(durable.ActionRefused):
+        durable.reject(run_id, actor="bob", reason="not 9900")
+    charge = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    assert (charge.kind, charge.status) == (StepKind.EFFECT, StepStatus.IN_PROGRESS)
+    assert RunWait.objects.get(run_id=run_id).outcome["approved"] is True  # kept
