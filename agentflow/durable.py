@@ -185,19 +185,20 @@ def signal(run_id: str, name: str, payload: Any = None, *, signal_id: str) -> De
     return store.signal_deliver(run_id, name, data, signal_id=signal_id)
 
 
-def approve(run_id: str, *, actor: str, reason: str = "") -> None:
+def approve(run_id: str, *, actor: str, reason: str = "", digest: str | None = None) -> None:
     """Approve the call the run waits to make (a step or tool declared `requires_approval`):
     recorded at its position with `actor` and `reason`, bound to the call's digest; the call
-    then runs.
+    then runs. `digest` (`snapshot(...).pending_approval["digest"]`, what the approver was
+    shown): refused unless the run still waits for exactly that call.
 
     Raises:
         ActionRefused: nothing waits for approval (or it timed out, or a concurrent Cancel,
-            Retry or fork changed the run first).
+            Retry or fork changed the run first, or it waits for another call than `digest`).
     """
-    _decide(run_id, approved=True, actor=actor, reason=reason)
+    _decide(run_id, approved=True, actor=actor, reason=reason, digest=digest)
 
 
-def reject(run_id: str, *, actor: str, reason: str) -> None:
+def reject(run_id: str, *, actor: str, reason: str, digest: str | None = None) -> None:
     """Reject the call the run waits to make: it does not run; a graph step records
     `{"approved": False, ...}` (its `next` branches on it), a tool call answers the model
     `{"rejected": true, "reason": ...}`.
@@ -205,15 +206,19 @@ def reject(run_id: str, *, actor: str, reason: str) -> None:
     Raises:
         ActionRefused: as `approve`.
     """
-    _decide(run_id, approved=False, actor=actor, reason=reason)
+    _decide(run_id, approved=False, actor=actor, reason=reason, digest=digest)
 
 
-def _decide(run_id: str, *, approved: bool, actor: str, reason: str) -> None:
+def _decide(run_id: str, *, approved: bool, actor: str, reason: str, digest: str | None) -> None:
     if not isinstance(actor, str) or not actor.strip():
         raise InvalidInputError("a decision needs the actor who made it")
     if not isinstance(reason, str):
         raise InvalidInputError("the reason is text")
-    store.wait_decide(run_id, approved=approved, actor=actor.strip(), reason=reason.strip())
+    if digest is not None and not isinstance(digest, str):
+        raise InvalidInputError("the digest is the text snapshot().pending_approval shows")
+    store.wait_decide(
+        run_id, approved=approved, actor=actor.strip(), reason=reason.strip(), digest=digest
+    )
 
 
 def delete_runs(run_ids: Iterable[str]) -> int:

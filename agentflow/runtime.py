@@ -150,6 +150,8 @@ def _load(
             and not isinstance(workflow, CodeWorkflow)
             and step is not None
             and step.kind in CLAIMED_KINDS
+            # A hint from a publisher that did not know the step waits: its wait comes first.
+            and step.waits_for is None
         ):
             return store.state_load_claiming(run_id, seq, workflow, step)
     return store.state_load(run_id, seq), None
@@ -194,9 +196,22 @@ def _settle_wait(
         if pooler.database_trouble(exc):
             raise  # the engine's own statement failed: the message is retried
         logger.exception("%s step %s (%s): deciding its wait raised", run.id, seq, step.name)
-        failed = PermanentStepError(
-            f"deciding what it waits for raised {type(exc).__name__}: {exc}"
-        )
+        why = f"deciding what it waits for raised {type(exc).__name__}: {exc}"
+        if seen is not None and outcomes.unsettled(
+            kind=seen.kind, status=seen.status, retryable=seen.retryable
+        ):
+            # Claimed before (approved, or then needing no approval): its effect may have
+            # happened, which a failure would write off as never made (SPEC 3.3a, I8).
+            store.run_park(
+                run.id,
+                seq,
+                f"outcome unknown: {step.name} may have taken effect, and {why}; fix that, "
+                "then retry (it asks the partner first)",
+                kind=RunEvent.Kind.OUTCOME_UNKNOWN,
+                fence=seen.fence,
+            )
+            return None
+        failed = PermanentStepError(why)
         unrun = replace(step, kind=StepKind.READ, waits_for=None)
         _record_unclaimed_failure(run, workflow, unrun, seq, seen, 1, failed)
         return None

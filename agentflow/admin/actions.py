@@ -121,15 +121,18 @@ REJECT = Verb(
 VERBS = {verb.name: verb for verb in (RETRY, RESUME, CANCEL, APPROVE, REJECT)}
 
 
-def perform(request: HttpRequest, verb: Verb, runs: list[dict[str, Any]], reason: str) -> None:
-    """Apply `verb` to each run in its own transaction and say how each one went."""
+def perform(
+    request: HttpRequest, verb: Verb, runs: list[dict[str, Any]], reason: str, **extra: Any
+) -> None:
+    """Apply `verb` to each run in its own transaction and say how each one went (`extra`: the
+    verb's own fields, e.g. the digest of the call an approver was shown)."""
     actor = request.user.get_username()
     done: list[dict[str, Any]] = []
     refused: list[tuple[str, str]] = []
     pending: list[tuple[str, str]] = []
     for run in runs:
         try:
-            next_step = verb.act(run["pk"], actor=actor, reason=reason)
+            next_step = verb.act(run["pk"], actor=actor, reason=reason, **extra)
         except store.ActionRefused as exc:
             refused.append((run["pk"], str(exc)))
         except DatabaseError:

@@ -34,12 +34,12 @@ def may_decide(request: HttpRequest) -> bool:
     return request.user.has_perm(PERMISSION)
 
 
-def approve(run_id: str, *, actor: str, reason: str) -> None:
-    store.wait_decide(run_id, approved=True, actor=actor, reason=reason)
+def approve(run_id: str, *, actor: str, reason: str, digest: str) -> None:
+    store.wait_decide(run_id, approved=True, actor=actor, reason=reason, digest=digest)
 
 
-def reject(run_id: str, *, actor: str, reason: str) -> None:
-    store.wait_decide(run_id, approved=False, actor=actor, reason=reason)
+def reject(run_id: str, *, actor: str, reason: str, digest: str) -> None:
+    store.wait_decide(run_id, approved=False, actor=actor, reason=reason, digest=digest)
 
 
 def open_wait_kind() -> Subquery:

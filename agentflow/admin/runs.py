@@ -343,7 +343,12 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(self._changelist_url())
         form = ReasonForm(request.POST if request.method == "POST" else None)
         if form.is_valid():
-            run_actions.perform(request, chosen, [run], form.cleaned_data["reason"])
+            # Approve / Reject decide the call the page showed, named by its digest: a call
+            # replaced since (or a POST that names none) is refused, never decided unseen.
+            extra = (
+                {"digest": request.POST.get("digest", "")} if chosen.permission == "approve" else {}
+            )
+            run_actions.perform(request, chosen, [run], form.cleaned_data["reason"], **extra)
             return HttpResponseRedirect(
                 reverse("admin:agentflow_workflowrun_change", args=(quote(run_id),))
             )

@@ -561,6 +561,8 @@ class AgentContext:
 
     def _reuse(self, now: Fingerprint) -> Any | None:
         for call in self._reusable():
+            if waiting.timed_out(call.kind, call.output):
+                continue  # nobody decided it: the new branch waits for a decision
             recorded = Fingerprint.from_json(call.arguments)
             if (recorded.kind, recorded.name, recorded.digest) == (now.kind, now.name, now.digest):
                 return call

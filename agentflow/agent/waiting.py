@@ -16,7 +16,7 @@ from typing import Any
 from agentflow.agent.tools import PreparedCall
 from agentflow.exceptions import DefinitionError
 from agentflow.registry import StepDef, WaitSpec
-from agentflow.states import WaitKind
+from agentflow.states import StepKind, WaitKind
 
 #: The checkpoint names of the waits (a signal's name follows the colon).
 SLEEP_CALL = "sleep"
@@ -90,6 +90,21 @@ def rejected_result(decision: dict[str, Any]) -> dict[str, Any]:
             "timed_out": bool(decision.get("timed_out")),
         },
     }
+
+
+def timed_out(kind: str, output: Any) -> bool:
+    """A recorded tool call whose approval timed out: it ran nothing (recorded as a `read`)
+    and no operator decided it. A timeout is not a decision, so a fork's byte-identical call
+    asks again rather than adopting it (as `store.waits` does for graph steps)."""
+    result = output.get("result") if isinstance(output, dict) else None
+    return (
+        kind == StepKind.READ
+        and isinstance(output, dict)
+        and output.get("ok") is False
+        and isinstance(result, dict)
+        and result.get("rejected") is True
+        and result.get("timed_out") is True
+    )
 
 
 def with_approval(step: StepDef, prepared: PreparedCall) -> StepDef:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from django.db import IntegrityError, transaction
 
-from agentflow import dispatch
+from agentflow import dispatch, outcomes
 from agentflow.agent.canonical import digest, normalise
 from agentflow.conf import settings
 from agentflow.context import Decision
@@ -27,7 +27,7 @@ from agentflow.states import RunStatus, WaitKind
 from agentflow.store import sql
 from agentflow.store.events import event_add, event_time
 from agentflow.store.operator import locked_run, wake_soon
-from agentflow.store.runs import ActionRefused
+from agentflow.store.runs import ActionRefused, run_park
 from agentflow.store.steps import ACTIVE, StepState, state_load
 
 #: A signal wait without a timeout still has a wake-up time (I7: no active run without one):
@@ -111,6 +111,22 @@ def wait_settle(run: StepState, spec: WaitSpec, seq: int) -> Any | None:
         if found is not None and (
             found.kind != spec.kind or found.name != spec.name[:200] or found.digest != wanted
         ):
+            claimed = locked.checkpoint
+            if claimed is not None and outcomes.unsettled(
+                kind=claimed.kind, status=claimed.status, retryable=claimed.retryable
+            ):
+                # The call decided on was claimed and may have acted: asking again about
+                # another call would let a rejection write that attempt off as never made.
+                run_park(
+                    run.id,
+                    seq,
+                    f"outcome unknown: {claimed.name} may have acted as approved "
+                    f"({found.name}, digest {found.digest[:12]}), and the call at {seq} is "
+                    f"now another ({spec.name}, digest {wanted[:12]}); check the partner",
+                    kind=RunEvent.Kind.OUTCOME_UNKNOWN,
+                    fence=claimed.fence,
+                )
+                return None
             _set_aside(run.id, seq, found, spec)
             found = None
         if found is None:
@@ -121,7 +137,7 @@ def wait_settle(run: StepState, spec: WaitSpec, seq: int) -> Any | None:
             return found.outcome
         if found.due:
             return _time_out(run.id, seq, found)
-        _sleep_until_deadline(run.id, seq, found)
+        _sleep_until_deadline(run.id, seq, found, doorbell=locked.status != RunStatus.WAITING)
     return None
 
 
@@ -255,9 +271,13 @@ def _resolve(wait_id: int, outcome: Any, *, actor: str, reason: str) -> bool:
     )
 
 
-def _sleep_until_deadline(run_id: str, seq: int, found: OpenWait) -> None:
+def _sleep_until_deadline(run_id: str, seq: int, found: OpenWait, *, doorbell: bool) -> None:
     """WAITING, woken at the deadline by the sweeper (or a short countdown message), or
-    earlier by the signal or decision; no worker is held meanwhile."""
+    earlier by the signal or decision; no worker is held meanwhile.
+
+    `doorbell`: this delivery moved the run to WAITING, so it publishes the countdown. A
+    delivery that finds it WAITING already (that countdown arriving early, a duplicate, a
+    Resume now) does not: each would ring again, and the wake-up time stands behind it."""
     remaining = found.remaining_seconds
     wake = sql.at_now_plus(RECHECK_SECONDS) if remaining is None else found.deadline
     sql.update(
@@ -266,7 +286,7 @@ def _sleep_until_deadline(run_id: str, seq: int, found: OpenWait) -> None:
         f"id = %s AND current_seq = %s AND status IN ({sql.placeholders(ACTIVE)})",
         [run_id, seq, *ACTIVE],
     )
-    if remaining is not None and remaining <= dispatch.MAX_COUNTDOWN_SECONDS:
+    if doorbell and remaining is not None and remaining <= dispatch.MAX_COUNTDOWN_SECONDS:
         dispatch.send_step_on_commit(run_id, seq, countdown=max(remaining, 0.0))
 
 
@@ -282,9 +302,25 @@ def _open_wait(run: WorkflowRun, what: str) -> OpenWait:
     if run.cancel_requested:
         raise ActionRefused("the run is being cancelled")
     found = _wait_at(run.id, run.branch, run.current_seq)
-    if found is None or found.outcome is not None:
+    if found is None:
         raise ActionRefused(f"nothing waits for {what}: the run is waiting to retry a step")
+    if found.outcome is not None:
+        raise ActionRefused(_over(found, what))
     return found
+
+
+def _over(found: OpenWait, what: str) -> str:
+    """Why a wait already resolved takes nothing more. Its run can still read WAITING: a
+    timeout is recorded before the step that takes the reject path is checkpointed."""
+    timed_out = isinstance(found.outcome, dict) and found.outcome.get("timed_out") is True
+    if timed_out and found.kind == WaitKind.APPROVAL:
+        return (
+            f"the approval of {found.name} timed out at {event_time(found.deadline)}; "
+            "the run takes the reject path"
+        )
+    if timed_out:
+        return f"the wait for signal {found.name!r} timed out; the run goes on without it"
+    return f"nothing waits for {what}: the wait at its position is over (resolved already)"
 
 
 def signal_deliver(run_id: str, name: str, payload: Any, *, signal_id: str) -> Delivery:
@@ -332,15 +368,22 @@ def signal_deliver(run_id: str, name: str, payload: Any, *, signal_id: str) -> D
     return "delivered"
 
 
-def wait_decide(run_id: str, *, approved: bool, actor: str, reason: str) -> None:
+def wait_decide(
+    run_id: str, *, approved: bool, actor: str, reason: str, digest: str | None = None
+) -> None:
     """Record an operator's decision on the call the run waits to make, at its position and
     bound to its digest, and move the run on (approved: the call runs; rejected: it does not,
     and the step records the rejection). One commit, fenced on the run's row lock like Cancel,
     Retry and Fork: whichever comes second finds the run changed and is refused.
 
+    `digest`: the call the decider was shown (`call_digest`); given, the decision is refused
+    unless the run waits for exactly that call still (a page left open while the call at the
+    position was replaced, or the run moved on to another call, decides nothing unseen).
+
     Raises:
         ActionRefused: nothing waits for approval (not waiting, finished, cancelling, waiting
-            for something else), or its timeout has passed (it takes the reject path).
+            for something else), its timeout has passed (it takes the reject path), or it
+            waits for another call than the one `digest` names.
     """
     with transaction.atomic():
         run = locked_run(run_id)
@@ -351,6 +394,11 @@ def wait_decide(run_id: str, *, approved: bool, actor: str, reason: str) -> None
             raise ActionRefused(
                 f"the approval of {found.name} timed out at {event_time(found.deadline)}; "
                 "the run takes the reject path"
+            )
+        if digest is not None and digest != found.digest:
+            raise ActionRefused(
+                f"the call waiting for approval is not the one you were shown: it is now "
+                f"{found.name} with {found.arguments}; look at it again"
             )
         decision = Decision(approved=approved, actor=actor, reason=reason)
         if not _resolve(found.id, decision.as_json(), actor=actor, reason=reason):

@@ -14,7 +14,9 @@ from typing import Any
 
 from django.db import connection
 
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, RunWait, StepCheckpoint, WorkflowRun
+from agentflow.states import WaitKind
+from refunds import waivers
 
 #: Ledger lists, and the refund step whose idempotency key each effect carries. `payments` is
 #: money taken (the hold's capture); `refund_fee` either releases a hold or refunds a fee taken.
@@ -80,6 +82,8 @@ class Evidence:
     events: Counter[str]
     #: When the sweeper re-enqueued each run (epoch seconds, in order).
     requeues: dict[str, list[float]]
+    #: Runs whose fee waiver an approver approved (in any branch): they owe no fee.
+    waived: frozenset[str] = frozenset()
 
     def effects_of(self, kind: str) -> list[Effect]:
         return [e for e in self.effects if e.kind == kind]
@@ -139,7 +143,11 @@ def gather(workflow_ids: list[str], ledger: dict[str, Any]) -> Evidence:
         events[kind] += 1
         if kind == RunEvent.Kind.SWEEP_REQUEUE:
             requeues[run_id].append(at.timestamp())
+    waived = RunWait.objects.filter(
+        run_id__in=workflow_ids, kind=WaitKind.APPROVAL, name=waivers.STEP, outcome__approved=True
+    ).values_list("run_id", flat=True)
     return Evidence(
+        waived=frozenset(waived),
         runs=runs,
         checkpoints=checkpoints,
         by_key={cp.idempotency_key: cp for cp in checkpoints.values()},

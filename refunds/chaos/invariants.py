@@ -21,10 +21,14 @@ ONE_REQUEST_PER_ATTEMPT = {
     "crm.update": "update_crm",
 }
 
+#: What a completed refund makes for its fee: none at all once its waiver was approved.
+FEE_EFFECTS = ("authorizations", "payments")
+
 NOTES = {
     "I1": "at the sandbox: no idempotency key with more than one effect in any ledger list; "
     "each COMPLETED refund has exactly one fee hold, payment (its capture), seat "
-    "cancellation, boarding pass, CRM update and confirmation e-mail, and no refund, hold "
+    "cancellation, boarding pass, CRM update and confirmation e-mail (no hold or payment once "
+    "an approver waived its fee), and no refund, hold "
     "release or seat reinstatement; any other run at most one of each; failure notices one per "
     "failure (a failed run an operator retried or forked is told of each)",
     "I2": "every run reached COMPLETED, FAILED or CANCELLED before the deadline",
@@ -66,6 +70,8 @@ def i1_one_effect(evidence: Evidence) -> list[str]:
         for run_id, n in evidence.per_refund(kind).items():
             completed = evidence.runs[run_id].status == RunStatus.COMPLETED
             expected = (0 if kind in NONE_PER_COMPLETED else 1) if completed else None
+            if completed and run_id in evidence.waived and kind in FEE_EFFECTS:
+                expected = 0  # an approved waiver: no fee held, none taken
             # A failed run an operator retried or forked may have told the customer of each
             # failure: a completed one sends exactly one confirmation, beside those. No other
             # effect may be made twice, whatever happened.
@@ -170,6 +176,8 @@ def i8_no_money_kept(evidence: Evidence) -> list[str]:
                 problems.append(f"{run.id} is {run.status} and kept the customer's seat")
         if run.status == RunStatus.NEEDS_ATTENTION and not run.error:
             problems.append(f"{run.id} needs attention without a reason")
+        if run.status == RunStatus.COMPLETED and run.id in evidence.waived and kept:
+            problems.append(f"{run.id} had its fee waived and keeps {kept} cents")
         if kept < 0:
             problems.append(f"{run.id} refunded {-kept} cents more than it took")
     return problems

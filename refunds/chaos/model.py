@@ -3,7 +3,8 @@ refunds, graph and agent, on the real database and the real partner sandbox.
 
 Its rules are what can happen to them — a step message delivered (in any order, twice, or
 never), a delivery crashed or paused at a crash point, a sweep, time passing, an operator's
-retry, resume, cancel or fork, a partner's outcome for its next call, the model's answers —
+retry, resume, cancel or fork, an approver's approve or reject of a fee waiver (or its timeout),
+a partner's outcome for its next call, the model's answers —
 and after every rule it checks, at the sandbox's ledger and in the database, I1 (one effect
 per key), I7 (no run silently stuck) and I8 (no money kept without the service), and I5 (a
 fenced-out worker changes nothing) whenever a paused worker wakes. At the end partners heal,
@@ -17,6 +18,7 @@ from __future__ import annotations
 import secrets
 import threading
 
+from django.conf import settings
 from django.db import connection
 from django.test.utils import override_settings
 from hypothesis import currently_in_test_context, target
@@ -46,6 +48,7 @@ from refunds.sandbox.airline import owner_of
 
 MAX_RUNS = 3
 WORDS = "Hi, please move me to SK1240 on 2027-03-16. Thanks!"
+WAIVER_DETAILS = "I was admitted to hospital on Sunday and cannot fly this week."
 #: Partner calls the machine can make misbehave, one call at a time or all at once (outage).
 #: The charge and the fee refund have rules of their own (where the money is); these share one.
 ENDPOINTS = (
@@ -71,6 +74,8 @@ WORK_DELIVERIES = 12
 engines = st.sampled_from(["graph", "agent"])
 #: One customer in four has a card that declines (most runs should get as far as the money).
 declinings = st.integers(min_value=0, max_value=3).map(lambda n: n == 3)
+#: One customer in two asks to have the fee waived: the run waits for an approver first.
+waiver_asks = st.booleans()
 outcomes = st.sampled_from(sorted(OUTCOMES))
 positions = st.integers(min_value=0, max_value=30)
 run_picks = st.integers(min_value=0, max_value=MAX_RUNS - 1)
@@ -100,14 +105,15 @@ class MoneyMachine(RuleBasedStateMachine):
         return Worker(f"w{self.figures.examples}", conninfo)
 
     # --- runs -------------------------------------------------------------------------------
-    @initialize(engine=engines, declining=declinings)
-    def first(self, engine: str, declining: bool) -> None:
-        self.start(engine, declining)
+    @initialize(engine=engines, declining=declinings, waiver=waiver_asks)
+    def first(self, engine: str, declining: bool, waiver: bool = False) -> None:
+        self.start(engine, declining, waiver)
 
     @precondition(lambda self: len(self.run_ids) < MAX_RUNS)
-    @rule(engine=engines, declining=declinings)
-    def start(self, engine: str, declining: bool) -> None:
-        """A customer asks; a declining card fails at the charge (the sandbox's DEC bookings)."""
+    @rule(engine=engines, declining=declinings, waiver=waiver_asks)
+    def start(self, engine: str, declining: bool, waiver: bool = False) -> None:
+        """A customer asks; a declining card fails at the charge (the sandbox's DEC bookings);
+        one asking for a fee waiver waits for an approver before the card or the seat."""
         # The same reference in every example (the sandbox is reset): a replay meets the same
         # booking, so a failure shrinks and replays exactly.
         reference = f"{'DEC' if declining else 'MDL'}{len(self.run_ids):03d}"
@@ -120,6 +126,8 @@ class MoneyMachine(RuleBasedStateMachine):
                 message=WORDS,
                 submission_token=f"model-{secrets.token_hex(8)}",
                 client_ip="127.0.0.1",
+                waiver_reason="medical" if waiver else "",
+                waiver_details=WAIVER_DETAILS if waiver else "",
             )
         assert request.workflow_id is not None
         self.run_ids.append(request.workflow_id)
@@ -235,6 +243,32 @@ class MoneyMachine(RuleBasedStateMachine):
         self._count(action)
 
     @precondition(lambda self: self.run_ids)
+    @rule(run=run_picks, approved=st.booleans(), approver=st.sampled_from(["ann", "bob"]))
+    def decide(self, run: int, approved: bool, approver: str) -> None:
+        """An approver approves or rejects the waiver a run waits on (two approvers may both
+        try; a run waiting for nothing, or past its timeout, refuses)."""
+        decide = durable.approve if approved else durable.reject
+        action = "approve" if approved else "reject"
+        try:
+            decide(self._run(run), actor=approver, reason=f"model-based test: {action}")
+        except durable.ActionRefused as exc:
+            self.figures.refused[f"{action}: {str(exc)[:48]}"] += 1
+        self._count(action)
+
+    @precondition(lambda self: self.run_ids)
+    @rule(run=run_picks)
+    def approval_times_out(self, run: int) -> None:
+        """Nobody decides in time: the run's clock passes its approval's deadline (the next
+        delivery, or the sweeper, takes the reject path). A run waiting for no approval is
+        left alone, counted."""
+        run_id = self._run(run)
+        if not self._waiting_for_approval([run_id]):
+            self._count("approval_times_out: none waits")
+            return
+        self._time_out_approvals([run_id])
+        self._count("approval_times_out")
+
+    @precondition(lambda self: self.run_ids)
     @rule(run=run_picks, position=st.integers(min_value=1, max_value=20))
     def fork(self, run: int, position: int) -> None:
         try:
@@ -329,6 +363,8 @@ class MoneyMachine(RuleBasedStateMachine):
             )
             if not active.exists():
                 return
+            # Nobody decides any more: every waiver still waiting times out to the fee path.
+            self._time_out_approvals(self._waiting_for_approval(self.run_ids))
             synthetic.runs_age(self.run_ids, seconds=LEASE_SECONDS + 1.0)
             sweeper.sweep()
 
@@ -369,6 +405,19 @@ class MoneyMachine(RuleBasedStateMachine):
     def _worker_died(self, worker: Worker) -> None:
         worker.die()
         self.workers[self.workers.index(worker)] = self._new_worker()
+
+    def _waiting_for_approval(self, run_ids: list[str]) -> list[str]:
+        waiting = []
+        for run_id in run_ids:
+            found = durable.snapshot(run_id)
+            if found is not None and found.waiting_for == "approval":
+                waiting.append(run_id)
+        return waiting
+
+    def _time_out_approvals(self, run_ids: list[str]) -> None:
+        if run_ids:
+            timeout = float(settings.AGENTFLOW_APPROVAL_TIMEOUT)
+            synthetic.runs_age(run_ids, seconds=timeout + 1.0)
 
     def _idle(self, name: str) -> bool:
         """No message queued: the rule does nothing. (Which rules run must depend on the rules

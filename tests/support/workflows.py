@@ -743,3 +743,26 @@ def count_and_edit(ctx: durable.AgentContext) -> str:
         if partner.is_released(f"{ctx.run_id}/edit"):
             messages[1]["content"] = "Square 1 to 19, twice."
     return turn.text
+
+
+def _over_limit_unless_broken(ctx: durable.StepContext) -> bool:
+    """`requires_approval`'s predicate, which raises once the test breaks it (its own data
+    store gone, say): the engine must not take that for the step's own failure."""
+    broken = partner.is_released(f"{ctx.run_id}/predicate-broken")
+    if broken and not partner.is_released(f"{ctx.run_id}/predicate-fixed"):
+        raise RuntimeError("the predicate's lookup failed")
+    return _over_limit(ctx)
+
+
+#: prepare -> charge (an effect with a compensation; over 1000 waits for approval) -> finish.
+approved_refundable = durable.Workflow("hitl_approved_refundable", version=1)
+approved_refundable.step("prepare", kind="read")(read)
+approved_refundable.step(
+    "charge",
+    kind="effect",
+    compensate="refund",
+    requires_approval=_over_limit_unless_broken,
+    approval_arguments=lambda ctx: {"amount": ctx.input.get("amount")},
+)(_charge_approved)
+approved_refundable.step("finish", kind="read")(_finish)
+approved_refundable.compensation("refund")(effect)

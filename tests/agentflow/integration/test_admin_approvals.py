@@ -73,13 +73,24 @@ def test_operator_without_the_approve_permission__sees_no_button_and_gets_403(
     assert run.waits.get().resolved_at is None
 
 
+def shown_digest(run: WorkflowRun) -> str:
+    """The digest of the call the confirmation page shows (its hidden field carries it)."""
+    found = durable.snapshot(run.pk)
+    assert found is not None and found.pending_approval is not None
+    return str(found.pending_approval["digest"])
+
+
 def test_approve__confirmation_shows_the_call__the_decision_is_recorded_with_operator_and_reason(
     approver: Client,
 ) -> None:
     run = waiting_for_approval()
 
     confirm = text(approver.get(detail_url(run, "approve")))
-    done = approver.post(detail_url(run, "approve"), {"reason": "fee confirmed by phone"})
+    digest = shown_digest(run)
+    assert f'name="digest" value="{digest}"' in approver.get(detail_url(run, "approve")).text
+    done = approver.post(
+        detail_url(run, "approve"), {"reason": "fee confirmed by phone", "digest": digest}
+    )
 
     assert "The call waiting for approval" in confirm and "charge" in confirm and "4500" in confirm
     assert done.status_code == 302 and done["Location"].endswith(detail_url(run))
@@ -97,7 +108,9 @@ def test_approve__confirmation_shows_the_call__the_decision_is_recorded_with_ope
 def test_reject__recorded_and_the_run_takes_its_rejected_branch(approver: Client) -> None:
     run = waiting_for_approval()
 
-    approver.post(detail_url(run, "reject"), {"reason": "not eligible"})
+    approver.post(
+        detail_url(run, "reject"), {"reason": "not eligible", "digest": shown_digest(run)}
+    )
     done = run_to_end(run.pk)
 
     assert [s.name for s in done.steps] == ["prepare", "charge", "declined"]
@@ -151,3 +164,37 @@ def test_dashboard__counts_runs_waiting_for_approval_with_the_oldest_age(
     assert 'href="/admin/agentflow/workflowrun/?wake=approval">2</a>' in page
     assert "the oldest for" in page
     assert filtered.count('class="af-badge af-waiting">Waiting for approval') == 2
+
+
+def test_approve__the_call_replaced_while_the_page_was_open__refused_and_nothing_decided(
+    approver: Client,
+) -> None:
+    """The approver reads the call for 4500; before she presses Approve, the call at the
+    position is replaced by one for 9900 (another operator's decision on 4500, then the call
+    changed). Her POST names what she saw: it is refused, and 9900 still waits for a decision."""
+    run = waiting_for_approval(4500)
+    seen = shown_digest(run)
+    durable.approve(run.pk, actor="bob", reason="for 4500")
+    WorkflowRun.objects.filter(pk=run.pk).update(input={"amount": 9900})
+    assert run_to_end(run.pk, retries=False).pending_approval["arguments"] == {"amount": 9900}
+
+    posted = approver.post(
+        detail_url(run, "approve"), {"reason": "fee confirmed", "digest": seen}, follow=True
+    )
+
+    assert "was not approved: the call waiting for approval is not the one you were shown" in (
+        text(posted)
+    )
+    assert RunWait.objects.get(run=run).resolved_at is None  # 9900: nobody decided it
+    assert not RunEvent.objects.filter(run=run, actor="approver").exists()
+    with pytest.raises(durable.ActionRefused, match="not the one you were shown"):
+        durable.reject(run.pk, actor="carol", reason="stale", digest=seen)
+
+
+def test_approve__a_post_naming_no_call__refused(approver: Client) -> None:
+    run = waiting_for_approval()
+
+    posted = approver.post(detail_url(run, "approve"), {"reason": "ok"}, follow=True)
+
+    assert "was not approved" in text(posted)
+    assert RunWait.objects.get(run=run).resolved_at is None

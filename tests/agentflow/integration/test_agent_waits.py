@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from agentflow import durable, runtime, store
-from agentflow.models import RunEvent, RunWait
+from agentflow.models import RunEvent, RunSignal, RunWait
 from agentflow.states import RunStatus, StepKind
 from agentflow.store import synthetic
 from agentflow.testing import capture_messages, run_to_end
@@ -184,3 +184,77 @@ def test_agent_wait_for__timeout_is_an_outcome_the_function_reads() -> None:
 
     assert done.status == RunStatus.COMPLETED, done.error
     assert done.output == {"payload": None, "timed_out": True}
+
+
+def timed_out_then_parked(run_id: str) -> None:
+    """Let the charge's approval time out (the call records the timed-out rejection), then
+    park the run before its next model turn (as if that turn had diverged)."""
+    waiting(run_id)
+    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)
+    with capture_messages():
+        runtime.run_step(run_id, CHARGE)
+    found = durable.snapshot(run_id)
+    assert found is not None
+    assert found.steps[CHARGE - 1].output["result"]["timed_out"] is True
+    assert store.run_park(run_id, CHARGE + 1, "parked for the test", fence=None)
+
+
+def test_fork__after_a_timed_out_approval__the_new_branch_asks_again() -> None:
+    """A timeout is no operator's decision: a fork's byte-identical call waits for one, rather
+    than adopting the superseded branch's timed-out rejection as if it were decided."""
+    run_id = durable.start(workflows.cashier.name)
+    timed_out_then_parked(run_id)
+
+    durable.fork(run_id, position=1, actor="ops", reason="ask the approvers again")
+    found = waiting(run_id)
+
+    assert found.waiting_for == "approval"
+    assert found.pending_approval is not None
+    assert found.pending_approval["arguments"] == {"amount_cents": 4500}
+    durable.approve(run_id, actor="alice", reason="fee confirmed after all")
+    done = run_to_end(run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert effects_of(run_id) == {durable.idempotency_key(run_id, CHARGE, branch=1): 1}
+
+
+def test_fork__after_a_rejection__the_byte_identical_call_keeps_the_rejection() -> None:
+    """An operator's rejection is a decision on that exact call: the fork's identical call
+    reuses it and runs nothing."""
+    run_id = durable.start(workflows.cashier.name)
+    waiting(run_id)
+    durable.reject(run_id, actor="bob", reason="no")
+    with capture_messages():
+        runtime.run_step(run_id, CHARGE)
+    assert store.run_park(run_id, CHARGE + 1, "parked for the test", fence=None)
+
+    durable.fork(run_id, position=1, actor="ops", reason="try again")
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert '"rejected":true' in done.output
+    assert effects_of(run_id) == {}
+
+
+def test_signal_after_a_fork__reaches_the_new_branchs_wait_once() -> None:
+    """A run parked while it waits for a signal, then forked: the new branch waits at the same
+    position afresh; the signal is delivered there once, and its id stays spent."""
+    run_id = durable.start(workflows.patient.name, input={"sleep": 0})
+    found = run_to_end(run_id, retries=False)
+    assert found.waiting_for == "signal"
+    position = len(found.steps) + 1  # prepare and sleep are recorded; the wait is next
+    assert store.run_park(run_id, position, "parked for the test", fence=None)
+    with pytest.raises(durable.ActionRefused):
+        durable.signal(run_id, "reply", {"ok": 0}, signal_id="s-0")  # parked: nothing waits
+
+    durable.fork(run_id, position=1, actor="ops", reason="try again")
+    found = run_to_end(run_id, retries=False)
+    assert found.waiting_for == "signal"
+    assert durable.signal(run_id, "reply", {"ok": 1}, signal_id="s-1") == "delivered"
+    assert durable.signal(run_id, "reply", {"ok": 2}, signal_id="s-1") == "duplicate"
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.output == {"payload": {"ok": 1}, "timed_out": False}
+    [signal] = RunSignal.objects.filter(run_id=run_id)
+    assert (signal.branch, signal.seq, signal.signal_id) == (1, position, "s-1")
+    assert partner.execution_counts(run_id)[(run_id, 1, "prepare")] == 1  # reused, not rerun

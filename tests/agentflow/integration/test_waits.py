@@ -13,7 +13,7 @@ from agentflow import durable, runtime, sweeper
 from agentflow.models import RunEvent, RunSignal, RunWait, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepKind, StepStatus
 from agentflow.store import synthetic
-from agentflow.testing import Message, capture_messages, run_to_end
+from agentflow.testing import Message, SimulatedCrash, capture_messages, crash_at, run_to_end
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 
@@ -309,3 +309,198 @@ def test_timer__waits_holding_no_worker__the_sweeper_wakes_it_at_its_time() -> N
     assert (cool_off.name, cool_off.status) == ("cool_off", StepStatus.COMPLETED)
     wait.refresh_from_db()  # (aged with the run)
     assert cool_off.output == {"woke_at": wait.deadline.isoformat()}  # the recorded time
+
+
+# --- stale and early messages -------------------------------------------------------------------
+def test_approval__stale_and_early_messages_before_the_deadline__change_nothing() -> None:
+    """A duplicate, a broker redelivery and a sweep before the deadline all find the run
+    waiting: nothing is claimed, nothing runs, and it still wakes at its deadline."""
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    found = waiting(run_id)
+    deadline = found.pending_approval["expires_at"]
+
+    with capture_messages() as outbox:
+        runtime.run_step(run_id, 2)
+        runtime.run_step(run_id, 2, redelivered=True)
+        assert run_id not in sweeper.sweep().requeued
+
+    assert outbox.for_run(run_id) == []
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.wake_at) == (RunStatus.WAITING, deadline)
+    assert not StepCheckpoint.objects.filter(run_id=run_id, seq=2).exists()
+    assert charge_keys(run_id) == {}
+    assert durable.snapshot(run_id).waiting_for == "approval"
+
+
+def test_approval__a_message_hinting_a_claim_on_load__still_waits_before_claiming() -> None:
+    """A step message carrying a claim-on-load hint for a step that waits (one published by a
+    release that did not know the step waits) must not claim it: the wait comes first, and a
+    claimed checkpoint would read as an effect that may have happened."""
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    with capture_messages():
+        runtime.run_step(run_id, 1)
+
+    with capture_messages():
+        runtime.run_step(run_id, 2, fresh=[workflows.approval.name, 1, "charge"])
+
+    assert durable.snapshot(run_id).waiting_for == "approval"
+    assert not StepCheckpoint.objects.filter(run_id=run_id, seq=2).exists()
+    assert charge_keys(run_id) == {}
+
+
+def test_approval__approve_after_the_timeout_took_the_reject_path__refused_saying_so() -> None:
+    """The timeout is recorded, then the worker dies before the rejection is checkpointed
+    (the run still reads WAITING): a late approve is refused as timed out, and the
+    redelivery finishes the reject path without charging."""
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)
+
+    with crash_at("charge:after_effect"), capture_messages(), pytest.raises(SimulatedCrash):
+        runtime.run_step(run_id, 2)
+    assert RunWait.objects.get(run_id=run_id).outcome["timed_out"] is True
+    with pytest.raises(durable.ActionRefused, match="timed out"):
+        durable.approve(run_id, actor="alice", reason="too late")
+    done = run_to_end(run_id)
+
+    assert [s.name for s in done.steps] == ["prepare", "charge", "declined"]
+    assert done.steps[1].kind == StepKind.READ
+    assert charge_keys(run_id) == {}
+
+
+def test_approval__approved_charge_made_then_its_predicate_raises__no_money_kept() -> None:
+    """The approved charge is made, its worker dies before checkpointing it; on the takeover
+    the approval's predicate raises. That is no proof the charge did not happen: the run must
+    not fail with the charge written off as never made (it would keep the money, I8)."""
+    run_id = durable.start(workflows.approved_refundable.name, input={"amount": 4500})
+    waiting(run_id)
+    durable.approve(run_id, actor="alice", reason="ok")
+    with crash_at("charge:after_effect"), capture_messages(), pytest.raises(SimulatedCrash):
+        runtime.run_step(run_id, 2)
+    assert charge_keys(run_id) == {durable.idempotency_key(run_id, 2): 1}
+    partner.release(f"{run_id}/predicate-broken")
+
+    with capture_messages():
+        runtime.run_step(run_id, 2, redelivered=True)
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.NEEDS_ATTENTION, (run.status, run.error)
+    assert run.error.startswith("outcome unknown: charge may have taken effect")
+    charge = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    assert (charge.kind, charge.status) == (StepKind.EFFECT, StepStatus.IN_PROGRESS)
+
+    partner.release(f"{run_id}/predicate-fixed")  # fixed; the operator retries
+    durable.retry(run_id, actor="ops", reason="predicate fixed")
+    done = run_to_end(run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert charge_keys(run_id) == {durable.idempotency_key(run_id, 2): 1}  # made once
+
+
+def test_approval__approve_and_reject_at_once__exactly_one_decides_and_the_run_follows_it() -> None:
+    """Two approvers press at once (one Approve, one Reject), both queued on the run's row
+    lock: one decision is recorded, the other refused, and the run does what was recorded."""
+    run_id = durable.start(workflows.approval.name, input={"amount": 4500})
+    waiting(run_id)
+    outcomes: dict[str, BaseException | None] = {}
+
+    def decide(approved: bool) -> None:
+        name = "approve" if approved else "reject"
+        try:
+            decide_fn = durable.approve if approved else durable.reject
+            decide_fn(run_id, actor=name, reason=f"{name} at once")
+            outcomes[name] = None
+        except BaseException as exc:
+            outcomes[name] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        WorkflowRun.objects.select_for_update().get(pk=run_id)  # both queue behind this
+        racers = [threading.Thread(target=decide, args=(flag,)) for flag in (True, False)]
+        for racer in racers:
+            racer.start()
+        wait_for(
+            lambda: lock_waiters() == 2 or outcomes, timeout=10, interval=0.02, what="both wait"
+        )
+        assert not outcomes, outcomes
+    for racer in racers:
+        racer.join(timeout=10)
+
+    winners = [name for name, exc in outcomes.items() if exc is None]
+    assert len(winners) == 1, outcomes
+    [loser] = [exc for exc in outcomes.values() if exc is not None]
+    assert isinstance(loser, durable.ActionRefused), loser
+    done = run_to_end(run_id)
+    if winners == ["approve"]:
+        assert [s.name for s in done.steps] == ["prepare", "charge", "finish"]
+        assert charge_keys(run_id) == {durable.idempotency_key(run_id, 2): 1}
+    else:
+        assert [s.name for s in done.steps] == ["prepare", "charge", "declined"]
+        assert charge_keys(run_id) == {}
+    decided = RunEvent.objects.filter(
+        run_id=run_id, kind__in=[RunEvent.Kind.OPERATOR_APPROVE, RunEvent.Kind.OPERATOR_REJECT]
+    )
+    assert [e.actor for e in decided] == winners
+
+
+def lock_waiters() -> int:
+    """Sessions of this database waiting for a lock (the racers, on the run's row)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_timer__its_doorbell_delivered_early__rings_no_second_one() -> None:
+    """The countdown a short wait publishes as it goes WAITING can arrive before its time (a
+    worker's clock ahead of the database's, a broker's early redelivery). That delivery finds
+    the run still waiting and must not publish another, or every early or duplicate delivery
+    rings again (with immediate doorbells, for ever): the deadline's wake-up time and the
+    sweeper stand behind it."""
+    run_id = durable.start(workflows.short_timer.name)
+    with capture_messages() as outbox:
+        runtime.run_step(run_id, 1)
+        runtime.run_step(run_id, 2)
+    [doorbell] = [m for m in outbox.for_run(run_id) if m.seq == 2 and m.countdown]
+    assert 0 < doorbell.countdown <= 3
+
+    with capture_messages() as again:
+        runtime.run_step(run_id, 2)  # early: the timer has not run out
+        runtime.run_step(run_id, 2)  # and a duplicate of it
+
+    assert again.for_run(run_id) == []
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.wake_at) == (RunStatus.WAITING, RunWait.objects.get(run=run).deadline)
+    synthetic.runs_age([run_id], seconds=3)
+    with capture_messages() as swept:
+        assert run_id in sweeper.sweep().requeued  # its wake-up time still wakes it
+    deliver(swept.for_run(run_id))
+    assert run_to_end(run_id).status == RunStatus.COMPLETED
+
+
+def test_approval__call_changed_after_the_approved_charge_was_made__never_written_off() -> None:
+    """The approved charge of 4500 is made and its worker dies before checkpointing it; then
+    the call at the position reads 9900. Setting the decision aside and asking again would
+    leave a charge that may have happened under a fresh wait, which a rejection would then
+    overwrite as a call that never ran: the run is parked for an operator instead."""
+    run_id = durable.start(workflows.approved_refundable.name, input={"amount": 4500})
+    waiting(run_id)
+    durable.approve(run_id, actor="alice", reason="for 4500")
+    with crash_at("charge:after_effect"), capture_messages(), pytest.raises(SimulatedCrash):
+        runtime.run_step(run_id, 2)
+    WorkflowRun.objects.filter(pk=run_id).update(input={"amount": 9900})  # the call changed
+
+    with capture_messages():
+        runtime.run_step(run_id, 2, redelivered=True)
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.NEEDS_ATTENTION, (run.status, run.error)
+    assert run.error.startswith("outcome unknown: charge")
+    with pytest.raises(durable.ActionRefused):
+        durable.reject(run_id, actor="bob", reason="not 9900")
+    charge = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    assert (charge.kind, charge.status) == (StepKind.EFFECT, StepStatus.IN_PROGRESS)
+    assert RunWait.objects.get(run_id=run_id).outcome["approved"] is True  # kept

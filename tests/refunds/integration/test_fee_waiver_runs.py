@@ -15,7 +15,7 @@ from agentflow.states import RunStatus
 from agentflow.store import synthetic
 from agentflow.testing import run_to_end
 from refunds import waivers
-from tests.support.refunds import holds_left, money_kept, partner_effects, submit
+from tests.support.refunds import holds_left, money_kept, partner_effects, seat_held, submit
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
@@ -165,3 +165,53 @@ def test_waiver_rejected_then_the_card_declined__nothing_kept_and_both_told(
     [email] = ledger["emails"]
     assert "Why: Your card was declined." in email["body"]
     assert "our team couldn't waive the fee (Not enough detail)" in email["body"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_waiver_approved_then_the_pass_refused__no_fee_kept_and_the_seat_given_back(
+    engine: str, partners: SandboxProcess, settings: Any
+) -> None:
+    """I8 after an approval: nothing was held (the fee is 0), the seat released for the change
+    is reinstated when the change fails later, and the customer keeps their booking."""
+    settings.REFUNDS_ENGINE = engine
+    reference = f"WAF{engine[0].upper()}01"
+    run_id = submit(reference, waiver_reason="medical", waiver_details=DETAILS)
+    waiting(run_id)
+    partners.set_fault(endpoint="airline.boarding_pass", error_rate=1.0, error_status=400)
+
+    durable.approve(run_id, actor="ops", reason="Get well soon")
+    done = the_end(run_id)
+
+    assert done.status == RunStatus.FAILED, done.error
+    ledger = partner_effects(partners, run_id)
+    assert money_kept(ledger) == 0 and holds_left(ledger) == []
+    assert ledger["authorizations"] == [] and ledger["payments"] == []
+    [released] = ledger["seat_cancellations"]
+    [back] = ledger["seat_reinstatements"]
+    assert back["seat"] == released["seat"]
+    assert seat_held(partners, reference)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_waiver_waiting__cancelled__nothing_to_refund_and_the_seat_still_held(
+    engine: str, partners: SandboxProcess, settings: Any
+) -> None:
+    """Cancel while the waiver waits for an operator: nothing was done, so the run ends
+    CANCELLED with nothing to undo, and a late approval is refused."""
+    settings.REFUNDS_ENGINE = engine
+    reference = f"WAC{engine[0].upper()}01"
+    run_id = submit(reference, waiver_reason="medical", waiver_details=DETAILS)
+    waiting(run_id)
+
+    durable.cancel(run_id, actor="ops", reason="customer withdrew")
+    with pytest.raises(durable.ActionRefused):
+        durable.approve(run_id, actor="ops", reason="too late")
+    done = the_end(run_id)
+
+    assert done.status == RunStatus.CANCELLED, done.error
+    assert done.waiting_for is None
+    ledger = partner_effects(partners, run_id)
+    for kind in ("authorizations", "payments", "refunds", "seat_cancellations",
+                 "seat_reinstatements", "boarding_passes"):  # fmt: skip
+        assert ledger[kind] == [], kind
+    assert seat_held(partners, reference)

@@ -100,3 +100,60 @@ def test_chaos_model__prints_its_figures_as_json(capsys: pytest.CaptureFixture[s
     assert report["seed"] == 7 and report["steps_per_example"] == 6
     assert report["examples"] >= 2 and report["invariant_checks"] >= report["rules_applied"] > 0
     assert report["violations"] == []
+
+
+#: Fee waivers in the machine's own rules: approve, reject, the approval's timeout, two
+#: approvers, a cancel while it waits, and a crash right after the decision; every one must
+#: end with no money kept without the service (an approved waiver keeps no fee at all).
+WAIVERS = {
+    # chaos --model found it: a waiting run's countdown, delivered early, rang again for ever.
+    "nobody decides: the end times it out": [
+        ("first", {"engine": "graph", "declining": False, "waiver": True}),
+    ],
+    "approved, then the pass refused": [
+        ("first", {"engine": "graph", "declining": False, "waiver": True}),
+        ("work", {"deliveries": 12}),
+        ("decide", {"run": 0, "approved": True, "approver": "ann"}),
+        ("decide", {"run": 0, "approved": False, "approver": "bob"}),
+        ("next_partner_call", {"endpoint": "airline.boarding_pass", "outcome": "declined"}),
+        ("work", {"deliveries": 12}),
+        ("work", {"deliveries": 12}),
+    ],
+    "rejected, the charge's answer lost, then a crash": [
+        ("first", {"engine": "agent", "declining": False, "waiver": True}),
+        ("work", {"deliveries": 12}),
+        ("decide", {"run": 0, "approved": False, "approver": "ann"}),
+        ("next_charge", {"outcome": "lost"}),
+        ("deliver_and_crash", {"index": 0, "worker": 0, "point": "after_claim"}),
+        ("work", {"deliveries": 12}),
+        ("work", {"deliveries": 12}),
+    ],
+    "timed out, then a late approval, then cancelled": [
+        ("first", {"engine": "graph", "declining": False, "waiver": True}),
+        ("work", {"deliveries": 12}),
+        ("approval_times_out", {"run": 0}),
+        ("decide", {"run": 0, "approved": True, "approver": "ann"}),
+        ("sweep", {}),
+        ("work", {"deliveries": 12}),
+        ("operator", {"action": "cancel", "run": 0}),
+        ("work", {"deliveries": 12}),
+    ],
+    "cancelled while it waits, both engines": [
+        ("first", {"engine": "agent", "declining": False, "waiver": True}),
+        ("start", {"engine": "graph", "declining": True, "waiver": True}),
+        ("work", {"deliveries": 12}),
+        ("work", {"deliveries": 12}),
+        ("operator", {"action": "cancel", "run": 0}),
+        ("decide", {"run": 0, "approved": True, "approver": "ann"}),
+        ("decide", {"run": 1, "approved": False, "approver": "bob"}),
+        ("work", {"deliveries": 12}),
+        ("work", {"deliveries": 12}),
+    ],
+}
+
+
+@pytest.mark.parametrize("rules", WAIVERS.values(), ids=WAIVERS.keys())
+def test_money_model__fee_waiver_sequences_hold(
+    partners: SandboxProcess, rules: list[tuple[str, dict[str, Any]]]
+) -> None:
+    replay(sandbox_url=partners.url, rules=rules)
