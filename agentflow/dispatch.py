@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from functools import cache
 from typing import Any
@@ -12,45 +11,32 @@ from celery.utils import uuid
 from django.db import transaction
 
 from agentflow.registry import Workflow
-from agentflow.states import CLAIMED_KINDS, StepKind
+from agentflow.states import CLAIMED_KINDS
 
 logger = logging.getLogger(__name__)
 
 RUN_STEP_TASK = "agentflow.run_step"
-_NO_INPUT: Any = object()
 #: Retry delays up to this go out as a Celery countdown too; longer ones only wait in Postgres
 #: for the sweeper (a long countdown sits unacked in worker memory and can loop past the
 #: visibility timeout).
 MAX_COUNTDOWN_SECONDS = 30.0
 
 
-#: `[workflow, version, step]`: the publisher has just moved the run onto this claimed step;
-#: `[workflow, version, step, {"input": …}]`: onto this read step, of a run with that input.
-Fresh = list[Any]
-#: A read step's hint carries the run's input up to this size (JSON), so the worker runs the
-#: step and records it in one statement without loading the run; a larger input is loaded.
-FRESH_INPUT_MAX_BYTES = 4096
-#: Steps carried in a hint: a claim for these, or, with the input, the whole of a read step.
-_HINTED = (*CLAIMED_KINDS, StepKind.READ)
+#: `[workflow, version, step]`: the publisher has just moved the run onto this claimed step.
+Fresh = list[str | int]
 
 
-def fresh_hint(workflow: Workflow, step: str, *, input: Any = _NO_INPUT) -> Fresh | None:
+def fresh_hint(workflow: Workflow, step: str) -> Fresh | None:
     """The hint that lets the worker claim `step` while it loads the run (see
-    `store.state_load_claiming`), or, for a read step and with the run's `input`, run the step
-    before loading anything (`runtime`, `store.unclaimed_complete(assumed=True)`); None for
-    other steps, or when there is nothing to gain."""
+    `store.state_load_claiming`); None for steps that take no claim.
+
+    A read step gets none: SPEC 3.3 step 2 says a cancelled run does no work, and only its
+    load can tell (a read run straight from its message ran after an operator's cancel)."""
     found = workflow.steps.get(step)
-    # A step that may wait (for approval) is neither claimed nor run on load: its wait comes first.
-    if found is None or found.kind not in _HINTED or found.waits_for is not None:
-        return None
-    hint: Fresh = [workflow.name, workflow.version, step]
-    if found.kind in CLAIMED_KINDS:
-        return hint
-    if found.compensation_only or input is _NO_INPUT:
-        return None  # a compensation's state is more than the input: it is loaded
-    if len(json.dumps(input)) > FRESH_INPUT_MAX_BYTES:
-        return None
-    return [*hint, {"input": input}]
+    # A step that may wait (for approval) is never claimed on load: its wait comes first.
+    if found is not None and found.kind in CLAIMED_KINDS and found.waits_for is None:
+        return [workflow.name, workflow.version, step]
+    return None
 
 
 def send_step(

@@ -13,12 +13,12 @@ from dataclasses import replace
 from django.db import IntegrityError, connection, transaction
 
 from agentflow import (
+    contexts,
     dispatch,
     faults,
     leases,
     outcomes,
     pooler,
-    readahead,
     registry,
     store,
     telemetry,
@@ -44,13 +44,9 @@ def run_step(
     """Handle one `run_step` message. Safe to call any number of times for the same step.
 
     `redelivered`: the broker gave this message back because its consumer died.
-    `fresh`: the publisher's hint that the run was just moved onto this step (a claimed one,
-    or a read step with the run's input).
+    `fresh`: the publisher's hint that the run was just moved onto this (claimed) step.
     """
     _drop_broken_connection()
-    ahead = None if redelivered else readahead.read_ahead(run_id, seq, fresh)
-    if ahead is not None and ahead.done:
-        return
     run, claim = _load(run_id, seq, fresh)
     if run is None:
         logger.warning("run %s does not exist; dropping its message", run_id)
@@ -130,7 +126,7 @@ def run_step(
                 fence=seen.fence,
             )
             return
-    _run_unclaimed(run, workflow, step, seq, seen, ahead)
+    _run_unclaimed(run, workflow, step, seq, seen)
 
 
 def _load(
@@ -140,7 +136,7 @@ def _load(
     exactly the claim `store.step_claim` would commit after the checks in `run_step`, which
     then hold by construction."""
     if fresh is not None:
-        name, version, step_name = fresh[:3]
+        name, version, step_name = fresh
         workflow = registry.lookup(str(name), int(version))
         step = workflow.steps.get(str(step_name)) if workflow is not None else None
         # Not for an agent run: after a fork its compensations' keys name the branch,
@@ -285,7 +281,7 @@ def _run_claimed(
             "%s step %d %s: attempt %d takes over from a lost owner; asks the partner first",
             run.id, seq, step.name, claim.attempt,
         )  # fmt: skip
-    ctx = readahead.step_context(run, step, seq, claim.attempt)
+    ctx = contexts.step_context(run, step, seq, claim.attempt)
     faults.crash_point(step.name, "after_claim", claim.attempt)
     attempt = ClaimedAttempt(run, workflow, step, seq, claim, ctx)
     with leases.kept_alive(
@@ -326,23 +322,18 @@ def _run_unclaimed(
     step: StepDef,
     seq: int,
     seen: store.CheckpointRow | None,
-    ahead: readahead.Ahead | None,
 ) -> None:
-    """read: run (unless `ahead` ran this very attempt), then one commit. db: run and commit
-    together, under the run's row lock."""
+    """read: run, then one commit. db: run and commit together, under the run's row lock."""
     if store.claim_blocker(seen) is not None:
         return  # a retry not yet due (an early duplicate), or a failure for good
     attempt = seen.attempts + 1 if seen else 1
-    ctx = readahead.step_context(run, step, seq, attempt)
+    ctx = contexts.step_context(run, step, seq, attempt)
     try:
         if step.kind == StepKind.DB:
             _run_db_step(run, workflow, step, seq, ctx)
             return
-        if ahead is not None and ahead.answers(run, step, seen):
-            output = ahead.result()
-        else:
-            output = to_json(step.fn(ctx), f"output of step {step.name}")
-            faults.crash_point(step.name, "after_effect", attempt)
+        output = to_json(step.fn(ctx), f"output of step {step.name}")
+        faults.crash_point(step.name, "after_effect", attempt)
         try:
             store.unclaimed_complete(run, workflow, step, seq, seen, output)
         except IntegrityError:

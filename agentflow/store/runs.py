@@ -79,7 +79,7 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
                 current_seq=1,
                 wake_at=_db_now_plus(enqueue_grace()),
             )
-            hint = dispatch.fresh_hint(workflow, run.current_step, input=input)
+            hint = dispatch.fresh_hint(workflow, run.current_step)
             dispatch.send_step_on_commit(run.id, 1, fresh=hint)
     except IntegrityError:
         if business_key is None:

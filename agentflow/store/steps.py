@@ -1,8 +1,8 @@
 """The step hot path: load, claim, renew, complete, advance. Raw SQL, one commit each.
 
-A `read` step costs one commit (completion and advance together), and, when its message
-carries the run's input, no other statement; an `effect` step two (the claim, folded into the
-load, before the call; the fenced completion after). Every write is a compare-and-set whose
+A `read` step costs one commit (completion and advance together), an `effect` step two (the
+claim, folded into the load, before the call; the fenced completion after). Every write is a
+compare-and-set whose
 row count decides who won, and is fenced on the checkpoint's fence number, which every write
 but a lease renewal increments and nothing ever resets (a checkpoint written after a fork
 starts above those it set aside): a worker whose claim was taken over, retried, cancelled or
@@ -223,27 +223,6 @@ def state_load_claiming(
     return state, claim
 
 
-def fresh_read_state(run_id: str, seq: int, workflow: Workflow, step: str, input: Any) -> StepState:
-    """The run as a read step's message says it is: just moved onto `step` at `seq`, on
-    `workflow`, with `input`, not cancelling, on its first branch, and no checkpoint yet. Never
-    trusted: `unclaimed_complete(assumed=True)` is fenced on every part of it."""
-    return StepState(
-        id=run_id,
-        workflow=workflow.name,
-        version=workflow.version,
-        input=input,
-        status=RunStatus.RUNNING,
-        current_step=step,
-        current_seq=seq,
-        compensations=[],
-        error="",
-        cancel_requested=False,
-        branch=0,
-        overdue=False,
-        checkpoint=None,
-    )
-
-
 def claim_blocker(cp: CheckpointRow | None) -> str | None:
     """Why checkpoint `cp` cannot be claimed now, or None when it can (SPEC 3.3 step 3)."""
     if cp is None or cp.claimable:
@@ -441,7 +420,7 @@ def step_complete(
             data={"attempt": claim.attempt, "fence": claim.fence, "output": output},
         )
         return False
-    hint = _fresh(workflow, changes, run.input)
+    hint = _fresh(workflow, changes)
     transaction.on_commit(
         partial(_after_complete, run.id, step.name, claim.attempt, next_seq, hint)
     )
@@ -457,45 +436,15 @@ def unclaimed_complete(
     seq: int,
     seen: CheckpointRow | None,
     output: Any,
-    *,
-    assumed: bool = False,
 ) -> bool:
     """Record a `read` or `db` step as COMPLETED without a prior claim: its one commit (or, for
     a `db` step, part of the caller's transaction).
 
     Returns False if a fence failed; raises IntegrityError if another worker inserted the
     checkpoint first.
-
-    `assumed`: `run` was not loaded but taken from a read step's message (`fresh_read_state`):
-    the write is fenced on the definition and the input the message named as well, so it
-    records nothing unless the run is exactly as assumed, and a lost insert is a False. Only
-    on Postgres, where the statement is one round trip; elsewhere False, and the caller loads.
     """
-    if assumed and not sql.postgres():
-        return False
-    try:
-        return _unclaimed_complete(run, workflow, step, seq, seen, output, assumed=assumed)
-    except IntegrityError:
-        if assumed:
-            return False
-        raise
-
-
-def _unclaimed_complete(
-    run: StepState,
-    workflow: Workflow,
-    step: StepDef,
-    seq: int,
-    seen: CheckpointRow | None,
-    output: Any,
-    *,
-    assumed: bool,
-) -> bool:
     attempt = seen.attempts + 1 if seen is not None else 1
     changes, next_seq = _advance(run, workflow, step, seq, output)
-    expected = _as_decided(run)
-    if assumed:
-        expected.update(workflow=run.workflow, version=run.version, input=run.input)
     done = sql.move_run_and_step(
         run_id=run.id,
         seq=seq,
@@ -521,10 +470,10 @@ def _unclaimed_complete(
             },
             claimable=False,
         ),
-        run_expected=expected,
+        run_expected=_as_decided(run),
     )
     if done is not None:
-        hint = _fresh(workflow, changes, run.input)
+        hint = _fresh(workflow, changes)
         transaction.on_commit(partial(_after_complete, run.id, step.name, attempt, next_seq, hint))
         if next_seq is None:
             telemetry.run_finished(run.id, workflow.name, changes["status"])
@@ -601,11 +550,9 @@ def _advance(
     return changes, seq + 1
 
 
-def _fresh(workflow: Workflow, changes: dict[str, Any], input: Any) -> dispatch.Fresh | None:
+def _fresh(workflow: Workflow, changes: dict[str, Any]) -> dispatch.Fresh | None:
     next_step = changes.get("current_step")
-    if next_step is None:
-        return None
-    return dispatch.fresh_hint(workflow, next_step, input=input)
+    return dispatch.fresh_hint(workflow, next_step) if next_step is not None else None
 
 
 def _after_complete(

@@ -6,6 +6,8 @@ runs a run's steps here until it stops moving.
 
 from __future__ import annotations
 
+import json
+from base64 import b64decode
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,12 @@ from agentflow.testing.waiting import wait_for
 from tests.support.processes import RedisServer
 
 Drive = Callable[[str], WorkflowRun]
+
+
+def step_messages(broker: RedisServer) -> list[tuple[list[Any], dict[str, Any]]]:
+    """(args, kwargs) of every step message waiting in the broker, oldest first."""
+    bodies = [json.loads(b64decode(json.loads(raw)["body"])) for raw in broker.queued_messages()]
+    return [(args, kwargs) for args, kwargs, _ in reversed(bodies)]
 
 
 @pytest.fixture

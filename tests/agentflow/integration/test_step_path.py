@@ -1,7 +1,6 @@
-"""The step path's round trips against real Postgres, in this process: a fresh read step whose
-message carries the run's input is one statement, an effect step two (the claim folded into the
-load, then the fenced completion), and a read run from its message never records anything the
-run was not waiting for.
+"""The step path's round trips against real Postgres, in this process: a read step is its load
+and one completing statement, an effect step two (the claim folded into the load, then the
+fenced completion); and a cancelled run's next read step does no work (SPEC 3.3 step 2).
 
 Statements are counted at the cursors the engine uses (the store's psycopg cursor and Django's),
 not timed: the speed is `bench`'s."""
@@ -18,6 +17,8 @@ from agentflow import dispatch, durable, pooler, registry, runtime
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
 from tests.support import partner, workflows
+from tests.support.engine import step_messages
+from tests.support.processes import RedisServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
 
@@ -27,18 +28,10 @@ def _echo(ctx: durable.StepContext) -> dict[str, Any]:
     return {"input": ctx.input}
 
 
-def _unsteady(ctx: durable.StepContext) -> dict[str, Any]:
-    partner.record_execution(ctx.run_id, ctx.seq, ctx.step, ctx.attempt)
-    if ctx.attempt == 1:
-        raise durable.RetryableStepError("partner said 503")
-    return {"input": ctx.input}
-
-
-#: read (echoes the input) -> effect -> read that fails its first attempt.
+#: effect -> read that records each execution.
 echo = durable.Workflow("step_path_echo", version=1)
-echo.step("look", kind="read")(_echo)
 echo.step("charge", kind="effect")(workflows.effect)
-echo.step("again", kind="read", retry=durable.RetryPolicy(base_seconds=60.0))(_unsteady)
+echo.step("look", kind="read")(_echo)
 
 
 @pytest.fixture
@@ -63,14 +56,14 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 def _hint(run_id: str, step: str) -> dispatch.Fresh | None:
     """The hint the publisher sends when it moves `run_id` onto `step`."""
     run = WorkflowRun.objects.get(pk=run_id)
-    return dispatch.fresh_hint(registry.lookup(run.workflow, run.version), step, input=run.input)  # type: ignore[arg-type]
+    return dispatch.fresh_hint(registry.lookup(run.workflow, run.version), step)  # type: ignore[arg-type]
 
 
 def _checkpoint(run_id: str, seq: int) -> StepCheckpoint:
     return StepCheckpoint.objects.get(run_id=run_id, seq=seq)
 
 
-def test_step_path__a_fresh_read_is_one_statement_and_an_effect_two(
+def test_step_path__a_read_is_its_load_and_one_write__an_effect_two(
     statements: list[str],
 ) -> None:
     run_id = durable.start(workflows.ten.name)
@@ -81,77 +74,30 @@ def test_step_path__a_fresh_read_is_one_statement_and_an_effect_two(
     read_statements = len(statements)
     runtime.run_step(run_id, 2, fresh=effect_hint)
 
-    assert read_statements == 1, statements
-    assert len(statements) == 3, statements
+    assert read_hint is None  # a read step takes no claim: nothing to fold into its load
+    assert read_statements == 2, statements
+    assert len(statements) == 4, statements
     assert [_checkpoint(run_id, seq).status for seq in (1, 2)] == [StepStatus.COMPLETED] * 2
     assert WorkflowRun.objects.get(pk=run_id).current_seq == 3
     assert partner.effects() == {f"{run_id}_step_2": 1}
 
 
-def test_step_path__the_first_read_of_a_run_gets_the_input_from_its_message(
-    statements: list[str],
+def test_step_path__cancelled_after_the_next_read_was_published__it_is_never_run(
+    engine: RedisServer,
 ) -> None:
-    run_id = durable.start(echo.name, input={"booking": "B-1", "amount": 12.5})
-    hint = _hint(run_id, "look")
-    statements.clear()
-
-    runtime.run_step(run_id, 1, fresh=hint)
-
-    assert len(statements) == 1, statements
-    assert _checkpoint(run_id, 1).output == {"input": {"booking": "B-1", "amount": 12.5}}
-
-
-def test_step_path__a_message_with_another_input__records_only_the_runs_own(
-    statements: list[str],
-) -> None:
-    """The fast write is fenced on the input the message carried: a message that lies about it
-    (a forged or corrupted one) has its read run again with the run's own input."""
+    """The read's message was published by the effect's completion, before the operator's
+    cancel: the worker that takes it must find the cancel before running anything (a read run
+    straight from its message did not)."""
     run_id = durable.start(echo.name, input={"booking": "B-1"})
-    forged = dispatch.fresh_hint(echo, "look", input={"booking": "B-666"})
-
-    runtime.run_step(run_id, 1, fresh=forged)
-
-    assert _checkpoint(run_id, 1).output == {"input": {"booking": "B-1"}}
-    assert [e["step"] for e in partner.executions(run_id)] == ["look", "look"]
-
-
-def test_step_path__a_duplicate_fresh_read__records_nothing_more() -> None:
-    run_id = durable.start(echo.name, input={"booking": "B-1"})
-    hint = _hint(run_id, "look")
-
-    runtime.run_step(run_id, 1, fresh=hint)
-    runtime.run_step(run_id, 1, fresh=hint)  # the same message again
-
-    checkpoint = _checkpoint(run_id, 1)
-    assert (checkpoint.status, checkpoint.attempts) == (StepStatus.COMPLETED, 1)
-    assert WorkflowRun.objects.get(pk=run_id).current_seq == 2
-
-
-def test_step_path__a_read_cancelled_under_its_message__records_nothing() -> None:
-    run_id = durable.start(echo.name, input={"booking": "B-1"})
-    hint = _hint(run_id, "look")
+    [(args, kwargs)] = step_messages(engine)
+    engine.client().flushall()  # this test plays the worker
+    runtime.run_step(*args, **kwargs)
+    [(args, kwargs)] = step_messages(engine)
+    engine.client().flushall()
     durable.cancel(run_id, actor="ops", reason="customer withdrew")
 
-    runtime.run_step(run_id, 1, fresh=hint)
+    runtime.run_step(*args, **kwargs)  # the message the engine published for "look"
 
+    assert [e["step"] for e in partner.executions(run_id)] == ["charge"]
     assert not StepCheckpoint.objects.filter(run_id=run_id, name="look").exists()
     assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.CANCELLED
-
-
-def test_step_path__a_fresh_read_that_fails__is_recorded_once_not_run_twice() -> None:
-    """A failure of the read run from its message is that attempt's: the run is loaded to
-    record it, and the step is not run a second time for the same attempt."""
-    run_id = durable.start(echo.name, input={"booking": "B-1"})
-    runtime.run_step(run_id, 1, fresh=_hint(run_id, "look"))
-    runtime.run_step(run_id, 2, fresh=_hint(run_id, "charge"))
-
-    runtime.run_step(run_id, 3, fresh=_hint(run_id, "again"))
-
-    checkpoint = _checkpoint(run_id, 3)
-    assert (checkpoint.status, checkpoint.attempts, checkpoint.retryable) == (
-        StepStatus.FAILED,
-        1,
-        True,
-    )
-    assert [e["step"] for e in partner.executions(run_id)] == ["look", "charge", "again"]
-    assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.WAITING

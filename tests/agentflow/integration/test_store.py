@@ -14,12 +14,13 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from agentflow import dispatch, durable, leases, registry, runtime, store
+from agentflow import durable, leases, registry, runtime, store
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import StepDef
 from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
+from tests.support.engine import step_messages
 from tests.support.processes import RedisServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
@@ -239,41 +240,21 @@ def test_claiming_load__claims_nothing_unless_the_step_is_fresh(case: str) -> No
     assert rows(run_id) == before
 
 
-def _step_messages(broker: RedisServer) -> list[tuple[list[Any], dict[str, Any]]]:
-    """(args, kwargs) of every step message waiting in the broker, oldest first."""
-    bodies = [json.loads(b64decode(json.loads(raw)["body"])) for raw in broker.queued_messages()]
-    return [(args, kwargs) for args, kwargs, _ in reversed(bodies)]
-
-
-def test_step_messages__carry_the_claim_hint_or_a_read_steps_input(engine: RedisServer) -> None:
+def test_step_messages__carry_the_claim_hint_for_effect_steps_only(engine: RedisServer) -> None:
     run_id = durable.start(workflows.chain.name)  # prepare (read) -> charge (effect) -> finish
-    [(args, kwargs)] = _step_messages(engine)
-    assert (args, kwargs) == (
-        [run_id, 1],
-        {"fresh": [workflows.chain.name, 1, "prepare", {"input": {}}]},
-    )
+    [(args, kwargs)] = step_messages(engine)
+    assert (args, kwargs) == ([run_id, 1], {})
     engine.client().flushall()  # this test plays the worker
 
-    runtime.run_step(*args, **kwargs)  # run from its message, then recorded in one statement
-    [(args, kwargs)] = _step_messages(engine)
+    runtime.run_step(run_id, 1)
+    [(args, kwargs)] = step_messages(engine)
     assert (args, kwargs) == ([run_id, 2], {"fresh": [workflows.chain.name, 1, "charge"]})
     engine.client().flushall()
 
     runtime.run_step(*args, **kwargs)  # claimed by its load, then completed
     cp = StepCheckpoint.objects.get(run_id=run_id, seq=2)
     assert (cp.status, cp.attempts) == (StepStatus.COMPLETED, 1)
-    assert _step_messages(engine) == [
-        ([run_id, 3], {"fresh": [workflows.chain.name, 1, "finish", {"input": {}}]})
-    ]
-
-
-def test_step_messages__a_large_input_stays_in_the_database(engine: RedisServer) -> None:
-    """A read step's hint carries the input only up to FRESH_INPUT_MAX_BYTES: every step's
-    message would carry it again."""
-    large = {"notes": "x" * dispatch.FRESH_INPUT_MAX_BYTES}
-    durable.start(workflows.chain.name, input=large)
-    [(_, kwargs)] = _step_messages(engine)
-    assert kwargs == {}
+    assert step_messages(engine) == [([run_id, 3], {})]
 
 
 def test_completion__fenced_after_takeover__changes_nothing() -> None:
