@@ -662,10 +662,10 @@ def charge_the_customer(ctx: durable.AgentContext) -> str:
 
 
 #: prepare, sleep 60 s, wait for signal "reply" (timeout from the input), then record it.
-patient = durable.CodeWorkflow("hitl_patient", version=1)
+waiting_agent = durable.CodeWorkflow("hitl_patient", version=1)
 
 
-@patient.run
+@waiting_agent.run
 def wait_patiently(ctx: durable.AgentContext) -> dict[str, Any]:
     ctx.step("prepare", read)
     ctx.sleep(ctx.input.get("sleep", 60))

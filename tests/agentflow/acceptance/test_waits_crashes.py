@@ -68,7 +68,7 @@ def killed_and_restarted(worker: object, postgres: PostgresServer, workers: Work
 #: (workflow, input, the steps that wait and so run no code, the wait's position)
 SIGNAL_WAITS = {
     "graph": (workflows.signalled, {}, ("reply",), 2),
-    "agent": (workflows.patient, {"sleep": 0}, ("sleep", "wait_for:reply"), 3),
+    "agent": (workflows.waiting_agent, {"sleep": 0}, ("sleep", "wait_for:reply"), 3),
 }
 
 

@@ -156,7 +156,7 @@ def test_fork__a_different_amount_needs_a_fresh_decision() -> None:
 
 # --- ctx.sleep and ctx.wait_for -----------------------------------------------------------------
 def test_agent_sleep_then_signal__each_wait_replayed_from_its_checkpoint() -> None:
-    run_id = durable.start(workflows.patient.name)
+    run_id = durable.start(workflows.waiting_agent.name)
 
     found = waiting(run_id)
     assert found.waiting_for == "timer"
@@ -175,7 +175,7 @@ def test_agent_sleep_then_signal__each_wait_replayed_from_its_checkpoint() -> No
 
 
 def test_agent_wait_for__timeout_is_an_outcome_the_function_reads() -> None:
-    run_id = durable.start(workflows.patient.name, input={"sleep": 0, "timeout": 30})
+    run_id = durable.start(workflows.waiting_agent.name, input={"sleep": 0, "timeout": 30})
     found = run_to_end(run_id, retries=False)
     assert found.waiting_for == "signal"
 
@@ -238,7 +238,7 @@ def test_fork__after_a_rejection__the_byte_identical_call_keeps_the_rejection() 
 def test_signal_after_a_fork__reaches_the_new_branchs_wait_once() -> None:
     """A run parked while it waits for a signal, then forked: the new branch waits at the same
     position afresh; the signal is delivered there once, and its id stays spent."""
-    run_id = durable.start(workflows.patient.name, input={"sleep": 0})
+    run_id = durable.start(workflows.waiting_agent.name, input={"sleep": 0})
     found = run_to_end(run_id, retries=False)
     assert found.waiting_for == "signal"
     position = len(found.steps) + 1  # prepare and sleep are recorded; the wait is next
