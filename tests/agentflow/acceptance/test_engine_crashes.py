@@ -59,15 +59,24 @@ def wait_execution(run_id: str, step: str, attempt: int = 1) -> dict[str, Any]:
     return wait_for(row, timeout=30, interval=0.02, what=f"{step} attempt {attempt} to start")
 
 
-def assert_completed_once(run_id: str, *, reexecuted: dict[str, int] | None = None) -> None:
-    """COMPLETED; each completed step ran once (or as `reexecuted` says); one effect per key."""
+def assert_completed_once(
+    run_id: str, *, reexecuted: dict[str, int] | None = None, reads_may_repeat: bool = False
+) -> None:
+    """COMPLETED; each completed step ran once (or as `reexecuted` says; a `read` at least once
+    with `reads_may_repeat`, recorded once all the same); one effect per key."""
     reexecuted = reexecuted or {}
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.status == RunStatus.COMPLETED, run.error
     steps = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq"))
     assert all(cp.status == StepStatus.COMPLETED for cp in steps)
     expected = {(run_id, cp.seq, cp.name): reexecuted.get(cp.name, 1) for cp in steps}
-    assert partner.execution_counts(run_id) == expected
+    counts = partner.execution_counts(run_id)
+    if reads_may_repeat:
+        reads = {(run_id, cp.seq, cp.name) for cp in steps if cp.kind == StepKind.READ}
+        assert all(counts.get(step, 0) >= 1 for step in reads), counts
+        counts = {step: n for step, n in counts.items() if step not in reads}
+        expected = {step: n for step, n in expected.items() if step not in reads}
+    assert counts == expected
     effect_keys = {cp.idempotency_key for cp in steps if cp.kind == StepKind.EFFECT}
     ours = {key: n for key, n in partner.effects().items() if key.startswith(f"{run_id}_")}
     assert ours == dict.fromkeys(effect_keys, 1)
@@ -223,7 +232,10 @@ def test_rabbitmq_killed_and_restarted_with_steps_in_flight__nothing_lost_none_r
 ) -> None:
     """Durable queue, persistent messages (Celery's defaults): what the node held comes back
     after a SIGKILL; the running steps' messages come back too (redelivered) and find their
-    steps claimed by a live owner, which finishes them once."""
+    steps claimed by a live owner, which finishes them once. A redelivered message of a step
+    already done republishes its successor (SPEC 3.3 step 2: its own completion's message may
+    have been lost with a crash), so a `read` successor may run twice beside its completion's
+    copy: recorded once, and no effect is ever repeated."""
     workers.start(
         concurrency=2, beat=True, CELERY_BROKER_URL=rabbitmq_node.url, AGENTFLOW_SWEEP_INTERVAL="1"
     )
@@ -246,7 +258,8 @@ def test_rabbitmq_killed_and_restarted_with_steps_in_flight__nothing_lost_none_r
 
     for run_id in run_ids:
         wait_finished(run_id, timeout=60)
-        assert_completed_once(run_id)  # each step ran once: nothing repeated, nothing lost
+        # Each effect ran once and each step was recorded once: nothing repeated, nothing lost.
+        assert_completed_once(run_id, reads_may_repeat=True)
 
 
 # --- (e) two workers racing for one step --------------------------------------------------------
