@@ -96,7 +96,7 @@ def test_customer__submits_the_form_and_watches_it_finish_without_reloading(
     assert page.url == status_url
 
     assert page.locator('[aria-live="polite"]').inner_text().startswith(DONE)
-    assert page.locator(".step--done").count() == 12  # every step of the graph refund (v3)
+    assert page.locator(".step--done").count() == 12  # the graph refund (v4) but its unasked waiver
     assert page.get_by_text("Securing the $45 change fee on your card").is_visible()
     shoot(page, "completed")
 
