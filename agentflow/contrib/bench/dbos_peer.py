@@ -6,15 +6,20 @@ agentflow. It runs in a child process (`python -m agentflow.contrib.bench.dbos_p
 own system database on the same server, created and dropped by `DbosPeer`; the child never
 loads Django, and the bench process never imports DBOS (it registers global decorators).
 
-The child reads one command a line on stdin (`threads N`, `queue N`, `quit`) and answers one
-JSON line on stdout: N workflows of `steps` no-op steps, called from two threads, or enqueued
-on a queue of worker concurrency 2.
+One child per mode, each with its own system database: `threads` calls N workflows of `steps`
+no-op steps from two threads, `queue` enqueues them on a queue of worker concurrency 2. A child
+reads `run N` or `quit` a line on stdin and answers one JSON line on stdout. Between its turns a
+child is stopped (SIGSTOP): DBOS polls its queues from a thread of its own, and the 10 ms queue
+alone takes a third of a core while idle, which would be taken from whichever contender runs
+then. For the same reason the threads child registers no queue: a DBOS user who calls workflows
+directly polls none.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -30,6 +35,7 @@ from psycopg import sql
 QUEUE_POLLING_SECONDS = 0.01
 THREADS = 2
 QUEUE_CONCURRENCY = 2
+MODES = ("threads", "queue")
 
 
 class DbosUnavailable(Exception):
@@ -37,12 +43,17 @@ class DbosUnavailable(Exception):
 
 
 class DbosPeer:
-    """The bench's handle on the DBOS child: its system database, its process, its figures."""
+    """The bench's handle on one DBOS child (one mode): its system database, its process, its
+    figures."""
 
-    def __init__(self, conninfo: dict[str, Any], *, steps: int) -> None:
-        #: psycopg connection parameters of the bench's own database; DBOS gets `<name>_dbos`.
+    def __init__(self, conninfo: dict[str, Any], *, steps: int, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"DBOS mode {mode!r} is not one of {', '.join(MODES)}")
+        #: psycopg connection parameters of the bench's own database; DBOS gets
+        #: `<name>_dbos` (threads) or `<name>_dbos_queue`.
         self.conninfo = conninfo
-        self.dbname = f"{conninfo['dbname']}_dbos"
+        self.mode = mode
+        self.dbname = f"{conninfo['dbname']}_dbos" + ("_queue" if mode == "queue" else "")
         self.steps = steps
         self.process: subprocess.Popen[str] | None = None
         self.version = ""
@@ -65,7 +76,7 @@ class DbosPeer:
         self._admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
         self._admin(sql.SQL("CREATE DATABASE {}").format(name))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__, self._url(), str(self.steps)],
+            [sys.executable, "-m", __name__, self._url(), str(self.steps), self.mode],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -73,17 +84,34 @@ class DbosPeer:
             env={**os.environ, "DBOS__APPVERSION": "agentflow-bench"},
         )
         self.version = str(self._answer(timeout)["version"])  # once DBOS has launched
+        self._signal(signal.SIGSTOP)
         return self
 
     def pids(self) -> list[int]:
         return [self.process.pid] if self.process is not None else []
 
-    def run(self, mode: str, workflows: int, *, timeout: float) -> float:
-        """Seconds for `workflows` runs in `mode` ("threads" or "queue")."""
+    def run(self, workflows: int, *, timeout: float) -> float:
+        """Seconds for `workflows` runs, in the child's mode; stopped again after."""
         assert self.process is not None and self.process.stdin is not None
-        self.process.stdin.write(f"{mode} {workflows}\n")
-        self.process.stdin.flush()
-        return float(self._answer(timeout)["seconds"])
+        self._signal(signal.SIGCONT)
+        try:
+            self.process.stdin.write(f"run {workflows}\n")
+            self.process.stdin.flush()
+            return float(self._answer(timeout)["seconds"])
+        finally:
+            self._signal(signal.SIGSTOP)
+
+    def _signal(self, number: int) -> None:
+        """Send `number`; a SIGSTOP returns once the child is stopped (delivery is
+        asynchronous, and the next contender's turn must not start beside a running peer)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(number)
+        deadline = time.monotonic() + 10
+        while number == signal.SIGSTOP and _state(self.process.pid) not in ("T", "Z", ""):
+            if time.monotonic() > deadline:
+                raise DbosUnavailable(f"the DBOS process {self.process.pid} did not stop")
+            time.sleep(0.001)
 
     def _answer(self, timeout: float) -> dict[str, Any]:
         assert self.process is not None and self.process.stdout is not None
@@ -102,6 +130,7 @@ class DbosPeer:
 
     def stop(self) -> None:
         if self.process is not None:
+            self._signal(signal.SIGCONT)  # a stopped process reads no `quit`
             if self.process.poll() is None:
                 try:
                     self.process.communicate("quit\n", timeout=20)
@@ -113,8 +142,17 @@ class DbosPeer:
         self._admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
 
 
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (T: stopped), or "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
 # --- the child ---------------------------------------------------------------------------------
-def main(url: str, steps: int, commands: IO[str], answers: IO[str]) -> None:
+def main(url: str, steps: int, mode: str, commands: IO[str], answers: IO[str]) -> None:
     from dbos import DBOS
 
     DBOS(config={"name": "agentflow_bench", "system_database_url": url, "log_level": "WARNING"})
@@ -132,11 +170,12 @@ def main(url: str, steps: int, commands: IO[str], answers: IO[str]) -> None:
         finished.tick()
 
     DBOS.launch()
-    queue = DBOS.register_queue(
-        "agentflow_bench",
-        worker_concurrency=QUEUE_CONCURRENCY,
-        polling_interval_sec=QUEUE_POLLING_SECONDS,
-    )
+    if mode == "queue":
+        queue = DBOS.register_queue(
+            "agentflow_bench",
+            worker_concurrency=QUEUE_CONCURRENCY,
+            polling_interval_sec=QUEUE_POLLING_SECONDS,
+        )
 
     def answer(**fields: Any) -> None:
         answers.write(json.dumps(fields) + "\n")
@@ -144,8 +183,8 @@ def main(url: str, steps: int, commands: IO[str], answers: IO[str]) -> None:
 
     answer(ready=True, version=_version())
     for line in commands:
-        mode, _, count = line.strip().partition(" ")
-        if mode == "quit":
+        command, _, count = line.strip().partition(" ")
+        if command == "quit":
             break
         workflows = int(count)
         finished.expect(workflows)
@@ -196,4 +235,4 @@ def _version() -> str:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.stdin, sys.stdout)
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.stdin, sys.stdout)

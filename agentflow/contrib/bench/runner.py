@@ -171,30 +171,36 @@ class WorkerFigures:
 
 def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> WorkerFigures:
     """The phases that need a worker, on one worker, from a clean queue and table; DBOS takes
-    its turn in a process of its own beside it."""
+    its turns in two processes of its own beside it (one a mode), stopped outside them."""
     _delete_bench_runs()
     _vacuum()
     purged = app.control.purge()
     if purged:
         progress(f"purged {purged} leftover messages")
     worker = bench_worker(options.concurrency)
-    peer = dbos_peer.DbosPeer(_conninfo(), steps=workload.STEPS)
+    threads, queue = (
+        dbos_peer.DbosPeer(_conninfo(), steps=workload.STEPS, mode=mode) for mode in dbos_peer.MODES
+    )
     progress(f"starting worker -c {options.concurrency} (log: {worker.log_path}) and DBOS")
     try:
         worker.start(timeout=60)
-        peer.start()
-        progress(f"warming up (DBOS {peer.version})")
+        threads.start()
+        queue.start()
+        progress(f"warming up (DBOS {threads.version})")
         chain_throughput(WARMUP)
         workflow_throughput(workload.MIXED, WARMUP)
         naive_chain_throughput(WARMUP)
-        dbos_throughput(peer, "threads", WARMUP)
-        dbos_throughput(peer, "queue", WARMUP)
+        dbos_throughput(threads, WARMUP)
+        dbos_throughput(queue, WARMUP)
         memory = WorkerMemory(samples=[(0, *worker_rss_kib(worker))])
         ours = connection.settings_dict["NAME"]
         cpu = {
             name: CpuMeter(own=lambda: [worker.pid, *worker.children()], dbname=ours)
             for name in ("chain", "flow", "naive")
-        } | {name: CpuMeter(own=peer.pids, dbname=peer.dbname) for name in ("dbos", "dbos_queue")}
+        } | {
+            "dbos": CpuMeter(own=threads.pids, dbname=threads.dbname),
+            "dbos_queue": CpuMeter(own=queue.pids, dbname=queue.dbname),
+        }
         turns, steps = [], 0
         for number, size in enumerate(_split(options.runs, options.rounds), start=1):
             progress(
@@ -207,17 +213,16 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
                     chain=cpu["chain"].measure(partial(chain_throughput, size)),
                     flow=cpu["flow"].measure(partial(workflow_throughput, workload.MIXED, size)),
                     naive=cpu["naive"].measure(partial(naive_chain_throughput, size)),
-                    dbos=cpu["dbos"].measure(partial(dbos_throughput, peer, "threads", size)),
-                    dbos_queue=cpu["dbos_queue"].measure(
-                        partial(dbos_throughput, peer, "queue", size)
-                    ),
+                    dbos=cpu["dbos"].measure(partial(dbos_throughput, threads, size)),
+                    dbos_queue=cpu["dbos_queue"].measure(partial(dbos_throughput, queue, size)),
                 )
             )
             steps += size * workload.STEPS
             memory.samples.append((steps, *worker_rss_kib(worker)))
             _delete_bench_runs()
             _vacuum()  # each turn starts from the same clean tables, as autovacuum would keep them
-        peer.stop()
+        threads.stop()
+        queue.stop()
         wait_until(_queue_empty, timeout=30, what=lambda: "the broker queue to drain")
         idle_before = other_writers_per_s()
         progress(f"commits: {options.commit_runs} read-only and effect-only runs")
@@ -241,7 +246,8 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
         raise BenchError(f"{exc}\nworker log ({worker.log_path}):\n{worker.log_tail()}") from None
     finally:
         worker.kill()
-        peer.stop()
+        threads.stop()
+        queue.stop()
         _delete_bench_runs()
     worker.log_path.unlink(missing_ok=True)  # kept only when something went wrong
     return WorkerFigures(
@@ -250,7 +256,7 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
         effects=effects,
         others=others,
         memory=memory,
-        dbos_version=peer.version,
+        dbos_version=threads.version,
         child=child,
         purged=purge,
         cpu={name: meter.figure for name, meter in cpu.items()},

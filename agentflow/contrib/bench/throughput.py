@@ -194,9 +194,10 @@ def _timed_chains(chains: int, links: Callable[[str], list[Signature]]) -> Throu
 
 
 # --- DBOS -----------------------------------------------------------------------------------------
-def dbos_throughput(peer: DbosPeer, mode: str, workflows: int) -> Throughput:
-    """`workflows` DBOS workflows of STEPS no-op steps, from two threads or on its queue."""
-    seconds = peer.run(mode, workflows, timeout=phase_timeout(workflows * workload.STEPS))
+def dbos_throughput(peer: DbosPeer, workflows: int) -> Throughput:
+    """`workflows` DBOS workflows of STEPS no-op steps, from two threads or on its queue (the
+    peer's mode)."""
+    seconds = peer.run(workflows, timeout=phase_timeout(workflows * workload.STEPS))
     return Throughput(runs=workflows, steps=workflows * workload.STEPS, seconds=seconds)
 
 
