@@ -250,6 +250,17 @@ def fetch_all(query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
 
 
 # --- one run and its step, moved together -------------------------------------------------------
+#: A CTE that turns off `synchronous_commit` for the statement's own transaction (read at its
+#: commit). Why a completion may skip the wait for the disk: a server crash can then lose it
+#: (never half of it, and never anything committed after it: the log is replayed in order), but
+#: nothing outside the database acts on a completion before a later commit that does wait — the
+#: next effect's claim, an operator's action — and that commit flushes the log through it. A
+#: completion lost in a crash is one the run makes again: a read runs again, an effect's claim
+#: (committed with the wait) is taken over and reconciled, as after a worker crash at
+#: `after_effect`.
+RELAXED_COMMIT = "relaxed AS (SELECT set_config('synchronous_commit', 'off', true))"
+
+
 class _Rollback(Exception):
     pass
 
@@ -276,6 +287,7 @@ def move_run_and_step(
     step_changes: Mapping[str, Any] | None = None,
     run_expected: Mapping[str, Any] | None = None,
     returning: Sequence[str] = (),
+    synchronous: bool = True,
 ) -> tuple[Any, ...] | None:
     """Atomically update the run (fenced: still active and at `seq`, and its `run_expected`
     columns still as the caller read them) and either insert the step's checkpoint or update it
@@ -285,12 +297,17 @@ def move_run_and_step(
     `returning` columns as written; raises IntegrityError when the insert loses to another
     worker's. On Postgres this is ONE statement, so one round trip and, outside a transaction,
     one commit; elsewhere it is a short transaction of two or three statements.
+
+    `synchronous=False`: a statement that is its own transaction commits without waiting for
+    the log to reach the disk (see `relaxed_commit`); inside a caller's transaction it changes
+    nothing, as that transaction's other writes may need the wait.
     """
     expected = run_expected or {}
     if postgres():
+        relaxed = not synchronous and connection.get_autocommit() and not connection.in_atomic_block
         return _move_one_statement(
             run_id, seq, active, run_changes, step_insert, step_where, step_changes, expected,
-            returning,
+            returning, relaxed,
         )  # fmt: skip
     expected_sql, expected_values = _expected(expected, "")
     run_fence = f"id = %s AND current_seq = %s AND status IN ({placeholders(active)})"
@@ -332,20 +349,26 @@ def _move_one_statement(
     step_changes: Mapping[str, Any] | None,
     expected: Mapping[str, Any],
     returning: Sequence[str],
+    relaxed: bool,
 ) -> tuple[Any, ...] | None:
     run_set, run_values = set_clause(run_changes)
     statuses = placeholders(active)
     back = ", ".join(("id", *returning))
     outputs = ", ".join(f"(SELECT {column} FROM step)" for column in returning) or "1"
+    # A CTE that is not data-modifying runs only when referenced: each shape below names it.
+    relax, relax_used = (
+        (f"{RELAXED_COMMIT}, ", " AND EXISTS (SELECT 1 FROM relaxed)") if relaxed else ("", "")
+    )
     if step_insert is not None:
         # NULLs are left to the column default: an untyped NULL in a SELECT list is text.
         values = {column: value for column, value in step_insert.items() if value is not None}
         columns, exprs, insert_values = _insert_parts(values)
         expected_sql, expected_values = _expected(expected, "")
         query = f"""
-            WITH moved AS (
+            WITH {relax}moved AS (
                 UPDATE {RUNS} SET {run_set}
-                WHERE id = %s AND current_seq = %s AND status IN ({statuses}){expected_sql}
+                WHERE id = %s AND current_seq = %s AND status IN ({statuses})
+                  {expected_sql}{relax_used}
                 RETURNING id
             ), step AS (
                 INSERT INTO {STEPS} ({columns})
@@ -362,10 +385,10 @@ def _move_one_statement(
         # `ok` locks both rows and checks both fences (re-checked after any lock wait), so the
         # two updates happen together or not at all.
         query = f"""
-            WITH ok AS (
+            WITH {relax}ok AS (
                 SELECT c.id FROM {STEPS} c JOIN {RUNS} r ON r.id = c.run_id
                 WHERE r.id = %s AND r.current_seq = %s AND r.status IN ({statuses}){expected_sql}
-                  AND c.seq = %s AND {step_where.render("c")}
+                  AND c.seq = %s AND {step_where.render("c")}{relax_used}
                 FOR UPDATE
             ), step AS (
                 UPDATE {STEPS} SET {step_set} WHERE id IN (SELECT id FROM ok) RETURNING {back}

@@ -23,7 +23,7 @@ from agentflow.conf import settings
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow.store import sql
 from agentflow.store.events import event_add, event_time
 
@@ -409,6 +409,7 @@ def step_complete(
             "lease_owner": "",
             "lease_lock": None,
         },
+        synchronous=False,  # its claim waited for the disk; see sql.RELAXED_COMMIT
     )
     if done is None:
         event_add(
@@ -471,6 +472,9 @@ def unclaimed_complete(
             claimable=False,
         ),
         run_expected=_as_decided(run),
+        # A read made no effect: lost in a server crash, it runs again (sql.RELAXED_COMMIT). A
+        # db step's writes share the caller's transaction, which keeps the wait.
+        synchronous=step.kind == StepKind.DB,
     )
     if done is not None:
         hint = _fresh(workflow, changes)

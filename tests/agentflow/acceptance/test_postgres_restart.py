@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,11 @@ from django.core.management import call_command
 from django.db import connections
 
 from agentflow import durable
+from agentflow.models import StepCheckpoint, WorkflowRun
+from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.processes import PgBouncerServer, PostgresServer, ProcessStartError
 from tests.agentflow.acceptance.test_engine_crashes import assert_completed_once, wait_finished
-from tests.support import workflows
+from tests.support import partner, workflows
 from tests.support.processes import INFRA, Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,6 +96,48 @@ def test_worker__a_step_after_a_database_restart_runs_without_the_sweeper(
     if infra == "pgbouncer":
         workers.kill_all()
         bouncer.stop()
+
+
+def test_crash__a_completion_lost_with_the_server_is_made_again_and_its_effect_stays_once(
+    postgres: PostgresServer, workers: Workers
+) -> None:
+    """A step's completion commits without waiting for the disk (sql.RELAXED_COMMIT); its
+    claim waits. With the server's WAL writer and background writer stopped, a commit that did
+    not wait stays in memory, so a crash loses exactly those: here the charge's completion and
+    everything after it, while the charge's claim, and the read before it that the claim's
+    wait flushed, survive. The run then finds the charge's claim without a live owner, takes it
+    over, and the partner's key keeps its effect to one."""
+    with postgres.serving_django():
+        call_command("migrate", verbosity=0, interactive=False)
+        with postgres.connect() as conn:
+            writers = [pid for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE backend_type IN ('walwriter', 'background writer')"
+            )]  # fmt: skip
+        assert len(writers) == 2
+        for pid in writers:
+            os.kill(pid, signal.SIGSTOP)
+        first = workers.start(DATABASE_URL=postgres.url)  # no beat: no sweeper
+        run_id = durable.start(workflows.chain.name)
+        wait_finished(run_id)
+        assert partner.effects()[durable.idempotency_key(run_id, 2)] == 1
+        workers.kill_all()
+        assert not first.alive()
+
+        postgres.restart()
+        connections.close_all()
+
+        run = WorkflowRun.objects.get(pk=run_id)
+        steps = {cp.name: cp.status for cp in StepCheckpoint.objects.filter(run_id=run_id)}
+        assert (run.status, run.current_seq) == (RunStatus.RUNNING, 2)
+        assert steps == {"prepare": StepStatus.COMPLETED, "charge": StepStatus.IN_PROGRESS}
+
+        workers.start(
+            beat=True, DATABASE_URL=postgres.url, AGENTFLOW_LEASE_SECONDS="2",
+            AGENTFLOW_SWEEP_INTERVAL="1",
+        )  # fmt: skip
+        wait_finished(run_id, timeout=30)
+        assert_completed_once(run_id, reexecuted={"charge": 2}, reads_may_repeat=True)
 
 
 def test_chaos__one_postgres_restart_loses_nothing_and_doubles_nothing() -> None:
