@@ -77,8 +77,13 @@ def _publish(args: list[Any], kwargs: dict[str, Any], countdown: float | None) -
         kwargsrepr=repr(kwargs),
         ignore_result=True,
     )
+    route = _route(app)
     with app.producer_or_acquire() as producer:
-        app.amqp.send_task_message(producer, RUN_STEP_TASK, message, **_route(app))
+        if _declared(producer, route):
+            # kombu would bind a copy of the queue to the channel only to find it in this same
+            # cache: a tenth of a publish's time.
+            route = {**route, "declare": []}
+        app.amqp.send_task_message(producer, RUN_STEP_TASK, message, **route)
 
 
 @cache
@@ -86,6 +91,18 @@ def _route(app: Any) -> dict[str, Any]:
     """The options `send_task` routes `run_step` with (task_routes, else the default queue),
     once per app."""
     return dict(app.amqp.router.route({}, RUN_STEP_TASK))
+
+
+def _declared(producer: Any, route: dict[str, Any]) -> bool:
+    """Has kombu already declared the step queue on this producer's connection? Its own cache
+    (`declared_entities`, emptied when the connection is lost), keyed as kombu keys it."""
+    queue = route.get("queue")
+    declared = getattr(producer.connection, "declared_entities", None)
+    return (
+        declared is not None
+        and getattr(queue, "can_cache_declaration", False)
+        and hash(queue) in declared
+    )
 
 
 def send_step_on_commit(

@@ -1,0 +1,45 @@
+"""Publishing step messages on the real brokers: the first publish on a connection declares the
+step queue (on RabbitMQ a message to an undeclared queue is dropped), and later ones skip the
+declaration kombu has already recorded for that connection, without losing a message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import current_app
+from kombu import Connection
+
+from agentflow import dispatch
+
+QUEUE = "celery"
+
+
+def _drop_queue(url: str) -> None:
+    with Connection(url, connect_timeout=5) as conn:
+        channel = conn.channel()
+        try:
+            channel.queue_delete(QUEUE)
+        except Exception as exc:  # RabbitMQ: NOT_FOUND when it does not exist yet
+            if "NOT_FOUND" not in str(exc):
+                raise
+        finally:
+            channel.close()
+
+
+@pytest.mark.parametrize("infra", ["redis", "rabbitmq"], indirect=True)
+def test_send_step__declares_once_per_connection_and_every_message_arrives(
+    broker: Any, infra: str
+) -> None:
+    _drop_queue(broker.url)  # as on a broker no worker has declared anything on yet
+    app = current_app._get_current_object()
+    route = dispatch._route(app)
+    with app.producer_or_acquire() as producer:
+        assert not dispatch._declared(producer, route)
+
+    assert dispatch.send_step("wf_dispatch", 1)  # declares the queue, then publishes
+    with app.producer_or_acquire() as producer:
+        assert dispatch._declared(producer, route)
+    assert dispatch.send_step("wf_dispatch", 2)  # the cache says declared: no declaration
+
+    assert broker.queue_length(QUEUE) == 2
