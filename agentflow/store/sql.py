@@ -13,9 +13,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -42,7 +43,20 @@ JSON_COLUMNS = frozenset(
 
 # --- the database's clock -----------------------------------------------------------------------
 def postgres() -> bool:
-    return connection.vendor == "postgresql"
+    """Is the default database Postgres? Asked a dozen times a step; the answer is the
+    settings', read once (Django's connection proxy costs a thread-local lookup per access)."""
+    return _vendor() == "postgresql"
+
+
+@cache
+def _vendor() -> str:
+    return str(connections[DEFAULT_DB_ALIAS].vendor)
+
+
+def databases_changed(*, setting: str, **kwargs: Any) -> None:
+    """`setting_changed` receiver (connected in `apps.py`): a test that swaps DATABASES."""
+    if setting == "DATABASES":
+        _vendor.cache_clear()
 
 
 def now() -> str:
@@ -156,12 +170,13 @@ def cursor() -> Iterator[Any]:
     `prepare_threshold`, set in settings): planning a step write costs Postgres more than
     running it.
     """
+    wrapper = connections[DEFAULT_DB_ALIAS]  # one thread-local lookup, not one per attribute
     if not postgres():
-        with connection.cursor() as django_cursor:
+        with wrapper.cursor() as django_cursor:
             yield django_cursor
         return
-    connection.ensure_connection()
-    with connection.wrap_database_errors, pooler.Cursor(connection.connection) as raw:
+    wrapper.ensure_connection()
+    with wrapper.wrap_database_errors, pooler.Cursor(wrapper.connection) as raw:
         yield raw
 
 
