@@ -272,7 +272,8 @@ def fetch_all(query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
 #: next effect's claim, an operator's action — and that commit flushes the log through it. A
 #: completion lost in a crash is one the run makes again: a read runs again, an effect's claim
 #: (committed with the wait) is taken over and reconciled, as after a worker crash at
-#: `after_effect`.
+#: `after_effect`. Not the completion that ends the run: no commit of the run comes after it,
+#: and the outside acts on it (the status page says done, `durable.snapshot` says finished).
 RELAXED_COMMIT = "relaxed AS (SELECT set_config('synchronous_commit', 'off', true))"
 
 
@@ -314,7 +315,7 @@ def move_run_and_step(
     one commit; elsewhere it is a short transaction of two or three statements.
 
     `synchronous=False`: a statement that is its own transaction commits without waiting for
-    the log to reach the disk (see `relaxed_commit`); inside a caller's transaction it changes
+    the log to reach the disk (see `RELAXED_COMMIT`); inside a caller's transaction it changes
     nothing, as that transaction's other writes may need the wait.
     """
     expected = run_expected or {}

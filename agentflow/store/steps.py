@@ -409,7 +409,9 @@ def step_complete(
             "lease_owner": "",
             "lease_lock": None,
         },
-        synchronous=False,  # its claim waited for the disk; see sql.RELAXED_COMMIT
+        # Its claim waited for the disk, and the next one's wait flushes this too; but nothing
+        # of the run commits after the completion that ends it (sql.RELAXED_COMMIT).
+        synchronous=next_seq is None,
     )
     if done is None:
         event_add(
@@ -472,9 +474,10 @@ def unclaimed_complete(
             claimable=False,
         ),
         run_expected=_as_decided(run),
-        # A read made no effect: lost in a server crash, it runs again (sql.RELAXED_COMMIT). A
-        # db step's writes share the caller's transaction, which keeps the wait.
-        synchronous=step.kind == StepKind.DB,
+        # A read made no effect: lost in a server crash, it runs again (sql.RELAXED_COMMIT),
+        # unless it ends the run. A db step's writes share the caller's transaction, which
+        # keeps the wait.
+        synchronous=step.kind == StepKind.DB or next_seq is None,
     )
     if done is not None:
         hint = _fresh(workflow, changes)

@@ -40,6 +40,14 @@ def held_effect(ctx: durable.StepContext) -> dict[str, Any]:
     return partner.apply(ctx.idempotency_key)
 
 
+def held_read(ctx: durable.StepContext) -> dict[str, Any]:
+    """Blocks until the test releases the run: meanwhile the run's last commit is the step's
+    before it (a read takes no claim)."""
+    _record(ctx)
+    partner.wait_for_release(ctx.run_id)
+    return {"step": ctx.step, "seq": ctx.seq}
+
+
 def _finish(ctx: durable.StepContext) -> dict[str, Any]:
     _record(ctx)
     return {"seen": sorted(ctx.outputs)}
@@ -56,6 +64,12 @@ held = durable.Workflow("crash_held", version=1)
 held.step("prepare", kind="read")(read)
 held.step("hold", kind="effect")(held_effect)
 held.step("finish", kind="read")(_finish)
+
+#: read -> effect -> blocking read: the test crashes the server while the run is not finished.
+lingering = durable.Workflow("crash_lingering", version=1)
+lingering.step("prepare", kind="read")(read)
+lingering.step("charge", kind="effect")(effect)
+lingering.step("linger", kind="read")(held_read)
 
 #: The blocking effect first, so two copies of the first message can race for it.
 race = durable.Workflow("crash_race", version=1)

@@ -26,7 +26,11 @@ from agentflow import durable
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.processes import PgBouncerServer, PostgresServer, ProcessStartError
-from tests.agentflow.acceptance.test_engine_crashes import assert_completed_once, wait_finished
+from tests.agentflow.acceptance.test_engine_crashes import (
+    assert_completed_once,
+    wait_execution,
+    wait_finished,
+)
 from tests.support import partner, workflows
 from tests.support.processes import INFRA, Workers
 
@@ -98,28 +102,35 @@ def test_worker__a_step_after_a_database_restart_runs_without_the_sweeper(
         bouncer.stop()
 
 
+def _keep_the_log_in_memory(postgres: PostgresServer) -> None:
+    """Stop the server's WAL writer and background writer: a commit that does not wait for the
+    disk then stays in the server's memory, so a crash loses exactly those commits (with
+    everything after them), deterministically."""
+    with postgres.connect() as conn:
+        writers = [pid for (pid,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE backend_type IN ('walwriter', 'background writer')"
+        )]  # fmt: skip
+    assert len(writers) == 2
+    for pid in writers:
+        os.kill(pid, signal.SIGSTOP)
+
+
 def test_crash__a_completion_lost_with_the_server_is_made_again_and_its_effect_stays_once(
     postgres: PostgresServer, workers: Workers
 ) -> None:
     """A step's completion commits without waiting for the disk (sql.RELAXED_COMMIT); its
-    claim waits. With the server's WAL writer and background writer stopped, a commit that did
-    not wait stays in memory, so a crash loses exactly those: here the charge's completion and
-    everything after it, while the charge's claim, and the read before it that the claim's
-    wait flushed, survive. The run then finds the charge's claim without a live owner, takes it
-    over, and the partner's key keeps its effect to one."""
+    claim waits. With the log kept in memory, a crash loses the commits that did not wait:
+    here the charge's completion, while the charge's claim, and the read before it that the
+    claim's wait flushed, survive. The run then finds the charge's claim without a live owner,
+    takes it over, and the partner's key keeps its effect to one. The read after the charge
+    holds the run unfinished: the completion that ends a run waits (the test below)."""
     with postgres.serving_django():
         call_command("migrate", verbosity=0, interactive=False)
-        with postgres.connect() as conn:
-            writers = [pid for (pid,) in conn.execute(
-                "SELECT pid FROM pg_stat_activity"
-                " WHERE backend_type IN ('walwriter', 'background writer')"
-            )]  # fmt: skip
-        assert len(writers) == 2
-        for pid in writers:
-            os.kill(pid, signal.SIGSTOP)
+        _keep_the_log_in_memory(postgres)
         first = workers.start(DATABASE_URL=postgres.url)  # no beat: no sweeper
-        run_id = durable.start(workflows.chain.name)
-        wait_finished(run_id)
+        run_id = durable.start(workflows.lingering.name)
+        wait_execution(run_id, "linger")  # the charge's completion published it
         assert partner.effects()[durable.idempotency_key(run_id, 2)] == 1
         workers.kill_all()
         assert not first.alive()
@@ -132,12 +143,44 @@ def test_crash__a_completion_lost_with_the_server_is_made_again_and_its_effect_s
         assert (run.status, run.current_seq) == (RunStatus.RUNNING, 2)
         assert steps == {"prepare": StepStatus.COMPLETED, "charge": StepStatus.IN_PROGRESS}
 
+        partner.release(run_id)
         workers.start(
             beat=True, DATABASE_URL=postgres.url, AGENTFLOW_LEASE_SECONDS="2",
             AGENTFLOW_SWEEP_INTERVAL="1",
         )  # fmt: skip
         wait_finished(run_id, timeout=30)
         assert_completed_once(run_id, reexecuted={"charge": 2}, reads_may_repeat=True)
+
+
+@pytest.mark.parametrize(
+    ("flow", "ended"),
+    [(workflows.chain, RunStatus.COMPLETED), (workflows.undo, RunStatus.FAILED)],
+    ids=["completed", "failed"],
+)
+def test_crash__a_run_seen_finished_stays_finished(
+    postgres: PostgresServer, workers: Workers, flow: durable.Workflow, ended: str
+) -> None:
+    """The completion that ends a run is the one the outside acts on (the status page says
+    done, `durable.snapshot` says finished, the metrics count it), and no later commit of the
+    run would flush it: it waits for the disk. With the log kept in memory, a crash right after
+    the run is seen finished finds it finished still, as it was seen; its last step (a read,
+    or, after a failure, the notice) is not made again."""
+    with postgres.serving_django():
+        call_command("migrate", verbosity=0, interactive=False)
+        _keep_the_log_in_memory(postgres)
+        workers.start(DATABASE_URL=postgres.url)  # no beat: no sweeper
+        run_id = durable.start(flow.name)
+        wait_finished(run_id)
+        seen = durable.snapshot(run_id)
+        assert seen is not None and seen.status == ended
+        workers.kill_all()
+
+        postgres.restart()
+        connections.close_all()
+
+        after = durable.snapshot(run_id)
+        assert after is not None
+        assert (after.status, after.output, after.steps) == (seen.status, seen.output, seen.steps)
 
 
 def test_chaos__one_postgres_restart_loses_nothing_and_doubles_nothing() -> None:
