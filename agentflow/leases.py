@@ -48,6 +48,13 @@ SERVER_SQL = (
     "((SELECT system_identifier FROM pg_control_system())::text || '/' "
     "|| substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
 )
+#: Since when a free advisory lock on this server says its owner let it go, as SQL: every lock
+#: is freed when the server restarts, and also when any one of its processes crashes (an OOM
+#: kill of a backend: the postmaster resets shared memory and every session with it, but
+#: `pg_postmaster_start_time()` stays). Crash recovery discards the cumulative statistics, which
+#: stamps `pg_stat_wal.stats_reset` (readable by any role); a reset by hand moves it too, which
+#: only makes older claims wait for their leases.
+LOCKS_SINCE_SQL = "GREATEST(pg_postmaster_start_time(), (SELECT stats_reset FROM pg_stat_wal))"
 
 
 def lock_key(token: str) -> int:

@@ -95,16 +95,17 @@ def owner_gone(alias: str) -> str:
     """SQL, true when the checkpoint's owner process has provably lost its advisory lock
     (SPEC 3.7): it died, on whatever host, or its liveness connection did. False without a
     lock to look at (SQLite, an owner that held none, a claim older than the server's last
-    start, whose lock the restart freed, or one made on another server: a promoted standby or
-    a restored copy has every lock free): "cannot tell" is never "dead".
+    restart or crash of any of its processes, which freed every lock (`leases.LOCKS_SINCE_SQL`),
+    or one made on another server: a promoted standby or a restored copy has every lock free):
+    "cannot tell" is never "dead".
 
     Written as a CASE so the scan of `pg_locks` runs only when the answer depends on it."""
     if not postgres():
         return "(1 = 0)"
-    # A lock freed by a restart of the server says nothing of its owner: trust a free lock only
-    # for a claim made since the server started (else the lease decides).
+    # A lock freed by a restart or crash of the server says nothing of its owner: trust a free
+    # lock only for a claim made since then (else the lease decides).
     return f"""(CASE WHEN {alias}.lease_lock IS NULL
-                   OR {alias}.started_at <= pg_postmaster_start_time()
+                   OR {alias}.started_at <= {leases.LOCKS_SINCE_SQL}
                    OR {alias}.lease_server <> {leases.SERVER_SQL} THEN false
               ELSE NOT EXISTS (
         SELECT 1 FROM pg_locks l

@@ -93,7 +93,7 @@ _ABANDONED_QUERY = f"""
     FROM {sql.RUNS} r JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = r.current_seq
     WHERE r.status IN ({", ".join(["%s"] * len(ACTIVE))}) AND r.wake_at > now()
       AND c.status = 'IN_PROGRESS' AND c.lease_lock IS NOT NULL AND c.lease_expires_at > now()
-      AND c.started_at > pg_postmaster_start_time() AND c.lease_server = {leases.SERVER_SQL}
+      AND c.started_at > {leases.LOCKS_SINCE_SQL} AND c.lease_server = {leases.SERVER_SQL}
       AND NOT EXISTS (SELECT 1 FROM held WHERE held.key = c.lease_lock)
     LIMIT %s
     FOR UPDATE OF r SKIP LOCKED

@@ -22,10 +22,11 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 
-from agentflow import durable
+from agentflow import durable, sweeper
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.processes import PgBouncerServer, PostgresServer, ProcessStartError
+from agentflow.testing.waiting import wait_for
 from tests.agentflow.acceptance.test_engine_crashes import (
     assert_completed_once,
     wait_execution,
@@ -181,6 +182,48 @@ def test_crash__a_run_seen_finished_stays_finished(
         after = durable.snapshot(run_id)
         assert after is not None
         assert (after.status, after.output, after.steps) == (seen.status, seen.output, seen.steps)
+
+
+def test_liveness__a_backend_crash_frees_every_lock__a_live_owner_keeps_its_step(
+    postgres: PostgresServer, workers: Workers
+) -> None:
+    """When any one server process crashes (the OOM killer), the postmaster resets every session
+    and every advisory lock is freed, while pg_postmaster_start_time() stays. A claim made before
+    that says nothing by its free lock ("cannot tell" is never "dead", SPEC 3.7): the sweeper
+    leaves a live owner's step to its lease. The owner is paused here, so it cannot take its
+    lock again before the sweep looks."""
+    with postgres.serving_django():
+        call_command("migrate", verbosity=0, interactive=False)
+        owner = workers.start(DATABASE_URL=postgres.url, AGENTFLOW_LEASE_SECONDS="60")
+        run_id = durable.start(workflows.held.name)
+        wait_execution(run_id, "hold")
+        assert StepCheckpoint.objects.get(run_id=run_id, seq=2).lease_lock is not None
+        workers.signal(owner, signal.SIGSTOP)
+        with postgres.connect() as bystander:
+            pid = bystander.execute("SELECT pg_backend_pid()").fetchone()[0]
+            os.kill(pid, signal.SIGKILL)
+
+        def reset() -> bool | None:
+            try:
+                with postgres.connect() as conn:
+                    locks = conn.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                    ).fetchone()
+            except psycopg.OperationalError:
+                return None  # still recovering
+            return True if locks == (0,) else None
+
+        wait_for(reset, timeout=30, what="the server's crash reset to free every lock")
+        connections.close_all()
+
+        assert run_id not in sweeper.sweep().requeued
+        held = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+        assert (held.status, held.attempts) == (StepStatus.IN_PROGRESS, 1)
+
+        workers.signal(owner, signal.SIGCONT)
+        partner.release(run_id)
+        wait_finished(run_id, timeout=30)
+        assert_completed_once(run_id)
 
 
 def test_chaos__one_postgres_restart_loses_nothing_and_doubles_nothing() -> None:
