@@ -20,9 +20,8 @@ class AgentflowConfig(AppConfig):
         from django.core.signals import setting_changed
         from django.db.backends.signals import connection_created
 
-        from agentflow import checks, faults, pooler, registry, tasks, tracing  # noqa: F401
+        from agentflow import checks, faults, pooler, registry, store, tasks, tracing  # noqa: F401
         from agentflow.conf import settings
-        from agentflow.store import sql
 
         # Every process (web, worker, beat) must know every definition before it touches a run.
         autodiscover_modules("workflows")
@@ -36,4 +35,4 @@ class AgentflowConfig(AppConfig):
         # Prepared statements as AGENTFLOW_DB_PREPARED_STATEMENTS says (a pooler may lose them).
         pooler.mode()  # a bad value fails at start, not at the first connection
         connection_created.connect(pooler.connection_created, weak=False)
-        setting_changed.connect(sql.databases_changed, weak=False)
+        setting_changed.connect(store.databases_changed, weak=False)

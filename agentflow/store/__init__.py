@@ -31,6 +31,7 @@ from agentflow.store.runs import (
     run_park,
     step_fail,
 )
+from agentflow.store.sql import databases_changed
 from agentflow.store.steps import (
     CheckpointRow,
     Claim,
@@ -82,6 +83,7 @@ __all__ = [
     "cancel_begin",
     "claim_blocker",
     "compensation_plan",
+    "databases_changed",
     "enqueue_grace",
     "event_add",
     "fork_preview",
