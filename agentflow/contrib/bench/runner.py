@@ -324,6 +324,8 @@ def environment(options: BenchOptions) -> dict[str, Any]:
         "rounds": options.rounds,
         "prefetch_multiplier": settings.CELERY_WORKER_PREFETCH_MULTIPLIER,
         "acks_late": settings.CELERY_TASK_ACKS_LATE,
+        # The workers inherit it: under DEBUG Django logs the hand-written chain's ORM statements.
+        "debug": settings.DEBUG,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "celery": celery.__version__,

@@ -62,6 +62,10 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     memory = flow["worker_memory"]
     assert memory["steps"] == 4 * workload.STEPS and len(memory["samples"]) == 5
     assert memory["rss_mib"] > 0 and memory["pool_rss_mib"] > 0 and memory["parent_rss_mib"] > 0
+    # Growth counts from the end of the first turn (one run here), the warm-up's last part.
+    assert memory["warmup_steps"] == workload.STEPS
+    for figure in ("pool_growth_per_10k_steps_mib", "parent_growth_per_10k_steps_mib"):
+        assert isinstance(memory[figure], float), figure
     cpu_ms = report["cpu_ms_per_step"]
     assert set(cpu_ms) == {"chain", "flow", "naive", "dbos", "dbos_queue"}
     assert cpu_ms["flow"]["own_ms"] > 0 and cpu_ms["dbos"]["own_ms"] > 0
@@ -74,6 +78,7 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     assert sweep["scrape"]["scrape_ms"] > 0 and len(sweep["scrape"]["scrape_ms_samples"]) == 7
     assert sweep["scrape"]["metric_files"] >= 1
     assert report["environment"]["processes"] == 2
+    assert isinstance(report["environment"]["debug"], bool)
     purge = report["purge"]
     assert purge["finished_runs"] >= 300
     # Each aged run: itself, 10 checkpoints, 1 event. Alone: all 30 at once; beside the steps:

@@ -105,8 +105,8 @@ def _whole(text: str, *, at_least: int) -> int:
 
 def _memory(memory: dict[str, Any]) -> str:
     return (
-        f"{memory['pool_rss_mib']:.1f} ({memory['pool_growth_mib']:+.1f}) + "
-        f"{memory['parent_rss_mib']:.1f} ({memory['parent_growth_mib']:+.1f})"
+        f"{memory['pool_rss_mib']:.1f} ({memory['pool_growth_per_10k_steps_mib']:+.1f}) + "
+        f"{memory['parent_rss_mib']:.1f} ({memory['parent_growth_per_10k_steps_mib']:+.1f})"
     )
 
 
@@ -148,7 +148,8 @@ def render(report: dict[str, Any]) -> str:
             ),
         ),
         (
-            f"worker RSS after {flow['worker_memory']['steps']:,} steps, pool + parent (MiB)",
+            f"worker RSS after {flow['worker_memory']['steps']:,} steps, pool + parent (MiB; "
+            "growth per 10,000 steps after the first turn)",
             _memory(flow["worker_memory"]),
         ),
         ("commits per read step", f"{flow['commits_per_read_step']:.3f}"),
