@@ -107,6 +107,10 @@ class StepCheckpoint(models.Model):
     fence = models.PositiveBigIntegerField(default=1, db_default=1)
     idempotency_key = models.CharField(max_length=120)
     arguments = models.JSONField(null=True, blank=True)
+    #: An agent call's fingerprint digest (also in `arguments`), in a column of its own: the one
+    #: value of the call a replay reads, so it never loads the call's arguments (a model turn's
+    #: messages). Empty for graph steps and for calls recorded before the column.
+    digest = models.CharField(max_length=64, blank=True, db_default="")
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     #: For FAILED: may another attempt run under the same key?

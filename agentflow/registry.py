@@ -93,6 +93,8 @@ class StepDef:
     #: or a superseded call's that is reused).
     arguments: Any = None
     key: str | None = None
+    #: Agent calls: the fingerprint's digest, recorded in a column of its own for replays.
+    digest: str = ""
     #: A timer, a signal or an approval the step waits for before it runs (SPEC §4 C).
     waits_for: WaitsFor | None = None
     #: Set by the engine once an approval was decided: what `ctx.decision` reads.

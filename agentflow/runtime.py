@@ -226,9 +226,9 @@ def _next_call(
             input=run.input,
             seq=seq,
             branch=run.branch,
-            recorded=store.calls_load(run.id, seq + 1),
+            recorded=store.replay_load(run.id, seq + 1),
             reusable=lambda: store.superseded_reusable(run.id, workflow),
-            turns=lambda position: store.turns_load(run.id, position),
+            calls=lambda: store.calls_load(run.id, seq + 1),
         )
     except Exception as exc:  # a bug in the run's function: fail readably, do not loop
         if pooler.database_trouble(exc):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable, Sequence
+from json.encoder import encode_basestring, encode_basestring_ascii
 from typing import Any
 
 #: Integral numbers below this are written as exact integers (float or int alike); at and above
@@ -18,7 +20,36 @@ from typing import Any
 _EXACT_INTEGER_LIMIT = 10**21
 
 
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+def _encoder(*, ascii: bool) -> Callable[[Any, int], Sequence[str]]:
+    """Sorted keys, no whitespace, no NaN: the interpreter's C encoder, called directly (its
+    chunks are the text). `JSONEncoder.encode` builds one on every call, with the cycle check:
+    that costs as much as encoding a small message, and a replay encodes every message
+    (`plain` has rejected a cycle already: it recurses as deep as one)."""
+    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    if c_make_encoder is None:  # an interpreter without the C accelerator
+        encoder = json.JSONEncoder(
+            sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=ascii
+        )
+        return lambda value, _: (encoder.encode(value),)
+    return c_make_encoder(  # type: ignore[no-any-return]
+        None,  # no cycle check
+        _not_json,
+        encode_basestring_ascii if ascii else encode_basestring,
+        None,  # no indent
+        ":",
+        ",",
+        True,  # sort_keys
+        False,  # skipkeys
+        False,  # allow_nan
+    )
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+_ascii = _encoder(ascii=True)
+_readable = _encoder(ascii=False)
 
 
 class NotCanonicalError(ValueError):
@@ -35,14 +66,21 @@ def canonical_json(value: Any) -> str:
         NotCanonicalError: `value` is not made of dicts with string keys, lists, tuples,
             strings, finite numbers, booleans and None.
     """
-    return _ENCODER.encode(plain(value))
+    return "".join(_ascii(plain(value), 0))
 
 
-def unchanged(value: Any, text: str) -> bool:
-    """Whether `value` still has the canonical text it had. Cheaper than `canonical_json`
-    (no scan); a value that was not already normal (an integral float) reads as changed."""
+def readable_json(value: Any) -> str:
+    """Like `canonical_json`, but non-ASCII characters are kept as they are: for texts people
+    and models read (a tool's result in a message)."""
+    return "".join(_readable(plain(value), 0))
+
+
+def unchanged(values: Sequence[Any], texts: Sequence[str]) -> bool:
+    """Whether each of `values` still has the canonical text it had (`texts`): one encoding of
+    them all, cheaper than `canonical_json` of each (no scan; one call). A value that was not
+    already normal (an integral float) reads as changed."""
     try:
-        return _ENCODER.encode(value) == text
+        return "".join(_ascii(values, 0)) == f"[{','.join(texts)}]"
     except (TypeError, ValueError):
         return False
 

@@ -8,18 +8,41 @@ Messages use the OpenAI chat-completions format, which every compatible server s
 from __future__ import annotations
 
 import json
+import json.scanner
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow.agent.canonical import plain
+from agentflow.agent.canonical import readable_json
 
 Message = dict[str, Any]
+
+#: The decoder's parser itself (C where the interpreter has it), without `json.loads` around it.
+_scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+_JSON_SPACE = " \t\n\r"
+
+
+def _parsed(text: str) -> Any:
+    """`json.loads(text)` without its wrappers, which cost a replay more than parsing a
+    call's arguments does.
+
+    Raises:
+        ValueError: `text` is not one JSON value.
+    """
+    text = text.strip(_JSON_SPACE)
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if end != len(text):
+        raise ValueError("not one JSON value")
+    return value
 
 
 def message_json(value: Any) -> str:
     """Deterministic JSON text for message contents (a tool's result, a call's arguments):
     sorted keys and numbers by value, like canonical JSON, but readable non-ASCII text."""
-    return json.dumps(plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return readable_json(value)
 
 
 def system_message(text: str) -> Message:
@@ -48,14 +71,14 @@ class ToolCall:
         """The arguments as a JSON value; text that is not JSON stays text (the registry then
         tells the model so, and that refusal is recorded like any result)."""
         try:
-            return json.loads(self.arguments_text)
+            return _parsed(self.arguments_text)
         except ValueError:
             return self.arguments_text
 
     @property
     def arguments_are_json(self) -> bool:
         try:
-            json.loads(self.arguments_text)
+            _parsed(self.arguments_text)
         except ValueError:
             return False
         return True

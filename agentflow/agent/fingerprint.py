@@ -129,11 +129,17 @@ def step_fingerprint(position: int, name: str, arguments: Any) -> Fingerprint:
     return _of_values(position, CallKind.STEP, name, plain(arguments))
 
 
+def call_digest(kind: CallKind, name: str, arguments: Any) -> str:
+    """The digest of a tool call's or a step's fingerprint, without the fingerprint: what a
+    replay compares with the recorded one."""
+    return digest([str(kind), name, arguments])
+
+
 def _of_values(position: int, kind: CallKind, name: str, arguments: Any) -> Fingerprint:
     return Fingerprint(
         position=position,
         kind=kind,
         name=name,
         arguments=arguments,
-        digest=digest([str(kind), name, arguments]),
+        digest=call_digest(kind, name, arguments),
     )

@@ -23,7 +23,7 @@ readable diff, never replayed against the wrong history.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -36,6 +36,7 @@ from agentflow.agent.fingerprint import (
     LLM_CALL_NAME,
     CallKind,
     Fingerprint,
+    call_digest,
     llm_fingerprint,
     step_fingerprint,
     tool_fingerprint,
@@ -282,9 +283,9 @@ class AgentContext:
         input: Any,
         seq: int,
         branch: int,
-        recorded: Sequence[Any],
+        recorded: Mapping[int, Any],
         reusable: Callable[[], Sequence[Any]],
-        turns: Callable[[int], Sequence[Any]],
+        calls: Callable[[], Sequence[Any]],
         exact: bool = False,
     ) -> None:
         self.run_id = run_id
@@ -292,9 +293,10 @@ class AgentContext:
         self.input = input
         self._seq = seq
         self._branch = branch
-        self._recorded = {call.seq: call for call in recorded}
+        self._recorded = recorded
         self._reusable = reusable
-        self._load_turns = turns
+        self._load_calls = calls
+        self._whole: dict[int, Any] | None = None  # the calls whole, read once if ever
         self._position = 0
         self._turns_taken = 0
         self._tokens = 0
@@ -307,7 +309,9 @@ class AgentContext:
         self._client: ModelClient | None = None
         self._tools = tuple(toolbox.openai_tools()) if toolbox is not None else ()
         self._turns = Turns(self._tools, exact=exact)
-        self._history: list[ToolRecord] = []
+        # This branch's tool calls so far: (position, name, arguments, outcome), made into
+        # records only when read (the next call's checks, the function, "done").
+        self._called: list[tuple[int, str, Any, ToolOutcome]] = []
         self._earlier: list[ToolRecord] = []  # completed calls of superseded branches
         if branch and toolbox is not None:
             self._earlier = _history(reusable(), toolbox, positions=False)
@@ -318,22 +322,24 @@ class AgentContext:
         client = self._model_client()
         sent = tuple(messages)
         position = self._next()
-        turn = self._turns.observe(client.model, sent)
+        digest = self._turns.observe(client.model, sent)
         self._turn_calls = 0
-        now = Fingerprint(
-            position=position,
-            kind=CallKind.LLM,
-            name=LLM_CALL_NAME,
-            arguments={"model": client.model},
-            digest=turn.digest,
-        )
+
+        def now() -> Fingerprint:
+            return Fingerprint(
+                position=position,
+                kind=CallKind.LLM,
+                name=LLM_CALL_NAME,
+                arguments={"model": client.model},
+                digest=digest,
+            )
 
         def whole() -> Fingerprint:
             return llm_fingerprint(
                 position, model=client.model, messages=list(sent), tools=list(self._tools)
             )
 
-        recorded = self._replayed(now, whole=whole)
+        recorded = self._replayed(position, LLM_CALL_NAME, digest, now, whole=whole)
         if recorded is not None:
             response = ModelResponse.from_json(recorded)
             self._turns_taken += 1
@@ -345,6 +351,7 @@ class AgentContext:
         def ask(ctx: StepContext) -> Any:
             return client.complete(request).as_json()
 
+        turn = self._turns.latest()
         raise Suspend(self._step(turn.fingerprint(position), StepKind.LLM, ask, extra={}))
 
     def tool(self, call: ToolCall) -> ToolOutcome:
@@ -361,22 +368,16 @@ class AgentContext:
         if capped is None:
             self._calls_run += 1
         arguments = call.arguments
-        fingerprint = tool_fingerprint(position, call.name, arguments)
-        recorded = self._replayed(fingerprint)
+        digest = call_digest(CallKind.TOOL, call.name, arguments)
+        recorded = self._replayed(
+            position, call.name, digest, lambda: tool_fingerprint(position, call.name, arguments)
+        )
         if recorded is not None:
             outcome = ToolOutcome.from_json(recorded)
-            self._history.append(
-                ToolRecord(
-                    position=position,
-                    name=call.name,
-                    arguments=arguments,
-                    result=outcome.result,
-                    ok=outcome.ok,
-                )
-            )
+            self._called.append((position, call.name, arguments, outcome))
             return outcome
         self._limits.check_tokens(tokens_used=self._tokens)
-        history = (*self._earlier, *self._history)
+        history = self.history
         if capped is not None:
             prepared = refused_call(
                 call.name, refusal("limit_reached", f"{call.name} was not called: {capped}.")
@@ -393,7 +394,7 @@ class AgentContext:
 
         tool = prepared.tool
         step = self._step(
-            fingerprint,
+            tool_fingerprint(position, call.name, arguments),
             prepared.kind,
             run,
             extra={"call_id": call.id},
@@ -417,7 +418,7 @@ class AgentContext:
         (`reconcile`, `key_window_seconds`: SPEC §3.3a/b) as a graph step does."""
         position = self._next()
         fingerprint = step_fingerprint(position, name, arguments)
-        recorded = self._replayed(fingerprint)
+        recorded = self._replayed(position, name, fingerprint.digest, lambda: fingerprint)
         if recorded is not None:
             return recorded
         raise Suspend(
@@ -449,7 +450,7 @@ class AgentContext:
     def _wait(self, call: waiting.WaitCall) -> Any:
         position = self._next()
         fingerprint = step_fingerprint(position, call.name, call.arguments)
-        recorded = self._replayed(fingerprint)
+        recorded = self._replayed(position, call.name, fingerprint.digest, lambda: fingerprint)
         if recorded is not None:
             return recorded
         step = self._step(fingerprint, StepKind.READ, _waited, extra={})
@@ -466,7 +467,15 @@ class AgentContext:
     @property
     def history(self) -> tuple[ToolRecord, ...]:
         """The tool calls made so far, this branch's and earlier branches' completed ones."""
-        return (*self._earlier, *self._history)
+        return (
+            *self._earlier,
+            *(
+                ToolRecord(
+                    position=position, name=name, arguments=arguments, result=o.result, ok=o.ok
+                )
+                for position, name, arguments, o in self._called
+            ),
+        )
 
     # --- replay ------------------------------------------------------------------------------
     def _model_client(self) -> ModelClient:
@@ -482,43 +491,76 @@ class AgentContext:
         return self._position
 
     def _replayed(
-        self, now: Fingerprint, *, whole: Callable[[], Fingerprint] | None = None
+        self,
+        position: int,
+        name: str,
+        digest: str,
+        now: Callable[[], Fingerprint],
+        *,
+        whole: Callable[[], Fingerprint] | None = None,
     ) -> Any | None:
-        """The recorded output at `now`'s position (a divergence if another call is recorded
-        there), or None when this is the call to make now. `whole`: a model turn's whole
-        request, built only for a divergence's diff."""
-        recorded = self._recorded.get(now.position)
-        if now.position >= self._seq:
-            if recorded is not None:  # a crashed attempt of this very call: must be the same
-                self._check(recorded, now, whole)
+        """The recorded output at `position` (a divergence if another call is recorded there),
+        or None when this is the call to make now. The call is the recorded one when its name
+        and digest are (the digest names its kind and arguments; the position, its row);
+        only when they are not is its fingerprint built (`now`), and for a model turn its
+        whole request (`whole`), for a divergence's diff."""
+        recorded = self._recorded.get(position)
+        if recorded is None:
+            if position >= self._seq:
+                return None
+            raise Diverged(_missing(now()))
+        recorded_name, status, recorded_digest, output = recorded
+        same = recorded_digest == digest and recorded_name == name
+        if position >= self._seq:
+            if not same:  # a crashed attempt of this very call
+                self._check(position, now(), whole, recorded_digest=recorded_digest)
             return None
-        if recorded is None or recorded.status != StepStatus.COMPLETED:
-            raise Diverged(_missing(now))
-        self._check(recorded, now, whole)
-        return recorded.output
+        if status != StepStatus.COMPLETED:
+            raise Diverged(_missing(now()))
+        if not same:
+            self._check(position, now(), whole, recorded_digest=recorded_digest)
+        return output
 
     def _check(
-        self, recorded: Any, now: Fingerprint, whole: Callable[[], Fingerprint] | None
+        self,
+        position: int,
+        now: Fingerprint,
+        whole: Callable[[], Fingerprint] | None,
+        *,
+        recorded_digest: str,
     ) -> None:
-        stored = recorded.arguments or {}
-        said = [stored.get(key) for key in ("digest", "position", "kind", "name")]
-        if said == [now.digest, now.position, now.kind, now.name]:
-            return  # the usual case, read without building the recorded fingerprint
+        """A divergence, unless the call was recorded before its digest had a column (none):
+        then its stored fingerprint decides (a turn recorded whole, before deltas, names its
+        chained digest by its messages)."""
+        recorded = self._whole_call(position)
+        if recorded is None:
+            raise Diverged(_missing(now))
         found = Fingerprint.from_json(recorded.arguments)
-        if found.matches(now):
-            return  # a model turn recorded whole, before deltas
+        if not recorded_digest and found.matches(now):
+            return
         if whole is not None and found.kind == CallKind.LLM:
             # Stored as deltas: the diff reads the two whole conversations.
-            found, now = self._whole_recorded(found.position) or found, whole()
+            found, now = self._whole_recorded(position) or found, whole()
         divergence = diverges(found, now)
         assert divergence is not None  # the two whole requests differ as their digests do
         raise Diverged(divergence)
 
+    def _whole_call(self, position: int) -> Any | None:
+        """The call recorded at `position` whole, as stored (its arguments)."""
+        if self._whole is None:
+            self._whole = {call.seq: call for call in self._load_calls()}
+        return self._whole.get(position)
+
     def _whole_recorded(self, position: int) -> Fingerprint | None:
         """The model turn recorded at `position`, rebuilt whole from the turns before it."""
+        self._whole_call(position)
+        assert self._whole is not None
         request = None
-        for turn in self._load_turns(position):
-            request = whole_request((turn.arguments or {}).get("arguments"), request)
+        for seq, call in self._whole.items():
+            stored = call.arguments if isinstance(call.arguments, dict) else {}
+            if seq > position or stored.get("kind") != CallKind.LLM:
+                continue
+            request = whole_request(stored.get("arguments"), request)
             if request is None:
                 return None
         if request is None:
@@ -547,6 +589,7 @@ class AgentContext:
                 fn=lambda ctx: output,
                 arguments={**arguments, "reused": {"key": reused.idempotency_key}},
                 key=reused.idempotency_key,
+                digest=fingerprint.digest,
             )
         return StepDef(
             name=fingerprint.name,
@@ -557,6 +600,7 @@ class AgentContext:
             key_window_seconds=key_window_seconds,
             arguments=arguments,
             key=idempotency_key(self.run_id, fingerprint.position, self._branch),
+            digest=fingerprint.digest,
         )
 
     def _reuse(self, now: Fingerprint) -> Any | None:
@@ -576,13 +620,14 @@ def replay(
     input: Any,
     seq: int,
     branch: int,
-    recorded: Sequence[Any],
+    recorded: Mapping[int, Any],
     reusable: Callable[[], Sequence[Any]],
-    turns: Callable[[int], Sequence[Any]],
+    calls: Callable[[], Sequence[Any]],
 ) -> Outcome:
     """Run the function from the top against its recorded calls; what this task must do.
-    `recorded`: the branch's calls, model turns by digest; `turns(position)`: its model turns
-    up to `position` with their stored messages (a divergence's diff reads them).
+    `recorded`: the branch's calls by position, as `store.replay_load` reads them (digests,
+    not arguments); `calls()`: the same calls whole, as stored, read only when a digest
+    differs (a divergence's diff, a call recorded before digests had a column).
 
     Again, comparing every turn's messages by value, if the function changed a message in
     place after a model turn was sent it (see `Turns`)."""
@@ -596,7 +641,7 @@ def replay(
             branch=branch,
             recorded=recorded,
             reusable=reusable,
-            turns=turns,
+            calls=calls,
             exact=exact,
         )
         return _run(workflow, seq, ctx), ctx
@@ -622,9 +667,10 @@ def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
         return Divergent(divergence=diverged.divergence)
     except PermanentStepError as exc:
         return Failed(reason=str(exc))
-    pending = ctx._recorded.get(seq)
-    if pending is not None:  # it returned without making the call recorded (in flight) at `seq`
-        return Divergent(divergence=_extra(Fingerprint.from_json(pending.arguments)))
+    if seq in ctx._recorded:  # it returned without making the call recorded (in flight) at `seq`
+        pending = ctx._whole_call(seq)
+        if pending is not None:
+            return Divergent(divergence=_extra(Fingerprint.from_json(pending.arguments)))
     unfinished = workflow.done(ctx.history) if workflow.done is not None else None
     if unfinished:
         return Failed(reason=unfinished)

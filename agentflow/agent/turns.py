@@ -72,45 +72,61 @@ class Turns:
         self._exact = exact
         self._sent: tuple[Any, ...] = ()  # the previous turn's messages (exact: their texts)
         self._chains = [CHAIN_START]  # the chain after each of its first i messages
-        self._hashed: list[tuple[Any, str]] = []  # each message hashed, with its text then
-        self._first = True
+        self._hashed: list[Any] = []  # each message hashed, and its text then
+        self._texts: list[str] = []
+        self._observed = 0
+        self._latest: tuple[str, int, tuple[Any, ...], str] | None = None
 
-    def observe(self, model: str, messages: Sequence[Any]) -> Turn:
+    def observe(self, model: str, messages: Sequence[Any]) -> str:
+        """The digest of the request `messages` (and the tools) to `model`, after the turns
+        observed before it; `latest` is that turn."""
         now = tuple(messages)
         texts = [canonical_json(m) for m in now] if self._exact else None
         keep = _kept(texts if texts is not None else now, self._sent, exact=self._exact)
+        if texts is None:
+            added = [canonical_json(m) for m in now[keep:]]
+            self._hashed += now[keep:]
+            self._texts += added
+        else:
+            added = texts[keep:]
         chains = self._chains
         del chains[keep + 1 :]  # a turn that only appends (the usual one) copies nothing
-        for index in range(keep, len(now)):
-            if texts is not None:
-                text = texts[index]
-            else:
-                text = canonical_json(now[index])
-                self._hashed.append((now[index], text))
-            chains.append(chain_link(chains[-1], text))
+        chain = chains[-1]
+        for text in added:
+            chain = chain_link(chain, text)
+            chains.append(chain)
         self._sent = tuple(texts) if texts is not None else now
-        tools, self._first = (self._tools if self._first else None), False
+        self._observed += 1
+        found = turn_digest(model=model, chain=chain, tools_digest=self._tools_digest)
+        self._latest = (model, keep, now, found)
+        return found
+
+    def latest(self) -> Turn:
+        """The turn observed last, as its checkpoint stores it: built only for the call a
+        replay makes, not for each one it returns from the record."""
+        assert self._latest is not None
+        model, keep, now, found = self._latest
         return Turn(
             model=model,
             keep=keep,
             added=now[keep:],
-            tools=tools,
-            digest=turn_digest(model=model, chain=chains[-1], tools_digest=self._tools_digest),
+            tools=self._tools if self._observed == 1 else None,
+            digest=found,
         )
 
     def changed_in_place(self) -> bool:
         """Was a message this replay hashed changed afterwards (so a later turn it was kept in
         may have been another request than its digest says)?"""
-        return not all(unchanged(message, text) for message, text in self._hashed)
+        return not unchanged(self._hashed, self._texts)
 
 
 def _kept(now: Sequence[Any], sent: Sequence[Any], *, exact: bool) -> int:
     """How many of `sent` the request `now` starts with: the same objects (the same texts when
     `exact`), compared in C."""
-    same: Callable[[Any, Any], bool] = operator.eq if exact else operator.is_
-    if all(map(same, now, sent)):
+    differs: Callable[[Any, Any], bool] = operator.ne if exact else operator.is_not
+    if not any(map(differs, now, sent)):
         return min(len(now), len(sent))
-    return list(map(same, now, sent)).index(False)
+    return list(map(differs, now, sent)).index(True)
 
 
 def whole_request(arguments: Any, before: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from agentflow.store.calls import (
     RecordedCall,
+    ReplayedCall,
     calls_load,
+    replay_load,
     run_fail_between_calls,
     run_finish,
     superseded_reusable,
-    turns_load,
     undone_call,
 )
 from agentflow.store.events import event_add
@@ -75,6 +76,7 @@ __all__ = [
     "Heartbeat",
     "PendingWait",
     "RecordedCall",
+    "ReplayedCall",
     "Settled",
     "StepState",
     "attempt_lost",
@@ -92,6 +94,7 @@ __all__ = [
     "lease_renew",
     "live_calls",
     "outputs_load",
+    "replay_load",
     "run_cancel",
     "run_create",
     "run_fail_between_calls",
@@ -113,7 +116,6 @@ __all__ = [
     "sweep_push",
     "sweep_statements",
     "trace_parent_record",
-    "turns_load",
     "unclaimed_complete",
     "undone_call",
     "wait_decide",

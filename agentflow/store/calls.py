@@ -19,7 +19,7 @@ from agentflow.store.steps import ACTIVE, CheckpointRow, state_load
 
 @dataclass(frozen=True, kw_only=True)
 class RecordedCall:
-    """A checkpoint as a replay sees it: its position, what was called, and what came back."""
+    """A checkpoint as stored: its position, what was called, and what came back."""
 
     seq: int
     name: str
@@ -31,44 +31,41 @@ class RecordedCall:
     idempotency_key: str
 
 
+#: A checkpoint as a replay reads it: its name, status, fingerprint digest (empty for a call
+#: recorded before the digest had a column) and output. A plain tuple: a replay reads one per
+#: position, and builds nothing per row.
+ReplayedCall = tuple[str, str, str, Any]
+
+
 _CALL_FIELDS = (
     "seq", "name", "kind", "status", "attempts", "arguments", "output", "idempotency_key",
 )  # fmt: skip
 
 
-def calls_load(run_id: str, before_seq: int) -> list[RecordedCall]:
-    """Every checkpoint of the run before `before_seq`, in order (one query). A model turn's
-    stored messages and tools are left in the table: a replay matches turns by their chained
-    digest, so every task reads the conversation's digests, not the conversation
-    (`turns_load` reads it whole, for a divergence's diff). A turn recorded whole, before
-    deltas, is read whole: its digest is computed from its messages."""
+def replay_load(run_id: str, before_seq: int) -> dict[int, ReplayedCall]:
+    """The run's checkpoints before `before_seq` by position, as a replay reads them (one query):
+    their digests, not their arguments, which hold a model turn's messages and are read
+    only when a digest differs (`calls_load`). Every output is parsed in one go."""
     rows = sql.fetch_all(
-        f"""SELECT seq, name, kind, status, attempts, {_slim_arguments()}, output, idempotency_key
-        FROM {sql.STEPS} WHERE run_id = %s AND seq < %s ORDER BY seq""",
+        f"""SELECT seq, name, status, digest, output FROM {sql.STEPS}
+        WHERE run_id = %s AND seq < %s ORDER BY seq""",
+        [run_id, before_seq],
+    )
+    seqs, names, statuses, digests, outputs = zip(*rows, strict=True) if rows else ((),) * 5
+    calls = zip(names, statuses, digests, sql.read_json_many(outputs), strict=True)
+    return dict(zip(seqs, calls, strict=True))
+
+
+def calls_load(run_id: str, before_seq: int) -> list[RecordedCall]:
+    """Every checkpoint of the run before `before_seq`, whole as stored, in order (one query):
+    tool calls with their arguments for a tool's history, model turns with the messages they
+    added for a divergence's diff."""
+    rows = sql.fetch_all(
+        f"""SELECT {", ".join(_CALL_FIELDS)} FROM {sql.STEPS}
+        WHERE run_id = %s AND seq < %s ORDER BY seq""",
         [run_id, before_seq],
     )
     return [_recorded(row) for row in rows]
-
-
-def turns_load(run_id: str, through_seq: int) -> list[RecordedCall]:
-    """The run's model turns up to `through_seq`, whole as stored, in order."""
-    rows = sql.fetch_all(
-        f"""SELECT seq, name, kind, status, attempts, arguments, output, idempotency_key
-        FROM {sql.STEPS} WHERE run_id = %s AND seq <= %s AND kind = %s ORDER BY seq""",
-        [run_id, through_seq, StepKind.LLM],
-    )
-    return [_recorded(row) for row in rows]
-
-
-def _slim_arguments() -> str:
-    if sql.postgres():
-        return """CASE WHEN jsonb_typeof(arguments -> 'arguments') = 'object'
-                AND arguments -> 'arguments' ? 'keep'
-            THEN arguments #- '{arguments,messages}' #- '{arguments,tools}'
-            ELSE arguments END"""
-    return """CASE WHEN json_type(arguments, '$.arguments.keep') IS NOT NULL
-        THEN json_remove(arguments, '$.arguments.messages', '$.arguments.tools')
-        ELSE arguments END"""
 
 
 def _recorded(row: tuple[Any, ...]) -> RecordedCall:

@@ -288,6 +288,7 @@ def _write_failed_checkpoint(
                 "fence": sql.first_fence(run_id),
                 "idempotency_key": step.key or idempotency_key(run_id, seq),
                 "arguments": step.arguments,
+                "digest": step.digest,
                 "first_started_at": sql.at_now(),
                 "started_at": sql.at_now(),
             },

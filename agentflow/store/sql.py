@@ -211,6 +211,15 @@ def read_json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
+def read_json_many(values: Sequence[Any]) -> list[Any]:
+    """`read_json` of each value (None: SQL NULL), the texts parsed as one JSON array: one
+    parse of a row's small values costs more in the call than in the parse."""
+    texts = ["null" if value is None else value for value in values]
+    if all(type(text) is str for text in texts):
+        return json.loads(f"[{','.join(texts)}]")  # type: ignore[no-any-return]
+    return [read_json(value) for value in values]
+
+
 def read_datetime(value: Any) -> datetime | None:
     """SQLite hands back naive UTC (a datetime through Django's converters, or text);
     Postgres hands back aware datetimes."""

@@ -521,6 +521,7 @@ def _step_write(
                 "kind": step.kind,
                 "idempotency_key": step.key or idempotency_key(run_id, seq),
                 "arguments": step.arguments,
+                "digest": step.digest,
                 "first_started_at": sql.at_now(),
             }
         }

@@ -208,9 +208,9 @@ def _last_task_ms(run_id: str, positions: int) -> float:
                 input={"positions": positions},
                 seq=positions,
                 branch=0,
-                recorded=store.calls_load(run_id, positions + 1),
+                recorded=store.replay_load(run_id, positions + 1),
                 reusable=list,
-                turns=lambda position: store.turns_load(run_id, position),
+                calls=lambda: store.calls_load(run_id, positions + 1),
             )
             samples.append((time.perf_counter() - began) * 1000)
             if not isinstance(outcome, agent_loop.NextCall) or outcome.replayed != positions - 1:

@@ -96,9 +96,9 @@ def lost_claim(run_id: str, seq: int) -> None:
         input=run.input,
         seq=seq,
         branch=run.branch,
-        recorded=store.calls_load(run_id, seq + 1),
+        recorded=store.replay_load(run_id, seq + 1),
         reusable=lambda: [],
-        turns=lambda position: store.turns_load(run_id, position),
+        calls=lambda: store.calls_load(run_id, seq + 1),
     )
     assert isinstance(outcome, agent_loop.NextCall)
     state = store.state_load(run_id, seq)

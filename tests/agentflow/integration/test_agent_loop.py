@@ -101,7 +101,8 @@ def test_agent__another_call_at_a_recorded_position__parked_with_a_readable_diff
             **StepCheckpoint.objects.get(run_id=run_id, seq=2).arguments,
             "arguments": {"item": "banana"},
             "digest": "the digest of a lookup of bananas",
-        }
+        },
+        digest="the digest of a lookup of bananas",
     )
 
     run = drive(run_id)
@@ -125,7 +126,8 @@ def test_fork__from_a_diverged_position__same_calls_reused_others_keyed_by_branc
             **recorded.arguments,
             "arguments": {"item": "banana"},
             "digest": "the digest of a lookup of bananas",
-        }
+        },
+        digest="the digest of a lookup of bananas",
     )
     assert drive(run_id).status == RunStatus.NEEDS_ATTENTION
 
@@ -188,7 +190,8 @@ def test_fork__then_failing__undoes_the_superseded_effects_the_new_branch_did_no
             **recorded,
             "arguments": {**recorded["arguments"], "model": "another model"},
             "digest": "the digest of the turn as another model was asked",
-        }
+        },
+        digest="the digest of the turn as another model was asked",
     )
     assert drive(run_id).status == RunStatus.NEEDS_ATTENTION  # diverged at 4
     store.run_fork(run_id, position=4, actor="ops", reason="x")

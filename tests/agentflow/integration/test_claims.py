@@ -158,9 +158,9 @@ def _next_call(run_id: str, seq: int) -> tuple[store.StepState, StepDef]:
         input=state.input,
         seq=seq,
         branch=state.branch,
-        recorded=store.calls_load(run_id, seq + 1),
+        recorded=store.replay_load(run_id, seq + 1),
         reusable=lambda: store.superseded_reusable(run_id, workflows.agent),
-        turns=lambda position: store.turns_load(run_id, position),
+        calls=lambda: store.calls_load(run_id, seq + 1),
     )
     assert isinstance(outcome, agent_loop.NextCall), outcome
     return state, outcome.step
@@ -205,7 +205,7 @@ def test_replay__raises_while_an_effect_attempt_is_recorded_next__parked_outcome
     assert state is not None
     outcome = agent_loop.replay(
         workflows.moody, run_id=run_id, input=state.input, seq=2, branch=0,
-        recorded=store.calls_load(run_id, 3), reusable=list, turns=lambda position: [],
+        recorded=store.replay_load(run_id, 3), reusable=list, calls=list,
     )  # fmt: skip
     assert isinstance(outcome, agent_loop.NextCall)
     claim = store.step_claim(state, outcome.step, 2, None)  # the charge's worker dies...

@@ -28,7 +28,8 @@ def diverge_at(run_id: str, seq: int) -> None:
             **recorded,
             "arguments": {**recorded["arguments"], "model": "another model"},
             "digest": "the digest of the turn as another model was asked",
-        }
+        },
+        digest="the digest of the turn as another model was asked",
     )
 
 

@@ -31,7 +31,13 @@ def conversation(turns: int) -> list[list[dict[str, Any]]]:
 
 def observed(requests: list[list[dict[str, Any]]], *, model: str = "m", tools: Any = TOOLS):
     turns = Turns(tools)
-    return [turns.observe(model, request) for request in requests]
+    found = []
+    for request in requests:
+        digest = turns.observe(model, request)
+        turn = turns.latest()
+        assert turn.digest == digest
+        found.append(turn)
+    return found
 
 
 def stored(turn: Any, position: int) -> Fingerprint:
@@ -100,7 +106,8 @@ def test_turns__exact_compares_by_value_what_identity_kept() -> None:
     messages[1]["content"] = "Count backwards."
     messages.append(assistant_message(None))
 
-    turn = exact.observe("m", messages)
+    exact.observe("m", messages)
+    turn = exact.latest()
 
     assert turn.keep == 1 and len(turn.added) == 2
     whole = llm_fingerprint(2, model="m", messages=messages, tools=TOOLS)
