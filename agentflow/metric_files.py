@@ -123,6 +123,15 @@ def _archive_id(generation: int) -> str:
     return f"{ARCHIVE_ID}-{generation}"
 
 
+def _empty(path: str) -> bool:
+    """A file created but not yet sized: its process was between prometheus_client's `open`
+    and `truncate` (or was killed there). It holds no values, and reading it would fail."""
+    try:
+        return os.path.getsize(path) == 0
+    except FileNotFoundError:
+        return True
+
+
 def readable_files() -> list[str]:
     """The files a scrape adds up: live or unfolded processes, and the current archive."""
     manifest = _manifest()
@@ -130,6 +139,8 @@ def readable_files() -> list[str]:
     folded = set(manifest["folded"])
     files = []
     for path in glob.glob(str(directory() / "*.db")):
+        if _empty(path):
+            continue
         ident = _identifier(path)
         if ident.startswith(ARCHIVE_ID):
             if ident == current:
@@ -199,7 +210,7 @@ def _write_archive(generation: int, current: int, dead: list[str]) -> None:
     sources = dead + [str(p) for p in directory().glob(f"*_{_archive_id(current)}.db")]
     for path in sources:
         typ = os.path.basename(path).split("_", 1)[0]
-        if typ not in SUMMED_TYPES:
+        if typ not in SUMMED_TYPES or _empty(path):
             continue
         for key, value, _timestamp, _pos in MmapedDict.read_all_values_from_file(path):
             totals[typ, key] = totals.get((typ, key), 0.0) + value

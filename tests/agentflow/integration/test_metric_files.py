@@ -122,3 +122,39 @@ def test_fold__a_fold_that_stopped_before_deleting_counts_nothing_twice(metrics_
     metric_files.fold_dead()
     assert not (metrics_dir / f"counter_{ident}.db").exists()
     assert totals()[("t_jobs_total", (("kind", "a"),))] == 7
+
+
+CREATING = textwrap.dedent(
+    """
+    import os, sys
+    from agentflow import metric_files
+    # Where prometheus_client's MmapedDict stands between `open` and `truncate`.
+    path = os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"],
+                        f"counter_{metric_files.process_identifier()}.db")
+    open(path, "a+b").close()
+    print(metric_files.process_identifier(), flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_fold__a_process_killed_before_its_file_was_sized_breaks_no_scrape(
+    metrics_dir: Path,
+) -> None:
+    write(metrics_dir, 3, 0.5)
+    creating = subprocess.Popen(
+        [sys.executable, "-c", CREATING],
+        env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PATH": "/usr/bin:/bin"},
+        cwd=Path(__file__).resolve().parents[3], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    ident = creating.stdout.readline().strip() if creating.stdout else ""
+    empty = metrics_dir / f"counter_{ident}.db"
+    assert empty.exists() and empty.stat().st_size == 0
+    assert totals()[("t_jobs_total", (("kind", "a"),))] == 3  # scraped while it is being made
+
+    creating.kill()  # SIGKILL: the file stays empty forever
+    creating.wait()
+    assert metric_files.fold_dead() == 2
+    assert not empty.exists()
+    assert totals()[("t_jobs_total", (("kind", "a"),))] == 3
