@@ -10,6 +10,7 @@ the bench's own constants, never from input, and may use `g`, the row's number.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection
@@ -18,6 +19,7 @@ from django.utils import timezone
 
 from agentflow.models import RunEvent, RunWait, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepKind, StepStatus
+from agentflow.store import sql
 
 _RUNS_INSERT = """
 INSERT INTO {table} (id, workflow, version, input, status, current_step, current_seq, output,
@@ -166,6 +168,71 @@ def yardstick_step_record(run_id: str, seq: int) -> None:
         finished_at=now,
     )
     WorkflowRun.objects.filter(pk=run_id).update(current_seq=seq + 1, updated_at=now)
+
+
+def floor_run_create(workflow: str) -> str:
+    """The protocol floor's run row, RUNNING at its first step (one plain ORM commit)."""
+    run = WorkflowRun.objects.create(
+        workflow=workflow,
+        version=1,
+        status=RunStatus.RUNNING,
+        current_step="step_1",
+        current_seq=1,
+        wake_at=timezone.now() + timedelta(minutes=1),
+    )
+    return run.id
+
+
+def floor_step(run_id: str, seq: int, *, effect: bool, last: bool) -> None:
+    """One step of the protocol floor: only the writes SPEC 3.3 requires of a step, through the
+    engine's own statement, with nothing around them (no load of the run, no decisions, no
+    telemetry). A `read` is its completing write; an `effect` its claim, committed and flushed
+    before the call, then its fenced completion. Both commit as the engine's do: the
+    completion that ends the run waits for the disk, earlier completions do not."""
+    checkpoint = {
+        "run_id": run_id,
+        "seq": seq,
+        "name": f"step_{seq}",
+        "kind": StepKind.EFFECT if effect else StepKind.READ,
+        "idempotency_key": f"{run_id}_{seq}",
+        "retryable": False,
+        "error": "",
+        "lease_owner": "",
+        "attempts": 1,
+        "fence": 1,
+        "first_started_at": sql.at_now(),
+        "started_at": sql.at_now(),
+    }
+    advance: dict[str, Any] = {"current_seq": seq + 1, "updated_at": sql.at_now()}
+    if last:
+        advance.update(status=RunStatus.COMPLETED, wake_at=None)
+    else:
+        advance.update(current_step=f"step_{seq + 1}")
+    finished = {"status": StepStatus.COMPLETED, "finished_at": sql.at_now()}
+    if not effect:
+        sql.move_run_and_step(
+            run_id=run_id, seq=seq, active=(RunStatus.RUNNING,), run_changes=advance,
+            step_insert={**checkpoint, **finished}, synchronous=last,
+        )  # fmt: skip
+        return
+    claimed = sql.move_run_and_step(
+        run_id=run_id, seq=seq, active=(RunStatus.RUNNING,),
+        run_changes={"wake_at": sql.at_now_plus(60), "updated_at": sql.at_now()},
+        step_insert={
+            **checkpoint, "status": StepStatus.IN_PROGRESS, "lease_owner": "floor",
+            "lease_expires_at": sql.at_now_plus(60),
+        },
+        returning=("fence",),
+    )  # fmt: skip
+    assert claimed is not None, f"the floor's claim of {run_id} #{seq} was fenced out"
+    sql.move_run_and_step(
+        run_id=run_id, seq=seq, active=(RunStatus.RUNNING,), run_changes=advance,
+        step_where=sql.StepWhere("{c}.status = 'IN_PROGRESS' AND {c}.fence = %s", (claimed[0],)),
+        step_changes={
+            **finished, "fence": claimed[0] + 1, "lease_expires_at": None, "lease_owner": "",
+        },
+        synchronous=last,
+    )  # fmt: skip
 
 
 # --- time passing, for the model-based test ------------------------------------------------------

@@ -32,6 +32,7 @@ from agentflow.contrib.bench.throughput import (
     chain_throughput,
     commits_per_step,
     dbos_throughput,
+    floor_chain_throughput,
     naive_chain_throughput,
     other_writers_per_s,
     wait_until,
@@ -77,6 +78,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         report["sweep"] = asdict(figure)
     done = _on_worker(options, progress)
     chain, mixed, naive = done.total("chain"), done.total("flow"), done.total("naive")
+    floor = done.total("floor")
     dbos, dbos_queue = done.total("dbos"), done.total("dbos_queue")
     reads, effects = done.reads, done.effects
     report["agentflow"] = {
@@ -100,6 +102,10 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     report["celery_chain"] = _rates(chain)
     report["ratio"] = round(mixed.steps_per_s / chain.steps_per_s, 3)
     report["ratio_per_round"] = done.ratios("flow", "chain")
+    report["protocol_floor_chain"] = _rates(floor)
+    report["ratio_floor_to_chain"] = round(floor.steps_per_s / chain.steps_per_s, 3)
+    report["ratio_floor_to_chain_per_round"] = done.ratios("floor", "chain")
+    report["ratio_to_floor"] = round(mixed.steps_per_s / floor.steps_per_s, 3)
     report["naive_durable_chain"] = _rates(naive)
     report["ratio_to_naive"] = round(mixed.steps_per_s / naive.steps_per_s, 3)
     report["dbos"] = {
@@ -143,6 +149,7 @@ class Turn:
     chain: Throughput
     flow: Throughput
     naive: Throughput
+    floor: Throughput
     dbos: Throughput
     dbos_queue: Throughput
 
@@ -190,13 +197,14 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
         chain_throughput(WARMUP)
         workflow_throughput(workload.MIXED, WARMUP)
         naive_chain_throughput(WARMUP)
+        floor_chain_throughput(WARMUP)
         dbos_throughput(threads, WARMUP)
         dbos_throughput(queue, WARMUP)
         memory = WorkerMemory(samples=[(0, *worker_rss_kib(worker))])
         ours = connection.settings_dict["NAME"]
         cpu = {
             name: CpuMeter(own=lambda: [worker.pid, *worker.children()], dbname=ours)
-            for name in ("chain", "flow", "naive")
+            for name in ("chain", "flow", "naive", "floor")
         } | {
             "dbos": CpuMeter(own=threads.pids, dbname=threads.dbname),
             "dbos_queue": CpuMeter(own=queue.pids, dbname=queue.dbname),
@@ -206,6 +214,7 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
             progress(
                 f"round {number}: plain Celery chain, {size} chains x {workload.STEPS} tasks; "
                 f"agentflow, {size} runs x {workload.STEPS} steps; hand-written durable chain; "
+                "the protocol floor; "
                 f"DBOS, {size} workflows from {dbos_peer.THREADS} threads, then on its queue"
             )
             turns.append(
@@ -213,6 +222,7 @@ def _on_worker(options: BenchOptions, progress: Callable[[str], None]) -> Worker
                     chain=cpu["chain"].measure(partial(chain_throughput, size)),
                     flow=cpu["flow"].measure(partial(workflow_throughput, workload.MIXED, size)),
                     naive=cpu["naive"].measure(partial(naive_chain_throughput, size)),
+                    floor=cpu["floor"].measure(partial(floor_chain_throughput, size)),
                     dbos=cpu["dbos"].measure(partial(dbos_throughput, threads, size)),
                     dbos_queue=cpu["dbos_queue"].measure(partial(dbos_throughput, queue, size)),
                 )

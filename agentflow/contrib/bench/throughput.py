@@ -181,6 +181,21 @@ def naive_chain_throughput(chains: int) -> Throughput:
     return _timed_chains(chains, links)
 
 
+def floor_chain_throughput(chains: int) -> Throughput:
+    """The protocol floor: chains of STEPS tasks that each make only the writes the protocol
+    requires of their step, each chain on a run row created just before it is published."""
+
+    def links(done_key: str) -> list[Signature]:
+        run_id = synthetic.floor_run_create(workload.FLOOR)
+        last = workload.STEPS
+        return [
+            workload.floor_link.si(run_id, seq, *((done_key, chains) if seq == last else ()))
+            for seq in range(1, last + 1)
+        ]
+
+    return _timed_chains(chains, links)
+
+
 def _timed_chains(chains: int, links: Callable[[str], list[Signature]]) -> Throughput:
     client = workload.redis_client()
     done_key = f"agentflow:bench:chains:{uuid.uuid4().hex}"

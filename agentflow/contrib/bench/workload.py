@@ -30,10 +30,13 @@ HOLD = "bench_hold"
 #: The hand-written durable chain's runs: a row per chain, a checkpoint row per link.
 NAIVE = "bench_naive"
 NAIVE_TASK = "agentflow.bench_naive"
+#: The protocol floor's runs: the writes a step needs and nothing else, on a plain chain.
+FLOOR = "bench_floor"
+FLOOR_TASK = "agentflow.bench_floor"
 #: Finished runs dated long ago, with their checkpoints and events, for the purge to delete.
 AGED = "bench_aged"
 #: Runs the bench creates and deletes again (HISTORY is kept on purpose).
-DISPOSABLE = (MIXED, READ_ONLY, EFFECT_ONLY, STALE, HOLD, NAIVE, AGED)
+DISPOSABLE = (MIXED, READ_ONLY, EFFECT_ONLY, STALE, HOLD, NAIVE, FLOOR, AGED)
 
 
 def broker_url() -> str:
@@ -76,6 +79,16 @@ def naive_link(run_id: str, seq: int, done_key: str | None = None, total: int = 
     than: two plain ORM commits per task (record the step, then advance the run), and none of
     the claim, fencing, lease, retry or recovery that make agentflow safe."""
     synthetic.yardstick_step_record(run_id, seq)
+    if done_key is not None:
+        _count_chain_done(done_key, total)
+
+
+@shared_task(name=FLOOR_TASK, acks_late=True, ignore_result=True)
+def floor_link(run_id: str, seq: int, done_key: str | None = None, total: int = 0) -> None:
+    """One link of the protocol floor: a plain chain task that makes exactly the writes the
+    protocol requires of the mixed workflow's step at `seq` (odd: read, even: effect). No
+    engine reaches a higher rate with the protocol's guarantees on this machine."""
+    synthetic.floor_step(run_id, seq, effect=seq % 2 == 0, last=seq == STEPS)
     if done_key is not None:
         _count_chain_done(done_key, total)
 

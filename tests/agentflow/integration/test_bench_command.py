@@ -44,6 +44,9 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     assert chain["runs"] == flow["runs"] == 4  # in turns: 4 rounds of one run each
     assert len(report["ratio_per_round"]) == 4 and all(r > 0 for r in report["ratio_per_round"])
     assert report["naive_durable_chain"]["runs"] == 4 and report["ratio_to_naive"] > 0
+    # The protocol's writes alone, on a plain chain: what bounds any engine with its guarantees.
+    assert report["protocol_floor_chain"]["runs"] == 4 and report["ratio_to_floor"] > 0
+    assert report["ratio_floor_to_chain"] > 0 and len(report["ratio_floor_to_chain_per_round"]) == 4
     # DBOS in the same turns, a process and a system database per mode, dropped after.
     dbos = report["dbos"]
     assert dbos["version"].startswith("3.") and (dbos["threads"], dbos["queue_concurrency"]) == (
@@ -67,7 +70,7 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     for figure in ("pool_growth_per_10k_steps_mib", "parent_growth_per_10k_steps_mib"):
         assert isinstance(memory[figure], float), figure
     cpu_ms = report["cpu_ms_per_step"]
-    assert set(cpu_ms) == {"chain", "flow", "naive", "dbos", "dbos_queue"}
+    assert set(cpu_ms) == {"chain", "flow", "naive", "floor", "dbos", "dbos_queue"}
     assert cpu_ms["flow"]["own_ms"] > 0 and cpu_ms["dbos"]["own_ms"] > 0
     # Counted from Postgres transaction ids, which other writers on the cluster also consume.
     assert flow["commits_per_read_step"] >= 1.0

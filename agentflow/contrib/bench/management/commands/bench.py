@@ -133,6 +133,12 @@ def render(report: dict[str, Any]) -> str:
             f"{report['naive_durable_chain']['steps_per_s']:,.1f}",
         ),
         ("ratio (agentflow / hand-written)", f"{report['ratio_to_naive']:.3f}"),
+        (
+            "protocol floor steps/s (its writes alone on a chain; ÷ chain)",
+            f"{report['protocol_floor_chain']['steps_per_s']:,.1f} "
+            f"({report['ratio_floor_to_chain']:.3f})",
+        ),
+        ("ratio (agentflow / protocol floor)", f"{report['ratio_to_floor']:.3f}"),
         ("DBOS steps/s, 2 threads / its queue", _dbos_rates(report["dbos"])),
         (
             "ratio (agentflow / DBOS threads, queue)",
