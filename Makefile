@@ -32,6 +32,10 @@ WITH_KEY = DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$(cat $(DEV_KEY))}"
 # elsewhere). Its own test database is created by pytest-django as test_<name>.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
+# The suite runs in this many shards at once (pytest-xdist; tests/support/shards.py gives each
+# its own database, Redis database, var/ directory and ports); 0 runs it in this one process.
+TEST_SHARDS ?= 3
+SHARD_ARGS := $(if $(filter 0,$(TEST_SHARDS)),,-n $(TEST_SHARDS) --dist loadgroup)
 
 .PHONY: run test screenshots lock lint typecheck clean
 
@@ -66,16 +70,16 @@ run: $(INSTALLED) $(DEV_KEY)
 
 test: $(INSTALLED)
 	bash .ci/services
-	rm -rf var/test/metrics  # metric files of earlier runs' processes
+	rm -rf var/test/metrics var/test/shard*/metrics  # metric files of earlier runs' processes
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-	  REDIS_URL=$(TEST_BROKER_URL) AGENTFLOW_VAR_DIR=$(CURDIR)/var/test \
+	  REDIS_URL=$(TEST_BROKER_URL) AGENTFLOW_VAR_DIR=$(CURDIR)/var/test PYTHONPATH=$(CURDIR) \
 	  DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')}" \
-	  $(VENV)/bin/pytest $(PYTEST_ARGS)
+	  $(VENV)/bin/pytest -p tests.support.shards $(SHARD_ARGS) $(PYTEST_ARGS)
 
 # The README's pictures (static/readme/*.png), taken by the browser tests' Chromium from a real
 # refund: run it again after changing the refund pages or the admin (same services as `test`).
 screenshots:
-	README_SHOTS_DIR=$(CURDIR)/static/readme $(MAKE) test \
+	README_SHOTS_DIR=$(CURDIR)/static/readme $(MAKE) test TEST_SHARDS=0 \
 	  PYTEST_ARGS="-q tests/config/acceptance/test_readme_screenshots.py"
 
 $(UV):

@@ -60,19 +60,35 @@ def _until_ready(
         time.sleep(interval)
 
 
+#: Ports this process has handed out: never handed out twice, since the server meant to bind
+#: one may not have yet when the next is asked for.
+_handed_out: set[int] = set()
+
+
 def free_port(*, pair: bool = False) -> int:
     """A free TCP port on 127.0.0.1; with `pair`, one whose successor is free too (HTTP + SMTP).
 
     Chosen below the kernel's ephemeral range: the server that will bind it starts seconds
     later, and meanwhile any outgoing connection (to Postgres, Redis, ...) may take an
-    ephemeral port, which made a sandbox fail with "address already in use".
+    ephemeral port, which made a sandbox fail with "address already in use". Suites run in
+    shards give each its own range (`AGENTFLOW_TEST_PORTS=low-high`), so two never race for one.
     """
-    low = _ephemeral_low()
+    low, high = _port_range()
     for _ in range(200):
-        port = random.randrange(10_000, max(10_002, low - 1))
-        if _bindable(port) and (not pair or _bindable(port + 1)):
+        port = random.randrange(low, high)
+        wanted = (port, port + 1) if pair else (port,)
+        if _handed_out.isdisjoint(wanted) and all(_bindable(each) for each in wanted):
+            _handed_out.update(wanted)
             return port
     raise ProcessStartError("no free port (pair)" if pair else "no free port")
+
+
+def _port_range() -> tuple[int, int]:
+    configured = os.environ.get("AGENTFLOW_TEST_PORTS", "")
+    if configured:
+        low_text, _, high_text = configured.partition("-")
+        return int(low_text), int(high_text) - 1  # the pair's second port stays in range
+    return 10_000, max(10_002, _ephemeral_low() - 1)
 
 
 def _ephemeral_low() -> int:

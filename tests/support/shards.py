@@ -1,0 +1,65 @@
+"""The suite in shards (`make test`, TEST_SHARDS; pytest-xdist): each shard its own services.
+
+Loaded with `-p tests.support.shards` before pytest-django sets Django up, since the settings
+read their directories and URLs once, at import. In shard N (xdist's worker `gwN`), before
+that import:
+- `AGENTFLOW_VAR_DIR` gains `/shardN`: logs, metric files, sandbox state and the beat schedule
+  are each shard's own (the metric files of one shard's killed workers are not another's);
+- the machine Redis URLs (`CELERY_BROKER_URL`, `REDIS_URL`) move to database number `db - N`;
+- `AGENTFLOW_TEST_PORTS` gives it a slice of the ports `free_port` hands out.
+pytest-django already gives each shard its own test database (`test_<name>_gwN`), and each
+shard's session starts its own private Redis. Tests of one shared server that a test empties
+(the machine's RabbitMQ) all run in one shard (`xdist_group`, with `--dist loadgroup`).
+Without xdist this plugin does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Generator
+
+import pytest
+
+#: The ports `free_port` chooses from (below Linux's ephemeral range), split among shards.
+PORTS = (10_000, 32_000)
+#: Tests that empty or restart one server the machine has once: they share a shard.
+RABBITMQ = "rabbitmq"
+
+
+def shard() -> int | None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if re.fullmatch(r"gw\d+", worker) else None
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> Generator[None, None, None]:
+    number = shard()
+    if number is not None:
+        _isolate(number, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    return (yield)
+
+
+def _isolate(number: int, count: int) -> None:
+    var = os.environ.get("AGENTFLOW_VAR_DIR")
+    if var:
+        os.environ["AGENTFLOW_VAR_DIR"] = os.path.join(var, f"shard{number}")
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the settings derive it from the above
+    for key in ("CELERY_BROKER_URL", "REDIS_URL"):
+        url = os.environ.get(key, "")
+        found = re.fullmatch(r"(redis://[^/]+/)(\d+)", url)
+        if found:
+            os.environ[key] = f"{found[1]}{max(0, int(found[2]) - number)}"
+    low, high = PORTS
+    width = (high - low) // max(count, 1)
+    os.environ["AGENTFLOW_TEST_PORTS"] = f"{low + number * width}-{low + (number + 1) * width - 1}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        uses_rabbitmq = callspec is not None and callspec.params.get("infra") == RABBITMQ
+        if uses_rabbitmq or RABBITMQ in item.nodeid.lower():
+            item.add_marker(pytest.mark.xdist_group(RABBITMQ))
