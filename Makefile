@@ -35,7 +35,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 # The suite runs in this many shards at once (pytest-xdist; tests/support/shards.py gives each
 # its own database, Redis database, var/ directory and ports); 0 runs it in this one process.
 TEST_SHARDS ?= 3
-SHARD_ARGS := $(if $(filter 0,$(TEST_SHARDS)),,-n $(TEST_SHARDS) --dist loadgroup)
+SHARD_ARGS := $(if $(filter 0,$(TEST_SHARDS)),,-n $(TEST_SHARDS))
 
 .PHONY: run test screenshots lock lint typecheck clean
 

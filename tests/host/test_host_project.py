@@ -307,7 +307,9 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         # This suite's pip, into the venv (`--python`): the venv needs no pip of its own. The
         # machine's cache and index settings; the lock's versions.
         pip = [sys.executable, "-m", "pip", "--python", host.python]
-        pip_env = {**os.environ}
+        # Not this suite's PYTHONPATH (make test puts the checkout on it): pip would take the
+        # checkout's metadata for an installed agentflow and skip the wheel.
+        pip_env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
         constraints = str(_constraints(workdir))
         with phase("install the dependencies"):
             host.run(

@@ -9,7 +9,8 @@ that import:
 - `AGENTFLOW_TEST_PORTS` gives it a slice of the ports `free_port` hands out.
 pytest-django already gives each shard its own test database (`test_<name>_gwN`), and each
 shard's session starts its own private Redis. Tests of one shared server that a test empties
-(the machine's RabbitMQ) all run in one shard (`xdist_group`, with `--dist loadgroup`).
+(the machine's RabbitMQ) all run in one shard, one after another, and so do the host
+project's, which share the venv they build (`pytest_xdist_make_scheduler`).
 Without xdist this plugin does nothing.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Generator
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,8 @@ import pytest
 PORTS = (10_000, 32_000)
 #: Tests that empty or restart one server the machine has once: they share a shard.
 RABBITMQ = "rabbitmq"
+#: The host project's tests share one built venv (a module fixture): one shard builds it once.
+HOST = "tests/host/"
 
 
 def shard() -> int | None:
@@ -57,9 +61,24 @@ def _isolate(number: int, count: int) -> None:
     os.environ["AGENTFLOW_TEST_PORTS"] = f"{low + number * width}-{low + (number + 1) * width - 1}"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        uses_rabbitmq = callspec is not None and callspec.params.get("infra") == RABBITMQ
-        if uses_rabbitmq or RABBITMQ in item.nodeid.lower():
-            item.add_marker(pytest.mark.xdist_group(RABBITMQ))
+def group(nodeid: str) -> str:
+    """The unit a shard runs whole: a test alone, or every test of one shared server."""
+    if nodeid.startswith(HOST):
+        return HOST
+    if RABBITMQ in nodeid.lower():
+        return RABBITMQ
+    return nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's own grouping (`--dist loadgroup`) silently stops grouping on pytest 9.2
+    (pytest-dev/pytest-xdist#1386): the groups are chosen here from the node ids instead."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedServers(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group(nodeid)
+
+    return SharedServers(config, log)

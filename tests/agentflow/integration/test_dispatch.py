@@ -11,6 +11,7 @@ from celery import current_app
 from kombu import Connection
 
 from agentflow import dispatch
+from agentflow.testing.waiting import wait_for
 
 QUEUE = "celery"
 
@@ -42,4 +43,6 @@ def test_send_step__declares_once_per_connection_and_every_message_arrives(
         assert dispatch._declared(producer, route)
     assert dispatch.send_step("wf_dispatch", 2)  # the cache says declared: no declaration
 
+    # RabbitMQ routes a publish after it is sent: count once both are there, then again.
+    wait_for(lambda: broker.queue_length(QUEUE) >= 2, timeout=10, what="both messages queued")
     assert broker.queue_length(QUEUE) == 2
