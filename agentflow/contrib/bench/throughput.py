@@ -7,8 +7,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from celery import Signature, chain
 from django.db import connection
@@ -169,27 +170,27 @@ def naive_chain_throughput(chains: int) -> Throughput:
     """The yardstick: chains of STEPS tasks that each make two plain ORM commits, each chain on
     a run row created (by the ORM, one commit) just before it is published, as `durable.start`
     does for agentflow inside its timed phase."""
-
-    def links(done_key: str) -> list[Signature]:
-        run_id = synthetic.yardstick_run_create(workload.NAIVE)
-        last = workload.STEPS
-        return [
-            workload.naive_link.si(run_id, seq, *((done_key, chains) if seq == last else ()))
-            for seq in range(1, last + 1)
-        ]
-
-    return _timed_chains(chains, links)
+    return _run_chains(
+        chains, partial(synthetic.yardstick_run_create, workload.NAIVE), workload.naive_link
+    )
 
 
 def floor_chain_throughput(chains: int) -> Throughput:
     """The protocol floor: chains of STEPS tasks that each make only the writes the protocol
     requires of their step, each chain on a run row created just before it is published."""
+    return _run_chains(
+        chains, partial(synthetic.floor_run_create, workload.FLOOR), workload.floor_link
+    )
+
+
+def _run_chains(chains: int, create_run: Callable[[], str], link: Any) -> Throughput:
+    """Chains of STEPS `link(run_id, seq)` tasks, each on a run row of its own."""
 
     def links(done_key: str) -> list[Signature]:
-        run_id = synthetic.floor_run_create(workload.FLOOR)
+        run_id = create_run()
         last = workload.STEPS
         return [
-            workload.floor_link.si(run_id, seq, *((done_key, chains) if seq == last else ()))
+            link.si(run_id, seq, *((done_key, chains) if seq == last else ()))
             for seq in range(1, last + 1)
         ]
 
