@@ -84,6 +84,21 @@ def test_debug_off_without_a_real_key__web_and_worker_exit_non_zero_with_the_rea
     assert reason in said and REFUSAL in said, said[-2000:]
 
 
+@pytest.mark.parametrize("command", ["migrate", "check", "bench"])
+def test_manage_py_without_a_key__says_why_in_one_line_not_a_traceback(
+    tmp_path: Path, command: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "manage.py", command],
+        cwd=ROOT, env=environment(tmp_path, DJANGO_SECRET_KEY=None), capture_output=True,
+        text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode != 0 and done.stdout == ""
+    assert "Traceback" not in done.stderr, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("manage.py: DJANGO_SECRET_KEY is not set") and REFUSAL in line
+
+
 def production_variables() -> dict[str, str]:
     """The README's production variables, as documented (the key generated, as it says)."""
     readme = (ROOT / "README.md").read_text()
