@@ -246,3 +246,55 @@ def test_make_run__agent_engine__a_refund_through_the_form_completes_offline(sta
     names = [step["name"] for step in final["steps"]]
     assert names[:3] == ["verify_ownership", "check_flight", "llm"] and "charge_customer" in names
     assert all(step["status"] == "COMPLETED" for step in final["steps"])
+
+
+def _processes_of(var: Path, needle: str) -> list[int]:
+    """This stack's processes whose command line holds `needle` (other suites' stacks run
+    beside it: each has its own var directory in its environment)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        command = b" ".join(argv).decode(errors="replace")
+        supervisor = os.path.basename(argv[0]) in (b"sh", b"dash", b"bash")  # the restart loop
+        if needle in command and not supervisor and f"AGENTFLOW_VAR_DIR={var}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def test_make_run__a_worker_and_beat_killed_with_sigkill_are_started_again(stack) -> None:
+    """`kill -9` of the worker (parent and pool) and of beat, as a reader of the README tries:
+    `make run` starts both again, and a run started after completes on them."""
+    var, log = stack["var"], stack["log"]
+    for name in ("worker", "beat"):
+        needle = f"config.celery_app {name}"
+        pids = wait_for(lambda n=needle: _processes_of(var, n), timeout=60, what=f"the {name}")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(
+            lambda n=name: f"{n} exited (status 137): starting it again" in log.read_text(),
+            timeout=30,
+            what=f"make run to start the {name} again",
+        )
+        wait_for(
+            lambda n=needle, old=set(pids): set(_processes_of(var, n)) - old,
+            timeout=60,
+            what=f"a new {name}",
+        )
+    started = subprocess.run(
+        [sys.executable, "manage.py", "start_workflow", "demo", "--input", '{"name": "again"}'],
+        cwd=REPO, env=stack["env"], capture_output=True, text=True, timeout=60, check=True,
+        umask=0o077,
+    )  # fmt: skip
+    run_id = started.stdout.strip().splitlines()[-1]
+    wait_for(
+        lambda: _run_status(var, run_id)[0] == "COMPLETED",
+        timeout=90,
+        what=f"run {run_id} to complete on the new worker",
+    )
+    assert stack["proc"].poll() is None, log.read_text()[-3000:]
