@@ -10,7 +10,7 @@ from celery import current_app
 from django.core import checks
 
 from agentflow import dispatch, metrics
-from agentflow.conf import settings
+from agentflow.conf import DEFAULTS, settings
 from agentflow.tasks import STEP_TIME_LIMIT
 
 
@@ -44,20 +44,59 @@ def model_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return []
 
 
+#: The numeric settings and what each must be: a number above 0 ("positive"), a whole number
+#: of at least 1 ("count"), at least 0 ("zero or more"), or any number.
+NUMERIC_SETTINGS = {
+    "AGENTFLOW_LEASE_SECONDS": "positive",
+    "AGENTFLOW_SWEEP_INTERVAL": "positive",
+    "AGENTFLOW_SWEEP_BATCH": "count",
+    "AGENTFLOW_MAX_ATTEMPTS": "count",
+    "AGENTFLOW_MAX_BACKOFF": "positive",
+    "AGENTFLOW_KEY_WINDOW_SECONDS": "positive",
+    "AGENTFLOW_CLOCK_OFFSET_SECONDS": "any",
+    "AGENTFLOW_RETENTION_DAYS": "zero or more",
+    "AGENTFLOW_LLM_TIMEOUT_SECONDS": "positive",
+    "AGENTFLOW_AGENT_MAX_TURNS": "count",
+    "AGENTFLOW_AGENT_MAX_TOKENS": "count",
+    "AGENTFLOW_AGENT_MAX_TOOL_CALLS": "count",
+    "AGENTFLOW_APPROVAL_TIMEOUT": "positive",
+}
+_MUST_BE = {
+    "positive": "a number above 0",
+    "count": "a whole number of at least 1",
+    "zero or more": "a number of at least 0",
+    "any": "a number",
+}
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return False  # True is 1 to Python, never a number of seconds; NaN fits nowhere
+    if kind == "positive":
+        return value > 0
+    if kind == "count":
+        return value >= 1 and float(value).is_integer()
+    return value >= 0 if kind == "zero or more" else True
+
+
 @checks.register()
-def approval_timeout(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """A call waiting for approval times out into the reject path after this many seconds; a
-    value that is no positive number would fail every such call when it is first asked."""
-    value = settings.AGENTFLOW_APPROVAL_TIMEOUT
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return []
-    return [
-        checks.Error(
-            f"AGENTFLOW_APPROVAL_TIMEOUT must be a positive number of seconds, not {value!r}.",
-            hint="48 * 3600 (the default) waits two days for an operator's decision.",
-            id="agentflow.E003",
-        )
-    ]
+def numeric_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A numeric setting the engine reads when it first needs it (a lease, a back-off, an
+    approval's deadline) would otherwise fail a step, or a sweep, with a traceback at that
+    moment, on a worker, long after the deploy that set it."""
+    messages: list[checks.CheckMessage] = []
+    for name, kind in NUMERIC_SETTINGS.items():
+        value = getattr(settings, name)
+        if not _fits(value, kind):
+            default = DEFAULTS[name][0]
+            messages.append(
+                checks.Error(
+                    f"{name} must be {_MUST_BE[kind]}, not {value!r}.",
+                    hint=f"The default is {default!r}: {DEFAULTS[name][1]}",
+                    id="agentflow.E003",
+                )
+            )
+    return messages
 
 
 #: Brokers that hand an unacked message to another worker after a visibility timeout, and the

@@ -70,10 +70,22 @@ def test_rabbitmq__a_step_that_can_outlast_the_consumer_timeout__warns() -> None
     assert ids(broker_url=rabbit, task_queues=[Queue("celery")]) == []
 
 
-def test_approval_timeout__a_positive_number_passes__anything_else_is_an_error() -> None:
-    assert checks.approval_timeout() == []
-    for bad in (0, -5, "48h", None, True):
-        with override_settings(AGENTFLOW_APPROVAL_TIMEOUT=bad):
-            assert [m.id for m in checks.approval_timeout()] == ["agentflow.E003"], bad
-    with override_settings(AGENTFLOW_APPROVAL_TIMEOUT=600):
-        assert checks.approval_timeout() == []
+def test_numeric_settings__the_defaults_pass__a_bad_value_is_an_error_naming_it() -> None:
+    assert checks.numeric_settings() == []
+    for name, bad in (
+        ("AGENTFLOW_APPROVAL_TIMEOUT", 0), ("AGENTFLOW_APPROVAL_TIMEOUT", "48h"),
+        ("AGENTFLOW_LEASE_SECONDS", -5), ("AGENTFLOW_LEASE_SECONDS", None),
+        ("AGENTFLOW_MAX_ATTEMPTS", 2.5), ("AGENTFLOW_MAX_ATTEMPTS", True),
+        ("AGENTFLOW_SWEEP_BATCH", "1000"), ("AGENTFLOW_RETENTION_DAYS", -1),
+        ("AGENTFLOW_KEY_WINDOW_SECONDS", float("nan")),
+    ):  # fmt: skip
+        with override_settings(**{name: bad}):
+            [message] = checks.numeric_settings()
+            assert message.id == "agentflow.E003" and message.msg.startswith(name), (name, bad)
+            assert repr(bad) in message.msg and "The default is" in (message.hint or "")
+    for name, good in (
+        ("AGENTFLOW_APPROVAL_TIMEOUT", 600), ("AGENTFLOW_RETENTION_DAYS", 0),
+        ("AGENTFLOW_MAX_ATTEMPTS", 3.0), ("AGENTFLOW_CLOCK_OFFSET_SECONDS", -2.5),
+    ):  # fmt: skip
+        with override_settings(**{name: good}):
+            assert checks.numeric_settings() == [], (name, good)
