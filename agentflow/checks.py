@@ -8,8 +8,9 @@ from typing import Any
 
 from celery import current_app
 from django.core import checks
+from django.db import DatabaseError
 
-from agentflow import dispatch, metrics
+from agentflow import dispatch, metrics, store
 from agentflow.conf import DEFAULTS, settings
 from agentflow.tasks import STEP_TIME_LIMIT
 
@@ -97,6 +98,32 @@ def numeric_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                 )
             )
     return messages
+
+
+@checks.register(checks.Tags.database)
+def durable_claims(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
+    """A claim must reach the disk before its effect is made (only step completions that a
+    later flushed commit covers skip the wait: `sql.RELAXED_COMMIT`). A server, database or
+    role set to `synchronous_commit = off` takes that wait from every commit, so a server crash
+    can forget a claim whose effect was made. Run with `check --database default` (and by
+    `migrate`)."""
+    if not databases or "default" not in databases:
+        return []
+    try:
+        value = store.server_setting("synchronous_commit")
+    except DatabaseError:
+        return []  # unreachable: the command that needs it says so
+    if value != "off":
+        return []
+    return [
+        checks.Warning(
+            "The database commits with synchronous_commit = off: a claim lost in a server "
+            "crash after its effect was made would let the effect be made again.",
+            hint="Leave synchronous_commit at its default (on) for the role and database the "
+            "workers use; agentflow relaxes only the commits that may be lost.",
+            id="agentflow.W006",
+        )
+    ]
 
 
 #: Brokers that hand an unacked message to another worker after a visibility timeout, and the

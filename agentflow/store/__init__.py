@@ -32,7 +32,7 @@ from agentflow.store.runs import (
     run_park,
     step_fail,
 )
-from agentflow.store.sql import databases_changed
+from agentflow.store.sql import databases_changed, server_setting
 from agentflow.store.steps import (
     CheckpointRow,
     Claim,
@@ -105,6 +105,7 @@ __all__ = [
     "run_retry",
     "runs_delete",
     "runs_purge",
+    "server_setting",
     "signal_deliver",
     "state_load",
     "state_load_claiming",

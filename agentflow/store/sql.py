@@ -268,6 +268,14 @@ def fetch_one(query: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         return cur.fetchone()
 
 
+def server_setting(name: str) -> str | None:
+    """A Postgres setting as this connection's session sees it (None on another database)."""
+    if not postgres():
+        return None
+    row = fetch_one("SELECT current_setting(%s)", [name])
+    return str(row[0]) if row else None
+
+
 def fetch_all(query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     with cursor() as cur:
         cur.execute(query, list(params))
