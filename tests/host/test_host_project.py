@@ -373,13 +373,15 @@ def test_wheel__ships_the_engine_alone_with_its_admin_templates(host: Host) -> N
 
 # --- 2. import agentflow -----------------------------------------------------------------------
 def test_import_agentflow__has_no_side_effects(host: Host, tmp_path: Path) -> None:
-    empty = tmp_path / "empty"
+    empty, temporary = tmp_path / "empty", tmp_path / "tmp"
     empty.mkdir()
+    temporary.mkdir()
     with phase("import probe"):
         done = host.run(
             host.python, str(HERE / "scripts" / "import_probe.py"),
             "agentflow", "agentflow.testing", "agentflow.testing.pytest_plugin",
-            cwd=empty, env={"PYTHONDONTWRITEBYTECODE": "1"},
+            # A temporary directory of its own: other tests' servers come and go in /tmp.
+            cwd=empty, env={"PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(temporary)},
         )  # fmt: skip
     report = json.loads(done.stdout)
     assert report["changed"] == {}, json.dumps(report, indent=2)

@@ -39,7 +39,8 @@ def state() -> dict[str, Any]:
     return {
         "environ": dict(os.environ),
         "cwd": _tree(Path.cwd()),
-        # Other processes use the temporary directory too: only what could be ours is compared.
+        # The test gives the probe a temporary directory of its own (TMPDIR); only what could
+        # be agentflow's is compared all the same.
         "tmp": sorted(
             name
             for name in os.listdir(tempfile.gettempdir())
