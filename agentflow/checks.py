@@ -101,7 +101,9 @@ def numeric_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
 
 
 @checks.register(checks.Tags.database)
-def durable_claims(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
+def durable_claims(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """A claim must reach the disk before its effect is made (only step completions that a
     later flushed commit covers skip the wait: `sql.RELAXED_COMMIT`). A server, database or
     role set to `synchronous_commit = off` takes that wait from every commit, so a server crash

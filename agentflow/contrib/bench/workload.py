@@ -86,8 +86,9 @@ def naive_link(run_id: str, seq: int, done_key: str | None = None, total: int = 
 @shared_task(name=FLOOR_TASK, acks_late=True, ignore_result=True)
 def floor_link(run_id: str, seq: int, done_key: str | None = None, total: int = 0) -> None:
     """One link of the protocol floor: a plain chain task that makes exactly the writes the
-    protocol requires of the mixed workflow's step at `seq` (odd: read, even: effect). No
-    engine reaches a higher rate with the protocol's guarantees on this machine."""
+    protocol requires of the mixed workflow's step at `seq` (odd: read, even: effect): the
+    rate an engine keeping the protocol's guarantees can reach here with the store's
+    statements."""
     synthetic.floor_step(run_id, seq, effect=seq % 2 == 0, last=seq == STEPS)
     if done_key is not None:
         _count_chain_done(done_key, total)
