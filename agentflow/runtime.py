@@ -13,7 +13,7 @@ from dataclasses import replace
 from django.db import IntegrityError, connection, transaction
 
 from agentflow import (
-    contexts,
+    context_loader,
     dispatch,
     faults,
     leases,
@@ -281,7 +281,7 @@ def _run_claimed(
             "%s step %d %s: attempt %d takes over from a lost owner; asks the partner first",
             run.id, seq, step.name, claim.attempt,
         )  # fmt: skip
-    ctx = contexts.step_context(run, step, seq, claim.attempt)
+    ctx = context_loader.step_context(run, step, seq, claim.attempt)
     faults.crash_point(step.name, "after_claim", claim.attempt)
     attempt = ClaimedAttempt(run, workflow, step, seq, claim, ctx)
     with leases.kept_alive(
@@ -327,7 +327,7 @@ def _run_unclaimed(
     if store.claim_blocker(seen) is not None:
         return  # a retry not yet due (an early duplicate), or a failure for good
     attempt = seen.attempts + 1 if seen else 1
-    ctx = contexts.step_context(run, step, seq, attempt)
+    ctx = context_loader.step_context(run, step, seq, attempt)
     try:
         if step.kind == StepKind.DB:
             _run_db_step(run, workflow, step, seq, ctx)
