@@ -7,6 +7,7 @@ test_operations.py.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -73,7 +74,7 @@ def test_healthz__ok_with_a_recent_sweep(client: Client) -> None:
     assert {key: body[key] for key in ("status", "database", "broker", "sweeper")} == {
         "status": "ok", "database": "ok", "broker": "ok", "sweeper": "ok",
     }  # fmt: skip
-    assert 0 <= body["sweeper_age_seconds"] < 2
+    assert body["sweeper_age_seconds"] >= 0  # and inside the limit, or the status says error
 
 
 def test_healthz__still_ok_inside_three_sweep_intervals(client: Client, settings: Any) -> None:
@@ -112,9 +113,11 @@ def test_metrics__gauges_count_active_overdue_and_parked_runs_by_workflow(client
     _run(RunStatus.WAITING, wake_in_seconds=-1, workflow="refund")
     _run(RunStatus.NEEDS_ATTENTION, wake_in_seconds=None)
     _run(RunStatus.COMPLETED, wake_in_seconds=None)
+    before = time.monotonic()
     swept_seconds_ago(2)
 
     samples = scrape(client)
+    waited = time.monotonic() - before
 
     assert value(samples, "agentflow_runs_active", workflow="demo", status="RUNNING") == 2
     assert value(samples, "agentflow_runs_active", workflow="refund", status="WAITING") == 1
@@ -124,7 +127,8 @@ def test_metrics__gauges_count_active_overdue_and_parked_runs_by_workflow(client
     assert value(samples, "agentflow_runs_needs_attention", workflow="demo") == 1
     assert value(samples, "agentflow_runs_needs_attention", workflow="refund") == 0
     # now() is the transaction's start here, a moment before the row was back-dated.
-    assert 1.5 <= value(samples, "agentflow_sweeper_seconds_since_last_sweep") < 4
+    # The age grows by however long this took on a busy machine, no more.
+    assert 1.5 <= value(samples, "agentflow_sweeper_seconds_since_last_sweep") <= 2 + waited
 
 
 def test_metrics__scrape_reads_only_active_and_parked_runs_through_their_partial_indexes(

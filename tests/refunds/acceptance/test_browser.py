@@ -188,9 +188,9 @@ def test_customer__double_click_on_send_makes_one_refund(page: Any) -> None:
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     with inserts_held(RefundRequest._meta.db_table) as release:
         page.mouse.click(x, y)
-        wait_for(lambda: waiting_on_locks() >= 1, timeout=3, what="the first click's insert")
+        wait_for(lambda: waiting_on_locks() >= 1, timeout=30, what="the first click's insert")
         page.mouse.click(x, y)  # the mouse does not wait for the first page to load
-        wait_for(lambda: waiting_on_locks() >= 2, timeout=3, what="the second click's insert")
+        wait_for(lambda: waiting_on_locks() >= 2, timeout=30, what="the second click's insert")
         release()
     from playwright.sync_api import expect
 

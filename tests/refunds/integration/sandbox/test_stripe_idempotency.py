@@ -62,7 +62,7 @@ def test_create__same_key_while_in_flight_is_409(clean_sandbox, new_key):
     )
     first.start()
     wait_for(
-        lambda: clean_sandbox.ledger()["in_flight"] == 1, timeout=5, what="first request in flight"
+        lambda: clean_sandbox.ledger()["in_flight"] == 1, timeout=30, what="first request in flight"
     )
 
     second = raw_create_intent(clean_sandbox.url, key)
