@@ -1,19 +1,19 @@
 """Issue 16's contract, end to end, as a Django team adopts agentflow: the wheel built from this
-checkout, installed in a fresh venv with its declared dependencies (pinned by the lock), a
-`django-admin startproject shop` with an `orders` app whose `workflows.py` ships an order
+checkout, installed in a fresh venv exactly as the docs tell a host on Redis to install it
+(`pip install 'agentflow[redis]'`, every dependency resolved from the package index, no lock),
+a `django-admin startproject shop` with an `orders` app whose `workflows.py` ships an order
 through a partner table keyed by the idempotency key, and the settings the contract allows
 and nothing else. A run survives a worker SIGKILLed after its effect under the host's own
-`celery -A shop worker` and `celery -A shop beat`; the admin shows it; the host's own test
-suite uses `agentflow.testing`.
+`celery -A shop worker` and `celery -A shop beat` on the machine's Redis; the admin shows it;
+then the host adds its test tools and its own suite uses `agentflow.testing`.
 
 Every command runs in the fresh venv with a clean environment (none of this repository's
-settings, broker or database variables), in a database and Redis of its own. Each phase's
-time is printed at the end of the session.
+settings, broker or database variables), in a database and Redis database of its own. Each
+phase's time is printed at the end of the session.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 import zipfile
 from collections.abc import Iterator
 from contextlib import suppress
@@ -42,7 +41,15 @@ pytestmark = pytest.mark.host
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-BROKER_URL = "redis://127.0.0.1:6379/12"
+#: What the docs tell a host on Redis to install: `pip install 'agentflow[redis]'` (README, "In
+#: your own project"). The wheel stands in for the name on the index; all else comes from it.
+EXTRAS = "redis"
+#: The host's own test tools: the extra agentflow.testing needs, and the two tools the docs'
+#: testing section names. Installed only once the worker has run on the docs' line alone:
+#: pytest brings `packaging` and the `testing` extra the redis client, the two things a host
+#: without `[redis]` lacks, so installed first they would hide a missing `[redis]`.
+TEST_TOOLS_EXTRAS = "testing"
+TEST_TOOLS = ("pytest", "pytest-django")
 SCHEDULER = "agentflow.beat:Scheduler"
 CRASH_AT = "ship:after_effect"
 ADMIN = ("admin", secrets.token_urlsafe(16))
@@ -90,6 +97,17 @@ def _admin_connect(server: dict[str, Any], dbname: str = "postgres") -> psycopg.
     return psycopg.connect(dbname=dbname, autocommit=True, connect_timeout=5, **server)
 
 
+# --- the Redis database the host's broker is -----------------------------------------------------
+def _broker_url() -> str:
+    """This suite's database on the machine's Redis (pytest.sh and make test give each worktree
+    and each shard one of its own, and the host's tests run in one shard, one after another),
+    else database 12."""
+    url = os.environ.get("CELERY_BROKER_URL", "")
+    if re.fullmatch(r"redis://(127\.0\.0\.1|localhost):6379/\d+", url):
+        return url
+    return "redis://127.0.0.1:6379/12"
+
+
 # --- the host ------------------------------------------------------------------------------------
 @dataclass
 class Host:
@@ -99,7 +117,11 @@ class Host:
     wheel: Path
     server: dict[str, Any]
     database: str
+    broker: str
     env: dict[str, str] = field(default_factory=dict)
+    #: Set once the host's test tools are in the venv: from then on it holds more than the
+    #: docs' install line.
+    test_tools: bool = False
 
     @property
     def python(self) -> str:
@@ -135,66 +157,38 @@ def _clean_env(venv: Path) -> dict[str, str]:
     return env
 
 
-def _constraints(workdir: Path) -> Path:
-    """The locks' pins (runtime, then the dev tools the host's tests use) without their hashes:
-    pip resolves the wheel's declared dependencies, and each resolves to the locked version.
-    (Hash-checking mode would need every dependency named at the top, which is exactly what
-    this must not do.)"""
-    pins = []
-    for lock in ("requirements.lock", "requirements-dev.lock"):
-        for line in (ROOT / lock).read_text().splitlines():
-            found = re.match(r"^([A-Za-z0-9_.\-\[\]]+==[^\s\\]+)(\s*;[^\\]*)?", line)
-            if found:
-                pins.append((found.group(1) + (found.group(2) or "")).strip())
-    path = workdir / "constraints.txt"
-    path.write_text("\n".join(pins) + "\n")
-    return path
-
-
-def _pinned(name: str) -> str:
-    found = re.search(
-        rf"^{re.escape(name)}==([^\s\\;]+)", (ROOT / "requirements-dev.lock").read_text(), re.M
-    )
-    assert found, f"{name} is not in requirements-dev.lock"
-    return f"{name}=={found.group(1)}"
-
-
-class WheelBuild:
+def _build_wheel(workdir: Path) -> Path:
     """`pip wheel` of a copy of the checkout's package (building in the checkout would leave
-    build/ there), with pip's build isolation, as `pip install <checkout>` builds it; started
-    in the background, so the dependencies install meanwhile."""
-
-    def __init__(self, workdir: Path) -> None:
-        source = workdir / "src"
-        source.mkdir()
-        for name in ("pyproject.toml", "README.md"):
-            shutil.copy2(ROOT / name, source / name)
-        shutil.copytree(
-            ROOT / "agentflow",
-            source / "agentflow",
-            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
-        )
-        self.dist = workdir / "dist"
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(source),
-             "-w", str(self.dist)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-
-    def wait(self) -> Path:
-        output, _ = self.proc.communicate(timeout=300)
-        PHASES["build the wheel (beside the dependencies' install)"] = (
-            time.monotonic() - self.started
-        )
-        assert self.proc.returncode == 0, output
-        [wheel] = self.dist.glob("agentflow-*.whl")
-        return wheel
+    build/ there), with pip's build isolation, as `pip install <checkout>` builds it."""
+    source = workdir / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "agentflow",
+        source / "agentflow",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+    )
+    dist = workdir / "dist"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(source), "-w", str(dist)],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    [wheel] = dist.glob("agentflow-*.whl")
+    return wheel
 
 
-def _declared_dependencies() -> list[str]:
-    """pyproject's [project] dependencies: what the wheel's metadata will require."""
-    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+def _pip(host: Host, *args: str) -> subprocess.CompletedProcess[str]:
+    """This suite's pip, into the venv (`--python`: the venv needs no pip of its own), with the
+    machine's cache and index settings."""
+    # Not this suite's PYTHONPATH (make test puts the checkout on it): pip would take the
+    # checkout's metadata for an installed agentflow and skip the wheel.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    return host.run(
+        sys.executable, "-m", "pip", "--python", host.python, *args,
+        cwd=host.workdir, env=env, timeout=600,
+    )  # fmt: skip
 
 
 SETTINGS_ADDED = """
@@ -264,7 +258,7 @@ def _make_project(host: Host) -> None:
         count=1,
     )
     assert apps == databases == 1, "startproject's settings.py changed shape"
-    settings += SETTINGS_ADDED.format(broker=BROKER_URL, scheduler=SCHEDULER)
+    settings += SETTINGS_ADDED.format(broker=host.broker, scheduler=SCHEDULER)
     (package / "settings.py").write_text(settings)
 
     urls = (package / "urls.py").read_text()
@@ -285,57 +279,37 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         _admin_connect(server).close()
     except psycopg.OperationalError as exc:
         unavailable(f"tests/host need Postgres at {server['host']}:{server['port']}: {exc}")
+    broker = _broker_url()
     try:
-        redis.Redis.from_url(BROKER_URL, socket_timeout=5).ping()
+        redis.Redis.from_url(broker, socket_timeout=5).ping()
     except redis.RedisError as exc:
-        unavailable(f"tests/host need Redis at {BROKER_URL}: {exc}")
+        unavailable(f"tests/host need Redis at {broker}: {exc}")
 
     workdir = tmp_path_factory.mktemp("host")
     database = f"host_shop_{os.getpid()}"
     with _admin_connect(server) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{database}"')
-    build = WheelBuild(workdir)
     try:
         venv = workdir / "venv"
         with phase("create the venv"):
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        with phase("build the wheel"):
+            wheel = _build_wheel(workdir)
         host = Host(
-            workdir=workdir, venv=venv, project=workdir / "shop", wheel=Path(), server=server,
-            database=database, env=_clean_env(venv),
+            workdir=workdir, venv=venv, project=workdir / "shop", wheel=wheel, server=server,
+            database=database, broker=broker, env=_clean_env(venv),
         )  # fmt: skip
-        # This suite's pip, into the venv (`--python`): the venv needs no pip of its own. The
-        # machine's cache and index settings; the lock's versions.
-        pip = [sys.executable, "-m", "pip", "--python", host.python]
-        # Not this suite's PYTHONPATH (make test puts the checkout on it): pip would take the
-        # checkout's metadata for an installed agentflow and skip the wheel.
-        pip_env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
-        constraints = str(_constraints(workdir))
-        with phase("install the dependencies"):
-            host.run(
-                *pip, "install", "-q", "--no-compile", "-c", constraints,
-                *_declared_dependencies(),
-                # The host's own choices: Redis as its broker, pytest for its tests.
-                "celery[redis]", _pinned("pytest"), _pinned("pytest-django"),
-                cwd=workdir, env=pip_env, timeout=600,
-            )  # fmt: skip
-        host.wheel = build.wait()
-        digest = hashlib.sha256(host.wheel.read_bytes()).hexdigest()
-        with phase("install the wheel"):
-            # Resolved from the wheel's own metadata: anything it requires that is not there
-            # yet is installed now, and `pip check` proves the set is consistent.
-            host.run(
-                *pip, "install", "-q", "--no-compile", "-c", constraints,
-                f"agentflow @ {host.wheel.as_uri()}#sha256={digest}",
-                cwd=workdir, env=pip_env, timeout=600,
-            )  # fmt: skip
-            host.run(*pip, "check", cwd=workdir, env=pip_env)
+        with phase(f"pip install 'agentflow[{EXTRAS}]' (the wheel; the rest from the index)"):
+            # The docs' line, with the wheel's path for the name: pip resolves every
+            # dependency from the wheel's own metadata and the index (no lock, no pins), and
+            # `pip check` proves the set consistent.
+            _pip(host, "install", "-q", "--no-compile", f"{wheel}[{EXTRAS}]")
+            _pip(host, "check")
         with phase("startproject and the orders app"):
             _make_project(host)
         yield host
     finally:
-        if build.proc.poll() is None:
-            build.proc.kill()
         with suppress(psycopg.Error), _admin_connect(server) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
             conn.execute(f'DROP DATABASE IF EXISTS "test_{database}" WITH (FORCE)')
@@ -369,22 +343,6 @@ def test_wheel__ships_the_engine_alone_with_its_admin_templates(host: Host) -> N
     site = [n for n in names if n.rsplit("/", 1)[-1] in ("settings.py", "wsgi.py", "asgi.py")]
     assert not site, f"site modules in the wheel: {site}"
     assert not [n for n in names if n.startswith(("refunds/", "config/", "tests/"))]
-
-
-# --- 2. import agentflow -----------------------------------------------------------------------
-def test_import_agentflow__has_no_side_effects(host: Host, tmp_path: Path) -> None:
-    empty, temporary = tmp_path / "empty", tmp_path / "tmp"
-    empty.mkdir()
-    temporary.mkdir()
-    with phase("import probe"):
-        done = host.run(
-            host.python, str(HERE / "scripts" / "import_probe.py"),
-            "agentflow", "agentflow.testing", "agentflow.testing.pytest_plugin",
-            # A temporary directory of its own: other tests' servers come and go in /tmp.
-            cwd=empty, env={"PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(temporary)},
-        )  # fmt: skip
-    report = json.loads(done.stdout)
-    assert report["changed"] == {}, json.dumps(report, indent=2)
 
 
 # --- 3. the settings the contract names are enough ---------------------------------------------
@@ -432,6 +390,9 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
     migrated: Host,
 ) -> None:
     host = migrated
+    # The venv holds the docs' install line and nothing else (the tests after this one add
+    # the host's test tools, which would bring what a host without [redis] lacks).
+    assert not host.test_tools, "this test must run before the test tools are installed"
     celery = str(host.venv / "bin" / "celery")
     host.manage(
         "createsuperuser", "--noinput", "--username", ADMIN[0], "--email", "ops@example.com",
@@ -455,6 +416,9 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
             )  # fmt: skip
             started.append(beat)
             worker.wait_for_log(" ready.")
+            # Celery masks the (empty) password: "Connected to redis://:**@127.0.0.1:6379/3".
+            connected = f"Connected to redis://:**@{host.broker.removeprefix('redis://')}"
+            assert connected in worker.text(), worker.text()[-4000:]
             beat.wait_for_log("beat: Starting...")
 
         with phase("start a run; the worker crashes after the effect; the run completes"):
@@ -510,12 +474,43 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
     assert health["status"] == 200 and health["body"]["status"] == "ok", health
 
 
+# --- the host's test tools, once the docs' line alone has run a workflow -------------------------
+@pytest.fixture(scope="module")
+def tooled(migrated: Host) -> Host:
+    """What agentflow.testing needs, into the same venv, once: `pip install
+    'agentflow[testing]' pytest pytest-django`, from the index as well."""
+    host = migrated
+    with phase("pip install the host's test tools"):
+        _pip(host, "install", "-q", "--no-compile", f"{host.wheel}[{TEST_TOOLS_EXTRAS}]",
+             *TEST_TOOLS)  # fmt: skip
+        _pip(host, "check")
+    host.test_tools = True
+    return host
+
+
+# --- 2. import agentflow (after the run: agentflow.testing's plugin imports pytest) -------------
+def test_import_agentflow__has_no_side_effects(tooled: Host, tmp_path: Path) -> None:
+    host = tooled
+    empty, temporary = tmp_path / "empty", tmp_path / "tmp"
+    empty.mkdir()
+    temporary.mkdir()
+    with phase("import probe"):
+        done = host.run(
+            host.python, str(HERE / "scripts" / "import_probe.py"),
+            "agentflow", "agentflow.testing", "agentflow.testing.pytest_plugin",
+            # A temporary directory of its own: other tests' servers come and go in /tmp.
+            cwd=empty, env={"PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(temporary)},
+        )  # fmt: skip
+    report = json.loads(done.stdout)
+    assert report["changed"] == {}, json.dumps(report, indent=2)
+
+
 # --- 7. the host's own tests, with agentflow.testing ----------------------------------------------
 def test_hosts_own_suite__uses_agentflow_testing_in_process_and_with_a_real_worker(
-    migrated: Host,
+    tooled: Host,
 ) -> None:
     with phase("the host's own pytest (agentflow.testing)"):
-        done = host_pytest = migrated.run(
-            str(migrated.venv / "bin" / "pytest"), "-q", "orders/tests.py", timeout=300
+        done = host_pytest = tooled.run(
+            str(tooled.venv / "bin" / "pytest"), "-q", "orders/tests.py", timeout=300
         )
     assert re.search(r"^2 passed", host_pytest.stdout, re.M), done.stdout
