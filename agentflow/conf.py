@@ -49,7 +49,7 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "AGENTFLOW_RETENTION_DAYS": (30, "Finished runs older than this are deleted; 0 keeps all."),
     "AGENTFLOW_LLM_BASE_URL": (
         "",
-        "An OpenAI-compatible server for agent runs (needs agentflow[agent]); empty: each "
+        "An OpenAI-compatible server for agent runs (needs django-agentflow[agent]); empty: each "
         "workflow's scripted planner.",
     ),
     "AGENTFLOW_LLM_MODEL": ("", "The model agent runs ask (required with a base URL)."),

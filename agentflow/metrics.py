@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 # once it is found (each such import says "optional").
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-MISSING = "metrics need prometheus_client: pip install 'agentflow[prometheus]'"
+MISSING = "metrics need prometheus_client: pip install 'django-agentflow[prometheus]'"
 
 
 def available() -> bool:

@@ -69,7 +69,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    if not run_metrics.available():  # agentflow[prometheus] not installed: say so, plainly
+    if not run_metrics.available():  # django-agentflow[prometheus] not installed: say so, plainly
         return HttpResponse(run_metrics.MISSING + "\n", status=501, content_type="text/plain")
     return HttpResponse(
         run_metrics.exposition(heartbeat=store.heartbeat_read),

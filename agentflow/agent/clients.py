@@ -33,7 +33,7 @@ def configured_client(default: ModelClient) -> ModelClient:
     if importlib.util.find_spec("openai") is None:
         raise ImproperlyConfigured(
             "AGENTFLOW_LLM_BASE_URL is set, and talking to a model server needs the openai "
-            "SDK: pip install 'agentflow[agent]'"
+            "SDK: pip install 'django-agentflow[agent]'"
         )
     from agentflow.agent.openai_chat import OpenAIChatModel
 

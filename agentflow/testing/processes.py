@@ -30,7 +30,7 @@ import psycopg
 try:
     import redis
 except ImportError as missing:  # the private Redis needs its client: the `testing` extra
-    raise ImportError("agentflow.testing needs redis: pip install 'agentflow[testing]'") from (
+    raise ImportError("agentflow.testing needs redis: pip install 'django-agentflow[testing]'") from (
         missing
     )
 from celery import current_app

@@ -1,6 +1,6 @@
 """Issue 16's contract, end to end, as a Django team adopts agentflow: the wheel built from this
 checkout, installed in a fresh venv exactly as the docs tell a host on Redis to install it
-(`pip install 'agentflow[redis]'`, every dependency resolved from the package index, no lock),
+(`pip install 'django-agentflow[redis]'`, every dependency resolved from the package index, no lock),
 a `django-admin startproject shop` with an `orders` app whose `workflows.py` ships an order
 through a partner table keyed by the idempotency key, and the settings the contract allows
 and nothing else. A run survives a worker SIGKILLed after its effect under the host's own
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.host
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-#: What the docs tell a host on Redis to install: `pip install 'agentflow[redis]'` (README, "In
+#: What the docs tell a host on Redis to install: `pip install 'django-agentflow[redis]'` (README, "In
 #: your own project"). The wheel stands in for the name on the index; all else comes from it.
 EXTRAS = "redis"
 #: The host's own test tools: the extra agentflow.testing needs, and the two tools the docs'
@@ -175,7 +175,7 @@ def _build_wheel(workdir: Path) -> Path:
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    [wheel] = dist.glob("agentflow-*.whl")
+    [wheel] = dist.glob("django_agentflow-*.whl")
     return wheel
 
 
@@ -300,7 +300,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
             workdir=workdir, venv=venv, project=workdir / "shop", wheel=wheel, server=server,
             database=database, broker=broker, env=_clean_env(venv),
         )  # fmt: skip
-        with phase(f"pip install 'agentflow[{EXTRAS}]' (the wheel; the rest from the index)"):
+        with phase(f"pip install 'django-agentflow[{EXTRAS}]' (the wheel; the rest from the index)"):
             # The docs' line, with the wheel's path for the name: pip resolves every
             # dependency from the wheel's own metadata and the index (no lock, no pins), and
             # `pip check` proves the set consistent.
@@ -458,7 +458,7 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
 
     print(json.dumps(pages, indent=1))
     metrics = pages.pop("GET /agentflow/metrics")  # prometheus-client is an extra, not installed
-    assert metrics["status"] == 501 and "agentflow[prometheus]" in metrics["body"], metrics
+    assert metrics["status"] == 501 and "django-agentflow[prometheus]" in metrics["body"], metrics
     change = next(
         url for url in pages if re.fullmatch(r"GET /admin/agentflow/workflowrun/[^/]+/change/", url)
     )
@@ -478,7 +478,7 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
 @pytest.fixture(scope="module")
 def tooled(migrated: Host) -> Host:
     """What agentflow.testing needs, into the same venv, once: `pip install
-    'agentflow[testing]' pytest pytest-django`, from the index as well."""
+    'django-agentflow[testing]' pytest pytest-django`, from the index as well."""
     host = migrated
     with phase("pip install the host's test tools"):
         _pip(host, "install", "-q", "--no-compile", f"{host.wheel}[{TEST_TOOLS_EXTRAS}]",

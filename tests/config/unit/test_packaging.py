@@ -168,7 +168,7 @@ def test_lock__pins_every_declared_dependency_within_its_range() -> None:
     shipped = {"site"} | {
         name.strip()
         for line in extras["site"]
-        if Requirement(line).name == "agentflow"
+        if Requirement(line).name == project["name"]
         for name in Requirement(line).extras
     }
     declared = [(d, runtime) for d in project["dependencies"]]
@@ -178,8 +178,8 @@ def test_lock__pins_every_declared_dependency_within_its_range() -> None:
     for line, locked in declared:
         requirement = Requirement(line)
         name = canonicalize_name(requirement.name)
-        if name == "agentflow":
-            continue  # one extra naming others (site: agentflow[agent,...]), not a package
+        if name == project["name"]:
+            continue  # one extra naming others (site: django-agentflow[agent,...]), not a package
         assert name in locked, f"{name} is not in the lock: run `make lock`"
         assert requirement.specifier.contains(locked[name], prereleases=True), (name, line)
     assert all(dev[name] == version for name, version in runtime.items())
