@@ -30,9 +30,9 @@ import psycopg
 try:
     import redis
 except ImportError as missing:  # the private Redis needs its client: the `testing` extra
-    raise ImportError("agentflow.testing needs redis: pip install 'django-agentflow[testing]'") from (
-        missing
-    )
+    raise ImportError(
+        "agentflow.testing needs redis: pip install 'django-agentflow[testing]'"
+    ) from missing
 from celery import current_app
 from django.conf import settings
 from django.db import connection, connections

@@ -1,6 +1,7 @@
 """Issue 16's contract, end to end, as a Django team adopts agentflow: the wheel built from this
 checkout, installed in a fresh venv exactly as the docs tell a host on Redis to install it
-(`pip install 'django-agentflow[redis]'`, every dependency resolved from the package index, no lock),
+(`pip install 'django-agentflow[redis]'`, every dependency resolved from the package index, no
+lock),
 a `django-admin startproject shop` with an `orders` app whose `workflows.py` ships an order
 through a partner table keyed by the idempotency key, and the settings the contract allows
 and nothing else. A run survives a worker SIGKILLed after its effect under the host's own
@@ -41,8 +42,9 @@ pytestmark = pytest.mark.host
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-#: What the docs tell a host on Redis to install: `pip install 'django-agentflow[redis]'` (README, "In
-#: your own project"). The wheel stands in for the name on the index; all else comes from it.
+#: What the docs tell a host on Redis to install: `pip install 'django-agentflow[redis]'`
+#: (README, "In your own project"). The wheel stands in for the name on the index; all else
+#: comes from it.
 EXTRAS = "redis"
 #: The host's own test tools: the extra agentflow.testing needs, and the two tools the docs'
 #: testing section names. Installed only once the worker has run on the docs' line alone:
@@ -300,7 +302,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
             workdir=workdir, venv=venv, project=workdir / "shop", wheel=wheel, server=server,
             database=database, broker=broker, env=_clean_env(venv),
         )  # fmt: skip
-        with phase(f"pip install 'django-agentflow[{EXTRAS}]' (the wheel; the rest from the index)"):
+        with phase(f"pip install 'django-agentflow[{EXTRAS}]' (the wheel; the rest: the index)"):
             # The docs' line, with the wheel's path for the name: pip resolves every
             # dependency from the wheel's own metadata and the index (no lock, no pins), and
             # `pip check` proves the set consistent.
