@@ -37,7 +37,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 TEST_SHARDS ?= 3
 SHARD_ARGS := $(if $(filter 0,$(TEST_SHARDS)),,-n $(TEST_SHARDS))
 
-.PHONY: run test screenshots lock lint typecheck clean
+.PHONY: run test docs screenshots lock lint typecheck clean
 
 $(INSTALLED): $(DEV_LOCK) pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -76,6 +76,15 @@ test: $(INSTALLED)
 	  DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')}" \
 	  $(VENV)/bin/pytest -p tests.support.shards $(SHARD_ARGS) $(PYTEST_ARGS)
 
+# The manual (docs/): Sphinx with MyST pages and autodoc, built as the suite builds it
+# (tests/config/unit/test_docs.py: warnings are errors, internal links and references checked),
+# then served from this machine only until Ctrl-C.
+DOCS_PORT ?= 8001
+docs: $(INSTALLED)
+	$(VENV)/bin/sphinx-build -W --keep-going -n -q docs docs/_build/html
+	@echo "Docs:          http://127.0.0.1:$(DOCS_PORT)/"
+	$(PY) -m http.server $(DOCS_PORT) --bind 127.0.0.1 --directory docs/_build/html
+
 # The README's pictures (static/readme/*.png), taken by the browser tests' Chromium from a real
 # refund: run it again after changing the refund pages or the admin (same services as `test`).
 screenshots:
@@ -101,4 +110,4 @@ typecheck: $(INSTALLED)
 	DJANGO_DEBUG=1 $(VENV)/bin/mypy agentflow
 
 clean:
-	rm -rf var/ .pytest_cache .mypy_cache .ruff_cache
+	rm -rf var/ docs/_build .pytest_cache .mypy_cache .ruff_cache

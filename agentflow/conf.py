@@ -3,7 +3,7 @@
 Engine code reads settings through `agentflow.conf.settings`, which answers a host's own value
 when it has one and the default here otherwise; any other name is Django's setting as usual,
 so it is a drop-in for `django.conf.settings` (and `override_settings` works on both). The
-README's "Settings" table lists the same names, defaults and meanings.
+manual's settings table (docs/settings.md) lists the same names, defaults and meanings.
 """
 
 from __future__ import annotations

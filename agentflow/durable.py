@@ -1,6 +1,6 @@
 """The engine's public API: define workflows, start runs, read their progress.
 
-Domain apps import only this module:
+Domain apps import only this module::
 
     from agentflow import durable
 
@@ -114,7 +114,7 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
 
 
 def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:
-    """Wrap one call to a partner, around the code that turns its errors into ours:
+    """Wrap one call to a partner, around the code that turns its errors into ours::
 
         with durable.partner_call("stripe", "charge"), _stripe_errors("charge"):
             intent = client.v1.payment_intents.create(...)

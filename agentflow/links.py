@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class Link:
-    #: What the operator reads, e.g. "Refund rf_…" or "pi_3N…".
+    #: What the operator reads, e.g. `Refund rf_…` or `pi_3N…`.
     label: str
     url: str
     #: Where it leads, shown on hover (e.g. "Stripe dashboard").

@@ -5,6 +5,7 @@ Loaded automatically once agentflow is installed (the `pytest11` entry point); w
 conftest.py loads it by hand. Needs pytest-django for the database.
 
 Fixtures:
+
 - `agentflow_outbox`: for the test's length, step messages are kept (an `Outbox`) instead of
   published, so nothing needs a broker; drive runs with `agentflow.testing.run_to_end`.
 - `agentflow_worker`: `agentflow_worker(env=..., concurrency=1, beat=False, settings=...)`

@@ -6,7 +6,7 @@ Fixtures:
 - `infra`: what the workers run on, "redis" unless a test is parametrized (indirect) over
   `INFRA`: "rabbitmq" (the machine's RabbitMQ, TEST_RABBITMQ_URL), "pgbouncer" (Redis, and the
   database through a private PgBouncer in transaction mode with fewer server connections than
-  clients; liveness straight to Postgres, as the README says).
+  clients; liveness straight to Postgres, as docs/production.md says).
 - `broker`: points this process's Celery app at the test's broker for one test, emptied first.
 - `partner_db`: a fresh partner file; `TEST_PARTNER_DB` names it for this process and workers.
 - `worker_env`: builds a worker's environment (test database, private broker, test workflows).

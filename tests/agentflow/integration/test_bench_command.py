@@ -121,7 +121,7 @@ def test_bench__a_count_that_is_not_one_says_so_before_anything_runs(args: list[
 
 
 def test_bench__on_a_database_not_migrated__says_to_migrate_and_runs_nothing() -> None:
-    """A fresh database is what the README's bench starts from: a traceback was all it said."""
+    """A fresh database is what the figures' bench starts from: a traceback was all it said."""
     name = f"{connection.settings_dict['NAME']}_unmigrated"
     admin = connection.settings_dict | {"NAME": "postgres"}
     url = "postgres://{USER}@{HOST}:{PORT}/".format(**admin)

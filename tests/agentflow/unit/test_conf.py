@@ -1,4 +1,4 @@
-"""Every engine setting has a default, and the README's table says each one."""
+"""Every engine setting has a default, and the settings table of the manual says each one."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from django.test import override_settings
 
 from agentflow.conf import DEFAULTS, settings
 
-README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+SETTINGS_PAGE = (Path(__file__).resolve().parents[3] / "docs" / "settings.md").read_text()
 
 
-def test_every_setting__is_in_the_readme_table() -> None:
-    missing = [name for name in DEFAULTS if f"| `{name}` |" not in README]
-    assert not missing, f"README's settings table lacks {missing}"
+def test_every_setting__is_in_the_docs_settings_table() -> None:
+    missing = [name for name in DEFAULTS if f"| `{name}` |" not in SETTINGS_PAGE]
+    assert not missing, f"docs/settings.md's table lacks {missing}"
 
 
 def test_a_setting_the_host_leaves_out__reads_its_default() -> None:

@@ -100,10 +100,10 @@ def test_manage_py_without_a_key__says_why_in_one_line_not_a_traceback(
 
 
 def production_variables() -> dict[str, str]:
-    """The README's production variables, as documented (the key generated, as it says)."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- production-variables -->\s*```sh\n(.*?)```", readme, re.S)
-    assert block, "README.md documents the production variables in a marked block"
+    """The production variables of the manual, as documented (the key generated, as it says)."""
+    page = (ROOT / "docs" / "production.md").read_text()
+    block = re.search(r"<!-- production-variables -->\s*```sh\n(.*?)```", page, re.S)
+    assert block, "docs/production.md documents the production variables in a marked block"
     values = dict(re.findall(r"^([A-Z_]+)=(\S*)", block.group(1), re.M))
     for secret in ("DJANGO_SECRET_KEY", "AGENTFLOW_METRICS_TOKEN"):
         assert values[secret].startswith("$(")  # generated, never written down

@@ -1,7 +1,7 @@
 """The image and the install, read from their files: what goes in, from where, as whom.
 
 There is no Docker engine here, so the image is proven by reading its recipe; the lock is
-proven installable by `make test` itself, which installs from it (see the README).
+proven installable by `make test` itself, which installs from it (see docs/development.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """`manage.py chaos`, small: five refunds through the form with a pool child SIGKILLed; and
 the invariant checks it reports, shown to catch a double charge.
 
-The 100-refund run with whole-worker kills and a broker restart is a command for the README,
-not a test; this one proves the machinery end to end and the report's shape, in seconds.
+The 100-refund run with whole-worker kills and a broker restart is a command for the figures
+(docs/figures/chaos.md), not a test; this one proves the machinery end to end and the report's
+shape, in seconds.
 """
 
 from __future__ import annotations
