@@ -239,13 +239,16 @@ def _next_call(
     if saved:
         telemetry.model_tokens(workflow=workflow, saved=saved)
     if isinstance(outcome, agent_loop.NextCall):
+        telemetry.replayed(
+            calls=outcome.replayed, turns=outcome.replayed_turns, tokens_saved=outcome.tokens_saved
+        )
         logger.info(
             "%s position %d %s: replayed %d calls from checkpoints (%d model turns, %d tokens "
             "not spent again)",
             run.id, seq, outcome.step.name, outcome.replayed, outcome.replayed_turns,
             outcome.tokens_saved,
         )  # fmt: skip
-        return outcome.step
+        return telemetry.traced_agent_call(outcome.step)
     if isinstance(outcome, agent_loop.Finished):
         store.run_finish(run.id, seq, outcome.output)
     elif isinstance(outcome, agent_loop.Failed):

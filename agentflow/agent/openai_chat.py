@@ -17,7 +17,13 @@ from typing import Any
 
 import openai
 
-from agentflow.agent.conversation import ModelRequest, ModelResponse, ToolCall, Usage
+from agentflow.agent.conversation import (
+    OPENAI_PROVIDER,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    Usage,
+)
 from agentflow.agent.conversation import assistant_message as _assistant_message
 from agentflow.conf import settings
 from agentflow.exceptions import PermanentStepError, RetryableStepError
@@ -140,6 +146,8 @@ class OpenAIChatModel:
             finish_reason=choice.finish_reason or "stop",
             usage=Usage.from_json(usage.model_dump() if usage is not None else None),
             model=completion.model or self.model,
+            provider=OPENAI_PROVIDER,
+            server=self.base_url,
         )
 
 
