@@ -238,6 +238,9 @@ def _next_call(
     saved = getattr(outcome, "tokens_saved", 0)
     if saved:
         telemetry.model_tokens(workflow=workflow, saved=saved)
+    cost_saved = getattr(outcome, "cost_saved", None)
+    if cost_saved:
+        telemetry.model_cost_saved(workflow=workflow, saved=cost_saved)
     if isinstance(outcome, agent_loop.NextCall):
         telemetry.replayed(
             calls=outcome.replayed, turns=outcome.replayed_turns, tokens_saved=outcome.tokens_saved

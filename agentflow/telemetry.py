@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any
 
 from celery.signals import beat_init, worker_process_init
 from django.db import transaction
 
 from agentflow import leases, logs, metrics, tracing
+from agentflow.agent import pricing
 from agentflow.agent.conversation import OPENAI_PROVIDER, ModelResponse
 from agentflow.agent.fingerprint import CallKind
 from agentflow.conf import settings
@@ -206,10 +208,33 @@ def event_recorded(run_id: str, kind: str) -> None:
 def model_tokens(*, workflow: Any, spent: int = 0, saved: int = 0) -> None:
     """An agent run's model tokens: `spent` on a turn just asked, `saved` on the turns a
     replay handed back from checkpoints instead of asking again."""
+    metrics.model_tokens(workflow=workflow.name, model=_model(workflow), spent=spent, saved=saved)
+
+
+def model_turn_recorded(*, workflow: Any, output: Any) -> None:
+    """A model turn was just asked and recorded: its tokens, and its dollars by the model
+    that answered (or that it has no price)."""
+    tokens = output.get("usage", {}).get("total_tokens") if isinstance(output, dict) else None
+    if isinstance(tokens, int) and tokens > 0:
+        model_tokens(workflow=workflow, spent=tokens)
+    answered = output.get("model") if isinstance(output, dict) else None
+    metrics.model_cost_spent(
+        workflow=workflow.name,
+        model=str(answered or _model(workflow)),
+        cost=pricing.recorded(output),
+    )
+
+
+def model_cost_saved(*, workflow: Any, saved: Decimal) -> None:
+    """The recorded dollars of the priced turns a replay handed back instead of asking."""
+    metrics.model_cost_saved(workflow=workflow.name, model=_model(workflow), saved=saved)
+
+
+def _model(workflow: Any) -> str:
     model = getattr(getattr(workflow, "model", None), "model", "") or "unknown"
     if settings.AGENTFLOW_LLM_BASE_URL:
         model = settings.AGENTFLOW_LLM_MODEL or model
-    metrics.model_tokens(workflow=workflow.name, model=model, spent=spent, saved=saved)
+    return str(model)
 
 
 def replayed(*, calls: int, turns: int, tokens_saved: int) -> None:
@@ -279,7 +304,13 @@ def _answered(span: Any, output: Any) -> None:
         output_tokens=response.usage.completion_tokens,
         provider=response.provider,
         server=response.server,
+        # As Pydantic AI's spans carry it (from the same price table); absent when unknown.
+        cost_usd=_float(pricing.recorded(output)),
     )
+
+
+def _float(value: Decimal | None) -> float | None:
+    return None if value is None else float(value)
 
 
 # --- the sweeper ----------------------------------------------------------------------------

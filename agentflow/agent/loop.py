@@ -26,9 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
-from agentflow.agent import waiting
+from agentflow.agent import pricing, waiting
 from agentflow.agent.clients import ModelClient, configured_client
 from agentflow.agent.conversation import Message, ModelRequest, ModelResponse, ToolCall
 from agentflow.agent.divergence import Change, Divergence, diverges
@@ -240,8 +241,10 @@ class Diverged(BaseException):
 @dataclass(frozen=True, kw_only=True)
 class Finished:
     output: Any
-    #: The recorded tokens of the turns this last replay handed back.
+    #: The recorded tokens of the turns this last replay handed back, and their recorded cost
+    #: in dollars (of the priced ones).
     tokens_saved: int = 0
+    cost_saved: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,6 +260,7 @@ class NextCall:
     replayed: int = 0
     replayed_turns: int = 0
     tokens_saved: int = 0
+    cost_saved: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,6 +304,7 @@ class AgentContext:
         self._position = 0
         self._turns_taken = 0
         self._tokens = 0
+        self._cost = Decimal(0)  # the recorded cost of the priced turns replayed
         self._limits = AgentLimits.from_settings(
             max_tool_calls_per_turn=workflow.max_tool_calls_per_turn
         )
@@ -344,12 +349,16 @@ class AgentContext:
             response = ModelResponse.from_json(recorded)
             self._turns_taken += 1
             self._tokens += response.usage.total_tokens
+            self._cost += pricing.recorded(recorded) or 0
             return response
         self._limits.check_turn(turns_taken=self._turns_taken, tokens_used=self._tokens)
         request = ModelRequest(model=client.model, messages=sent, tools=self._tools)
 
         def ask(ctx: StepContext) -> Any:
-            return client.complete(request).as_json()
+            response = client.complete(request)
+            # Priced as it is recorded: a replay reads the figure of the day it was asked.
+            cost = pricing.as_text(pricing.turn_cost(response))
+            return {**response.as_json(), pricing.COST_KEY: cost}
 
         turn = self._turns.latest()
         raise Suspend(self._step(turn.fingerprint(position), StepKind.LLM, ask, extra={}))
@@ -662,6 +671,7 @@ def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
             replayed=ctx._position - 1,
             replayed_turns=ctx._turns_taken,
             tokens_saved=ctx._tokens,
+            cost_saved=ctx._cost,
         )
     except Diverged as diverged:
         return Divergent(divergence=diverged.divergence)
@@ -675,7 +685,7 @@ def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
     if unfinished:
         return Failed(reason=unfinished)
     output = to_json(result, f"the result of {workflow.name}")
-    return Finished(output=output, tokens_saved=ctx._tokens)
+    return Finished(output=output, tokens_saved=ctx._tokens, cost_saved=ctx._cost)
 
 
 def _waited(ctx: StepContext) -> Any:
