@@ -134,6 +134,9 @@ class ModelRequest:
     model: str
     messages: tuple[Message, ...]
     tools: tuple[dict[str, Any], ...] = ()
+    #: The most output tokens the answer may have (sent as `max_tokens`): what bounds the
+    #: request's cost when its answer is lost (`agentflow.agent.budget`). None: the server's.
+    max_tokens: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"model": self.model, "messages": list(self.messages), "tools": list(self.tools)}

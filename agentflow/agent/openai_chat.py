@@ -53,6 +53,9 @@ def _sdk_client(base_url: str, api_key: str, timeout_seconds: float) -> openai.O
 class OpenAIChatModel:
     """A ModelClient for a chat-completions endpoint with tool calling (non-streaming)."""
 
+    #: Whose prices its models have (genai-prices' provider id; OpenTelemetry's name too).
+    provider = OPENAI_PROVIDER
+
     def __init__(
         self, *, base_url: str, model: str, api_key: str = "", timeout_seconds: float = 60.0
     ) -> None:
@@ -72,6 +75,8 @@ class OpenAIChatModel:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         options: dict[str, Any] = {"tools": list(request.tools)} if request.tools else {}
+        if request.max_tokens:
+            options["max_tokens"] = request.max_tokens
         # Our messages are the SDK's message params as plain dicts (the JSON we checkpoint).
         messages: Any = list(request.messages)
         try:
