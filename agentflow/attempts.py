@@ -124,7 +124,7 @@ class ClaimedAttempt:
                     "%s step %s: fenced out, result discarded", self.ctx.run_id, self.seq
                 )
             elif self.step.kind == StepKind.LLM and isinstance(self.workflow, CodeWorkflow):
-                telemetry.model_tokens(workflow=self.workflow, spent=_tokens_of(output))
+                telemetry.model_turn_recorded(workflow=self.workflow, output=output)
             return
 
     def _window(self) -> float | None:
@@ -304,13 +304,6 @@ class ClaimedAttempt:
             claimed=True,
             data={"attempt": self.claim.attempt, "fence": self.claim.fence, "error": error},
         )
-
-
-def _tokens_of(output: Any) -> int:
-    """A recorded model turn's total tokens (0 for anything else)."""
-    usage = output.get("usage") if isinstance(output, dict) else None
-    total = usage.get("total_tokens") if isinstance(usage, dict) else None
-    return total if isinstance(total, int) and total > 0 else 0
 
 
 def describe(exc: BaseException) -> str:

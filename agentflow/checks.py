@@ -4,6 +4,7 @@ empty dashboard."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from celery import current_app
@@ -60,9 +61,12 @@ NUMERIC_SETTINGS = {
     "AGENTFLOW_AGENT_MAX_TURNS": "count",
     "AGENTFLOW_AGENT_MAX_TOKENS": "count",
     "AGENTFLOW_AGENT_MAX_TOOL_CALLS": "count",
+    "AGENTFLOW_AGENT_MAX_COST_USD": "positive or unset",
+    "AGENTFLOW_LLM_MAX_OUTPUT_TOKENS": "count",
     "AGENTFLOW_APPROVAL_TIMEOUT": "positive",
 }
 _MUST_BE = {
+    "positive or unset": "a number above 0, or None (no cap)",
     "positive": "a number above 0",
     "count": "a whole number of at least 1",
     "zero or more": "a number of at least 0",
@@ -71,6 +75,12 @@ _MUST_BE = {
 
 
 def _fits(value: Any, kind: str) -> bool:
+    if kind == "positive or unset":
+        if value is None:
+            return True
+        if isinstance(value, Decimal) and value.is_finite():
+            value = float(value)
+        kind = "positive"
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return False  # True is 1 to Python, never a number of seconds; NaN fits nowhere
     if kind == "positive":

@@ -58,6 +58,15 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "AGENTFLOW_AGENT_MAX_TURNS": (20, "Model turns per agent run."),
     "AGENTFLOW_AGENT_MAX_TOKENS": (100_000, "Model tokens per agent run."),
     "AGENTFLOW_AGENT_MAX_TOOL_CALLS": (40, "Tool calls per agent run."),
+    "AGENTFLOW_AGENT_MAX_COST_USD": (
+        None,
+        "Dollars one agent run's model requests may cost (None: no cap); a request that could "
+        "pass it is not sent, and a lost answer counts at its worst case.",
+    ),
+    "AGENTFLOW_LLM_MAX_OUTPUT_TOKENS": (
+        4096,
+        "The max_tokens each model request is sent with: what bounds a lost answer's cost.",
+    ),
     "AGENTFLOW_APPROVAL_TIMEOUT": (
         48 * 3600.0,
         "Seconds a call declared requires_approval waits for a decision before it is rejected.",

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from functools import cache
 from typing import Any
 
@@ -156,6 +157,25 @@ MODEL_TOKENS_SAVED = _Metric(
     ["workflow", "model"],
 )
 
+MODEL_COST_SPENT = _Metric(
+    "Counter",
+    "agentflow_model_cost_usd",
+    "Dollars model requests cost (priced models only), by workflow and the model that answered.",
+    ["workflow", "model"],
+)
+MODEL_COST_SAVED = _Metric(
+    "Counter",
+    "agentflow_model_cost_saved_usd",
+    "Dollars not spent again because a recorded answer was replayed (priced turns only).",
+    ["workflow", "model"],
+)
+MODEL_TURNS_UNPRICED = _Metric(
+    "Counter",
+    "agentflow_model_turns_unpriced",
+    "Model turns the price table has no price for: their cost is unknown, never counted as 0.",
+    ["workflow", "model"],
+)
+
 
 def fold_dead() -> None:
     """Fold dead processes' files into the archive (multiprocess mode only)."""
@@ -174,6 +194,21 @@ def model_tokens(*, workflow: str, model: str, spent: int = 0, saved: int = 0) -
         MODEL_TOKENS_SPENT.labels(workflow, model).inc(spent)
     if saved:
         MODEL_TOKENS_SAVED.labels(workflow, model).inc(saved)
+
+
+def model_cost_spent(*, workflow: str, model: str, cost: Decimal | None) -> None:
+    """Count the dollars a model turn just asked cost (None: its model has no price, counted
+    as an unpriced turn rather than as free)."""
+    if cost is None:
+        MODEL_TURNS_UNPRICED.labels(workflow, model).inc()
+    elif cost > 0:
+        MODEL_COST_SPENT.labels(workflow, model).inc(float(cost))
+
+
+def model_cost_saved(*, workflow: str, model: str, saved: Decimal) -> None:
+    """Count the recorded dollars of turns a replay handed back instead of asking again."""
+    if saved > 0:
+        MODEL_COST_SAVED.labels(workflow, model).inc(float(saved))
 
 
 def active_runs_query() -> QuerySet[WorkflowRun, tuple[str, str, int, int]]:

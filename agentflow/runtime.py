@@ -229,6 +229,7 @@ def _next_call(
             recorded=store.replay_load(run.id, seq + 1),
             reusable=lambda: store.superseded_reusable(run.id, workflow),
             calls=lambda: store.calls_load(run.id, seq + 1),
+            attempts=lambda: store.model_attempts(run.id, seq + 1),
         )
     except Exception as exc:  # a bug in the run's function: fail readably, do not loop
         if pooler.database_trouble(exc):
@@ -238,18 +239,35 @@ def _next_call(
     saved = getattr(outcome, "tokens_saved", 0)
     if saved:
         telemetry.model_tokens(workflow=workflow, saved=saved)
+    cost_saved = getattr(outcome, "cost_saved", None)
+    if cost_saved:
+        telemetry.model_cost_saved(workflow=workflow, saved=cost_saved)
     if isinstance(outcome, agent_loop.NextCall):
+        telemetry.replayed(
+            calls=outcome.replayed, turns=outcome.replayed_turns, tokens_saved=outcome.tokens_saved
+        )
         logger.info(
             "%s position %d %s: replayed %d calls from checkpoints (%d model turns, %d tokens "
             "not spent again)",
             run.id, seq, outcome.step.name, outcome.replayed, outcome.replayed_turns,
             outcome.tokens_saved,
         )  # fmt: skip
-        return outcome.step
+        return telemetry.traced_agent_call(outcome.step)
     if isinstance(outcome, agent_loop.Finished):
         store.run_finish(run.id, seq, outcome.output)
     elif isinstance(outcome, agent_loop.Failed):
         store.run_fail_between_calls(run.id, workflow, seq, outcome.reason)
+    elif isinstance(outcome, agent_loop.OverBudget):
+        if seen is not None and seen.status == StepStatus.IN_PROGRESS and not seen.claimable:
+            return None  # a duplicate message: the request in flight was checked when claimed
+        store.run_park(
+            run.id,
+            seq,
+            outcome.reason,
+            kind=RunEvent.Kind.NEEDS_ATTENTION,
+            fence=seen.fence if seen else None,
+            data={"budget": outcome.figures},
+        )
     else:
         divergence = outcome.divergence
         store.run_park(

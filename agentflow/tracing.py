@@ -20,6 +20,7 @@ import contextvars
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import MiddlewareNotUsed
 from django.http import HttpRequest, HttpResponse
@@ -135,8 +136,10 @@ class StepSpan:
         self._token = otel_context.attach(here)
         self._run_token = _run_traces.set({**(_run_traces.get() or {}), run_id: here})
 
-    def event(self, name: str, *, failed: bool = False) -> None:
-        self.span.add_event(name)
+    def event(
+        self, name: str, *, failed: bool = False, values: Mapping[str, Any] | None = None
+    ) -> None:
+        self.span.add_event(name, attributes(**(values or {})))
         if failed:
             self.span.set_status(Status(StatusCode.ERROR, name))
 
@@ -161,6 +164,105 @@ def partner_span(partner: str, operation: str, **attrs: Any) -> Iterator[Span | 
         attributes=attributes(partner=partner, operation=operation, **attrs),
     ) as span:
         yield span
+
+
+# --- agent runs: OpenTelemetry's GenAI conventions ----------------------------------------------
+@contextmanager
+def model_request_span(
+    *, request_model: str, provider: str, server: str, max_tokens: int | None, **attrs: Any
+) -> Iterator[Span]:
+    """A client span around one model request, named and tagged as OpenTelemetry's GenAI
+    semantic conventions say (`chat gpt-4o-mini`, `gen_ai.request.model`, ...), so dashboards
+    built for them read an agent run's turns; `model_answered` adds what the answer said. Only
+    called with tracing on (the conventions' names come with the SDK)."""
+    from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+
+    operation = gen_ai.GenAiOperationNameValues.CHAT.value
+    values: dict[str, Any] = {
+        gen_ai.GEN_AI_OPERATION_NAME: operation,
+        gen_ai.GEN_AI_PROVIDER_NAME: provider,
+        gen_ai.GEN_AI_REQUEST_MODEL: request_model,
+        **_server_attributes(server),
+        **attributes(**attrs),
+    }
+    if max_tokens:
+        values[gen_ai.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+    with _tracer().start_as_current_span(
+        f"{operation} {request_model}", kind=SpanKind.CLIENT, attributes=values
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_attribute(_error_type(), type(exc).__qualname__)
+            raise
+
+
+def model_answered(
+    span: Span,
+    *,
+    response_model: str,
+    finish_reason: str,
+    input_tokens: int,
+    output_tokens: int,
+    provider: str = "",
+    server: str = "",
+    **attrs: Any,
+) -> None:
+    """What the answer to `model_request_span`'s request said: the model that answered, its
+    tokens, why it stopped (and the server that answered, when another than asked)."""
+    from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+
+    values: dict[str, Any] = {
+        gen_ai.GEN_AI_RESPONSE_MODEL: response_model,
+        gen_ai.GEN_AI_RESPONSE_FINISH_REASONS: [finish_reason],
+        gen_ai.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+        gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens,
+        **(_server_attributes(server) if server else {}),
+        **attributes(**attrs),
+    }
+    if provider:
+        values[gen_ai.GEN_AI_PROVIDER_NAME] = provider
+    span.set_attributes(values)
+
+
+@contextmanager
+def tool_call_span(*, tool: str, call_id: str | None, **attrs: Any) -> Iterator[Span]:
+    """A span around one tool call the model asked for (`execute_tool fetch_booking`)."""
+    from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+
+    operation = gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
+    values: dict[str, Any] = {
+        gen_ai.GEN_AI_OPERATION_NAME: operation,
+        gen_ai.GEN_AI_TOOL_NAME: tool,
+        gen_ai.GEN_AI_TOOL_TYPE: "function",
+        **attributes(**attrs),
+    }
+    if call_id:
+        values[gen_ai.GEN_AI_TOOL_CALL_ID] = call_id
+    with _tracer().start_as_current_span(
+        f"{operation} {tool}", kind=SpanKind.INTERNAL, attributes=values
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_attribute(_error_type(), type(exc).__qualname__)
+            raise
+
+
+def _server_attributes(base_url: str) -> dict[str, Any]:
+    from opentelemetry.semconv.attributes import server_attributes
+
+    found = urlsplit(base_url) if base_url else None
+    if found is None or not found.hostname:
+        return {}
+    port = found.port or (443 if found.scheme == "https" else 80)
+    return {server_attributes.SERVER_ADDRESS: found.hostname, server_attributes.SERVER_PORT: port}
+
+
+def _error_type() -> str:
+    from opentelemetry.semconv.attributes import error_attributes
+
+    return error_attributes.ERROR_TYPE
 
 
 # --- web requests -----------------------------------------------------------------------------

@@ -279,6 +279,12 @@ AGENTFLOW_AGENT_MAX_TOKENS = env_int("AGENTFLOW_AGENT_MAX_TOKENS", 100_000, mini
 # Tool calls one run may make (a refund makes 8); a turn may make at most 10 of them. A call
 # past either is refused and the model told why: it runs nothing, and nothing undoes it.
 AGENTFLOW_AGENT_MAX_TOOL_CALLS = env_int("AGENTFLOW_AGENT_MAX_TOOL_CALLS", 40, minimum=1)
+# Dollars one run's model requests may cost (genai-prices' table); unset or 0: no cap. Checked
+# before every request against what was spent, what lost answers may have cost (each at its
+# worst: max_tokens of output) and what the request could cost: a crash loop cannot pass it.
+AGENTFLOW_AGENT_MAX_COST_USD = env_float("AGENTFLOW_AGENT_MAX_COST_USD", 0.0) or None
+# The max_tokens each model request is sent with: it bounds what a lost answer may have cost.
+AGENTFLOW_LLM_MAX_OUTPUT_TOKENS = env_int("AGENTFLOW_LLM_MAX_OUTPUT_TOKENS", 4096, minimum=1)
 
 # --- Partners and refunds -------------------------------------------------------------------
 SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8765")

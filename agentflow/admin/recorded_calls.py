@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Protocol
 
 from agentflow.admin.display import Shown, compact
+from agentflow.agent import pricing
 from agentflow.registry import undo_target
 from agentflow.states import StepKind, StepStatus
 
@@ -97,6 +99,8 @@ class Call:
     finish_reason: str = ""
     model: str = ""
     tokens: Tokens | None = None
+    #: Its recorded cost in dollars; None: unknown (no price for its model, or not recorded).
+    cost: Decimal | None = None
     # tools, steps, compensations
     arguments: Shown | None = None
     result: Shown | None = None
@@ -241,6 +245,7 @@ def _read_turn(call: Call, row: Row) -> None:
         call.asked.append(asked)
     call.finish_reason = text_of(output.get("finish_reason"))
     call.model = text_of(output.get("model"))
+    call.cost = pricing.recorded(output)
     call.tokens = _tokens(output.get("usage"))
     if call.tokens is None:
         call.notes.append("its token usage is not recorded in the expected shape")

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from agentflow.admin import replays
@@ -106,6 +107,21 @@ class Trajectory:
         return sum(c.tokens.total for c in self.turns if c.tokens and not c.reused_key)
 
     @property
+    def cost(self) -> Decimal | None:
+        """Dollars this branch's asked model turns cost; None (unknown) when any of them has
+        no price: a sum that left it out would read as the whole."""
+        return _total(c.cost for c in self.turns if c.tokens and not c.reused_key)
+
+    @property
+    def cost_saved(self) -> Decimal | None:
+        """Dollars replay did not spend again: each turn's recorded cost, as many times as it
+        was handed back; None (unknown) when a turn handed back has no price."""
+        handed_back = [c for c in self.turns if c.replayed]
+        if any(c.cost is None for c in handed_back):
+            return None
+        return sum((c.cost * c.replayed for c in handed_back if c.cost), Decimal(0))
+
+    @property
     def spent_superseded(self) -> int:
         return sum(
             c.tokens.total
@@ -123,6 +139,15 @@ class Trajectory:
         """The divergence no fork has answered yet."""
         found = self.divergence
         return found if found is not None and found.resolved_by is None else None
+
+
+def _total(costs: Iterable[Decimal | None]) -> Decimal | None:
+    total = Decimal(0)
+    for cost in costs:
+        if cost is None:
+            return None
+        total += cost
+    return total
 
 
 def looks_code_first(run: WorkflowRun, steps: Iterable[Any]) -> bool:

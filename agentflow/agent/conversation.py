@@ -17,6 +17,10 @@ from agentflow.agent.canonical import readable_json
 
 Message = dict[str, Any]
 
+#: The GenAI provider name (OpenTelemetry's) of any OpenAI-compatible server: they speak
+#: OpenAI's API, and the official OpenAI instrumentation names them so too.
+OPENAI_PROVIDER = "openai"
+
 #: The decoder's parser itself (C where the interpreter has it), without `json.loads` around it.
 _scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 _JSON_SPACE = " \t\n\r"
@@ -130,6 +134,9 @@ class ModelRequest:
     model: str
     messages: tuple[Message, ...]
     tools: tuple[dict[str, Any], ...] = ()
+    #: The most output tokens the answer may have (sent as `max_tokens`): what bounds the
+    #: request's cost when its answer is lost (`agentflow.agent.budget`). None: the server's.
+    max_tokens: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"model": self.model, "messages": list(self.messages), "tools": list(self.tools)}
@@ -150,6 +157,10 @@ class ModelResponse:
     usage: Usage
     #: The model that answered, as the server named it.
     model: str
+    #: Who answered: the provider's name in OpenTelemetry's GenAI terms ("openai" for any
+    #: OpenAI-compatible server) and the server's base URL; empty for an offline planner.
+    provider: str = ""
+    server: str = ""
 
     @property
     def tool_calls(self) -> tuple[ToolCall, ...]:
@@ -166,12 +177,17 @@ class ModelResponse:
         return not self.message.get("tool_calls")
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        answered: dict[str, Any] = {
             "message": self.message,
             "finish_reason": self.finish_reason,
             "usage": self.usage.as_json(),
             "model": self.model,
         }
+        if self.provider:
+            answered["provider"] = self.provider
+        if self.server:
+            answered["server"] = self.server
+        return answered
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelResponse:
@@ -180,6 +196,8 @@ class ModelResponse:
             finish_reason=data["finish_reason"],
             usage=Usage.from_json(data.get("usage")),
             model=data["model"],
+            provider=str(data.get("provider") or ""),
+            server=str(data.get("server") or ""),
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentflow.exceptions import AgentflowError, PermanentStepError
 
 
@@ -15,15 +17,30 @@ class ToolRefused(AgentflowError):
 
 
 class BudgetExceeded(PermanentStepError):
-    """The run reached its turn or token limit: it fails before any further step."""
+    """The run reached its turn, token or dollar limit: it fails (or parks, where its workflow
+    says so) before any further step. `figures`: what was spent, lost and asked, for people."""
 
-    def __init__(self, message: str, *, limit: str, used: int, allowed: int) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: str,
+        used: int,
+        allowed: int,
+        figures: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.limit, self.used, self.allowed = limit, used, allowed
+        self.figures = dict(figures or {})
 
     def __reduce__(self):  # keep the keyword fields when pickled
-        return (_rebuild_budget, (str(self), self.limit, self.used, self.allowed))
+        return (
+            _rebuild_budget,
+            (str(self), self.limit, self.used, self.allowed, self.figures),
+        )
 
 
-def _rebuild_budget(message: str, limit: str, used: int, allowed: int) -> BudgetExceeded:
-    return BudgetExceeded(message, limit=limit, used=used, allowed=allowed)
+def _rebuild_budget(
+    message: str, limit: str, used: int, allowed: int, figures: dict[str, Any] | None = None
+) -> BudgetExceeded:
+    return BudgetExceeded(message, limit=limit, used=used, allowed=allowed, figures=figures)

@@ -26,12 +26,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
-from agentflow.agent import waiting
+from agentflow.agent import budget, pricing, waiting
 from agentflow.agent.clients import ModelClient, configured_client
 from agentflow.agent.conversation import Message, ModelRequest, ModelResponse, ToolCall
 from agentflow.agent.divergence import Change, Divergence, diverges
+from agentflow.agent.errors import BudgetExceeded
 from agentflow.agent.fingerprint import (
     LLM_CALL_NAME,
     CallKind,
@@ -52,6 +54,7 @@ from agentflow.agent.tools import (
     refused_call,
 )
 from agentflow.agent.turns import Turns, whole_request
+from agentflow.conf import settings
 from agentflow.context import StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import DefinitionError, OutcomeUnknown, PermanentStepError
 from agentflow.registry import StepDef, Workflow, undo_name, undo_target, undoing
@@ -80,6 +83,13 @@ class CodeWorkflow(Workflow):
     done: Callable[[Sequence[ToolRecord]], str | None] | None = None
     #: Tool calls one model turn may make (`AGENTFLOW_AGENT_MAX_TOOL_CALLS` caps the run).
     max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN
+    #: This workflow's caps on a run's model tokens and dollars, instead of the settings'
+    #: (`AGENTFLOW_AGENT_MAX_TOKENS`, `AGENTFLOW_AGENT_MAX_COST_USD`); see `agent.budget`.
+    max_tokens: int | None = None
+    max_cost_usd: float | Decimal | None = None
+    #: When the next model request could pass a cap: "park" the run "budget reached" for an
+    #: operator (nothing undone), or "fail" it (its compensations run).
+    on_budget: str = "park"
     fn: Callable[[AgentContext], Any] | None = field(default=None, repr=False)
 
     def run(self, fn: Callable[[AgentContext], Any]) -> Callable[[AgentContext], Any]:
@@ -102,6 +112,12 @@ class CodeWorkflow(Workflow):
             raise DefinitionError(f"{self.name}: no function (decorate one with .run)")
         if self.toolbox is not None:
             self.toolbox.validate()
+        if self.on_budget not in budget.ON_REACHED:
+            raise DefinitionError(f"{self.name}: on_budget is 'park' or 'fail'")
+        if self.max_cost_usd is not None and not Decimal(str(self.max_cost_usd)) > 0:
+            raise DefinitionError(f"{self.name}: max_cost_usd is a number of dollars above 0")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise DefinitionError(f"{self.name}: max_tokens is at least 1")
         super().validate()
 
     def step_named(self, name: str) -> StepDef | None:
@@ -240,8 +256,10 @@ class Diverged(BaseException):
 @dataclass(frozen=True, kw_only=True)
 class Finished:
     output: Any
-    #: The recorded tokens of the turns this last replay handed back.
+    #: The recorded tokens of the turns this last replay handed back, and their recorded cost
+    #: in dollars (of the priced ones).
     tokens_saved: int = 0
+    cost_saved: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,6 +275,7 @@ class NextCall:
     replayed: int = 0
     replayed_turns: int = 0
     tokens_saved: int = 0
+    cost_saved: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,7 +283,16 @@ class Divergent:
     divergence: Divergence
 
 
-Outcome = Finished | Failed | NextCall | Divergent
+@dataclass(frozen=True, kw_only=True)
+class OverBudget:
+    """The next model request could pass a cap and the workflow parks on it: why, with the
+    figures (spent, lost, the request's worst case, the caps)."""
+
+    reason: str
+    figures: dict[str, Any]
+
+
+Outcome = Finished | Failed | NextCall | Divergent | OverBudget
 
 
 class AgentContext:
@@ -287,6 +315,7 @@ class AgentContext:
         reusable: Callable[[], Sequence[Any]],
         calls: Callable[[], Sequence[Any]],
         exact: bool = False,
+        attempts: Callable[[], Mapping[int, int]] | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -300,6 +329,10 @@ class AgentContext:
         self._position = 0
         self._turns_taken = 0
         self._tokens = 0
+        self._cost = Decimal(0)  # the recorded cost of the priced turns replayed
+        self._attempts = attempts  # model turns' attempts by position, read when asked
+        self._ledger = budget.Ledger()
+        self._asked: list[tuple[int, int]] = []  # recorded turns: (position, request bytes)
         self._limits = AgentLimits.from_settings(
             max_tool_calls_per_turn=workflow.max_tool_calls_per_turn
         )
@@ -344,12 +377,25 @@ class AgentContext:
             response = ModelResponse.from_json(recorded)
             self._turns_taken += 1
             self._tokens += response.usage.total_tokens
+            cost = pricing.recorded(recorded)
+            self._cost += cost or 0
+            self._ledger.spent(
+                tokens=response.usage.total_tokens, cost_usd=cost, model=response.model
+            )
+            self._asked.append((position, self._turns.latest_size()))
             return response
         self._limits.check_turn(turns_taken=self._turns_taken, tokens_used=self._tokens)
-        request = ModelRequest(model=client.model, messages=sent, tools=self._tools)
+        max_tokens = int(settings.AGENTFLOW_LLM_MAX_OUTPUT_TOKENS)
+        self._check_budget(client, position, max_tokens)
+        request = ModelRequest(
+            model=client.model, messages=sent, tools=self._tools, max_tokens=max_tokens
+        )
 
         def ask(ctx: StepContext) -> Any:
-            return client.complete(request).as_json()
+            response = client.complete(request)
+            # Priced as it is recorded: a replay reads the figure of the day it was asked.
+            cost = pricing.as_text(pricing.turn_cost(response))
+            return {**response.as_json(), pricing.COST_KEY: cost}
 
         turn = self._turns.latest()
         raise Suspend(self._step(turn.fingerprint(position), StepKind.LLM, ask, extra={}))
@@ -478,6 +524,30 @@ class AgentContext:
         )
 
     # --- replay ------------------------------------------------------------------------------
+    def _check_budget(self, client: ModelClient, position: int, max_tokens: int) -> None:
+        """Before the request at `position`: every earlier attempt of a turn that recorded no
+        answer for it counts at its worst case (its claim was committed before it was sent),
+        this request too, against the caps (`agent.budget`).
+
+        Raises:
+            BudgetExceeded: it could pass one.
+        """
+        attempts = self._attempts() if self._attempts is not None else {}
+        model, provider = client.model, str(getattr(client, "provider", "") or "")
+
+        def worst(size: int) -> budget.WorstCase:
+            return budget.worst_case(
+                model=model, provider=provider, request_bytes=size, max_tokens=max_tokens
+            )
+
+        for asked_at, size in self._asked:
+            lost = attempts.get(asked_at, 1) - 1  # all but the one that was answered
+            if lost > 0:
+                self._ledger.lost(worst(size), requests=lost, model=model)
+        now = worst(self._turns.latest_size())
+        self._ledger.lost(now, requests=attempts.get(position, 0), model=model)
+        self._ledger.check(budget.Caps.for_workflow(self.workflow), now, model=model)
+
     def _model_client(self) -> ModelClient:
         """Chosen once per replay: a configured server's client is not built per turn."""
         if self._client is None:
@@ -623,11 +693,13 @@ def replay(
     recorded: Mapping[int, Any],
     reusable: Callable[[], Sequence[Any]],
     calls: Callable[[], Sequence[Any]],
+    attempts: Callable[[], Mapping[int, int]] | None = None,
 ) -> Outcome:
     """Run the function from the top against its recorded calls; what this task must do.
     `recorded`: the branch's calls by position, as `store.replay_load` reads them (digests,
     not arguments); `calls()`: the same calls whole, as stored, read only when a digest
-    differs (a divergence's diff, a call recorded before digests had a column).
+    differs (a divergence's diff, a call recorded before digests had a column);
+    `attempts()`: the model turns' attempt counts by position, read only before a request.
 
     Again, comparing every turn's messages by value, if the function changed a message in
     place after a model turn was sent it (see `Turns`)."""
@@ -643,6 +715,7 @@ def replay(
             reusable=reusable,
             calls=calls,
             exact=exact,
+            attempts=attempts,
         )
         return _run(workflow, seq, ctx), ctx
 
@@ -662,9 +735,14 @@ def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
             replayed=ctx._position - 1,
             replayed_turns=ctx._turns_taken,
             tokens_saved=ctx._tokens,
+            cost_saved=ctx._cost,
         )
     except Diverged as diverged:
         return Divergent(divergence=diverged.divergence)
+    except BudgetExceeded as exc:
+        if exc.figures and workflow.on_budget == "park":  # a request not sent: nothing undone
+            return OverBudget(reason=str(exc), figures=exc.figures)
+        return Failed(reason=str(exc))
     except PermanentStepError as exc:
         return Failed(reason=str(exc))
     if seq in ctx._recorded:  # it returned without making the call recorded (in flight) at `seq`
@@ -675,7 +753,7 @@ def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
     if unfinished:
         return Failed(reason=unfinished)
     output = to_json(result, f"the result of {workflow.name}")
-    return Finished(output=output, tokens_saved=ctx._tokens)
+    return Finished(output=output, tokens_saved=ctx._tokens, cost_saved=ctx._cost)
 
 
 def _waited(ctx: StepContext) -> Any:

@@ -17,7 +17,13 @@ from typing import Any
 
 import openai
 
-from agentflow.agent.conversation import ModelRequest, ModelResponse, ToolCall, Usage
+from agentflow.agent.conversation import (
+    OPENAI_PROVIDER,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    Usage,
+)
 from agentflow.agent.conversation import assistant_message as _assistant_message
 from agentflow.conf import settings
 from agentflow.exceptions import PermanentStepError, RetryableStepError
@@ -47,6 +53,9 @@ def _sdk_client(base_url: str, api_key: str, timeout_seconds: float) -> openai.O
 class OpenAIChatModel:
     """A ModelClient for a chat-completions endpoint with tool calling (non-streaming)."""
 
+    #: Whose prices its models have (genai-prices' provider id; OpenTelemetry's name too).
+    provider = OPENAI_PROVIDER
+
     def __init__(
         self, *, base_url: str, model: str, api_key: str = "", timeout_seconds: float = 60.0
     ) -> None:
@@ -66,6 +75,8 @@ class OpenAIChatModel:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         options: dict[str, Any] = {"tools": list(request.tools)} if request.tools else {}
+        if request.max_tokens:
+            options["max_tokens"] = request.max_tokens
         # Our messages are the SDK's message params as plain dicts (the JSON we checkpoint).
         messages: Any = list(request.messages)
         try:
@@ -140,6 +151,8 @@ class OpenAIChatModel:
             finish_reason=choice.finish_reason or "stop",
             usage=Usage.from_json(usage.model_dump() if usage is not None else None),
             model=completion.model or self.model,
+            provider=OPENAI_PROVIDER,
+            server=self.base_url,
         )
 
 

@@ -69,6 +69,8 @@ class Turns:
     def __init__(self, tools: Sequence[Any], *, exact: bool = False) -> None:
         self._tools = tuple(tools)
         self._tools_digest = digest(self._tools)
+        self._tools_size = len(canonical_json(list(self._tools)))
+        self._sizes = [0]  # the bytes of its first i messages' canonical JSON, by i
         self._exact = exact
         self._sent: tuple[Any, ...] = ()  # the previous turn's messages (exact: their texts)
         self._chains = [CHAIN_START]  # the chain after each of its first i messages
@@ -89,17 +91,25 @@ class Turns:
             self._texts += added
         else:
             added = texts[keep:]
-        chains = self._chains
+        chains, sizes = self._chains, self._sizes
         del chains[keep + 1 :]  # a turn that only appends (the usual one) copies nothing
-        chain = chains[-1]
+        del sizes[keep + 1 :]
+        chain, size = chains[-1], sizes[-1]
         for text in added:
             chain = chain_link(chain, text)
             chains.append(chain)
+            size += len(text)
+            sizes.append(size)
         self._sent = tuple(texts) if texts is not None else now
         self._observed += 1
         found = turn_digest(model=model, chain=chain, tools_digest=self._tools_digest)
         self._latest = (model, keep, now, found)
         return found
+
+    def latest_size(self) -> int:
+        """The bytes of the latest request's messages and tools as canonical JSON (ASCII):
+        what bounds its input tokens (`agentflow.agent.budget`)."""
+        return self._sizes[-1] + self._tools_size
 
     def latest(self) -> Turn:
         """The turn observed last, as its checkpoint stores it: built only for the call a

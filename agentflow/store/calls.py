@@ -56,6 +56,18 @@ def replay_load(run_id: str, before_seq: int) -> dict[int, ReplayedCall]:
     return dict(zip(seqs, calls, strict=True))
 
 
+def model_attempts(run_id: str, before_seq: int) -> dict[int, int]:
+    """The attempts of the run's model turns before `before_seq`, by position (one query): each
+    was claimed, and so counted, before its request was sent, so an attempt that recorded no
+    answer is a request that may have been billed (`agentflow.agent.budget`)."""
+    rows = sql.fetch_all(
+        f"""SELECT seq, attempts FROM {sql.STEPS}
+        WHERE run_id = %s AND seq < %s AND kind = %s ORDER BY seq""",
+        [run_id, before_seq, StepKind.LLM],
+    )
+    return {seq: attempts for seq, attempts in rows}
+
+
 def calls_load(run_id: str, before_seq: int) -> list[RecordedCall]:
     """Every checkpoint of the run before `before_seq`, whole as stored, in order (one query):
     tool calls with their arguments for a tool's history, model turns with the messages they

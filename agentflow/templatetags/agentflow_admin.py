@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django import template
@@ -15,6 +16,17 @@ def thousands(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return "" if value is None else str(value)
+
+
+@register.filter
+def dollars(value: Any) -> str:
+    """A cost: Decimal("0.00021") -> "$0.00021", Decimal(2) -> "$2.00"; None -> "unknown"
+    (a model without a price is never shown as free). Cents at least, to the millionth."""
+    if value is None:
+        return "unknown"
+    text = f"{Decimal(value):,.6f}".rstrip("0")
+    whole, _, cents = text.partition(".")
+    return f"${whole}.{cents.ljust(2, '0')}"
 
 
 @register.filter

@@ -29,16 +29,15 @@ def agent_worker(
     started: list[WorkerProcess] = []
 
     def start(**overrides: str) -> WorkerProcess:
-        env = refund_worker_env(
-            clean_sandbox,
-            AGENTFLOW_LLM_BASE_URL=llm_server.url,
-            AGENTFLOW_LLM_MODEL="test-model",
-            AGENTFLOW_LLM_API_KEY="sk-test",
-            REFUNDS_ENGINE="agent",
-            REFUNDS_PARTNER_MAX_ATTEMPTS="4",
-            REFUNDS_PARTNER_RETRY_BASE_SECONDS="0.25",
-            **overrides,
-        )
+        defaults = {
+            "AGENTFLOW_LLM_BASE_URL": llm_server.url,
+            "AGENTFLOW_LLM_MODEL": "test-model",
+            "AGENTFLOW_LLM_API_KEY": "sk-test",
+            "REFUNDS_ENGINE": "agent",
+            "REFUNDS_PARTNER_MAX_ATTEMPTS": "4",
+            "REFUNDS_PARTNER_RETRY_BASE_SECONDS": "0.25",
+        }
+        env = refund_worker_env(clean_sandbox, **{**defaults, **overrides})
         worker = WorkerProcess(concurrency=2, env=env, beat=True)
         started.append(worker)
         return worker.start(timeout=60)

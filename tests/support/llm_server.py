@@ -103,6 +103,7 @@ class LLMServer:
         self._script: Script = script if script is not None else []
         self._faults: list[Answer] = []
         self._requests: list[SeenRequest] = []
+        self._billed: list[dict[str, Any]] = []
         self._stopping = threading.Event()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -136,6 +137,17 @@ class LLMServer:
     def requests(self) -> list[SeenRequest]:
         with self._lock:
             return list(self._requests)
+
+    @property
+    def billed(self) -> list[dict[str, Any]]:
+        """The usage of every answer the server sent (a provider bills each one, whether the
+        client recorded it or died before it could), with the model it answered for."""
+        with self._lock:
+            return list(self._billed)
+
+    def _bill(self, body: dict[str, Any]) -> None:
+        with self._lock:
+            self._billed.append({**body["usage"], "model": body["model"]})
 
     def count(self, *, turn: int | None = None) -> int:
         """Requests received (for one turn, if given), faults and refusals included."""
@@ -284,7 +296,9 @@ def _handler_for(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                 )
                 self._send(answer.status, _error(answer.error, kind), answer.headers)
                 return
-            self._send(200, completion_body(seen, answer), answer.headers)
+            body = completion_body(seen, answer)
+            server._bill(body)
+            self._send(200, body, answer.headers)
 
         def _send(self, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
             data = json.dumps(body).encode()

@@ -214,8 +214,12 @@ class SpanCollector:
 
 
 def _attributes(pairs: Any) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for pair in pairs:
-        kind = pair.value.WhichOneof("value")
-        values[pair.key] = getattr(pair.value, kind) if kind else None
-    return values
+    return {pair.key: _value(pair.value) for pair in pairs}
+
+
+def _value(value: Any) -> Any:
+    """An OTLP AnyValue as Python: an array (`gen_ai.response.finish_reasons`) as a list."""
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(item) for item in value.array_value.values]
+    return getattr(value, kind) if kind else None

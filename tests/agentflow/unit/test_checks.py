@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any
 
 from celery import Celery, current_app
@@ -78,6 +79,8 @@ def test_numeric_settings__the_defaults_pass__a_bad_value_is_an_error_naming_it(
         ("AGENTFLOW_MAX_ATTEMPTS", 2.5), ("AGENTFLOW_MAX_ATTEMPTS", True),
         ("AGENTFLOW_SWEEP_BATCH", "1000"), ("AGENTFLOW_RETENTION_DAYS", -1),
         ("AGENTFLOW_KEY_WINDOW_SECONDS", float("nan")),
+        ("AGENTFLOW_AGENT_MAX_COST_USD", 0), ("AGENTFLOW_AGENT_MAX_COST_USD", "5"),
+        ("AGENTFLOW_LLM_MAX_OUTPUT_TOKENS", 0),
     ):  # fmt: skip
         with override_settings(**{name: bad}):
             [message] = checks.numeric_settings()
@@ -86,6 +89,8 @@ def test_numeric_settings__the_defaults_pass__a_bad_value_is_an_error_naming_it(
     for name, good in (
         ("AGENTFLOW_APPROVAL_TIMEOUT", 600), ("AGENTFLOW_RETENTION_DAYS", 0),
         ("AGENTFLOW_MAX_ATTEMPTS", 3.0), ("AGENTFLOW_CLOCK_OFFSET_SECONDS", -2.5),
+        ("AGENTFLOW_AGENT_MAX_COST_USD", None), ("AGENTFLOW_AGENT_MAX_COST_USD", 0.5),
+        ("AGENTFLOW_AGENT_MAX_COST_USD", Decimal("0.25")),
     ):  # fmt: skip
         with override_settings(**{name: good}):
             assert checks.numeric_settings() == [], (name, good)
