@@ -32,6 +32,7 @@ from agentflow.store.runs import (
     run_park,
     step_fail,
 )
+from agentflow.store.signals import Delivery, signal_deliver
 from agentflow.store.sql import databases_changed, server_setting
 from agentflow.store.steps import (
     CheckpointRow,
@@ -56,10 +57,8 @@ from agentflow.store.sweeps import (
 )
 from agentflow.store.traces import trace_parent_record
 from agentflow.store.waits import (
-    Delivery,
     PendingWait,
     call_digest,
-    signal_deliver,
     wait_decide,
     wait_pending,
     wait_settle,
