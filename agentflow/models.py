@@ -346,6 +346,29 @@ class RunSignal(models.Model):
         return f"{self.run_id} signal {self.name} ({self.signal_id})"
 
 
+class WebhookReceipt(models.Model):
+    """A signed partner webhook accepted (`agentflow.webhooks`), kept while its timestamp is
+    inside the tolerance: the same signed request sent again is refused as a replay, where a
+    partner's own repeated delivery (signed afresh) acts once by its signal id."""
+
+    #: The partner whose secret verified it (the URL's, and a key of AGENTFLOW_WEBHOOK_SECRETS).
+    partner = models.CharField(max_length=100)
+    #: SHA-256 of what was signed: "timestamp.body".
+    digest = models.CharField(max_length=64)
+    #: The timestamp the partner signed; rows older than the tolerance are pruned.
+    signed_at = models.DateTimeField()
+    received_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["partner", "digest"], name="webhook_receipt_once")
+        ]
+        indexes = [models.Index(fields=["signed_at"], name="webhook_receipt_signed")]
+
+    def __str__(self) -> str:
+        return f"{self.partner} webhook {self.digest[:12]}"
+
+
 class SweeperHeartbeat(models.Model):
     """When the recovery sweeper last ran (one row per sweeper name): recovery stands on it, so
     /healthz, /metrics and the admin dashboard watch its age."""

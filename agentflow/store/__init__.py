@@ -32,7 +32,7 @@ from agentflow.store.runs import (
     run_park,
     step_fail,
 )
-from agentflow.store.signals import Delivery, signal_deliver
+from agentflow.store.signals import Delivery, Replayed, signal_deliver, webhook_receipt_add
 from agentflow.store.sql import databases_changed, server_setting
 from agentflow.store.steps import (
     CheckpointRow,
@@ -75,6 +75,7 @@ __all__ = [
     "Heartbeat",
     "PendingWait",
     "RecordedCall",
+    "Replayed",
     "ReplayedCall",
     "Settled",
     "StepState",
@@ -121,4 +122,5 @@ __all__ = [
     "wait_decide",
     "wait_pending",
     "wait_settle",
+    "webhook_receipt_add",
 ]

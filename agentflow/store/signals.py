@@ -1,5 +1,6 @@
 """Signals from anywhere (SPEC §4 C): kept the moment they arrive, exactly once per `signal_id`,
-and consumed by a `wait_for` of their name (`store.waits.signal_take`).
+and consumed by a `wait_for` of their name (`store.waits.signal_take`); and the receipts of
+signed partner webhooks, which refuse the same signed request twice.
 
 A signal does not need its run to be waiting for it: a partner's webhook often arrives before
 the run reaches `wait_for` (DBOS keeps every `send` until a `recv` reads it; Temporal keeps a
@@ -10,6 +11,7 @@ once, by whichever of the two commits second.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from django.db import IntegrityError, transaction
@@ -93,3 +95,51 @@ def signal_deliver(run_id: str, name: str, payload: Any, *, signal_id: str) -> D
         if taken is not None:
             wake_waiting(run)
     return "delivered"
+
+
+class Replayed(ActionRefused):
+    """This signed webhook request was accepted before: the same bytes sent again."""
+
+
+def webhook_receipt_add(
+    partner: str, digest: str, *, signed_at: datetime, prune_before: datetime
+) -> None:
+    """Record a verified webhook request of `partner` (`digest`: SHA-256 of what it signed), in
+    the caller's transaction, so it is kept only if what it delivers is; receipts signed before
+    `prune_before` go (their timestamps are past the tolerance: such a request is refused as
+    stale before it gets here).
+
+    Raises:
+        Replayed: a receipt of the same signed request exists (a concurrent one waits on the
+            unique index, then finds it).
+    """
+    _prune(prune_before)
+    try:
+        with transaction.atomic():
+            sql.insert(
+                sql.RECEIPTS,
+                {"partner": partner[:100], "digest": digest, "signed_at": signed_at,
+                 "received_at": sql.at_now()},
+            )  # fmt: skip
+    except IntegrityError:
+        raise Replayed("this signed request was received before (a replay)") from None
+
+
+#: Receipts one webhook prunes at most: a few per request keep the table to the tolerance's
+#: worth of requests without making any request pay for a backlog.
+PRUNE_BATCH = 100
+
+
+def _prune(before: datetime) -> None:
+    """Delete receipts signed before `before`, skipping those another request is deleting (so
+    two webhooks never queue on each other's prune)."""
+    cutoff = sql.adapt("", before)
+    if sql.postgres():
+        sql.execute(
+            f"""DELETE FROM {sql.RECEIPTS} WHERE id IN (
+                SELECT id FROM {sql.RECEIPTS} WHERE signed_at < %s
+                LIMIT {PRUNE_BATCH} FOR UPDATE SKIP LOCKED)""",
+            [cutoff],
+        )
+    else:
+        sql.execute(f"DELETE FROM {sql.RECEIPTS} WHERE signed_at < %s", [cutoff])
