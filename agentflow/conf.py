@@ -71,6 +71,16 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         48 * 3600.0,
         "Seconds a call declared requires_approval waits for a decision before it is rejected.",
     ),
+    "AGENTFLOW_WEBHOOK_SECRETS": (
+        {},
+        "Partner -> the secret (or a list of secrets, while rotating) that signs its webhooks "
+        "to agentflow.webhooks.signal_webhook; a partner without one is answered 404.",
+    ),
+    "AGENTFLOW_WEBHOOK_TOLERANCE_SECONDS": (
+        300.0,
+        "How far a signed webhook's timestamp may be from this server's clock: an older "
+        "request is refused as a replay.",
+    ),
     "AGENTFLOW_METRICS_TOKEN": ("", "Bearer token the metrics view requires when set."),
     "AGENTFLOW_METRICS_PUBLIC": (
         False,

@@ -41,7 +41,8 @@ from agentflow.serialization import NotJSONError, to_json
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 
 ActionRefused = store.ActionRefused
-#: What `signal` answers: "delivered", or "duplicate" for a `signal_id` seen before.
+#: What `signal` answers: "delivered" (consumed, or kept for a later `wait_for`), or
+#: "duplicate" for a `signal_id` seen before.
 Delivery = store.Delivery
 
 __all__ = [
@@ -164,15 +165,21 @@ def retry(run_id: str, *, actor: str, reason: str) -> None:
 
 
 def signal(run_id: str, name: str, payload: Any = None, *, signal_id: str) -> Delivery:
-    """Deliver signal `name` with `payload` to the run's `wait_for` of that name, exactly once
-    per `signal_id`: from a webhook, a view, a shell. Returns "delivered", or "duplicate" when
-    this `signal_id` was delivered before (acknowledged; nothing happens again). Recorded before
-    the run goes on; a replay of the run reads it from its checkpoint.
+    """Send signal `name` with `payload` to the run, exactly once per `signal_id`: from a
+    webhook (`agentflow.webhooks`), a view, a shell (`manage.py agentflow_signal`). Returns
+    "delivered", or "duplicate" when this `signal_id` was sent before (acknowledged; nothing
+    happens again).
+
+    The run need not wait for it yet: a signal is kept from the moment it arrives, and each
+    `wait_for(name)` the run reaches consumes the oldest one kept of that name (in the order
+    they arrived) and goes on at once; a signal that came after that wait's timeout stays kept
+    for a later one. Consumed in the commit that ends the wait; a replay of the run reads it
+    from there. One no wait ever takes stays on the run's page.
 
     Raises:
         InvalidInputError: an empty name or signal id, or a payload that is not JSON.
-        ActionRefused: no such run, the run is finished, or it waits for no signal of that
-            name now (not there yet, past it, or its timeout passed): the reason says which.
+        ActionRefused: no such run, the run is finished, or it is being cancelled: the reason
+            says which.
     """
     if not isinstance(name, str) or not name or len(name) > 200:
         raise InvalidInputError("a signal needs a name (1-200 characters)")

@@ -296,8 +296,10 @@ class RunWait(models.Model):
 
 
 class RunSignal(models.Model):
-    """A signal delivered to a run, once per `signal_id` (the unique constraint is the
-    exactly-once: a repeated id is acknowledged and changes nothing)."""
+    """A signal sent to a run, once per `signal_id` (the unique constraint is the exactly-once:
+    a repeated id is acknowledged and changes nothing). Kept from the moment it arrives, whether
+    or not the run waits for it yet; a `wait_for` of its name consumes the oldest one kept (in
+    `id` order, the order they arrived in), once."""
 
     run = models.ForeignKey(
         WorkflowRun, on_delete=models.CASCADE, related_name="signals", db_index=False
@@ -305,19 +307,66 @@ class RunSignal(models.Model):
     signal_id = models.CharField(max_length=200)
     name = models.CharField(max_length=200)
     payload = models.JSONField(null=True, blank=True)
-    #: The wait it was delivered to.
-    branch = models.PositiveIntegerField()
-    seq = models.PositiveIntegerField()
+    #: The wait that consumed it (NULL while it is kept, waiting for one).
+    branch = models.PositiveIntegerField(null=True, blank=True)
+    seq = models.PositiveIntegerField(null=True, blank=True)
     received_at = models.DateTimeField()
+    #: When that wait consumed it, in the transaction that resolved the wait.
+    consumed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["run_id", "received_at", "id"]
+        ordering = ["run_id", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "signal_id"], name="signal_unique_run_id")
+            models.UniqueConstraint(fields=["run", "signal_id"], name="signal_unique_run_id"),
+            # Consumed means consumed by one wait, named; kept means by none.
+            models.CheckConstraint(
+                condition=(
+                    Q(consumed_at__isnull=True, branch__isnull=True, seq__isnull=True)
+                    | Q(consumed_at__isnull=False, branch__isnull=False, seq__isnull=False)
+                ),
+                name="signal_consumed_by_one_wait",
+            ),
+            # A wait consumes one signal, never two.
+            models.UniqueConstraint(
+                fields=["run", "branch", "seq"],
+                condition=Q(consumed_at__isnull=False),
+                name="signal_one_per_wait",
+            ),
+        ]
+        indexes = [
+            # A wait's question, "the oldest kept signal of this name": cost follows kept ones.
+            models.Index(
+                fields=["run", "name", "id"],
+                condition=Q(consumed_at__isnull=True),
+                name="signal_kept",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.run_id} signal {self.name} ({self.signal_id})"
+
+
+class WebhookReceipt(models.Model):
+    """A signed partner webhook accepted (`agentflow.webhooks`), kept while its timestamp is
+    inside the tolerance: the same signed request sent again is refused as a replay, where a
+    partner's own repeated delivery (signed afresh) acts once by its signal id."""
+
+    #: The partner whose secret verified it (the URL's, and a key of AGENTFLOW_WEBHOOK_SECRETS).
+    partner = models.CharField(max_length=100)
+    #: SHA-256 of what was signed: "timestamp.body".
+    digest = models.CharField(max_length=64)
+    #: The timestamp the partner signed; rows older than the tolerance are pruned.
+    signed_at = models.DateTimeField()
+    received_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["partner", "digest"], name="webhook_receipt_once")
+        ]
+        indexes = [models.Index(fields=["signed_at"], name="webhook_receipt_signed")]
+
+    def __str__(self) -> str:
+        return f"{self.partner} webhook {self.digest[:12]}"
 
 
 class SweeperHeartbeat(models.Model):

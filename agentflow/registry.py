@@ -230,7 +230,8 @@ class Workflow:
     ) -> None:
         """A step that waits for `durable.signal(run_id, signal, payload, signal_id=...)`: its
         output is `{"payload": payload}`, or `{"timed_out": True}` once `timeout` seconds have
-        passed without one (None: it waits until one comes)."""
+        passed without one (None: it waits until one comes). A signal sent before the run got
+        here was kept: the step takes the oldest one kept and does not wait."""
         if not signal:
             raise DefinitionError(f"{self.name}: wait_for {name!r} needs a signal name")
         if timeout is not None and not timeout > 0:

@@ -14,7 +14,7 @@ from django.utils import timezone
 from agentflow import registry
 from agentflow.admin import forking, timeline, timeline_svg, trajectory
 from agentflow.agent.loop import CodeWorkflow
-from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
+from agentflow.models import RunEvent, RunWait, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
 
 logger = logging.getLogger(__name__)
@@ -33,10 +33,12 @@ class RunRows:
     events: list[RunEvent]
     events_cut: bool
     superseded: list[SupersededStep]
+    #: Its timers, signals and approvals, every branch's.
+    waits: list[RunWait]
 
     @classmethod
     def load(cls, run: WorkflowRun) -> RunRows:
-        """Two queries, three for a forked run."""
+        """Three queries, four for a forked run."""
         newest = list(RunEvent.objects.filter(run=run).order_by("-at", "-id")[:TIMELINE_EVENTS])
         return cls(
             steps=list(StepCheckpoint.objects.filter(run=run).order_by("seq")),
@@ -47,6 +49,7 @@ class RunRows:
                 if run.branch
                 else []
             ),
+            waits=list(RunWait.objects.filter(run=run).order_by("branch", "seq")),
         )
 
 
@@ -61,6 +64,7 @@ def timeline_of(run: WorkflowRun, rows: RunRows) -> dict[str, Any] | None:
             now=timezone.now(),
             events_cut=rows.events_cut,
             superseded=rows.superseded,
+            waits=rows.waits,
         )
         return {"svg": timeline_svg.render(drawn), "caption": timeline_svg.describe(drawn)}
     except Exception:

@@ -23,7 +23,7 @@ from django.utils.html import format_html, format_html_join
 
 from agentflow import links, registry
 from agentflow.admin import actions as run_actions
-from agentflow.admin import approvals, forking, run_page
+from agentflow.admin import approvals, forking, run_page, signals
 from agentflow.admin.counting import EstimatingPaginator, bounded_count
 from agentflow.admin.dashboard import dashboard
 from agentflow.admin.dates import date_hierarchy
@@ -39,7 +39,7 @@ RUN_FIELDS = (
     "related", "wake_up", "created", "updated",
 )  # fmt: skip
 PAYLOAD_FIELDS = ("error_block", "output_block", "input_block", "compensations_block")
-WAIT_FIELDS = ("pending_block", "waits_block")
+WAIT_FIELDS = ("pending_block", "waits_block", "signals_block")
 
 
 @admin.register(WorkflowRun)
@@ -64,7 +64,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": RUN_FIELDS}),
         ("Outcome and input", {"fields": PAYLOAD_FIELDS}),
-        ("Waits and decisions", {"fields": WAIT_FIELDS}),
+        ("Waits, decisions and signals", {"fields": WAIT_FIELDS}),
     )
     readonly_fields = RUN_FIELDS + PAYLOAD_FIELDS + WAIT_FIELDS
 
@@ -192,6 +192,10 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     @admin.display(description="waits and decisions")
     def waits_block(self, run: WorkflowRun) -> str:
         return approvals.waits_block(run)
+
+    @admin.display(description="signals")
+    def signals_block(self, run: WorkflowRun) -> str:
+        return signals.signals_block(run)
 
     @admin.display(description="compensations still to run")
     def compensations_block(self, run: WorkflowRun) -> str:

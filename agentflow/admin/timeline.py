@@ -16,7 +16,8 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
+from agentflow.admin.timeline_waits import WaitSpan, lane_name, wait_spans
+from agentflow.models import RunEvent, RunWait, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, StepStatus
 
 #: Two attempt records closer than this are the same attempt told twice (event and checkpoint).
@@ -113,6 +114,8 @@ class Lane:
     #: Earlier attempts the checkpoint counts but no event describes (rows older than the events).
     unrecorded: Interval | None = None
     marks: list[Mark] = field(default_factory=list)
+    #: The timer, signal or approval the step waited for before it ran (or waits for now).
+    wait_spans: list[WaitSpan] = field(default_factory=list)
 
     @property
     def attempt_count(self) -> int:
@@ -125,6 +128,8 @@ class Lane:
     def summary(self) -> str:
         """The lane's outcome in words, so the picture never relies on colour alone."""
         last = self.attempts[-1] if self.attempts else None
+        if last is None and self.wait_spans:
+            return f"⏸ {self.wait_spans[-1].how}"
         if last is None:
             return "no attempt recorded"
         tries = self.attempt_count
@@ -163,6 +168,10 @@ class Timeline:
         return {a.outcome for lane in self.lanes for a in lane.attempts}
 
     @property
+    def wait_kinds(self) -> set[str]:
+        return {span.kind for lane in self.lanes for span in lane.wait_spans}
+
+    @property
     def mark_kinds(self) -> set[MarkKind]:
         marks = [*self.run_marks, *(m for lane in self.lanes for m in lane.marks)]
         return {m.kind for m in marks}
@@ -187,9 +196,11 @@ def build(
     now: datetime,
     events_cut: bool = False,
     superseded: Iterable[SupersededStep] = (),
+    waits: Iterable[RunWait] = (),
 ) -> Timeline:
     """The run's timeline as of `now`; steps a fork set aside are drawn before the calls that
-    replaced them at the same positions."""
+    replaced them at the same positions, and each wait on its step's lane (a lane of its own
+    while the run waits there, before the step has a checkpoint)."""
     active = run.status in ACTIVE_RUN_STATUSES
     by_seq: dict[int, list[RunEvent]] = {}
     run_marks: list[Mark] = []
@@ -207,12 +218,19 @@ def build(
             row.seq, Lane(seq=row.seq, name=row.name, kind=row.kind, status="superseded")
         )
         lane.attempts = sorted([*lane.attempts, _set_aside(row)], key=lambda a: a.start)
+    for span in wait_spans(run, waits, now=now):
+        lane = lanes.setdefault(
+            span.seq,
+            Lane(seq=span.seq, name=lane_name(run, span), kind="wait", status="waiting"),
+        )
+        lane.wait_spans.append(span)
     ordered = [lanes[seq] for seq in sorted(lanes)]
     instants = [run.created_at, now if active else run.updated_at]
     for lane in ordered:
         instants += [t for a in lane.attempts for t in (a.start, a.end)]
         instants += [t for i in (*lane.waits, *lane.gaps) for t in (i.start, i.end)]
         instants += [m.at for m in lane.marks]
+        instants += [t for span in lane.wait_spans for t in (span.start, span.end)]
         if lane.unrecorded is not None:
             instants.append(lane.unrecorded.start)
     instants += [m.at for m in run_marks]

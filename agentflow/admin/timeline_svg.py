@@ -3,7 +3,9 @@
 One lane per step; one bar per attempt on a shared time axis, coloured by outcome AND marked
 with a glyph and words (the summary column, the legend, the hover titles), so nothing depends
 on colour alone. Back-off waits are dashed lines, crash gaps hatched boxes, events small
-shapes above the bars. Every element carries a `<title>` with its times for the hover text.
+shapes above the bars; a timer, signal or approval the step waited for is a pale bar from the
+wait's start to its end, labelled with what it waited for and how that ended. Every element
+carries a `<title>` with its times for the hover text.
 Text uses `currentColor`, so the picture follows the admin's light or dark theme.
 """
 
@@ -19,6 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from agentflow.admin.timeline import Attempt, Interval, Lane, Mark, MarkKind, Outcome, Timeline
 from agentflow.admin.timeline import seconds_text as span_text
+from agentflow.admin.timeline_waits import WaitEnd, WaitSpan
 
 WIDTH = 960
 LABEL_W = 190
@@ -61,6 +64,13 @@ MARK_STYLE: dict[MarkKind, tuple[str, str]] = {
     MarkKind.FORK: ("#0f766e", "forked by an operator"),
 }
 WAIT_COLOUR = "#d97706"
+#: A timer's, a signal's and an approval's wait bar: (colour, legend words).
+WAIT_BAR_STYLE: dict[str, tuple[str, str]] = {
+    "timer": ("#0284c7", "waited for a timer"),
+    "signal": ("#9333ea", "waited for a signal"),
+    "approval": ("#ca8a04", "waited for approval"),
+}
+WAIT_LABEL_SIZE = 9.5
 DEFS = (
     "<defs>"
     '<pattern id="af-tl-hatch-red" width="6" height="6" patternUnits="userSpaceOnUse" '
@@ -134,11 +144,14 @@ def describe(timeline: Timeline) -> str:
     sweeps = sum(
         1 for lane in timeline.lanes for m in lane.marks if m.kind == MarkKind.SWEEP
     ) + sum(1 for m in timeline.run_marks if m.kind == MarkKind.SWEEP)
+    waits = sum(len(lane.wait_spans) for lane in timeline.lanes)
     steps = len(timeline.lanes)
     words = [
         f"{steps} step{'s' if steps != 1 else ''}",
         f"{attempts} attempt{'s' if attempts != 1 else ''}",
     ]
+    if waits:
+        words.append(f"{waits} wait{'s' if waits != 1 else ''}")
     if gaps:
         words.append(f"{gaps} crash gap{'s' if gaps != 1 else ''}")
     if sweeps:
@@ -187,6 +200,8 @@ def _lane(lane: Lane, scale: Scale, top: int) -> Iterator[str]:
         yield _interval(lane, lane.unrecorded, scale, top, "af-tl-unrecorded")
     for gap in lane.gaps:
         yield _interval(lane, gap, scale, top, "af-tl-gap")
+    for span in lane.wait_spans:
+        yield _wait_bar(lane, span, scale, top)
     for wait in lane.waits:
         x0, x1 = scale.x(wait.start), scale.x(wait.end)
         cut = wait.note != "back-off"
@@ -243,6 +258,41 @@ def _attempt(lane: Lane, attempt: Attempt, index: int, x: float, width: float, t
         f"<title>{escape(chr(10).join(lines))}</title>"
         f'<rect x="{x:.1f}" y="{top + BAR_Y}" width="{width:.1f}" height="{BAR_H}" rx="2" '
         f'fill="{fill}"/>{inner}</g>'
+    )
+
+
+def _wait_bar(lane: Lane, span: WaitSpan, scale: Scale, top: int) -> str:
+    """The wait as a pale bar, outlined (dashed while open), its label inside when it fits,
+    else under it."""
+    colour, _ = WAIT_BAR_STYLE.get(span.kind, (WAIT_COLOUR, "waited"))
+    x0 = scale.x(span.start)
+    width = max(scale.x(span.end) - x0, MIN_BAR_W)
+    branch = f" (branch {span.branch})" if span.branch is not None else ""
+    if span.ended == WaitEnd.OPEN:
+        lines = [f"#{lane.seq} waits for {span.what}{branch}"]
+        lines.append(f"since {_clock(span.start)} ({span_text(span.end - span.start)} so far)")
+    else:
+        lines = [f"#{lane.seq} waited for {span.what}{branch}: {span.how}"]
+        took = span_text(span.end - span.start)
+        lines.append(f"{_clock(span.start)} → {_clock(span.end)} ({took})")
+    if span.deadline is not None and span.ended in (WaitEnd.OPEN, WaitEnd.TIMED_OUT):
+        lines.append(f"deadline {_clock(span.deadline)}")
+    dashed = ' stroke-dasharray="3 2"' if span.ended == WaitEnd.OPEN else ""
+    fits = int((width - 6) / (CHAR_W * WAIT_LABEL_SIZE / 11))
+    if fits >= len(span.label):
+        x, y, room = x0 + 3, top + BAR_Y + 10.5, fits
+    else:  # under the bar, as far as the summary column
+        x, y = x0, top + LANE_H - 2
+        room = int((X1 - x0) / (CHAR_W * WAIT_LABEL_SIZE / 11))
+    words = span.label if len(span.label) <= room else span.label[: max(room - 1, 0)] + "…"
+    return (
+        f'<g class="af-tl-wait-bar af-tl-wait-{escape(span.kind)}" data-seq="{lane.seq}" '
+        f'data-kind="{escape(span.kind)}" data-ended="{span.ended}">'
+        f"<title>{escape(chr(10).join(lines))}</title>"
+        f'<rect x="{x0:.1f}" y="{top + BAR_Y}" width="{width:.1f}" height="{BAR_H}" rx="2" '
+        f'fill="{colour}" fill-opacity=".16" stroke="{colour}" stroke-width="1.2"{dashed}/>'
+        f'<text class="af-tl-wait-label" x="{x:.1f}" y="{y:.1f}" '
+        f'font-size="{WAIT_LABEL_SIZE}">{escape(words)}</text></g>'
     )
 
 
@@ -329,6 +379,13 @@ def _legend(timeline: Timeline, *, top: int) -> tuple[list[str], int]:
             'stroke-dasharray="3 2"/>'
         )
         items.append((swatch, "crash gap (claim → takeover)"))
+    for kind, (colour, words) in WAIT_BAR_STYLE.items():
+        if kind in timeline.wait_kinds:
+            swatch = (
+                f'<rect width="16" height="10" rx="2" fill="{colour}" fill-opacity=".16" '
+                f'stroke="{colour}" stroke-width="1.2"/>'
+            )
+            items.append((swatch, words))
     if any(lane.unrecorded for lane in lanes):
         swatch = '<rect width="16" height="10" fill="url(#af-tl-hatch-grey)" stroke="#94a3b8"/>'
         items.append((swatch, "earlier attempts (no details)"))

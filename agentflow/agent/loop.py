@@ -490,7 +490,9 @@ class AgentContext:
 
     def wait_for(self, name: str, *, timeout: float | None = None) -> waiting.Waited:
         """Wait for `durable.signal(run_id, name, payload, signal_id=...)`: its `.payload`, or
-        `.timed_out` once `timeout` seconds (from when the run got here) passed without one."""
+        `.timed_out` once `timeout` seconds (from when the run got here) passed without one. A
+        signal sent before the run got here was kept: this takes the oldest one kept of `name`
+        and returns at once."""
         return waiting.Waited.from_json(self._wait(waiting.signal_call(name, timeout)))
 
     def _wait(self, call: waiting.WaitCall) -> Any:

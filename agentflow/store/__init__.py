@@ -33,6 +33,7 @@ from agentflow.store.runs import (
     run_park,
     step_fail,
 )
+from agentflow.store.signals import Delivery, Replayed, signal_deliver, webhook_receipt_add
 from agentflow.store.sql import databases_changed, server_setting
 from agentflow.store.steps import (
     CheckpointRow,
@@ -57,10 +58,8 @@ from agentflow.store.sweeps import (
 )
 from agentflow.store.traces import trace_parent_record
 from agentflow.store.waits import (
-    Delivery,
     PendingWait,
     call_digest,
-    signal_deliver,
     wait_decide,
     wait_pending,
     wait_settle,
@@ -77,6 +76,7 @@ __all__ = [
     "Heartbeat",
     "PendingWait",
     "RecordedCall",
+    "Replayed",
     "ReplayedCall",
     "Settled",
     "StepState",
@@ -124,4 +124,5 @@ __all__ = [
     "wait_decide",
     "wait_pending",
     "wait_settle",
+    "webhook_receipt_add",
 ]

@@ -27,6 +27,7 @@ from agentflow.models import (
     RunWait,
     StepCheckpoint,
     SweeperHeartbeat,
+    WebhookReceipt,
     WorkflowRun,
 )
 
@@ -36,6 +37,7 @@ EVENTS = RunEvent._meta.db_table
 HEARTBEATS = SweeperHeartbeat._meta.db_table
 WAITS = RunWait._meta.db_table
 SIGNALS = RunSignal._meta.db_table
+RECEIPTS = WebhookReceipt._meta.db_table
 JSON_COLUMNS = frozenset(
     {"input", "output", "compensations", "arguments", "data", "outcome", "payload"}
 )

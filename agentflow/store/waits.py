@@ -3,8 +3,12 @@ decision that ends it.
 
 A wait is recorded the first time the run reaches its position (a timer's time, a timeout, the
 exact call to approve and its digest), in the transaction that moves the run to WAITING; a
-signal or a decision is recorded in the transaction that moves it back to RUNNING. Both take
-the run's row lock first, as every operator action does (`store.operator`), so a signal, an
+decision is recorded in the transaction that moves it back to RUNNING. A signal is kept from
+the moment it arrives (`store.signals`), and a signal wait consumes the oldest kept one of its
+name in the transaction that resolves the wait, whichever of the two came first: the wait's
+recorded outcome is what every replay of its position reads, so a worker killed after that
+commit and before the step's checkpoint takes nothing a second time. All of them take the
+run's row lock first, as every operator action does (`store.operator`), so a signal, an
 approval, a cancel, a retry and a fork of one run happen one after the other, and each finds
 what the one before it left: the loser is refused, never half-applied (I5, I6).
 """
@@ -13,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
 from agentflow import dispatch, outcomes
 from agentflow.agent.canonical import digest, normalise
@@ -33,8 +37,6 @@ from agentflow.store.steps import ACTIVE, StepState, state_load
 #: A signal wait without a timeout still has a wake-up time (I7: no active run without one):
 #: the sweeper looks at it once a day, finds it still waiting and lets it sleep again.
 RECHECK_SECONDS = 24 * 3600.0
-
-Delivery = Literal["delivered", "duplicate"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +61,7 @@ _WAIT_COLUMNS = f"""id, kind, name, arguments, digest, requested_at, deadline, o
     COALESCE(deadline <= {sql.now()}, false), -{sql.seconds_since("deadline")}"""
 
 
-def _wait_at(run_id: str, branch: int, seq: int) -> OpenWait | None:
+def wait_at(run_id: str, branch: int, seq: int) -> OpenWait | None:
     row = sql.fetch_one(
         f"SELECT {_WAIT_COLUMNS} FROM {sql.WAITS} WHERE run_id = %s AND branch = %s AND seq = %s",
         [run_id, branch, seq],
@@ -107,7 +109,7 @@ def wait_settle(run: StepState, spec: WaitSpec, seq: int) -> Any | None:
         ):
             return None
         wanted = call_digest(spec.name, spec.arguments) if spec.kind == WaitKind.APPROVAL else ""
-        found = _wait_at(run.id, run.branch, seq)
+        found = wait_at(run.id, run.branch, seq)
         if found is not None and (
             found.kind != spec.kind or found.name != spec.name[:200] or found.digest != wanted
         ):
@@ -127,14 +129,28 @@ def wait_settle(run: StepState, spec: WaitSpec, seq: int) -> Any | None:
                     fence=claimed.fence,
                 )
                 return None
-            _set_aside(run.id, seq, found, spec)
+            _set_aside(run.id, run.branch, seq, found, spec)
             found = None
         if found is None:
             _record(run, seq, spec, wanted)
-            found = _wait_at(run.id, run.branch, seq)
+            found = wait_at(run.id, run.branch, seq)
             assert found is not None
         if found.outcome is not None:
             return found.outcome
+        if found.kind == WaitKind.SIGNAL:
+            taken = signal_take(run.id, run.branch, seq, found)
+            if taken is not None:
+                event_add(
+                    run.id,
+                    RunEvent.Kind.SIGNAL,
+                    f"signal {found.name!r} ({taken.signal_id}) taken by the wait at {seq}: "
+                    f"kept since {event_time(taken.received_at)}",
+                    actor="signal",
+                    seq=seq,
+                    data={"name": found.name, "signal_id": taken.signal_id,
+                          "kept_since": event_time(taken.received_at)},
+                )  # fmt: skip
+                return {"payload": taken.payload}
         if found.due:
             return _time_out(run.id, seq, found)
         _sleep_until_deadline(run.id, seq, found, doorbell=locked.status != RunStatus.WAITING)
@@ -200,6 +216,59 @@ def _record(run: StepState, seq: int, spec: WaitSpec, wanted: str) -> None:
     )  # fmt: skip
 
 
+@dataclass(frozen=True, kw_only=True)
+class Taken:
+    """A kept signal, as the wait that consumed it found it."""
+
+    signal_id: str
+    payload: Any
+    received_at: datetime
+
+
+class _Lost(Exception):
+    """The signal or the wait changed under us: nothing of the take is kept."""
+
+
+def signal_take(run_id: str, branch: int, seq: int, found: OpenWait) -> Taken | None:
+    """Consume, for the open signal wait `found` at (`branch`, `seq`), the oldest signal of its
+    name that no wait has consumed and that arrived before the wait's deadline (one that came
+    later lost the race to the timeout, and stays kept for a later wait); None if there is
+    none. The signal is marked consumed and the wait resolved with its payload together, each
+    a compare-and-set, in the caller's transaction and under the run's row lock that every
+    delivery takes too: a signal is consumed by one wait, once, and two waits of one name take
+    the signals in the order they arrived."""
+    row = sql.fetch_one(
+        f"""SELECT s.id, s.signal_id, s.payload, s.received_at
+        FROM {sql.SIGNALS} s JOIN {sql.WAITS} w ON w.id = %s
+        WHERE s.run_id = %s AND s.name = %s AND s.consumed_at IS NULL
+          AND (w.deadline IS NULL OR s.received_at <= w.deadline)
+        ORDER BY s.id LIMIT 1""",
+        [found.id, run_id, found.name],
+    )
+    if row is None:
+        return None
+    taken = Taken(
+        signal_id=row[1],
+        payload=sql.read_json(row[2]),
+        received_at=sql.read_datetime(row[3]),  # type: ignore[arg-type]
+    )
+    try:
+        with transaction.atomic():
+            consumed = sql.update(
+                sql.SIGNALS,
+                {"consumed_at": sql.at_now(), "branch": branch, "seq": seq},
+                "id = %s AND consumed_at IS NULL",
+                [row[0]],
+            )
+            if consumed != 1 or not _resolve(
+                found.id, {"payload": taken.payload}, actor="signal", reason=taken.signal_id
+            ):
+                raise _Lost
+    except _Lost:
+        return None
+    return taken
+
+
 def _decided_before(run_id: str, branch: int, wanted: str) -> RunWait | None:
     """The latest decision an operator made on this exact call in an earlier branch (a
     timeout is not a decision: the new branch asks again)."""
@@ -216,11 +285,19 @@ def _decided_before(run_id: str, branch: int, wanted: str) -> RunWait | None:
     return None
 
 
-def _set_aside(run_id: str, seq: int, found: OpenWait, spec: WaitSpec) -> None:
+def _set_aside(run_id: str, branch: int, seq: int, found: OpenWait, spec: WaitSpec) -> None:
     """The wait at this position is not the one recorded (another signal, or a call whose
     arguments changed between replays): a decision binds to the exact call, so the old record
     goes (kept in an event) and the new wait is recorded in its place."""
     sql.execute(f"DELETE FROM {sql.WAITS} WHERE id = %s", [found.id])
+    # A signal it consumed was never read by a checkpoint (the position is not recorded yet):
+    # it is kept again, for this wait or a later one, rather than lost with the old record.
+    released = sql.update(
+        sql.SIGNALS,
+        {"consumed_at": None, "branch": None, "seq": None},
+        "run_id = %s AND branch = %s AND seq = %s AND consumed_at IS NOT NULL",
+        [run_id, branch, seq],
+    )
     event_add(
         run_id,
         RunEvent.Kind.WAITING,
@@ -228,7 +305,8 @@ def _set_aside(run_id: str, seq: int, found: OpenWait, spec: WaitSpec) -> None:
         f"({found.kind} {found.name}, and any decision on it) no longer applies",
         seq=seq,
         data={"replaced": {"kind": found.kind, "name": found.name, "digest": found.digest,
-                           "arguments": found.arguments, "outcome": found.outcome}},
+                           "arguments": found.arguments, "outcome": found.outcome},
+              "signals_kept_again": released},
     )  # fmt: skip
 
 
@@ -301,7 +379,7 @@ def _open_wait(run: WorkflowRun, what: str) -> OpenWait:
         )
     if run.cancel_requested:
         raise ActionRefused("the run is being cancelled")
-    found = _wait_at(run.id, run.branch, run.current_seq)
+    found = wait_at(run.id, run.branch, run.current_seq)
     if found is None:
         raise ActionRefused(f"nothing waits for {what}: the run is waiting to retry a step")
     if found.outcome is not None:
@@ -321,51 +399,6 @@ def _over(found: OpenWait, what: str) -> str:
     if timed_out:
         return f"the wait for signal {found.name!r} timed out; the run goes on without it"
     return f"nothing waits for {what}: the wait at its position is over (resolved already)"
-
-
-def signal_deliver(run_id: str, name: str, payload: Any, *, signal_id: str) -> Delivery:
-    """Deliver signal `name` to the run's wait for it, exactly once per `signal_id`: a repeated
-    id is acknowledged ("duplicate") and changes nothing, whatever the run does now. Recorded
-    with the wait's outcome, and the run moved back to RUNNING, in one commit.
-
-    Raises:
-        ActionRefused: no such run, the run is finished, or nothing waits for a signal of that
-            name at its position (not yet there, or past it), or its timeout has passed.
-    """
-    with transaction.atomic():
-        run = locked_run(run_id)
-        if run.signals.filter(signal_id=signal_id).exists():
-            return "duplicate"
-        found = _open_wait(run, f"signal {name!r}")
-        if found.kind != WaitKind.SIGNAL or found.name != name:
-            waits = f"signal {found.name!r}" if found.kind == WaitKind.SIGNAL else found.kind
-            raise ActionRefused(
-                f"the run waits for no signal named {name!r} (it waits for {waits})"
-            )
-        if found.due:
-            raise ActionRefused(
-                f"the wait for signal {name!r} timed out; the run goes on without it"
-            )
-        try:
-            with transaction.atomic():
-                sql.insert(
-                    sql.SIGNALS,
-                    {"run_id": run.id, "signal_id": signal_id, "name": name, "payload": payload,
-                     "branch": run.branch, "seq": run.current_seq, "received_at": sql.at_now()},
-                )  # fmt: skip
-        except IntegrityError:
-            return "duplicate"
-        _resolve(found.id, {"payload": payload}, actor="signal", reason=signal_id)
-        _wake(run)
-        event_add(
-            run.id,
-            RunEvent.Kind.SIGNAL,
-            f"signal {name!r} delivered ({signal_id})",
-            actor="signal",
-            seq=run.current_seq,
-            data={"name": name, "signal_id": signal_id},
-        )
-    return "delivered"
 
 
 def wait_decide(
@@ -403,7 +436,7 @@ def wait_decide(
         decision = Decision(approved=approved, actor=actor, reason=reason)
         if not _resolve(found.id, decision.as_json(), actor=actor, reason=reason):
             raise ActionRefused("someone else decided first")
-        _wake(run)
+        wake_waiting(run)
         event_add(
             run.id,
             RunEvent.Kind.OPERATOR_APPROVE if approved else RunEvent.Kind.OPERATOR_REJECT,
@@ -414,7 +447,7 @@ def wait_decide(
         )
 
 
-def _wake(run: WorkflowRun) -> None:
+def wake_waiting(run: WorkflowRun) -> None:
     moved = sql.update(
         sql.RUNS,
         {"status": RunStatus.RUNNING, "wake_at": wake_soon(), "updated_at": sql.at_now()},
@@ -440,7 +473,7 @@ def wait_pending(run: WorkflowRun) -> PendingWait | None:
     """What a WAITING run waits for at its position (None: nothing, or a retry back-off)."""
     if run.status != RunStatus.WAITING:
         return None
-    found = _wait_at(run.id, run.branch, run.current_seq)
+    found = wait_at(run.id, run.branch, run.current_seq)
     if found is None or found.outcome is not None:
         return None
     return PendingWait(

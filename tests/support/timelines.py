@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, RunWait, StepCheckpoint, WorkflowRun
 
 SVG = "{http://www.w3.org/2000/svg}"
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -36,6 +36,7 @@ class Rows:
     run: WorkflowRun
     steps: list[StepCheckpoint] = field(default_factory=list)
     events: list[RunEvent] = field(default_factory=list)
+    waits: list[RunWait] = field(default_factory=list)
 
     def step(self, seq: int, name: str, *, start: float, end: float | None, **fields: Any) -> None:
         values: dict[str, Any] = {
@@ -54,6 +55,34 @@ class Rows:
 
     def event(self, kind: str, *, when: float, seq: int | None = None, **fields: Any) -> None:
         self.events.append(RunEvent(run=self.run, kind=kind, at=at(when), seq=seq, **fields))
+
+    def wait(
+        self,
+        seq: int,
+        kind: str,
+        name: str,
+        *,
+        start: float,
+        end: float | None,
+        outcome: Any = None,
+        deadline: float | None = None,
+        **fields: Any,
+    ) -> None:
+        """A wait at `seq`, resolved at `end` with `outcome` (open if `end` is None)."""
+        self.waits.append(
+            RunWait(
+                run=self.run,
+                branch=fields.pop("branch", 0),
+                seq=seq,
+                kind=kind,
+                name=name,
+                requested_at=at(start),
+                resolved_at=at(end) if end is not None else None,
+                outcome=outcome,
+                deadline=at(deadline) if deadline is not None else None,
+                **fields,
+            )
+        )
 
     def failed_attempt(
         self, seq: int, attempt: int, *, start: float, end: float, retry_in: float | None
@@ -102,6 +131,7 @@ class Rows:
         self.run.save()
         WorkflowRun.objects.filter(pk=self.run.pk).update(created_at=created, updated_at=updated)
         StepCheckpoint.objects.bulk_create(self.steps)
+        RunWait.objects.bulk_create(self.waits)
         for event in self.events:
             when = event.at
             event.save()

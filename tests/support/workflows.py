@@ -608,6 +608,28 @@ signal_or_timeout.step("prepare", kind="read")(read)
 signal_or_timeout.wait_for("reply", signal="reply", timeout=60)
 signal_or_timeout.step("finish", kind="read")(_finish)
 
+
+def _replies(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return {"first": ctx.output_of("first"), "second": ctx.output_of("second")}
+
+
+#: prepare (held until the test releases it, so signals can be sent before the run gets to its
+#: waits) -> wait for "reply" -> wait for "reply" again -> finish with what each one took.
+two_replies = durable.Workflow("hitl_two_replies", version=1)
+two_replies.step("prepare", kind="read")(held_read)
+two_replies.wait_for("first", signal="reply", timeout=None)
+two_replies.wait_for("second", signal="reply", timeout=None)
+two_replies.step("finish", kind="read")(_replies)
+
+#: prepare -> wait for "reply" at most 60 s -> wait for "reply" again, without a timeout.
+late_reply = durable.Workflow("hitl_late_reply", version=1)
+late_reply.step("prepare", kind="read")(read)
+late_reply.wait_for("first", signal="reply", timeout=60)
+late_reply.wait_for("second", signal="reply", timeout=None)
+late_reply.step("finish", kind="read")(_replies)
+
+
 #: prepare -> sleep 120 s -> finish.
 timed = durable.Workflow("hitl_timer", version=1)
 timed.step("prepare", kind="read")(read)
@@ -687,6 +709,18 @@ def wait_patiently(ctx: durable.AgentContext) -> dict[str, Any]:
     heard = {"payload": got.payload, "timed_out": got.timed_out}
     ctx.step("finish", read, arguments=heard)
     return heard
+
+
+#: waits for signal "reply" twice, then records both payloads in the order it took them.
+two_replies_agent = durable.CodeWorkflow("hitl_two_replies_agent", version=1)
+
+
+@two_replies_agent.run
+def hear_twice(ctx: durable.AgentContext) -> dict[str, Any]:
+    ctx.step("prepare", held_read)
+    heard = [ctx.wait_for("reply").payload, ctx.wait_for("reply").payload]
+    ctx.step("finish", read, arguments={"heard": heard})
+    return {"heard": heard}
 
 
 #: prepare -> sleep 3 s -> finish: short enough for a test with real workers to wait out.

@@ -198,3 +198,22 @@ def test_approve__a_post_naming_no_call__refused(approver: Client) -> None:
 
     assert "was not approved" in text(posted)
     assert RunWait.objects.get(run=run).resolved_at is None
+
+
+def test_run_page__signals__which_wait_took_each__one_none_took_stays_listed_as_kept(
+    approver: Client,
+) -> None:
+    run_id = durable.start(workflows.signalled.name)
+    durable.signal(run_id, "reply", {"text": "yes"}, signal_id="sms-1")  # early: kept, then taken
+    durable.signal(run_id, "unasked", {"text": "hello?"}, signal_id="sms-2")  # no wait for it
+    done = run_to_end(run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+
+    page = text(approver.get(detail_url(WorkflowRun.objects.get(pk=run_id))))
+
+    assert 'class="af-waits af-signals"' in page
+    rows = page.split('class="af-waits af-signals"')[1].split("</table>")[0].split("<tr>")[2:]
+    newest, oldest = rows
+    assert "<code>sms-2</code>" in newest and "kept: no wait_for(unasked) has taken it" in newest
+    assert "<code>sms-1</code>" in oldest and "the wait at #2" in oldest
+    assert "taken at once, sent earlier (sms-1)" in page  # on the timeline too

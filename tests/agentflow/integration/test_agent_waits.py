@@ -6,6 +6,7 @@ byte-identical call."""
 from __future__ import annotations
 
 import pytest
+from django.db.models import F
 
 from agentflow import durable, runtime, store
 from agentflow.models import RunEvent, RunSignal, RunWait
@@ -235,26 +236,40 @@ def test_fork__after_a_rejection__the_byte_identical_call_keeps_the_rejection() 
     assert effects_of(run_id) == {}
 
 
-def test_signal_after_a_fork__reaches_the_new_branchs_wait_once() -> None:
-    """A run parked while it waits for a signal, then forked: the new branch waits at the same
-    position afresh; the signal is delivered there once, and its id stays spent."""
+def test_signal_while_parked__kept__the_forks_new_branch_takes_it_at_its_wait_once() -> None:
+    """A run parked while it waits for a signal, then forked: a signal sent while it was parked
+    is kept (the run is not finished), the new branch's wait at the same position takes it
+    without waiting, and its id stays spent."""
     run_id = durable.start(workflows.waiting_agent.name, input={"sleep": 0})
     found = run_to_end(run_id, retries=False)
     assert found.waiting_for == "signal"
     position = len(found.steps) + 1  # prepare and sleep are recorded; the wait is next
     assert store.run_park(run_id, position, "parked for the test", fence=None)
-    with pytest.raises(durable.ActionRefused):
-        durable.signal(run_id, "reply", {"ok": 0}, signal_id="s-0")  # parked: nothing waits
+    assert durable.signal(run_id, "reply", {"ok": 0}, signal_id="s-0") == "delivered"  # kept
 
     durable.fork(run_id, position=1, actor="ops", reason="try again")
-    found = run_to_end(run_id, retries=False)
-    assert found.waiting_for == "signal"
-    assert durable.signal(run_id, "reply", {"ok": 1}, signal_id="s-1") == "delivered"
-    assert durable.signal(run_id, "reply", {"ok": 2}, signal_id="s-1") == "duplicate"
     done = run_to_end(run_id)
 
     assert done.status == RunStatus.COMPLETED, done.error
-    assert done.output == {"payload": {"ok": 1}, "timed_out": False}
+    assert done.output == {"payload": {"ok": 0}, "timed_out": False}
+    assert durable.signal(run_id, "reply", {"ok": 2}, signal_id="s-0") == "duplicate"
     [signal] = RunSignal.objects.filter(run_id=run_id)
-    assert (signal.branch, signal.seq, signal.signal_id) == (1, position, "s-1")
+    assert (signal.branch, signal.seq, signal.signal_id) == (1, position, "s-0")
     assert partner.execution_counts(run_id)[(run_id, 1, "prepare")] == 1  # reused, not rerun
+
+
+def test_agent_wait_for__signals_sent_before__each_wait_takes_the_oldest_in_order() -> None:
+    run_id = durable.start(workflows.two_replies_agent.name)
+    for n in (1, 2):
+        assert durable.signal(run_id, "reply", {"n": n}, signal_id=f"s-{n}") == "delivered"
+    partner.release(run_id)
+
+    done = run_to_end(run_id, retries=False)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.output == {"heard": [{"n": 1}, {"n": 2}]}
+    names = [s.name for s in done.steps]
+    assert names == ["prepare", "wait_for:reply", "wait_for:reply", "finish"]
+    signals = RunSignal.objects.filter(run_id=run_id).order_by("seq")
+    assert [(s.signal_id, s.seq) for s in signals] == [("s-1", 2), ("s-2", 3)]
+    assert not RunWait.objects.filter(run_id=run_id).exclude(resolved_at=F("requested_at"))

@@ -5,11 +5,12 @@ its position with the operator and reason, and a timeout is an outcome the workf
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 from django.db import connection, transaction
 
-from agentflow import durable, runtime, sweeper
+from agentflow import durable, runtime, store, sweeper
 from agentflow.models import RunEvent, RunSignal, RunWait, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepKind, StepStatus
 from agentflow.store import synthetic
@@ -256,23 +257,22 @@ def test_signal__delivered_once__a_repeated_signal_id_is_acknowledged_and_ignore
     assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SIGNAL).count() == 1
 
 
-def test_signal__refused_with_the_reason() -> None:
+def test_signal__refused_with_the_reason_only_once_the_run_is_finished() -> None:
     run_id = durable.start(workflows.signalled.name)
-    with pytest.raises(durable.ActionRefused, match="nothing waits for signal 'reply'"):
-        durable.signal(run_id, "reply", signal_id="early")  # not there yet
-    waiting(run_id)
-    with pytest.raises(durable.ActionRefused, match="no signal named 'other'"):
-        durable.signal(run_id, "other", signal_id="x")
     with pytest.raises(durable.InvalidInputError, match="signal_id"):
         durable.signal(run_id, "reply", signal_id="")
     with pytest.raises(durable.InvalidInputError, match="JSON"):
         durable.signal(run_id, "reply", object(), signal_id="y")
+    waiting(run_id)
+    assert durable.signal(run_id, "other", signal_id="x") == "delivered"  # kept: no wait takes it
     durable.signal(run_id, "reply", signal_id="ok")
     run_to_end(run_id)
     with pytest.raises(durable.ActionRefused, match="finished"):
         durable.signal(run_id, "reply", signal_id="after")
     with pytest.raises(durable.ActionRefused, match="no such run"):
         durable.signal("wf_nope", "reply", signal_id="z")
+    kept = RunSignal.objects.get(run_id=run_id, signal_id="x")
+    assert (kept.name, kept.consumed_at, kept.seq) == ("other", None, None)
 
 
 def test_signal__timeout_is_an_outcome_the_workflow_reads() -> None:
@@ -280,12 +280,178 @@ def test_signal__timeout_is_an_outcome_the_workflow_reads() -> None:
     waiting(run_id)
 
     synthetic.runs_age([run_id], seconds=61)
-    with pytest.raises(durable.ActionRefused, match="timed out"):
-        durable.signal(run_id, "reply", signal_id="late")
+    assert durable.signal(run_id, "reply", signal_id="late") == "delivered"  # kept, too late
     done = run_to_end(run_id)
 
     assert done.status == RunStatus.COMPLETED
     assert done.steps[1].output == {"timed_out": True}
+    assert RunSignal.objects.get(run_id=run_id, signal_id="late").consumed_at is None
+
+
+# --- early signals: kept until a wait takes them --------------------------------------------------
+#: What `two_replies` finishes with when its waits took {"n": 1}, then {"n": 2}.
+IN_ORDER = {"first": {"payload": {"n": 1}}, "second": {"payload": {"n": 2}}}
+
+
+def kept(run_id: str) -> list[str]:
+    """The run's signals no wait has consumed, oldest first."""
+    rows = RunSignal.objects.filter(run_id=run_id, consumed_at__isnull=True).order_by("id")
+    return [row.signal_id for row in rows]
+
+
+def test_early_signal__kept__the_wait_takes_it_when_the_run_gets_there_and_does_not_wait() -> None:
+    run_id = durable.start(workflows.signalled.name)
+
+    assert durable.signal(run_id, "reply", {"text": "early"}, signal_id="s-1") == "delivered"
+    assert durable.signal(run_id, "reply", {"text": "again"}, signal_id="s-1") == "duplicate"
+    assert kept(run_id) == ["s-1"]
+    with capture_messages() as outbox:
+        runtime.run_step(run_id, 1)
+        runtime.run_step(run_id, 2)  # the wait: it takes the signal and the step completes
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.current_seq) == (RunStatus.RUNNING, 3)  # never WAITING
+    assert [m.seq for m in outbox.for_run(run_id)] == [2, 3]  # no countdown, no doorbell
+    done = run_to_end(run_id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.steps[1].output == {"payload": {"text": "early"}}
+    wait = RunWait.objects.get(run_id=run_id)
+    assert wait.resolved_at == wait.requested_at  # resolved in the commit that recorded it
+    assert (wait.actor, wait.reason) == ("signal", "s-1")
+    signal = RunSignal.objects.get(run_id=run_id)
+    assert (signal.branch, signal.seq) == (0, 2) and signal.consumed_at == wait.resolved_at
+    assert kept(run_id) == []
+    taken = RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SIGNAL).order_by("id")
+    assert [e.data.get("kept", False) for e in taken] == [True, False]  # received, then taken
+
+
+def test_two_signals_of_one_name__the_waits_take_them_in_the_order_sent() -> None:
+    run_id = durable.start(workflows.two_replies.name)
+    for n in (1, 2, 3):
+        assert durable.signal(run_id, "reply", {"n": n}, signal_id=f"s-{n}") == "delivered"
+    partner.release(run_id)
+
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.steps[-1].output == IN_ORDER
+    assert kept(run_id) == ["s-3"]  # no third wait: it stays, visible on the run page
+    consumed = RunSignal.objects.filter(run_id=run_id, consumed_at__isnull=False).order_by("seq")
+    assert [(s.signal_id, s.seq) for s in consumed] == [("s-1", 2), ("s-2", 3)]
+
+
+def test_two_signals__one_early_one_while_waiting__each_wait_takes_one_in_order() -> None:
+    run_id = durable.start(workflows.two_replies.name)
+    durable.signal(run_id, "reply", {"n": 1}, signal_id="s-1")
+    partner.release(run_id)
+    found = waiting(run_id)  # took s-1 at once, then waits at the second
+    assert found.waiting_for == "signal" and len(found.steps) == 2
+
+    durable.signal(run_id, "reply", {"n": 2}, signal_id="s-2")  # delivered to that wait
+    done = run_to_end(run_id)
+
+    assert done.steps[-1].output == IN_ORDER
+    assert kept(run_id) == []
+
+
+def test_early_signal__after_a_waits_timeout__kept_for_the_next_wait_not_that_one() -> None:
+    """Whichever the database's clock saw first decides: a signal that came after the first
+    wait's deadline (before a worker noticed it) is no answer to it; the next wait takes it."""
+    run_id = durable.start(workflows.late_reply.name)
+    waiting(run_id)
+    synthetic.runs_age([run_id], seconds=61)
+
+    durable.signal(run_id, "reply", {"n": 1}, signal_id="late")
+    done = run_to_end(run_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.steps[-1].output == {"first": {"timed_out": True}, "second": {"payload": {"n": 1}}}
+    assert RunSignal.objects.get(run_id=run_id).seq == 3
+
+
+def test_early_signal__killed_after_the_wait_took_it__the_redelivery_takes_no_other() -> None:
+    """The take is committed with the wait's outcome; the worker dies before the step's
+    checkpoint. The redelivery reads the wait's outcome: the same signal, and the next one kept
+    is left for the next wait."""
+    run_id = durable.start(workflows.two_replies.name)
+    durable.signal(run_id, "reply", {"n": 1}, signal_id="s-1")
+    durable.signal(run_id, "reply", {"n": 2}, signal_id="s-2")
+    partner.release(run_id)
+    with capture_messages():
+        runtime.run_step(run_id, 1)
+    with crash_at("first:after_effect"), capture_messages(), pytest.raises(SimulatedCrash):
+        runtime.run_step(run_id, 2)
+    assert not StepCheckpoint.objects.filter(run_id=run_id, seq=2).exists()
+    assert kept(run_id) == ["s-2"]
+
+    done = run_to_end(run_id)
+
+    assert done.steps[-1].output == IN_ORDER
+    consumed = RunSignal.objects.order_by("seq").filter(run_id=run_id)
+    assert [(s.signal_id, s.seq) for s in consumed] == [("s-1", 2), ("s-2", 3)]
+
+
+def test_signal_racing_the_run_to_its_wait__taken_once_whichever_holds_the_run_first() -> None:
+    """The signal's delivery and the worker's arrival at the wait both take the run's row
+    lock. Signal first: the wait finds it kept and does not wait. Wait first: the delivery
+    finds the run waiting and hands it over. Either way one consumption, one completion."""
+    # The signal holds the run while the worker arrives at the wait.
+    first = durable.start(workflows.signalled.name)
+    with capture_messages():
+        runtime.run_step(first, 1)
+    with transaction.atomic():
+        assert durable.signal(first, "reply", {"who": "signal"}, signal_id="a") == "delivered"
+        worker = Racing(lambda: runtime.run_step(first, 2))
+    worker.finish()
+    assert StepCheckpoint.objects.get(run_id=first, seq=2).output == {"payload": {"who": "signal"}}
+
+    # The worker holds the run while it records the wait; the signal arrives meanwhile.
+    second = durable.start(workflows.signalled.name)
+    with capture_messages():
+        runtime.run_step(second, 1)
+    state = store.state_load(second, 2)
+    assert state is not None
+    spec = workflows.signalled.step_named("reply").waits_for(None)
+    with capture_messages():
+        with transaction.atomic():
+            assert store.wait_settle(state, spec, 2) is None  # recorded: WAITING, lock held
+            sender = Racing(lambda: durable.signal(second, "reply", {"who": "w"}, signal_id="b"))
+        sender.finish()
+    assert durable.snapshot(second).waiting_for is None  # type: ignore[union-attr]
+    done = run_to_end(second)
+    assert done.steps[1].output == {"payload": {"who": "w"}}
+    for run_id in (first, second):
+        assert RunSignal.objects.get(run_id=run_id).seq == 2
+        assert kept(run_id) == []
+
+
+class Racing:
+    """Run `fn` in a thread that must block on a lock this test holds; `finish()` joins it
+    (after the holder committed) and re-raises what it raised."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.outcome: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                with capture_messages():
+                    fn()
+                self.outcome.append(None)
+            except BaseException as exc:
+                self.outcome.append(exc)
+            finally:
+                connection.close()
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+        wait_for(
+            lambda: blocked_on_a_lock() or self.outcome, timeout=10, interval=0.02, what="a lock"
+        )
+        assert not self.outcome, self.outcome  # it waits for the lock
+
+    def finish(self) -> None:
+        self.thread.join(timeout=10)
+        assert self.outcome == [None], self.outcome
 
 
 # --- timers -------------------------------------------------------------------------------------

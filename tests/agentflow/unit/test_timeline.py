@@ -26,7 +26,11 @@ from tests.support.timelines import (
 
 def draw(rows: Rows, *, now: float | None = None) -> str:
     drawn = timeline.build(
-        rows.run, rows.steps, rows.events, now=at(now) if now is not None else rows.run.updated_at
+        rows.run,
+        rows.steps,
+        rows.events,
+        now=at(now) if now is not None else rows.run.updated_at,
+        waits=rows.waits,
     )
     return str(timeline_svg.render(drawn))
 
@@ -254,3 +258,125 @@ def test_waiting_run__its_checkpoint_retry_time_is_the_wait() -> None:
     assert (wait.start, wait.end) == (at(1.2), at(9))
     assert drawn.lanes[0].summary == "↻ retry due"
     assert drawn.open_ended and drawn.end == at(9)
+
+
+# --- waits: timers, signals, approvals ------------------------------------------------------------
+def approved_run() -> Rows:
+    """prepare; charge waited 30 s for approval, approved by alice, then ran; finish."""
+    rows = new_run("wf_approved")
+    rows.step(1, "prepare", start=0.0, end=0.1, kind="read")
+    rows.wait(
+        2, "approval", "charge", start=0.2, end=30.2, deadline=0.2 + 48 * 3600,
+        outcome={"approved": True, "actor": "alice", "reason": "ok", "timed_out": False},
+        actor="alice", reason="ok",
+    )  # fmt: skip
+    rows.step(2, "charge", start=30.3, end=30.8, kind="effect")
+    rows.step(3, "finish", start=30.9, end=31.0, kind="read")
+    rows.run.updated_at = at(31)
+    return rows
+
+
+def test_approval_wait__a_bar_from_the_request_to_the_decision__labelled_with_both() -> None:
+    rows = approved_run()
+    svg = draw(rows)
+
+    [bar] = elements(svg, "af-tl-wait-bar")
+    assert (bar.get("data-seq"), bar.get("data-kind"), bar.get("data-ended")) == (
+        "2", "approval", "approved"
+    )  # fmt: skip
+    [charge] = [a for a in elements(svg, "af-tl-attempt") if a.get("data-seq") == "2"]
+    assert box(bar)[1] <= box(charge)[0] + 0.1  # the wait ends where the call begins
+    assert box(bar)[1] - box(bar)[0] > 500  # 30 s of a 31 s run
+    assert texts(svg, "af-tl-wait-label") == ["approval of charge: approved by alice"]
+    assert "12:00:00.200 → 12:00:30.200 (30.0 s)" in title(bar)
+    legend = "".join(svg_root(svg).find(f".//{SVG}g[@class='af-tl-legend']").itertext())
+    assert "waited for approval" in legend
+    assert "1 wait" in timeline_svg.describe(
+        timeline.build(rows.run, rows.steps, rows.events, now=at(31), waits=rows.waits)
+    )
+
+
+def test_waiting_for_a_signal__its_own_lane_before_any_checkpoint__open_to_now() -> None:
+    rows = new_run("wf_waits", "WAITING")
+    rows.run.current_seq, rows.run.current_step = 2, "reply"
+    rows.step(1, "prepare", start=0.0, end=0.1, kind="read")
+    rows.wait(2, "signal", "reply", start=0.2, end=None)
+
+    drawn = timeline.build(rows.run, rows.steps, rows.events, now=at(61), waits=rows.waits)
+    svg = str(timeline_svg.render(drawn))
+
+    lane = drawn.lanes[1]
+    assert (lane.seq, lane.name, lane.kind, lane.attempts) == (2, "reply", "wait", [])
+    assert lane.summary == "⏸ waiting"
+    assert drawn.end == at(61)
+    [bar] = elements(svg, "af-tl-wait-bar")
+    assert bar.get("data-ended") == "open"
+    assert bar.find(f"{SVG}rect").get("stroke-dasharray")  # open: dashed
+    assert title(bar) == "#2 waits for signal 'reply'\nsince 12:00:00.200 (60.8 s so far)"
+    assert texts(svg, "af-tl-wait-label") == ["signal 'reply': waiting"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "start", "end", "outcome", "fields", "label", "ended"),
+    [
+        ("timer", "sleep", 1.0, 61.0, {"woke_at": "x"}, {}, "a timer: its time came", "woke"),
+        ("signal", "reply", 1.0, 61.0, {"timed_out": True}, {}, "signal 'reply': timed out",
+         "timed_out"),
+        ("signal", "reply", 1.0, 20.0, {"payload": 1}, {"actor": "signal", "reason": "sms-7"},
+         "signal 'reply': received (sms-7)", "received"),
+        ("signal", "reply", 1.0, 1.0, {"payload": 1}, {"actor": "signal", "reason": "sms-7"},
+         "signal 'reply': taken at once, sent earlier (sms-7)", "taken"),
+        ("approval", "charge", 1.0, 61.0, {"approved": False, "timed_out": True}, {},
+         "approval of charge: rejected: no decision in time", "timed_out"),
+        ("approval", "charge", 1.0, 20.0, {"approved": False}, {"actor": "bob"},
+         "approval of charge: rejected by bob", "rejected"),
+        ("signal", "reply", 1.0, None, None, {}, "signal 'reply': unanswered (the run is "
+         "cancelled)", "unanswered"),
+    ],
+)  # fmt: skip
+def test_each_kind_of_wait__says_what_it_waited_for_and_how_it_ended(
+    kind: str,
+    name: str,
+    start: float,
+    end: float | None,
+    outcome: object,
+    fields: dict[str, str],
+    label: str,
+    ended: str,
+) -> None:
+    rows = new_run("wf_ends", "CANCELLED")
+    rows.step(1, "prepare", start=0.0, end=0.5, kind="read")
+    rows.wait(2, kind, name, start=start, end=end, outcome=outcome, **fields)
+    rows.run.updated_at = at(70)
+
+    svg = draw(rows)
+
+    [bar] = elements(svg, "af-tl-wait-bar")
+    assert bar.get("data-ended") == ended
+    assert label in title(bar)
+    shown = texts(svg, "af-tl-wait-label")[0]
+    assert shown == label or (shown.endswith("…") and label.startswith(shown[:-1]))
+
+
+def test_wait_label__inside_a_wide_bar__under_a_narrow_one() -> None:
+    rows = approved_run()
+    rows.wait(3, "signal", "late", start=30.85, end=30.85, outcome={"payload": None},
+              reason="s-1")  # fmt: skip
+    svg = draw(rows)
+
+    wide, narrow = elements(svg, "af-tl-wait-bar")
+    for bar, inside in ((wide, True), (narrow, False)):
+        rect, text = bar.find(f"{SVG}rect"), bar.find(f"{SVG}text")
+        top, bottom = float(rect.get("y")), float(rect.get("y")) + float(rect.get("height"))
+        assert (top < float(text.get("y")) <= bottom) is inside
+
+
+def test_wait_names_with_html__escaped_and_still_valid_xml() -> None:
+    rows = new_run("wf_html_wait", "WAITING")
+    rows.run.current_seq, rows.run.current_step = 1, "<b>step</b>"
+    rows.wait(1, "signal", "<script>x</script>", start=0.0, end=None)
+
+    svg = draw(rows, now=5)
+
+    assert "<script>" not in svg
+    assert texts(svg, "af-tl-wait-label") == ["signal '<script>x</script>': waiting"]
