@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 from agentflow import dispatch, outcomes, telemetry
 from agentflow.conf import settings
 from agentflow.context import idempotency_key
+from agentflow.exceptions import AgentflowError
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.registry import StepDef, Workflow
 from agentflow.states import RunStatus, StepStatus
@@ -49,7 +50,7 @@ class Fenced(Exception):
     """Raised inside a transaction to roll it back: someone else owns this step or run now."""
 
 
-class ActionRefused(Exception):
+class ActionRefused(AgentflowError):
     """The run is not in a state where this action is safe."""
 
 
