@@ -533,12 +533,15 @@ class AgentContext:
             BudgetExceeded: it could pass one.
         """
         attempts = self._attempts() if self._attempts is not None else {}
-        model, provider = client.model, str(getattr(client, "provider", "") or "")
+        model = client.model
+        # A fallback chain may have asked (and been billed by) each of its servers in one
+        # attempt: its worst case is theirs added up.
+        chain = getattr(client, "chain", None) or (
+            (model, str(getattr(client, "provider", "") or "")),
+        )
 
         def worst(size: int) -> budget.WorstCase:
-            return budget.worst_case(
-                model=model, provider=provider, request_bytes=size, max_tokens=max_tokens
-            )
+            return budget.chain_worst_case(chain, request_bytes=size, max_tokens=max_tokens)
 
         for asked_at, size in self._asked:
             lost = attempts.get(asked_at, 1) - 1  # all but the one that was answered
