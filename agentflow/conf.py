@@ -55,6 +55,11 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "AGENTFLOW_LLM_MODEL": ("", "The model agent runs ask (required with a base URL)."),
     "AGENTFLOW_LLM_API_KEY": ("", "The model server's API key."),
     "AGENTFLOW_LLM_TIMEOUT_SECONDS": (60, "One model request's budget."),
+    "AGENTFLOW_LLM_FALLBACKS": (
+        [],
+        "Model servers tried in order after AGENTFLOW_LLM_BASE_URL when it fails: JSON (or "
+        'the same list) of {"base_url", "model", "api_key"}.',
+    ),
     "AGENTFLOW_AGENT_MAX_TURNS": (20, "Model turns per agent run."),
     "AGENTFLOW_AGENT_MAX_TOKENS": (100_000, "Model tokens per agent run."),
     "AGENTFLOW_AGENT_MAX_TOOL_CALLS": (40, "Tool calls per agent run."),

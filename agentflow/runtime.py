@@ -25,6 +25,7 @@ from agentflow import (
     waits,
 )
 from agentflow.agent import loop as agent_loop
+from agentflow.agent.batches import batch_span
 from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
 from agentflow.attempts import ClaimedAttempt, describe, retry_delay, transient
 from agentflow.conf import settings
@@ -60,12 +61,16 @@ def run_step(
         if redelivered or run.overdue:
             dispatch.send_step(run.id, run.current_seq)
         return
-    if seq > run.current_seq:
+    span = batch_span(run.current_step)
+    if seq > run.current_seq and not (span is not None and span[0] <= seq <= span[1]):
         return
     seen = run.checkpoint
     workflow = registry.lookup(run.workflow, run.version)
     if workflow is None:
         _park_for_version(run, seq, seen)
+        return
+    if span is not None and isinstance(workflow, CodeWorkflow):
+        _run_batch_member(run, workflow, seq, seen, span, redelivered=redelivered)
         return
     in_flight = seen is not None and seen.status == StepStatus.IN_PROGRESS
     if isinstance(workflow, CodeWorkflow) and run.current_step == NEXT_CALL:
@@ -252,6 +257,17 @@ def _next_call(
             run.id, seq, outcome.step.name, outcome.replayed, outcome.replayed_turns,
             outcome.tokens_saved,
         )  # fmt: skip
+        if len(outcome.batch) > 1:
+            # Read-only calls that run at once: the others' tasks are published once the batch
+            # is begun, and this task runs the first.
+            last = seq + len(outcome.batch) - 1
+            if store.batch_begin(run, seq, last):
+                begun = store.state_load(run.id, seq)
+                if begun is not None:
+                    _run_batch_member(
+                        begun, workflow, seq, begun.checkpoint, (seq, last), batch=outcome.batch
+                    )
+            return None
         return telemetry.traced_agent_call(outcome.step)
     if isinstance(outcome, agent_loop.Finished):
         store.run_finish(run.id, seq, outcome.output)
@@ -279,6 +295,106 @@ def _next_call(
             data=divergence.as_json(),
         )
     return None
+
+
+def _run_batch_member(
+    run: store.StepState,
+    workflow: CodeWorkflow,
+    seq: int,
+    seen: store.CheckpointRow | None,
+    span: tuple[int, int],
+    *,
+    redelivered: bool = False,
+    batch: tuple[StepDef, ...] | None = None,
+) -> None:
+    """One read-only call of a batch (`agentflow.agent.batches`): found by replaying the
+    function up to the batch's first position (or handed over, `batch`, by the task that
+    began it and runs the first), run, and recorded; the last member recorded moves the run
+    on (`store.batches`).
+
+    Only the task that began the batch runs its first position without a message of its own,
+    so a message for the first position is the sweeper's doorbell for a stalled batch (or a
+    redelivery): it publishes again every member not recorded yet, whose message or worker
+    may have been lost (a read that was only slow then runs twice, which a read may)."""
+    first, last = span
+    if batch is None and (seq == first or redelivered):
+        store.batch_republish(run.id, first, last, but=seq)
+    if seen is not None and seen.status == StepStatus.COMPLETED:
+        return
+    if store.claim_blocker(seen) is not None:
+        return  # a retry not yet due (an early duplicate), or a failure for good
+    if batch is None:
+        outcome = agent_loop.replay(
+            workflow,
+            run_id=run.id,
+            input=run.input,
+            seq=first,
+            branch=run.branch,
+            recorded=store.replay_load(run.id, first + 1),
+            reusable=lambda: store.superseded_reusable(run.id, workflow),
+            calls=lambda: store.calls_load(run.id, first + 1),
+            attempts=lambda: store.model_attempts(run.id, first + 1),
+        )
+        batch = ()
+        if isinstance(outcome, agent_loop.NextCall):
+            batch = outcome.batch
+            if outcome.tokens_saved:  # this task's replay, counted as every task's is
+                telemetry.model_tokens(workflow=workflow, saved=outcome.tokens_saved)
+            if outcome.cost_saved:
+                telemetry.model_cost_saved(workflow=workflow, saved=outcome.cost_saved)
+    if len(batch) != last - first + 1 or (
+        seen is not None and seen.name != batch[seq - first].name
+    ):
+        store.run_park(
+            run.id,
+            first,
+            f"the calls at positions {first}-{last} were begun at once, and the function now "
+            "makes other calls there; fork or retry once the code matches",
+            kind=RunEvent.Kind.DIVERGENCE,
+            fence=_fence_at(run.id, first),
+        )
+        return
+    step = telemetry.traced_agent_call(batch[seq - first])
+    attempt = seen.attempts + 1 if seen else 1
+    started = store.batch_started()
+    logger.info("%s position %d %s: runs at once with positions %d-%d", run.id, seq, step.name,
+                first, last)  # fmt: skip
+    ctx = context_loader.step_context(run, step, seq, attempt)
+    try:
+        output = to_json(step.fn(ctx), f"output of step {step.name}")
+        faults.crash_point(step.name, "after_effect", attempt)
+        store.batch_record(
+            run, workflow, step, seq, seen, output, started_at=started, attempt=attempt
+        )
+    except store.Fenced:
+        return
+    except Exception as exc:
+        if pooler.database_trouble(exc):
+            raise  # the engine's own statement failed: the message is retried
+        delay: float | None = None
+        if isinstance(exc, PermanentStepError | NotJSONError):
+            message = str(exc)
+        elif transient(exc) and not step.retry.exhausted(attempt):
+            message, delay = describe(exc), retry_delay(step, attempt, exc)
+        else:
+            logger.exception("%s step %s (%s) raised", run.id, seq, step.name)
+            message = (
+                f"unexpected {type(exc).__name__}: {exc}"
+                if not transient(exc)
+                else (f"gave up after {attempt} attempts: {describe(exc)}")
+            )
+        try:
+            store.batch_fail(
+                run, workflow, step, seq, seen, message, started_at=started, attempt=attempt,
+                retry_in_seconds=delay,
+            )  # fmt: skip
+        except store.Fenced:
+            return
+
+
+def _fence_at(run_id: str, seq: int) -> int | None:
+    state = store.state_load(run_id, seq)
+    return state.checkpoint.fence if state is not None and state.checkpoint else None
 
 
 # --- effect and llm steps: claim, call, fenced completion ----------------------------------------

@@ -269,6 +269,9 @@ AGENTFLOW_RETENTION_DAYS = env_int("AGENTFLOW_RETENTION_DAYS", 30)
 AGENTFLOW_LLM_BASE_URL = env_str("AGENTFLOW_LLM_BASE_URL", "")
 AGENTFLOW_LLM_MODEL = env_str("AGENTFLOW_LLM_MODEL", "")
 AGENTFLOW_LLM_API_KEY = env_str("AGENTFLOW_LLM_API_KEY", "")
+# Servers tried in order when the one above fails, as JSON: [{"base_url", "model", "api_key"}]
+# (the engine parses it; `manage.py check` says what is wrong with a bad one).
+AGENTFLOW_LLM_FALLBACKS = env_str("AGENTFLOW_LLM_FALLBACKS", "")
 # One request's budget. Below the task's soft time limit (240 s), so a hung server becomes a
 # retryable step error under the same step instead of a killed task.
 AGENTFLOW_LLM_TIMEOUT_SECONDS = env_int("AGENTFLOW_LLM_TIMEOUT_SECONDS", 60, minimum=1)

@@ -91,6 +91,25 @@ def worst_case(*, model: str, provider: str, request_bytes: int, max_tokens: int
     )
 
 
+def chain_worst_case(
+    chain: Sequence[tuple[str, str]], *, request_bytes: int, max_tokens: int
+) -> WorstCase:
+    """The most one attempt can cost when it may ask each (model, provider) of `chain` in
+    turn (a fallback chain, `agent.fallbacks`): every one of them may bill it in full."""
+    cases = [
+        worst_case(
+            model=model, provider=provider, request_bytes=request_bytes, max_tokens=max_tokens
+        )
+        for model, provider in chain
+    ]
+    costs = [case.cost_usd for case in cases if case.cost_usd is not None]
+    return WorstCase(
+        input_tokens=sum(case.input_tokens for case in cases),
+        output_tokens=sum(case.output_tokens for case in cases),
+        cost_usd=sum(costs, Decimal(0)) if len(costs) == len(cases) else None,
+    )
+
+
 class Ledger:
     """One replay's count of what the run's model requests spent or may have spent."""
 

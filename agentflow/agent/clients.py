@@ -1,7 +1,8 @@
 """The model client protocol, and which client a run uses.
 
 An agent workflow brings its own scripted planner; an OpenAI-compatible server replaces it
-when `AGENTFLOW_LLM_BASE_URL` is set. Either way the loop sees one small protocol.
+when `AGENTFLOW_LLM_BASE_URL` is set, followed by the servers of `AGENTFLOW_LLM_FALLBACKS`
+when any are (`agent.fallbacks`). Either way the loop sees one small protocol.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Protocol
 from django.core.exceptions import ImproperlyConfigured
 
 from agentflow.agent.conversation import ModelRequest, ModelResponse
+from agentflow.agent.fallbacks import FallbackModel, fallback_servers
 from agentflow.conf import settings
 
 
@@ -26,7 +28,8 @@ class ModelClient(Protocol):
 
 
 def configured_client(default: ModelClient) -> ModelClient:
-    """The server named by `AGENTFLOW_LLM_BASE_URL` if set, else `default` (offline)."""
+    """The server named by `AGENTFLOW_LLM_BASE_URL` if set (then the fallbacks, in order),
+    else `default` (offline)."""
     if not settings.AGENTFLOW_LLM_BASE_URL:
         return default
     # The SDK is the `agent` extra: it loads only when a server is configured.
@@ -37,4 +40,18 @@ def configured_client(default: ModelClient) -> ModelClient:
         )
     from agentflow.agent.openai_chat import OpenAIChatModel
 
-    return OpenAIChatModel.from_settings()
+    primary = OpenAIChatModel.from_settings()
+    servers = fallback_servers()
+    if not servers:
+        return primary
+    timeout = settings.AGENTFLOW_LLM_TIMEOUT_SECONDS
+    chain = [
+        OpenAIChatModel(
+            base_url=server.base_url,
+            model=server.model,
+            api_key=server.api_key,
+            timeout_seconds=timeout,
+        )
+        for server in servers
+    ]
+    return FallbackModel([primary, *chain])

@@ -90,6 +90,9 @@ class CodeWorkflow(Workflow):
     #: When the next model request could pass a cap: "park" the run "budget reached" for an
     #: operator (nothing undone), or "fail" it (its compensations run).
     on_budget: str = "park"
+    #: Run a turn's consecutive read-only tool calls at once (`agent.batches`); False: one at
+    #: a time, as every call was before.
+    parallel_tool_calls: bool = True
     fn: Callable[[AgentContext], Any] | None = field(default=None, repr=False)
 
     def run(self, fn: Callable[[AgentContext], Any]) -> Callable[[AgentContext], Any]:
@@ -240,9 +243,10 @@ class Suspend(BaseException):
     """Unwinds the run's function at its first call without a checkpoint. A BaseException so
     the function's own `except Exception` cannot swallow it."""
 
-    def __init__(self, step: StepDef) -> None:
+    def __init__(self, step: StepDef, batch: tuple[StepDef, ...] = ()) -> None:
         super().__init__(step.name)
         self.step = step
+        self.batch = batch or (step,)
 
 
 class Diverged(BaseException):
@@ -270,6 +274,9 @@ class Failed:
 @dataclass(frozen=True, kw_only=True)
 class NextCall:
     step: StepDef
+    #: The calls that run at once from `step`'s position on (`agent.batches`): `step` alone,
+    #: or it and the read-only calls after it in the same turn, at consecutive positions.
+    batch: tuple[StepDef, ...] = ()
     #: What the replay returned from checkpoints on the way: calls, model turns, and the
     #: recorded tokens of those turns (what asking the model again would have cost).
     replayed: int = 0
@@ -337,6 +344,7 @@ class AgentContext:
             max_tool_calls_per_turn=workflow.max_tool_calls_per_turn
         )
         self._turn_calls = 0  # tool calls asked since the latest model turn
+        self._turn_asked: tuple[ToolCall, ...] = ()  # the tool calls the latest turn asked
         self._calls_run = 0  # tool calls of the run that the caps let through
         toolbox = workflow.toolbox
         self._client: ModelClient | None = None
@@ -375,6 +383,7 @@ class AgentContext:
         recorded = self._replayed(position, LLM_CALL_NAME, digest, now, whole=whole)
         if recorded is not None:
             response = ModelResponse.from_json(recorded)
+            self._turn_asked = response.tool_calls
             self._turns_taken += 1
             self._tokens += response.usage.total_tokens
             cost = pricing.recorded(recorded)
@@ -408,11 +417,7 @@ class AgentContext:
         if toolbox is None:
             raise DefinitionError(f"{self.workflow.name} has no toolbox")
         position = self._next()
-        # Decided again on every replay from the same counts, so it needs no record of its own.
-        self._turn_calls += 1
-        capped = self._limits.tool_call_refusal(in_turn=self._turn_calls, in_run=self._calls_run)
-        if capped is None:
-            self._calls_run += 1
+        capped = self._count_call()
         arguments = call.arguments
         digest = call_digest(CallKind.TOOL, call.name, arguments)
         recorded = self._replayed(
@@ -423,6 +428,24 @@ class AgentContext:
             self._called.append((position, call.name, arguments, outcome))
             return outcome
         self._limits.check_tokens(tokens_used=self._tokens)
+        step, prepared = self._tool_step(toolbox, position, call, capped)
+        raise Suspend(step, self._batch(toolbox, position, call, step, prepared))
+
+    def _count_call(self) -> str | None:
+        """Count a tool call against the caps: why it is refused, or None. Decided again on
+        every replay from the same counts, so it needs no record of its own."""
+        self._turn_calls += 1
+        capped = self._limits.tool_call_refusal(in_turn=self._turn_calls, in_run=self._calls_run)
+        if capped is None:
+            self._calls_run += 1
+        return capped
+
+    def _tool_step(
+        self, toolbox: Toolbox, position: int, call: ToolCall, capped: str | None
+    ) -> tuple[StepDef, PreparedCall]:
+        """The tool call at `position` as a step (checked: refused over a cap, unknown, with
+        invalid arguments or past its `max_calls`), and the prepared call."""
+        arguments = call.arguments
         history = self.history
         if capped is not None:
             prepared = refused_call(
@@ -447,7 +470,31 @@ class AgentContext:
             reconcile=reconcile if tool is not None and tool.reconcile else None,
             key_window_seconds=tool.key_window_seconds if tool is not None else None,
         )
-        raise Suspend(waiting.with_approval(step, prepared))
+        return waiting.with_approval(step, prepared), prepared
+
+    def _batch(
+        self,
+        toolbox: Toolbox,
+        position: int,
+        call: ToolCall,
+        step: StepDef,
+        prepared: PreparedCall,
+    ) -> tuple[StepDef, ...]:
+        """`step`, and the calls after it in the latest turn that run alongside it: each only
+        reads, so none needs another's result or its turn (`agent.batches`). A member checks
+        its caps as the call would have been checked one at a time, in the model's order."""
+        index = next((i for i, asked in enumerate(self._turn_asked) if asked.id == call.id), None)
+        if not self.workflow.parallel_tool_calls or index is None or not _alongside(step, prepared):
+            return (step,)
+        batch = [step]
+        for later in self._turn_asked[index + 1 :]:
+            member, member_prepared = self._tool_step(
+                toolbox, position + len(batch), later, self._count_call()
+            )
+            if not _alongside(member, member_prepared):
+                break
+            batch.append(member)
+        return tuple(batch)
 
     def step(
         self,
@@ -535,12 +582,15 @@ class AgentContext:
             BudgetExceeded: it could pass one.
         """
         attempts = self._attempts() if self._attempts is not None else {}
-        model, provider = client.model, str(getattr(client, "provider", "") or "")
+        model = client.model
+        # A fallback chain may have asked (and been billed by) each of its servers in one
+        # attempt: its worst case is theirs added up.
+        chain = getattr(client, "chain", None) or (
+            (model, str(getattr(client, "provider", "") or "")),
+        )
 
         def worst(size: int) -> budget.WorstCase:
-            return budget.worst_case(
-                model=model, provider=provider, request_bytes=size, max_tokens=max_tokens
-            )
+            return budget.chain_worst_case(chain, request_bytes=size, max_tokens=max_tokens)
 
         for asked_at, size in self._asked:
             lost = attempts.get(asked_at, 1) - 1  # all but the one that was answered
@@ -734,6 +784,7 @@ def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
     except Suspend as suspended:
         return NextCall(
             step=suspended.step,
+            batch=suspended.batch,
             replayed=ctx._position - 1,
             replayed_turns=ctx._turns_taken,
             tokens_saved=ctx._tokens,
@@ -756,6 +807,12 @@ def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
         return Failed(reason=unfinished)
     output = to_json(result, f"the result of {workflow.name}")
     return Finished(output=output, tokens_saved=ctx._tokens, cost_saved=ctx._cost)
+
+
+def _alongside(step: StepDef, prepared: PreparedCall) -> bool:
+    """May this call run at once with others? Only a read (a read-only tool, or a refused
+    call, which runs nothing) that waits for no approval."""
+    return prepared.kind == StepKind.READ and step.kind == StepKind.READ and step.waits_for is None
 
 
 def _waited(ctx: StepContext) -> Any:

@@ -7,6 +7,13 @@ partner. Step messages are published only from on-commit hooks.
 
 from __future__ import annotations
 
+from agentflow.store.batches import (
+    batch_begin,
+    batch_fail,
+    batch_record,
+    batch_republish,
+    batch_started,
+)
 from agentflow.store.calls import (
     RecordedCall,
     ReplayedCall,
@@ -81,6 +88,11 @@ __all__ = [
     "Settled",
     "StepState",
     "attempt_lost",
+    "batch_begin",
+    "batch_fail",
+    "batch_record",
+    "batch_republish",
+    "batch_started",
     "call_digest",
     "calls_load",
     "cancel_begin",

@@ -17,6 +17,7 @@ import pytest
 from agentflow import durable, runtime
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
+from agentflow.testing.inprocess import next_batch_member
 from agentflow.testing.waiting import wait_for
 from tests.support.processes import RedisServer
 
@@ -48,7 +49,14 @@ def drive() -> Drive:
             if run.status not in ACTIVE_RUN_STATUSES:
                 return run
             before = (run.status, run.current_seq, run.current_step)
-            runtime.run_step(run_id, run.current_seq)
+            # Read-only calls running at once: play the worker of each one not yet recorded.
+            member = next_batch_member(run_id, run.current_step)
+            if member is None:
+                runtime.run_step(run_id, run.current_seq)
+            while member is not None:
+                runtime.run_step(run_id, member)
+                now = next_batch_member(run_id, WorkflowRun.objects.get(pk=run_id).current_step)
+                member = now if now != member else None
             after = WorkflowRun.objects.get(pk=run_id)
             if (
                 after.status == RunStatus.WAITING
