@@ -12,6 +12,7 @@ import logging
 import math
 import random
 import time
+import traceback
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -24,6 +25,7 @@ from agentflow.context import StepContext
 from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableStepError
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
+from agentflow.sensitive import Redactor
 from agentflow.serialization import NotJSONError, to_json
 from agentflow.states import StepKind
 
@@ -229,7 +231,8 @@ class ClaimedAttempt:
                 self._park_database(reason)
                 return
         else:
-            logger.exception("%s step %s (%s) raised", self.ctx.run_id, self.seq, self.step.name)
+            log_raised(logger, self.ctx.run_id, self.workflow, "%s step %s (%s) raised",
+                       self.ctx.run_id, self.seq, self.step.name)  # fmt: skip
             reason = f"unexpected {type(exc).__name__}: {exc}"
         if not self.is_effect:
             self._fail(reason, retry_in_seconds=None)  # a model call changes nothing outside
@@ -261,7 +264,8 @@ class ClaimedAttempt:
         if retry_in_seconds is None:
             logger.warning(
                 "%s step %s (%s) failed permanently: %s",
-                self.ctx.run_id, self.seq, self.step.name, error,
+                self.ctx.run_id, self.seq, self.step.name,
+                masked(self.ctx.run_id, self.workflow, error),
             )  # fmt: skip
         store.step_fail(
             self.run_state,
@@ -334,3 +338,23 @@ def retry_delay(step: StepDef, attempt: int, exc: BaseException) -> float:
     if not math.isfinite(delay):
         return ceiling
     return min(max(delay, 0.0), ceiling)
+
+
+# --- what the engine logs of a run --------------------------------------------------------------
+def masked(run_id: str, workflow: Workflow, text: str) -> str:
+    """`text` (an error, a traceback) as the engine logs it: the values of the run's sensitive
+    arguments masked (agentflow.sensitive), so no log line carries them whatever a step raised."""
+    declared = workflow.sensitive_calls()
+    if not declared or not text:
+        return text
+    return Redactor(store.sensitive_values(run_id, declared)).text(text)
+
+
+def log_raised(
+    log: logging.Logger, run_id: str, workflow: Workflow, message: str, *args: Any
+) -> None:
+    """`log.exception(message, *args)`, its traceback masked like `masked`."""
+    if not workflow.sensitive_calls():
+        log.exception(message, *args)
+        return
+    log.error(f"{message}\n%s", *args, masked(run_id, workflow, traceback.format_exc()))

@@ -81,13 +81,14 @@ def signal_call(name: str, timeout: float | None) -> WaitCall:
 
 def rejected_result(decision: dict[str, Any]) -> dict[str, Any]:
     """A rejected (or timed-out) call's recorded outcome: the tool did not run, and the model
-    reads why."""
+    reads why (the internal reason) and what the customer is told of it (the reply)."""
     return {
         "ok": False,
         "result": {
             "rejected": True,
             "reason": decision.get("reason", ""),
             "timed_out": bool(decision.get("timed_out")),
+            "reply": str(decision.get("reply") or ""),
         },
     }
 

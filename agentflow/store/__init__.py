@@ -32,6 +32,7 @@ from agentflow.store.runs import (
     run_park,
     step_fail,
 )
+from agentflow.store.sensitive import sensitive_values
 from agentflow.store.sql import databases_changed, server_setting
 from agentflow.store.steps import (
     CheckpointRow,
@@ -105,6 +106,7 @@ __all__ = [
     "run_retry",
     "runs_delete",
     "runs_purge",
+    "sensitive_values",
     "server_setting",
     "signal_deliver",
     "state_load",
