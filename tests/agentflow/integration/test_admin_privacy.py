@@ -10,16 +10,23 @@ process, real Postgres."""
 from __future__ import annotations
 
 import html
+import json
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
 
 from agentflow import durable
 from agentflow.models import RunEvent, RunWait, WorkflowRun
 from agentflow.sensitive import redacted
 from agentflow.states import RunStatus
 from agentflow.testing import run_to_end
+from config import tracing as site_tracing
 from tests.support import workflows
 from tests.support.admin import detail_url, text
 
@@ -134,6 +141,45 @@ def test_a_workflow_declaring_nothing__shown_to_every_viewer_as_before() -> None
     page = text(as_role("viewer").get(detail_url(WorkflowRun.objects.get(pk=run_id))))
 
     assert "&quot;amount&quot;: 4500" in page and "redacted (" not in page
+
+
+# --- logs, traces and metrics -----------------------------------------------------------------
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = site_tracing.configure(exporter=exporter)
+    assert provider is not None
+    try:
+        yield exporter
+    finally:
+        provider.shutdown()
+        # OpenTelemetry sets its global provider once a process; a test takes it back.
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        trace._TRACER_PROVIDER = None
+
+
+def test_logs_traces_and_metrics__never_carry_the_note(
+    spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    """A run that waits with the note, is approved and fails quoting it: nothing it logged,
+    traced or counted holds the note."""
+    run = confided(fail=True)
+    durable.approve(run.pk, actor="ana", reason="checked", digest=digest_of(run))
+    assert run_to_end(run.pk).status == RunStatus.FAILED
+    settings.AGENTFLOW_METRICS_PUBLIC = True
+
+    scraped = Client().get("/metrics").content.decode()
+    traced = [
+        json.dumps([s.name, dict(s.attributes or {}), [(e.name, dict(e.attributes or {}))
+                    for e in s.events]], default=str)
+        for s in spans.get_finished_spans()
+    ]  # fmt: skip
+    logged = [record.getMessage() + (record.exc_text or "") for record in caplog.records]
+
+    assert traced and any(run.pk in t for t in traced)  # the run was traced
+    assert "agentflow_" in scraped  # and counted
+    for said in (scraped, *traced, *logged):
+        assert MARK not in said and html.escape(NOTE) not in said
 
 
 # --- what the customer is told, apart from the reason ------------------------------------------
