@@ -25,7 +25,6 @@ from agentflow.context import StepContext
 from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableStepError
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
-from agentflow.sensitive import Redactor
 from agentflow.serialization import NotJSONError, to_json
 from agentflow.states import StepKind
 
@@ -342,12 +341,8 @@ def retry_delay(step: StepDef, attempt: int, exc: BaseException) -> float:
 
 # --- what the engine logs of a run --------------------------------------------------------------
 def masked(run_id: str, workflow: Workflow, text: str) -> str:
-    """`text` (an error, a traceback) as the engine logs it: the values of the run's sensitive
-    arguments masked (agentflow.sensitive), so no log line carries them whatever a step raised."""
-    declared = workflow.sensitive_calls()
-    if not declared or not text:
-        return text
-    return Redactor(store.sensitive_values(run_id, declared)).text(text)
+    """`text` (an error, a traceback) as the engine logs it (`store.masked`)."""
+    return store.masked(run_id, text, workflow=workflow)
 
 
 def log_raised(

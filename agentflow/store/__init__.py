@@ -32,7 +32,7 @@ from agentflow.store.runs import (
     run_park,
     step_fail,
 )
-from agentflow.store.sensitive import sensitive_values
+from agentflow.store.sensitive import masked, sensitive_values
 from agentflow.store.sql import databases_changed, server_setting
 from agentflow.store.steps import (
     CheckpointRow,
@@ -94,6 +94,7 @@ __all__ = [
     "heartbeat_record",
     "lease_renew",
     "live_calls",
+    "masked",
     "outputs_load",
     "replay_load",
     "run_cancel",

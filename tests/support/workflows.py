@@ -857,9 +857,12 @@ confiding = durable.CodeWorkflow(
 
 @confiding.run
 def file_the_claim(ctx: durable.AgentContext) -> str:
+    """Files the claim; with `fail` in the input the run then fails (so it may be forked)."""
     messages = [system_message("You file claims."), user_message(ctx.input["note"])]
     while not (turn := ctx.llm(messages)).is_final:
         messages.append(turn.message)
         for tool_call in turn.tool_calls:
             messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+    if ctx.input.get("fail"):
+        raise durable.PermanentStepError("the registry closed")
     return turn.text

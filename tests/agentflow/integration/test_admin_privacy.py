@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from agentflow import durable
+from agentflow import durable, store
 from agentflow.models import RunEvent, RunWait, WorkflowRun
 from agentflow.sensitive import redacted
 from agentflow.states import RunStatus
@@ -132,6 +132,37 @@ def test_agent_run__the_conversation_and_the_call_redacted_for_viewers(role: str
     assert shows_note(page) == (role in READS_RUN)
     if role not in READS_RUN:
         assert HIDDEN in page
+
+
+def test_fork_page__the_calls_it_sets_aside_shown_with_the_note_redacted_to_an_operator() -> None:
+    """An operator (the change permission, not the approve one) may fork a failed agent run:
+    the calls a fork would set aside are listed, their sensitive arguments redacted."""
+    run_id = durable.start(workflows.confiding.name, input={"note": NOTE, "fail": True})
+    run_to_end(run_id, retries=False)
+    run = WorkflowRun.objects.get(pk=run_id)
+    durable.approve(run_id, actor="ana", reason="ok", digest=digest_of(run))
+    assert run_to_end(run_id).status == RunStatus.FAILED
+    operator = Client()
+    user = User.objects.create_user("operator", password="x", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="change_workflowrun"))
+    operator.force_login(user)
+
+    fork = operator.get(detail_url(run, "fork") + "?position=1")
+
+    assert fork.status_code == 200 and "Fork this run from position 1?" in text(fork)
+    assert "file_claim" in text(fork) and HIDDEN in text(fork)
+    assert not shows_note(text(fork))
+
+
+def test_a_park_with_the_note_in_its_reason__logged_masked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run = confided()
+
+    assert store.run_park(run.pk, run.current_seq, f"check the note: {NOTE}", fence=None)
+
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert f"needs attention: check the note: {HIDDEN}" in logged and MARK not in logged
 
 
 def test_a_workflow_declaring_nothing__shown_to_every_viewer_as_before() -> None:
