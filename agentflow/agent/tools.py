@@ -37,6 +37,8 @@ from agentflow.serialization import to_json
 from agentflow.states import StepKind
 
 ToolFn = Callable[..., Any]
+#: A tool's `approval_arguments`: (the call's step context, its arguments) -> what else to show.
+ApprovalArguments = Callable[[StepContext, dict[str, Any]], dict[str, Any]]
 
 #: What chat-completions servers accept as a function name.
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -161,6 +163,9 @@ class Tool:
     #: True, or a predicate of the call's validated arguments: such a call waits for an
     #: operator's approval of exactly those arguments before it runs (SPEC §4 C).
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False
+    #: What else the operator reads to decide such a call, from the run (not from the model):
+    #: given the step's context and the call's arguments; the decision binds to both.
+    approval_arguments: ApprovalArguments | None = None
     #: Arguments only deciders and named readers may read in the admin (agentflow.sensitive).
     sensitive: Sensitive | None = None
     #: What a decision on a call of it may tell the customer (agentflow.replies).
@@ -247,6 +252,7 @@ class Toolbox:
         key_window_seconds: float | None = None,
         max_calls: int | None = None,
         requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
+        approval_arguments: ApprovalArguments | None = None,
         sensitive: Sensitive | None = None,
         replies: Replies | None = None,
     ) -> Callable[[ToolFn], ToolFn]:
@@ -257,9 +263,11 @@ class Toolbox:
         waits for `durable.approve` / `durable.reject` of exactly those arguments before it
         runs (with `ctx.decision`). Rejected (or timed out), it does not run and the model's
         result is `{"rejected": true, "reason": ..., "timed_out": ..., "reply": ...}`.
-        `sensitive`: parameters the admin shows only to deciders and the named readers
-        (agentflow.sensitive). `replies`: what a decision may tell the customer
-        (agentflow.replies).
+        `approval_arguments(ctx, arguments)`: what else the operator reads to decide, from the
+        run rather than the model (what the customer wrote, which the model is never shown);
+        the decision binds to it with the call. `sensitive`: parameters (or approval arguments)
+        the admin shows only to deciders and the named readers (agentflow.sensitive).
+        `replies`: what a decision may tell the customer (agentflow.replies).
 
         Raises:
             DefinitionError: not exactly one of `read_only` / `side_effect`, a bad or taken
@@ -287,16 +295,16 @@ class Toolbox:
                 f"{self.name}: tool {name!r}: requires_approval is True, False or a predicate "
                 "of the call's arguments"
             )
-        if replies is not None and requires_approval is False:
+        if (replies is not None or approval_arguments is not None) and not requires_approval:
             raise DefinitionError(
-                f"{self.name}: tool {name!r} declares replies= for an approval it does not "
-                "wait for (requires_approval)"
+                f"{self.name}: tool {name!r} declares replies= or approval_arguments= for an "
+                "approval it does not wait for (requires_approval)"
             )
 
         def decorator(fn: ToolFn) -> ToolFn:
             arguments = ArgumentSpec(name, fn)
             unknown = set(sensitive.arguments) - set(arguments.names) if sensitive else set()
-            if unknown:
+            if unknown and approval_arguments is None:  # else they may be approval arguments
                 raise DefinitionError(
                     f"{self.name}: tool {name!r} declares {sorted(unknown)} sensitive, which it "
                     "does not take"
@@ -312,6 +320,7 @@ class Toolbox:
                 key_window_seconds=key_window_seconds,
                 max_calls=max_calls if max_calls is not None or read_only else 1,
                 requires_approval=requires_approval,
+                approval_arguments=approval_arguments,
                 sensitive=sensitive,
                 replies=replies,
             )

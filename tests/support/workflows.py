@@ -829,7 +829,10 @@ confiding_tools = Toolbox("privacy_confiding")
     side_effect=True,
     description="File the customer's claim with their note.",
     requires_approval=True,
-    sensitive=durable.Sensitive("note", readers=[CONFIDED_READERS]),
+    # What the operator reads besides the model's call: the customer's story, from the run's
+    # input (the model never sees it).
+    approval_arguments=lambda ctx, arguments: {"story": ctx.input.get("story", "")},
+    sensitive=durable.Sensitive("note", "story", readers=[CONFIDED_READERS]),
     replies=REPLIES,
 )
 def file_claim(ctx: ToolContext, claim: str, note: str) -> dict[str, Any]:

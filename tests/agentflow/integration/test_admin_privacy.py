@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.util._once import Once
 
 from agentflow import durable, store
-from agentflow.models import RunEvent, RunWait, WorkflowRun
+from agentflow.models import RunEvent, RunWait, StepCheckpoint, WorkflowRun
 from agentflow.sensitive import redacted
 from agentflow.states import RunStatus
 from agentflow.testing import run_to_end
@@ -46,8 +46,8 @@ READS_RUN = {"approver", "reader"}
 READS_APPROVE = {"approver"}
 
 
-def as_role(role: str) -> Client:
-    user = User.objects.create_user(role, password="x", is_staff=True)
+def as_role(role: str, username: str = "") -> Client:
+    user = User.objects.create_user(username or role, password="x", is_staff=True)
     for codename in ROLES[role]:
         user.user_permissions.add(Permission.objects.get(codename=codename))
     client = Client()
@@ -118,11 +118,21 @@ def test_decided_run_that_failed_quoting_the_note__every_copy_redacted_for_viewe
     assert "approved</strong> by ana" in page and "checked" in page  # the decision itself shows
 
 
+STORY = "The ward nurse, Ingrid-Q5, told me to stay in bed."
+
+
 @pytest.mark.parametrize("role", ["viewer", "approver", "reader"])
 def test_agent_run__the_conversation_and_the_call_redacted_for_viewers(role: str) -> None:
-    run_id = durable.start(workflows.confiding.name, input={"note": NOTE})
-    assert run_to_end(run_id, retries=False).waiting_for == "approval"
+    """The tool's call (its sensitive note, also in the model's turn and the user message) and
+    what its tool shows the approver besides (the story the model never sees)."""
+    run_id = durable.start(workflows.confiding.name, input={"note": NOTE, "story": STORY})
+    waiting = run_to_end(run_id, retries=False)
+    assert waiting.waiting_for == "approval"
+    assert waiting.pending_approval is not None
+    assert waiting.pending_approval["arguments"] == {"claim": "c-1", "note": NOTE, "story": STORY}
     run = WorkflowRun.objects.get(pk=run_id)
+    approve = text(as_role("approver", "deciding").get(detail_url(run, "approve")))
+    assert "Ingrid-Q5" in approve and MARK in html.unescape(approve)
     durable.approve(run_id, actor="ana", reason="ok", digest=digest_of(run))
     assert run_to_end(run_id).status == RunStatus.COMPLETED
 
@@ -130,8 +140,13 @@ def test_agent_run__the_conversation_and_the_call_redacted_for_viewers(role: str
 
     assert "file_claim" in page and "c-1" in page  # the call and its other argument show
     assert shows_note(page) == (role in READS_RUN)
+    assert ("Ingrid-Q5" in page) == (role in READS_RUN)
     if role not in READS_RUN:
-        assert HIDDEN in page
+        assert HIDDEN in page and redacted(STORY) in page
+    model_turns = [
+        json.dumps(cp.arguments) for cp in StepCheckpoint.objects.filter(run=run, kind="llm")
+    ]
+    assert model_turns and not any("Ingrid-Q5" in turn for turn in model_turns)
 
 
 def test_fork_page__the_calls_it_sets_aside_shown_with_the_note_redacted_to_an_operator() -> None:

@@ -89,11 +89,20 @@ def test_tool__declares_sensitive_parameters_it_takes_and_replies_for_its_approv
 
     with pytest.raises(DefinitionError, match="does not take"):
         box.tool("other", read_only=True, description="x", sensitive=Sensitive("nope"))(file)
+    box.tool(  # a sensitive approval argument, shown to the operator beside the call
+        "fourth", read_only=True, description="x", requires_approval=True,
+        approval_arguments=lambda ctx, arguments: {"story": ""}, sensitive=Sensitive("story"),
+    )(file)  # fmt: skip
+    with pytest.raises(DefinitionError, match="requires_approval"):
+        box.tool("fifth", read_only=True, description="x", approval_arguments=dict)(file)
     with pytest.raises(DefinitionError, match="requires_approval"):
         box.tool("third", read_only=True, description="x", replies=REPLIES)(file)
     flow = durable.CodeWorkflow("unit_sensitive_agent", version=1, toolbox=box)
     try:
-        assert flow.sensitive_calls() == {"file": Sensitive("note", readers=["auth.view_user"])}
+        assert flow.sensitive_calls() == {
+            "file": Sensitive("note", readers=["auth.view_user"]),
+            "fourth": Sensitive("story"),
+        }
         assert flow.replies_of("file") is REPLIES
     finally:
         unregister(flow)
