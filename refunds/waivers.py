@@ -8,8 +8,10 @@ approval of exactly that waiver before the card or the seat is touched: the grap
 `requires_approval`. Approved, the fee is 0 and nothing is held on the card; rejected or timed
 out, the normal fee is held and taken, and the customer is told so.
 
-What the customer tells us about it (`details`) is declared sensitive: in the admin only those
-who decide waivers and those who may read refund requests read it (`DETAILS`). What the operator
+What the customer tells us about it (`details`) is shown to whoever decides, in both engines
+(the agent's call carries it beside the model's arguments: `tool_approval_arguments`), and is
+declared sensitive: in the admin only those who decide waivers and those who may read refund
+requests read it (`DETAILS`). What the operator
 tells the customer is apart from their reason: one of the policy's sentences, or words they
 wrote in the admin's field for the customer and saw in a preview (`REPLIES`, the decision's
 `reply`). Their reason and their name stay internal: nothing here reads them.
@@ -30,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -38,9 +40,7 @@ from django.utils.timesince import timeuntil
 
 from agentflow import durable
 from refunds import policy, wording
-
-if TYPE_CHECKING:
-    from refunds.models import RefundRequest
+from refunds.models import RefundRequest
 
 #: The persisted name of the graph step and of the agent's tool.
 STEP = "request_fee_waiver"
@@ -86,6 +86,20 @@ def approval_arguments(request: RefundRequest, proposed: Mapping[str, Any]) -> d
         "fee_cents": proposed["fee_cents"],
         "reason": proposed["reason"],
         "reason_words": proposed["reason_words"],
+        "details": request.waiver_details,
+    }
+
+
+def tool_approval_arguments(ctx: durable.StepContext, call: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator reads besides the agent's call (`refund_id`, `reason`): the booking,
+    the reason the customer chose and their own words about it, from their request (the model is
+    never shown those words)."""
+    request = RefundRequest.objects.filter(public_id=(ctx.input or {}).get("refund_id")).first()
+    if request is None:
+        return {}
+    return {
+        "booking_reference": request.booking_reference.strip().upper(),
+        "reason_words": policy.waiver_reason_words(request.waiver_reason),
         "details": request.waiver_details,
     }
 

@@ -110,6 +110,8 @@ def check_cancellation_policy(
     waivers.STEP,
     read_only=True,
     requires_approval=True,
+    approval_arguments=waivers.tool_approval_arguments,
+    sensitive=waivers.DETAILS,
     replies=waivers.REPLIES,
     description="Ask our team to waive the change fee, only when check_cancellation_policy "
     "returned a fee_waiver, with its reason. A person decides before it answers: approved, "

@@ -259,13 +259,15 @@ def expected(role: str, page: str, *, waiting: bool) -> tuple[int, bool | None]:
     return (200, True) if role == "domain_viewer" else (403, None)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_every_admin_page_of_a_waiting_and_a_decided_run__details_only_for_those_who_decide(
-    start_worker: StartWorker, settings: Any
+    engine: str, start_worker: StartWorker, settings: Any
 ) -> None:
-    settings.REFUNDS_ENGINE = "graph"
+    settings.REFUNDS_ENGINE = engine
     worker = start_worker()
-    waiting_id = submit("PRWA01", waiver_reason="medical", waiver_details=DETAILS)
-    decided_id = submit("PRDE01", waiver_reason="medical", waiver_details=DETAILS)
+    e = engine[0].upper()
+    waiting_id = submit(f"PRW{e}01", waiver_reason="medical", waiver_details=DETAILS)
+    decided_id = submit(f"PRD{e}01", waiver_reason="medical", waiver_details=DETAILS)
     waiting_for_approval(waiting_id, worker)
     waiting_for_approval(decided_id, worker)
     decide_in_the_admin(

@@ -48,8 +48,9 @@ def test_waiver__waits_showing_the_customers_reason_with_nothing_touched(
     assert pending is not None and pending["call"] == waivers.STEP
     arguments = pending["arguments"]
     assert arguments["reason"] == "medical"
-    if engine == "graph":  # the graph shows the operator the fee and the customer's words
-        assert (arguments["fee_cents"], arguments["details"]) == (4500, DETAILS)
+    assert arguments["details"] == DETAILS  # both engines show the operator the customer's words
+    if engine == "graph":  # and the graph the fee it would waive
+        assert arguments["fee_cents"] == 4500
     ledger = partner_effects(partners, run_id)
     for kind in ("authorizations", "payments", "seat_cancellations", "boarding_passes", "emails"):
         assert ledger[kind] == [], kind
