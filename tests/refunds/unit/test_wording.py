@@ -103,8 +103,13 @@ DOMAIN_FAILURES: list[tuple[str | None, str]] = [
         ),
     ),
 ]
-#: Every step the customer's page names, failing with an error not written for customers.
-RAW_FAILURES = [(name, f"{RAW} in {name}") for name in (*wording.STEP_LABELS, *AGENT_STEPS)]
+#: Every step the customer's page names, failing with an error not written for customers —
+#: also one opening as customers' sentences do (the page used to show those as they were).
+RAW_FAILURES = [
+    (name, error)
+    for name in (*wording.STEP_LABELS, *AGENT_STEPS)
+    for error in (f"{RAW} in {name}", f"We {RAW}", f"Your {RAW}.", f"These details {RAW}")
+]
 
 
 def told(text: str, also: tuple[str, ...] = ()) -> None:
