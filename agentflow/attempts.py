@@ -12,6 +12,7 @@ import logging
 import math
 import random
 import time
+import traceback
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -229,7 +230,8 @@ class ClaimedAttempt:
                 self._park_database(reason)
                 return
         else:
-            logger.exception("%s step %s (%s) raised", self.ctx.run_id, self.seq, self.step.name)
+            log_raised(logger, self.ctx.run_id, self.workflow, "%s step %s (%s) raised",
+                       self.ctx.run_id, self.seq, self.step.name)  # fmt: skip
             reason = f"unexpected {type(exc).__name__}: {exc}"
         if not self.is_effect:
             self._fail(reason, retry_in_seconds=None)  # a model call changes nothing outside
@@ -261,7 +263,8 @@ class ClaimedAttempt:
         if retry_in_seconds is None:
             logger.warning(
                 "%s step %s (%s) failed permanently: %s",
-                self.ctx.run_id, self.seq, self.step.name, error,
+                self.ctx.run_id, self.seq, self.step.name,
+                masked(self.ctx.run_id, self.workflow, error),
             )  # fmt: skip
         store.step_fail(
             self.run_state,
@@ -327,3 +330,19 @@ def retry_delay(step: StepDef, attempt: int, exc: BaseException) -> float:
     if not math.isfinite(delay):
         return ceiling
     return min(max(delay, 0.0), ceiling)
+
+
+# --- what the engine logs of a run --------------------------------------------------------------
+def masked(run_id: str, workflow: Workflow, text: str) -> str:
+    """`text` (an error, a traceback) as the engine logs it (`store.masked`)."""
+    return store.masked(run_id, text, workflow=workflow)
+
+
+def log_raised(
+    log: logging.Logger, run_id: str, workflow: Workflow, message: str, *args: Any
+) -> None:
+    """`log.exception(message, *args)`, its traceback masked like `masked`."""
+    if not workflow.sensitive_calls():
+        log.exception(message, *args)
+        return
+    log.error(f"{message}\n%s", *args, masked(run_id, workflow, traceback.format_exc()))

@@ -36,13 +36,20 @@ class UndoneCall:
 @dataclass(frozen=True, kw_only=True)
 class Decision:
     """An operator's answer to a call that waited for approval (SPEC §4 C), as recorded at the
-    call's position: a step that runs after it reads who approved it and why."""
+    call's position: a step that runs after it reads who approved it and why.
+
+    `actor` and `reason` are internal (the event log, the admin); `reply` is what the decision
+    tells the person the run serves, chosen from the call's declared `Replies` or written by the
+    operator and previewed (agentflow.replies): "" when it says nothing (then the domain's own
+    default sentence for the outcome is theirs to tell).
+    """
 
     approved: bool
     actor: str
     reason: str
     #: Nobody decided within `AGENTFLOW_APPROVAL_TIMEOUT`: the reject path (never approved).
     timed_out: bool = False
+    reply: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +57,7 @@ class Decision:
             "actor": self.actor,
             "reason": self.reason,
             "timed_out": self.timed_out,
+            "reply": self.reply,
         }
 
     @classmethod
@@ -59,6 +67,7 @@ class Decision:
             actor=str(data.get("actor", "")),
             reason=str(data.get("reason", "")),
             timed_out=bool(data.get("timed_out")),
+            reply=str(data.get("reply") or ""),
         )
 
 

@@ -36,7 +36,9 @@ from agentflow.links import Link, RunRef, StepRef
 from agentflow.links import register as register_links
 from agentflow.models import WorkflowRun
 from agentflow.registry import END, Workflow
+from agentflow.replies import REPLY_MAX_CHARS, Replies
 from agentflow.retry import RetryPolicy
+from agentflow.sensitive import Sensitive
 from agentflow.serialization import NotJSONError, to_json
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 
@@ -57,11 +59,13 @@ __all__ = [
     "Link",
     "OutcomeUnknown",
     "PermanentStepError",
+    "Replies",
     "RetryPolicy",
     "RetryableStepError",
     "RunRef",
     "RunSnapshot",
     "RunStatus",
+    "Sensitive",
     "StepContext",
     "StepKind",
     "StepRef",
@@ -192,39 +196,54 @@ def signal(run_id: str, name: str, payload: Any = None, *, signal_id: str) -> De
     return store.signal_deliver(run_id, name, data, signal_id=signal_id)
 
 
-def approve(run_id: str, *, actor: str, reason: str = "", digest: str | None = None) -> None:
+def approve(
+    run_id: str, *, actor: str, reason: str = "", digest: str | None = None, reply: str = ""
+) -> None:
     """Approve the call the run waits to make (a step or tool declared `requires_approval`):
     recorded at its position with `actor` and `reason`, bound to the call's digest; the call
     then runs. `digest` (`snapshot(...).pending_approval["digest"]`, what the approver was
-    shown): refused unless the run still waits for exactly that call.
+    shown): refused unless the run still waits for exactly that call. `actor` and `reason` are
+    internal; `reply` is what the decision tells the person the run serves (one of the call's
+    declared `Replies`, or words the operator wrote and saw in a preview; `ctx.decision.reply`).
 
     Raises:
         ActionRefused: nothing waits for approval (or it timed out, or a concurrent Cancel,
             Retry or fork changed the run first, or it waits for another call than `digest`).
     """
-    _decide(run_id, approved=True, actor=actor, reason=reason, digest=digest)
+    _decide(run_id, approved=True, actor=actor, reason=reason, digest=digest, reply=reply)
 
 
-def reject(run_id: str, *, actor: str, reason: str, digest: str | None = None) -> None:
+def reject(
+    run_id: str, *, actor: str, reason: str, digest: str | None = None, reply: str = ""
+) -> None:
     """Reject the call the run waits to make: it does not run; a graph step records
-    `{"approved": False, ...}` (its `next` branches on it), a tool call answers the model
-    `{"rejected": true, "reason": ...}`.
+    `{"approved": False, ..., "reply"}` (its `next` branches on it), a tool call answers the
+    model `{"rejected": true, "reason": ..., "reply": ...}`.
 
     Raises:
         ActionRefused: as `approve`.
     """
-    _decide(run_id, approved=False, actor=actor, reason=reason, digest=digest)
+    _decide(run_id, approved=False, actor=actor, reason=reason, digest=digest, reply=reply)
 
 
-def _decide(run_id: str, *, approved: bool, actor: str, reason: str, digest: str | None) -> None:
+def _decide(
+    run_id: str, *, approved: bool, actor: str, reason: str, digest: str | None, reply: str
+) -> None:
     if not isinstance(actor, str) or not actor.strip():
         raise InvalidInputError("a decision needs the actor who made it")
     if not isinstance(reason, str):
         raise InvalidInputError("the reason is text")
     if digest is not None and not isinstance(digest, str):
         raise InvalidInputError("the digest is the text snapshot().pending_approval shows")
+    if not isinstance(reply, str) or len(reply) > REPLY_MAX_CHARS:
+        raise InvalidInputError(f"the reply is text of at most {REPLY_MAX_CHARS} characters")
     store.wait_decide(
-        run_id, approved=approved, actor=actor.strip(), reason=reason.strip(), digest=digest
+        run_id,
+        approved=approved,
+        actor=actor.strip(),
+        reason=reason.strip(),
+        digest=digest,
+        reply=reply.strip(),
     )
 
 

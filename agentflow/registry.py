@@ -10,7 +10,9 @@ from typing import Any
 
 from agentflow.context import Decision, StepContext
 from agentflow.exceptions import DefinitionError, UnknownWorkflowError
+from agentflow.replies import Replies
 from agentflow.retry import DEFAULT_RETRY, RetryPolicy
+from agentflow.sensitive import Sensitive
 from agentflow.states import StepKind, WaitKind
 
 StepFn = Callable[[StepContext], Any]
@@ -99,6 +101,10 @@ class StepDef:
     waits_for: WaitsFor | None = None
     #: Set by the engine once an approval was decided: what `ctx.decision` reads.
     decision: Decision | None = None
+    #: Approval arguments only deciders and named readers may read (agentflow.sensitive), and
+    #: what a decision may tell the customer (agentflow.replies).
+    sensitive: Sensitive | None = None
+    replies: Replies | None = None
 
 
 def approval_wait(
@@ -179,6 +185,8 @@ class Workflow:
         next: Callable[[Any], str] | None = None,
         requires_approval: bool | Callable[[StepContext], bool] = False,
         approval_arguments: Callable[[StepContext], dict[str, Any]] | None = None,
+        sensitive: Sensitive | None = None,
+        replies: Replies | None = None,
     ) -> Callable[[StepFn], StepFn]:
         """Declare the decorated function as step `name`.
 
@@ -186,9 +194,15 @@ class Workflow:
         the run waits for an operator's `durable.approve` / `durable.reject` of the call (this
         step, with `approval_arguments(ctx)`: what the operator sees, e.g. the amount). Approved,
         the function runs with `ctx.decision`; rejected or timed out, it does not run and the
-        step's output is `{"approved": False, "actor", "reason", "timed_out"}`, which `next`
-        can branch on.
+        step's output is `{"approved": False, "actor", "reason", "timed_out", "reply"}`, which
+        `next` can branch on. `sensitive`: approval arguments the admin shows only to deciders
+        and the named readers; `replies`: what a decision may tell the customer.
         """
+        if (sensitive is not None or replies is not None) and requires_approval is False:
+            raise DefinitionError(
+                f"{self.name}: step {name!r} declares sensitive= or replies= for an approval "
+                "it does not wait for (requires_approval)"
+            )
         return self._add(
             name,
             kind=StepKind(kind),
@@ -199,6 +213,8 @@ class Workflow:
             next=next,
             compensation_only=False,
             waits_for=approval_wait(name, requires_approval, approval_arguments),
+            sensitive=sensitive,
+            replies=replies,
         )
 
     def sleep(
@@ -273,6 +289,16 @@ class Workflow:
             return fn
 
         return decorator
+
+    # --- what its calls declare about people -------------------------------------------------
+    def sensitive_calls(self) -> dict[str, Sensitive]:
+        """The calls (steps, or a code-first run's tools) declaring sensitive arguments."""
+        return {n: s.sensitive for n, s in self.steps.items() if s.sensitive is not None}
+
+    def replies_of(self, call: str) -> Replies | None:
+        """What a decision on `call` may tell the customer (None: the call declares nothing)."""
+        step = self.steps.get(call)
+        return step.replies if step is not None else None
 
     # --- navigation ---------------------------------------------------------------------------
     def step_named(self, name: str) -> StepDef | None:

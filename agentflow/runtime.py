@@ -27,7 +27,14 @@ from agentflow import (
 from agentflow.agent import loop as agent_loop
 from agentflow.agent.batches import batch_span
 from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
-from agentflow.attempts import ClaimedAttempt, describe, retry_delay, transient
+from agentflow.attempts import (
+    ClaimedAttempt,
+    describe,
+    log_raised,
+    masked,
+    retry_delay,
+    transient,
+)
 from agentflow.conf import settings
 from agentflow.context import StepContext, idempotency_key
 from agentflow.exceptions import PermanentStepError
@@ -196,7 +203,8 @@ def _settle_wait(
     except Exception as exc:
         if pooler.database_trouble(exc):
             raise  # the engine's own statement failed: the message is retried
-        logger.exception("%s step %s (%s): deciding its wait raised", run.id, seq, step.name)
+        log_raised(logger, run.id, workflow, "%s step %s (%s): deciding its wait raised",
+                   run.id, seq, step.name)  # fmt: skip
         why = f"deciding what it waits for raised {type(exc).__name__}: {exc}"
         if seen is not None and outcomes.unsettled(
             kind=seen.kind, status=seen.status, retryable=seen.retryable
@@ -239,7 +247,7 @@ def _next_call(
     except Exception as exc:  # a bug in the run's function: fail readably, do not loop
         if pooler.database_trouble(exc):
             raise  # the engine's own reads failed, not the function: the message is retried
-        logger.exception("%s: the function of %s raised", run.id, workflow.name)
+        log_raised(logger, run.id, workflow, "%s: the function of %s raised", run.id, workflow.name)
         outcome = agent_loop.Failed(reason=f"unexpected {type(exc).__name__}: {exc}")
     saved = getattr(outcome, "tokens_saved", 0)
     if saved:
@@ -531,10 +539,13 @@ def _record_unclaimed_failure(
             delay = retry_delay(step, attempt, exc)
     else:
         # A bug in a step is not transient: fail with a readable reason instead of looping.
-        logger.exception("%s step %s (%s) raised", run.id, seq, step.name)
+        log_raised(logger, run.id, workflow, "%s step %s (%s) raised", run.id, seq, step.name)
         delay, message = None, f"unexpected {type(exc).__name__}: {exc}"
     if delay is None:
-        logger.warning("%s step %s (%s) failed permanently: %s", run.id, seq, step.name, message)
+        logger.warning(
+            "%s step %s (%s) failed permanently: %s",
+            run.id, seq, step.name, masked(run.id, workflow, message),
+        )  # fmt: skip
     store.step_fail(
         run,
         workflow,

@@ -66,6 +66,26 @@ WAIVER_REASONS: dict[str, str] = {
 }
 #: How much the customer may tell us about it: enough for an operator to decide.
 WAIVER_DETAILS_MAX_CHARS = 1000
+#: What our team may tell the customer of their decision on a waiver, by outcome, the first
+#: the default: the admin offers these in the field for the customer, apart from the operator's
+#: internal reason, and so may words the operator writes there and sees in a preview. Nothing
+#: else an operator types reaches the customer.
+WAIVER_REPLIES: dict[str, tuple[str, ...]] = {
+    "approve": (
+        "Fee waiver: approved by our team, so there is no change fee.",
+        "Fee waiver: approved by our team. We're sorry for what happened; there is no change fee.",
+    ),
+    "reject": (
+        "Fee waiver: our team couldn't waive the fee, so the standard change fee applies.",
+        "Fee waiver: our team couldn't waive the fee, as the reason given is not one our policy "
+        "covers, so the standard change fee applies.",
+        "Fee waiver: our team couldn't waive the fee without a document that supports your "
+        "request, so the standard change fee applies. If you have one, reply to our e-mail with "
+        "it and we'll look again.",
+    ),
+}
+#: The longest reply an operator may write for the customer (the engine's limit too).
+WAIVER_REPLY_MAX_CHARS = 500
 
 
 @dataclass(frozen=True, kw_only=True)

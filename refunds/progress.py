@@ -1,55 +1,19 @@
-"""Customer words for a refund run's progress: engine statuses in, plain sentences out."""
+"""A refund run's progress for its customer: engine statuses in, the sentences of
+`refunds.wording` out (and nothing else: no step's error or output, no operator's words)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date
 from typing import Any, Protocol
 
 from agentflow import durable
 from agentflow.durable import RunStatus, StepStatus
-from refunds import waivers
+from refunds import waivers, wording
+from refunds.wording import date_in_words, format_fee
 
 #: The standard fare's change fee (SPEC §5), shown until the run has worked out the real one.
 DEFAULT_FEE_CENTS = 4500
-
-#: Labels for every persisted step name; `{fee}` becomes the amount, e.g. "$45".
-STEP_LABELS: Mapping[str, str] = {
-    "load_request": "Receiving your request",
-    "parse_flight_details": "Reading your request",
-    "fetch_booking": "Finding your booking and checking your details",
-    "check_flight": "Checking your new flight in the airline's schedule",
-    "check_cancellation_policy": "Checking the fare rules",
-    "request_fee_waiver": "Our team reviewing your fee waiver request",
-    "calculate_penalty_fee": "Working out the fee",
-    "charge_customer": "Securing the {fee} change fee on your card",
-    "cancel_seat": "Releasing your seat",
-    "issue_boarding_pass": "Issuing your new boarding pass",
-    "capture_fee": "Taking the {fee} change fee",
-    "update_crm": "Updating your file",
-    "send_confirmation_email": "Emailing your confirmation",
-    # Compensation: only shown once they start.
-    "refund_fee": "Giving back the {fee} fee",
-    "reinstate_seat": "Giving your seat back",
-    "notify_failure": "Letting you know",
-}
-#: Fares that change for free (flex) have nothing to charge or refund.
-NO_FEE_LABELS: Mapping[str, str] = {
-    "request_fee_waiver": "No change fee to waive for your fare",
-    "charge_customer": "No change fee for your fare",
-    "capture_fee": "No change fee to take",
-    "refund_fee": "No fee to give back",
-}
-#: A fee our team waived (refunds.waivers) has nothing to hold, take or give back either.
-WAIVED_LABELS: Mapping[str, str] = {
-    "charge_customer": "Change fee waived: nothing held on your card",
-    "capture_fee": "Change fee waived: nothing to take",
-    "refund_fee": "No fee to give back",
-}
-#: A step added later without a label must not show its internal name to customers.
-GENERIC_LABEL = "Working on your request"
-
 
 CHARGE_STEP = "charge_customer"
 REFUND_STEP = "refund_fee"
@@ -74,22 +38,9 @@ class StepLike(Protocol):
 class StepView:
     name: str
     label: str
-    #: One of STATE_LABELS' keys; the CSS and the script key their look on it.
+    #: One of `wording.STATE_LABELS`' keys; the CSS and the script key their look on it.
     state: str
     state_label: str
-
-
-#: Row states, in customer words.
-STATE_LABELS: Mapping[str, str] = {
-    "done": "Done",
-    "active": "In progress",
-    "retrying": "Taking longer than usual, still trying",
-    "failed": "Could not be completed",
-    "pending": "Waiting",
-    "awaiting": "Waiting for our team",
-    "held": "On hold for our team",
-    "skipped": "Not done",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,20 +76,13 @@ class Progress:
         }
 
 
-def format_fee(cents: int) -> str:
-    """'$45' for whole dollars, '$45.50' otherwise."""
-    dollars, rest = divmod(cents, 100)
-    return f"${dollars}" if rest == 0 else f"${dollars}.{rest:02d}"
-
-
 def step_label(name: str, *, fee_cents: int = DEFAULT_FEE_CENTS, waived: bool = False) -> str:
-    if waived:  # the fee was 0 because our team waived it, not because the fare is free
-        return WAIVED_LABELS.get(name) or STEP_LABELS.get(name, GENERIC_LABEL).format(
-            fee=format_fee(fee_cents)
-        )
-    if fee_cents <= 0 and name in NO_FEE_LABELS:
-        return NO_FEE_LABELS[name]
-    return STEP_LABELS.get(name, GENERIC_LABEL).format(fee=format_fee(fee_cents))
+    if waived and name in wording.WAIVED_LABELS:  # waived by our team, not a free fare
+        return wording.WAIVED_LABELS[name]
+    if not waived and fee_cents <= 0 and name in wording.NO_FEE_LABELS:
+        return wording.NO_FEE_LABELS[name]
+    label = wording.STEP_LABELS.get(name)
+    return (label.say(fee=format_fee(fee_cents)) if label else "") or wording.GENERIC_LABEL
 
 
 def describe(
@@ -158,12 +102,12 @@ def describe(
 
     `planned` is the workflow's forward path, so steps not reached yet still show as rows;
     compensation steps appear only once they have a checkpoint. `fee_cents` is the fee the
-    run worked out (None until it has); `reason` a failure explanation already written for
-    customers, shown when the change could not be made; `emailed` whether the customer was
-    written to about it; `details` what changed (see `outcome_details`), shown once final;
-    `outputs` the completed steps' outputs, which say what happened to the money (and to a fee
-    waiver); `awaiting_approval` the step the run waits on an operator's approval for, if any
-    (`durable.snapshot(...).waiting_for == "approval"`).
+    run worked out (None until it has); `reason` a failure explanation from `wording.failure`
+    (anything else is not shown), when the change could not be made; `emailed` whether the
+    customer was written to about it; `details` what changed (see `outcome_details`), shown
+    once final; `outputs` the completed steps' outputs, which say what happened to the money
+    (and to a fee waiver); `awaiting_approval` the step the run waits on an operator's approval
+    for, if any (`durable.snapshot(...).waiting_for == "approval"`).
     """
     waiver = waivers.outcome_of((outputs or {}).get(waivers.STEP))
     waived = waiver is not None and waiver.granted
@@ -190,7 +134,7 @@ def describe(
         status, latest, money, undoing=undoing, fee=fee, emailed=emailed, awaiting=awaiting
     )
     if reason and outcome in ("failed", "refunded"):
-        message = f"{reason.strip()} {message}"
+        message = f"{wording.failure_told(reason.strip())} {message}"
     final = outcome not in ("working", "awaiting_approval")
     return Progress(
         outcome=outcome,
@@ -200,15 +144,6 @@ def describe(
         steps=tuple(rows),
         details=tuple(details) if final and outcome != "needs_attention" else (),
     )
-
-
-def date_in_words(iso: str) -> str:
-    """'2027-03-16' -> 'Tuesday 16 March 2027'; anything else unchanged."""
-    try:
-        day = date.fromisoformat(iso)
-    except (TypeError, ValueError):
-        return str(iso or "")
-    return f"{day:%A} {day.day} {day:%B %Y}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,7 +179,8 @@ class Money:
 
 
 def outcome_details(status: str, outputs: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
-    """What a finished run changed, or did not, from its completed steps' outputs.
+    """What a finished run changed, or did not, from its completed steps' outputs, as the
+    sentences of `refunds.wording` (a fact not of its kind leaves its line out).
 
     Nothing is said about a booking the request was not found to own (`fetch_booking` did not
     complete): its flight and seat are the owner's business, not the sender's.
@@ -256,51 +192,44 @@ def outcome_details(status: str, outputs: Mapping[str, Mapping[str, Any]]) -> tu
     if status == RunStatus.COMPLETED:
         issued = outputs.get("issue_boarding_pass") or {}
         if money.taken:
-            charged = f"Change fee: {fee}, charged to your card"
+            charged = wording.FEE_CHARGED.say(fee=fee)
         elif waiver is not None and waiver.granted:
-            charged = "Change fee: none, our team waived it"
+            charged = wording.FEE_WAIVED
         else:
-            charged = "Change fee: none for your fare"
+            charged = wording.FEE_NONE
         lines = [
-            f"New flight: {issued.get('flight', '')} on {date_in_words(issued.get('date', ''))}",
-            f"New seat: {issued.get('seat', '')}",
+            wording.NEW_FLIGHT.say(
+                flight=issued.get("flight", ""), date=date_in_words(issued.get("date", ""))
+            ),
+            wording.NEW_SEAT.say(seat=issued.get("seat", "")),
             charged,
         ]
         if waiver is not None:
             lines.append(waiver.customer_line)
         if outputs.get("send_confirmation_email"):
-            lines.append("Confirmation and boarding pass emailed to the address on your booking")
-        return tuple(lines)
+            lines.append(wording.CONFIRMATION_SENT)
+        return tuple(line for line in lines if line)
     if status not in (RunStatus.FAILED, RunStatus.CANCELLED):
         return ()
     if not booking:
-        return (
-            "Nothing was changed: no booking was touched.",
-            "No email was sent about this request.",
-        )
+        return (wording.UNTOUCHED, wording.NO_EMAIL)
     released = outputs.get("cancel_seat") or {}
-    old = f"{booking.get('flight', '')} on {date_in_words(booking.get('date', ''))}"
+    old = {"flight": booking.get("flight", ""), "date": date_in_words(booking.get("date", ""))}
     if released and (outputs.get("reinstate_seat") or {}).get("reinstated"):
-        lines = [
-            f"Your seat {released.get('seat', '')} on {old} was released during the change and "
-            "has been given back to you: your booking is as it was."
-        ]
+        lines = [wording.SEAT_BACK.say(seat=released.get("seat", ""), **old)]
     elif released:
-        lines = [f"Your original seat {released.get('seat', '')} on {old} was released."]
+        lines = [wording.SEAT_RELEASED.say(seat=released.get("seat", ""), **old)]
     else:
-        lines = [f"Your booking was not changed: still {old}, seat {booking.get('seat', '')}."]
+        lines = [wording.BOOKING_AS_IT_WAS.say(seat=booking.get("seat", ""), **old)]
     if waiver is not None:
         lines.append(waiver.customer_line)
     if money.refunded:
-        lines.append(f"The {fee} change fee was refunded to your card.")
+        lines.append(wording.FEE_REFUNDED.say(fee=fee))
     elif money.released:
-        lines.append(
-            f"The {fee} change fee was only held on your card, and the hold was released: "
-            "you have not been charged."
-        )
+        lines.append(wording.FEE_RELEASED.say(fee=fee))
     if (outputs.get("notify_failure") or {}).get("sent"):
-        lines.append("We've emailed the details to the address on your booking.")
-    return tuple(lines)
+        lines.append(wording.DETAILS_EMAILED)
+    return tuple(line for line in lines if line)
 
 
 def archived() -> Progress:
@@ -308,9 +237,8 @@ def archived() -> Progress:
     is over; which way it ended went to the customer by e-mail at the time, and is not kept."""
     return Progress(
         outcome="archived",
-        headline="This request is closed",
-        message="It was finished a while ago, so its step-by-step progress is no longer kept. "
-        "The e-mail we sent you then has the outcome; contact us if you need anything else.",
+        headline=wording.ARCHIVED,
+        message=wording.ARCHIVED_SAID,
         final=True,
         steps=(),
     )
@@ -347,7 +275,7 @@ def _row(
         name=name,
         label=step_label(name, fee_cents=fee, waived=waived),
         state=state,
-        state_label=STATE_LABELS[state],
+        state_label=wording.STATE_LABELS[state],
     )
 
 
@@ -393,79 +321,41 @@ def _summary(
         and (latest.get(REFUND_STEP) is None or latest[REFUND_STEP].status != StepStatus.COMPLETED)
     )
     if status == RunStatus.COMPLETED:
-        return (
-            "completed",
-            "All done — your new boarding pass is on its way",
-            "We've changed your booking and emailed your confirmation and new boarding pass.",
-        )
+        return "completed", wording.DONE, wording.DONE_SAID
     if status in (RunStatus.FAILED, RunStatus.CANCELLED) and (money.unsettled or lost):
         # The engine never ends like this (a failed refund parks the run); if it ever does,
         # a person must look rather than the page claiming anything about money.
         return _needs_attention()
     if status == RunStatus.FAILED and money.refunded:
+        coming = wording.REFUND_COMING_EMAILED if emailed else wording.REFUND_COMING
         return (
             "refunded",
-            f"We couldn't complete the change; the {amount} fee was refunded",
-            "Your original booking could not be changed. The refund is on its way to your card"
-            + (" and we've emailed you the details." if emailed else "."),
+            wording.REFUNDED.say(fee=amount) or wording.FAILED,
+            f"{wording.NOT_CHANGED} {coming}",
         )
     if status == RunStatus.FAILED:
-        return (
-            "failed",
-            "We couldn't complete the change",
-            "You have not been charged"
-            + (": the hold on your card was released. " if money.released else ". ")
-            + ("We've emailed you; you're" if emailed else "You're")
-            + " welcome to try again or contact us.",
-        )
+        charged = wording.HOLD_GONE if money.released else wording.NOT_CHARGED
+        then = wording.EMAILED_TRY_AGAIN if emailed else wording.TRY_AGAIN
+        return "failed", wording.FAILED, f"{charged} {then}"
     if status == RunStatus.NEEDS_ATTENTION:
         return _needs_attention()
     if status == RunStatus.CANCELLED:
-        return (
-            "cancelled",
-            "This request was stopped",
-            "A member of our team stopped this request. If you didn't expect this, please "
-            "contact us.",
-        )
+        return "cancelled", wording.STOPPED, wording.STOPPED_SAID
     if awaiting:
+        within = wording.AWAITING_WITHIN.say(within=waivers.decided_within())
         return (
             "awaiting_approval",
-            "Your fee waiver request is waiting for our team",
-            f"A person on our team will look at your request within {waivers.decided_within()}. "
-            "Nothing on your booking or your card changes until then; this page updates by "
-            "itself.",
+            wording.AWAITING,
+            f"{within} {wording.AWAITING_NOTHING_MOVES}".strip(),
         )
     if undoing:
-        return (
-            "working",
-            "Something went wrong, so we're putting things right",
-            "We couldn't complete the change. We're undoing what we started; this page "
-            "updates by itself.",
-        )
+        return "working", wording.UNDOING, wording.UNDOING_SAID
     if status == RunStatus.WAITING:
-        return (
-            "working",
-            "This is taking a little longer than usual",
-            "One of our partners is slow to answer. We'll keep trying; this page updates by "
-            "itself.",
-        )
+        return "working", wording.SLOW, wording.SLOW_SAID
     if status == RunStatus.PENDING and not latest:
-        return (
-            "working",
-            "We've received your request",
-            "We'll start on it in a moment. This page updates by itself.",
-        )
-    return (
-        "working",
-        "We're working on your request",
-        "This usually takes less than a minute. This page updates by itself.",
-    )
+        return "working", wording.RECEIVED, wording.RECEIVED_SAID
+    return "working", wording.WORKING, wording.WORKING_SAID
 
 
 def _needs_attention() -> tuple[str, str, str]:
-    return (
-        "needs_attention",
-        "A member of our team will look at this",
-        "Something unusual happened, so a person will check your request and email you. "
-        "You don't need to do anything.",
-    )
+    return "needs_attention", wording.LOOKING, wording.LOOKING_SAID

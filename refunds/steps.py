@@ -11,11 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from django.template.loader import render_to_string
-
 from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
-from refunds import fee, ownership, policy, progress, timetable, waivers
+from refunds import emails, fee, ownership, policy, timetable, waivers, wording
 from refunds.gateways import (
     AirlineGateway,
     BookingNotFound,
@@ -194,7 +192,7 @@ def find_boarding_pass(ctx: StepContext) -> dict[str, Any] | None:
 
 def update_crm(ctx: StepContext) -> dict[str, Any]:
     issued = ctx.output_of("issue_boarding_pass")
-    taken = _fee_text(ctx.output_of("capture_fee"))
+    taken = emails.fee_text(ctx.output_of("capture_fee"))
     note = (
         f"Rebooked onto {issued['flight']} on {issued['date']}, seat {issued['seat']} "
         f"(boarding pass {issued['boarding_pass_id']}). Fee: {taken}. "
@@ -223,28 +221,10 @@ def send_confirmation_email(ctx: StepContext) -> dict[str, Any]:
 def confirm(ctx: StepContext, *, waiver: Any) -> dict[str, Any]:
     """The confirmation e-mail; `waiver` the fee waiver's recorded output (refunds.waivers),
     which an agent run's rejected call holds outside its tools' outputs."""
-    booking = ctx.output_of("fetch_booking")
-    issued = ctx.output_of("issue_boarding_pass")
-    # The agent's model e-mails before its answer, which the capture follows: then the fee
-    # is the hold that capture takes.
-    charge = ctx.output_of("capture_fee") or ctx.output_of("charge_customer") or {}
-    context = {
-        **issued,
-        "reference": _reference(ctx),
-        "passenger_name": booking["passenger_name"],
-        "origin": booking["origin"],
-        "destination": booking["destination"],
-        "fare_class": booking["fare_class"],
-        "date_words": progress.date_in_words(issued["date"]),
-        "old_flight": booking["flight"],
-        "old_date_words": progress.date_in_words(booking["date"]),
-        "old_seat": booking["seat"],
-        "fee_charged": _fee_due(charge),
-        "fee": _fee_text(charge),
-        "payment_intent_id": charge.get("payment_intent_id", ""),
-        **waivers.email_context(waiver),
-    }
-    message_id = _send(ctx, booking["contact_email"], "confirmation", context)
+    context = emails.confirmation(ctx.outputs, reference=_reference(ctx), waiver=waiver)
+    message_id = _send(
+        ctx, ctx.output_of("fetch_booking")["contact_email"], "confirmation", context
+    )
     return {"message_id": message_id}
 
 
@@ -303,75 +283,27 @@ def notify_failure(ctx: StepContext) -> dict[str, Any]:
     file; for any other nothing is sent (the address typed is unverified), and the status page
     alone gives the reason.
     """
-    booking = ctx.output_of("fetch_booking") or {}
-    held = ctx.output_of("charge_customer") or {}
-    taken = ctx.output_of("capture_fee") or {}
-    given_back = ctx.output_of("refund_fee") or {}
-    released = ctx.output_of("cancel_seat") or {}
-    reinstated = ctx.output_of("reinstate_seat") or {}
     reason = _failure_reason(ctx)
-    contact = booking.get("contact_email", "")
+    contact = (ctx.output_of("fetch_booking") or {}).get("contact_email", "")
     if not contact:
         return {"sent": False, "reason": reason}
-    context = {
-        "passenger_name": booking.get("passenger_name", ""),
-        "reference": booking.get("reference", ""),
-        "old_flight": booking.get("flight", ""),
-        "old_date_words": progress.date_in_words(booking.get("date", "")),
-        "reason": reason,
-        "fee_refunded": bool(given_back.get("refunded")),
-        "hold_released": bool(given_back.get("hold_released")),
-        # Taken and not given back, or held and not released: a person must put it right.
-        "fee_outstanding": bool(
-            (taken.get("captured") or held.get("authorized")) and not given_back
-        ),
-        "fee": _fee_text(held),
-        "refund_id": given_back.get("refund_id", ""),
-        "seat_released": bool(released) and not reinstated.get("reinstated"),
-        "seat_reinstated": bool(reinstated.get("reinstated")),
-        "seat": released.get("seat", "") or booking.get("seat", ""),
-        **waivers.email_context(waivers.recorded(ctx)),
-    }
+    context = emails.failure(ctx.outputs, reason=reason, waiver=waivers.recorded(ctx))
     message_id = _send(ctx, contact, "failure", context)
     return {"sent": True, "message_id": message_id, "reason": reason}
 
 
-#: Generic explanations by failed step, for errors not written for the customer's eyes
-#: (retries exhausted, a bug). Permanent errors from gateways and the policy are.
-_STEP_TROUBLE = {
-    "fetch_booking": "We couldn't reach the airline to look up your booking.",
-    "check_flight": "We couldn't reach the airline to check your new flight.",
-    "cancel_seat": "The airline's system didn't respond when we tried to change your seat.",
-    "charge_customer": "We couldn't reach our payment provider to secure the change fee.",
-    "issue_boarding_pass": "The airline couldn't issue your new boarding pass.",
-    "capture_fee": "We couldn't reach our payment provider to take the change fee.",
-}
-#: The engine's turn and token limits (agentflow.agent.limits), in the customer's words.
-_AGENT_LIMITS = ("The agent used all ", "The agent spent ")
-_OVER_LIMITS = (
-    "We stopped this change: our automated assistant could not finish it within the steps we "
-    "allow, so we undid what it had started."
-)
-_READABLE_PREFIXES = ("We ", "Your ", "Basic fares ", "These details ")
-
-
 def _failure_reason(ctx: StepContext) -> str:
+    """Why the change failed, as the customer is told (refunds.wording): the sentence the
+    failing step's error was written as, else that step's plain one; never the error itself."""
     run = durable.snapshot(ctx.run_id)
     if run is not None and run.cancel_requested:
-        return "Our team stopped this change before it was finished."
+        return wording.TEAM_STOPPED
     failed = next(
         (s for s in reversed(run.steps) if s.status == durable.StepStatus.FAILED), None
     ) if run else None  # fmt: skip
     if failed is None:  # it failed between steps: a limit, or the agent stopped short
-        error = run.error if run else ""
-        if error.startswith(_READABLE_PREFIXES):
-            return error
-        if error.startswith(_AGENT_LIMITS):
-            return _OVER_LIMITS
-        return "Something went wrong on our side."
-    if failed.error.startswith(_READABLE_PREFIXES):
-        return failed.error
-    return _STEP_TROUBLE.get(failed.name, "Something went wrong on our side.")
+        return wording.failure(None, run.error if run else "")
+    return wording.failure(failed.name.split("@", 1)[0], failed.error)
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -398,25 +330,9 @@ def _new_flight(ctx: StepContext) -> tuple[str, str]:
     return parsed.get("flight") or booking["flight"], parsed.get("date") or booking["date"]
 
 
-def _fee_due(charge: dict[str, Any] | None) -> bool:
-    """A fee taken (`capture_fee`) or held to be taken (`charge_customer`)."""
-    return bool(charge and (charge.get("captured") or charge.get("authorized")))
-
-
-def _fee_text(charge: dict[str, Any] | None) -> str:
-    if not charge or not _fee_due(charge):
-        return "none"
-    return policy.format_amount(charge["amount_cents"], charge.get("currency", policy.CURRENCY))
-
-
 def _send(ctx: StepContext, to: str, template: str, context: dict[str, Any]) -> str:
     """Mail `to`, which is always the booking's contact e-mail on file."""
-    subject = render_to_string(f"refunds/email/{template}_subject.txt", context)
-    body = render_to_string(f"refunds/email/{template}.txt", context)
+    subject, body = emails.render(template, context)
     return Mailer.from_settings().send(
-        to=to,
-        subject=" ".join(subject.split()),
-        body=body.strip() + "\n",
-        key=ctx.idempotency_key,
-        workflow_id=ctx.run_id,
+        to=to, subject=subject, body=body, key=ctx.idempotency_key, workflow_id=ctx.run_id
     )

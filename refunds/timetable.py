@@ -12,7 +12,7 @@ from typing import Any
 
 from agentflow.durable import PermanentStepError
 from refunds.gateways import AirlineGateway, ScheduledFlight
-from refunds.progress import date_in_words
+from refunds.wording import date_in_words
 
 
 class FlightNotSold(PermanentStepError):

@@ -20,8 +20,8 @@ from refunds.forms import RefundRequestForm, new_submission_token, unsign_submis
 from refunds.models import RefundRequest
 
 #: Step outputs the page reads: the fee worked out, the failure explanation that
-#: `notify_failure` wrote for the customer (never a raw step error), and through
-#: `progress.outcome_details` what the run changed.
+#: `notify_failure` told the customer (a sentence of `refunds.wording`, never a step's error),
+#: and through `progress.outcome_details` what the run changed.
 _FEE_STEP = "calculate_penalty_fee"
 _NOTICE_STEP = "notify_failure"
 
@@ -228,6 +228,7 @@ def _fee_cents(outputs: dict[str, dict[str, Any]]) -> int | None:
 
 
 def _customer_reason(notice: dict[str, Any]) -> str:
-    """The explanation `notify_failure` wrote for customers, mailed or not."""
+    """The explanation `notify_failure` told the customer, mailed or not (the page shows it
+    only if it is one of `refunds.wording`'s failure sentences)."""
     value = notice.get("reason")
     return value[:500] if isinstance(value, str) else ""

@@ -32,6 +32,8 @@ refund.step(
     kind="read",
     requires_approval=waivers.needs_approval,
     approval_arguments=steps.fee_waiver_arguments,
+    sensitive=waivers.DETAILS,
+    replies=waivers.REPLIES,
 )(waivers.request_fee_waiver)
 refund.step("calculate_penalty_fee", kind="read")(steps.calculate_penalty_fee)
 refund.step(

@@ -15,14 +15,19 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import ModelAdmin
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
 
-from agentflow import store
-from agentflow.admin import approvals
+from agentflow import registry, store
+from agentflow.admin import approvals, privacy
 from agentflow.admin.display import badge
-from agentflow.forms import ReasonForm
+from agentflow.forms import DecisionForm, ReasonForm
+from agentflow.models import WorkflowRun
+from agentflow.replies import Replies
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -100,7 +105,9 @@ APPROVE = Verb(
     explanation=(
         "Approve lets the run make the call shown below, exactly as shown: the decision is "
         "recorded at this position with your username and reason, and binds to this call's "
-        "digest, so a call with another amount or target would need a decision of its own."
+        "digest, so a call with another amount or target would need a decision of its own. "
+        "Your reason stays with your team; what the customer is told, if anything, is chosen "
+        "below on its own and shown to you before you confirm."
     ),
     act=approvals.approve,
     permission="approve",
@@ -113,7 +120,9 @@ REJECT = Verb(
     explanation=(
         "Reject stops the call shown below from being made: the run goes on without it (a "
         "workflow takes its rejected branch; an agent's model is told the call was rejected, "
-        "and why). Recorded at this position with your username and reason."
+        "and why). Recorded at this position with your username and reason, which stay with "
+        "your team; what the customer is told, if anything, is chosen below on its own and "
+        "shown to you before you confirm."
     ),
     act=approvals.reject,
     permission="approve",
@@ -164,6 +173,64 @@ def perform(
         messages.warning(request, f"… and {rest} more runs were not {verb.done}.")
 
 
+def action_view(model_admin: Any, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
+    """The run page's buttons (Retry, Cancel, Approve, ...): confirm with a reason, act, go
+    back. Approve and Reject of a call that declares what the customer is told ask for it too,
+    and act only once the operator confirmed a preview of those words."""
+    chosen = VERBS[verb]
+    if not model_admin.may(request, chosen):
+        raise PermissionDenied
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    run_id = unquote(object_id).replace("\x00", "")  # Postgres text cannot hold NUL
+    run = WorkflowRun.objects.filter(pk=run_id).values(*RUN_SUMMARY).first()
+    if run is None or run_id != unquote(object_id):
+        messages.warning(request, f"There is no workflow run “{run_id}” to {verb}.")
+        return HttpResponseRedirect(reverse("admin:agentflow_workflowrun_changelist"))
+    back = HttpResponseRedirect(
+        reverse("admin:agentflow_workflowrun_change", args=(quote(run_id),))
+    )
+    data = request.POST if request.method == "POST" else None
+    if chosen.permission != "approve":
+        form = ReasonForm(data)
+        if form.is_valid():
+            perform(request, chosen, [run], form.cleaned_data["reason"])
+            return back
+        return confirmation(model_admin, request, chosen, [run], form, from_list=False)
+    found = WorkflowRun.objects.get(pk=run_id)
+    pending = approvals.pending_call(found, privacy.for_run(request, found))
+    if pending is None and request.method == "GET":
+        messages.warning(request, f"Run {run_id} waits for no approval now.")
+        return back
+    editing = data is not None and "edit" in data  # back from the preview, to change it
+    decision = DecisionForm(
+        None if editing else data,
+        initial=data.dict() if editing and data is not None else None,
+        replies=_replies(found, pending),
+        approved=chosen is APPROVE,
+    )
+    if decision.ready:
+        # The call the page showed, named by its digest: a call replaced since (or a POST that
+        # names none) is refused, never decided unseen.
+        digest = request.POST.get("digest", "")
+        reason = decision.cleaned_data["reason"]
+        perform(request, chosen, [run], reason, digest=digest, reply=decision.reply_text)
+        return back
+    preview = decision.reply_text if decision.is_valid() else None
+    return confirmation(
+        model_admin, request, chosen, [run], decision, from_list=False, pending=pending,
+        preview=preview,
+    )  # fmt: skip
+
+
+def _replies(run: WorkflowRun, pending: dict[str, Any] | None) -> Replies | None:
+    """What the waiting call declares its decision may tell the customer."""
+    definition = registry.lookup(run.workflow, run.version)
+    if pending is None or definition is None:
+        return None
+    return definition.replies_of(pending["call"])
+
+
 def confirmation(
     model_admin: ModelAdmin[Any],
     request: HttpRequest,
@@ -173,6 +240,7 @@ def confirmation(
     *,
     from_list: bool,
     pending: dict[str, Any] | None = None,
+    preview: str | None = None,
 ) -> TemplateResponse:
     """The page that asks for the reason before anything happens."""
     labels = dict(RunStatus.choices)
@@ -189,6 +257,8 @@ def confirmation(
         "action_name": f"{verb.name}_runs",
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         "af_pending": pending,
+        #: The words the customer will be told, shown before the operator confirms them.
+        "af_preview": preview,
         "media": model_admin.media,
     }
     return TemplateResponse(request, CONFIRMATION_TEMPLATE, context)

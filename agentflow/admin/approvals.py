@@ -16,10 +16,11 @@ from django.utils.html import format_html, format_html_join
 
 from agentflow import store
 from agentflow.admin.display import pretty, when
+from agentflow.admin.privacy import APPROVE, Privacy
 from agentflow.models import RunWait, WorkflowRun
 from agentflow.states import RunStatus, WaitKind
 
-PERMISSION = "agentflow.approve_workflowrun"
+PERMISSION = APPROVE
 
 #: A WAITING run's badge says what for (the status word alone says only "Waiting").
 WAITING_LABELS = {
@@ -34,12 +35,14 @@ def may_decide(request: HttpRequest) -> bool:
     return request.user.has_perm(PERMISSION)
 
 
-def approve(run_id: str, *, actor: str, reason: str, digest: str) -> None:
-    store.wait_decide(run_id, approved=True, actor=actor, reason=reason, digest=digest)
+def approve(run_id: str, *, actor: str, reason: str, digest: str, reply: str = "") -> None:
+    store.wait_decide(run_id, approved=True, actor=actor, reason=reason, digest=digest, reply=reply)
 
 
-def reject(run_id: str, *, actor: str, reason: str, digest: str) -> None:
-    store.wait_decide(run_id, approved=False, actor=actor, reason=reason, digest=digest)
+def reject(run_id: str, *, actor: str, reason: str, digest: str, reply: str = "") -> None:
+    store.wait_decide(
+        run_id, approved=False, actor=actor, reason=reason, digest=digest, reply=reply
+    )
 
 
 def open_wait_kind() -> Subquery:
@@ -64,24 +67,25 @@ def status_label(run: WorkflowRun) -> str:
     return WAITING_LABELS.get(kind, RETRY_LABEL) if kind else RETRY_LABEL
 
 
-def pending_call(run: WorkflowRun) -> dict[str, Any] | None:
-    """The call the run waits to have approved, as the confirmation page and run page show it."""
+def pending_call(run: WorkflowRun, shown: Privacy) -> dict[str, Any] | None:
+    """The call the run waits to have approved, as the confirmation page and run page show it
+    to this viewer (`shown`: its sensitive arguments masked unless they may read them)."""
     pending = store.wait_pending(run)
     if pending is None or pending.kind != WaitKind.APPROVAL:
         return None
     return {
         "call": pending.name,
-        "arguments": pretty(pending.arguments),
+        "arguments": pretty(shown.value(pending.arguments)),
         "digest": pending.digest,
         "requested": when(pending.requested_at),
         "expires": when(pending.deadline),
     }
 
 
-def waits_block(run: WorkflowRun) -> str:
+def waits_block(run: WorkflowRun, shown: Privacy) -> str:
     """Every wait of the run, newest first: what it waited for, and how it ended (who decided,
-    why, or the timeout)."""
-    rows = list(RunWait.objects.filter(run=run).order_by("-branch", "-seq")[:50])
+    why, what the customer was told, or the timeout)."""
+    rows = shown.rows(RunWait.objects.filter(run=run).order_by("-branch", "-seq")[:50])
     if not rows:
         return "—"
     return format_html(
@@ -124,12 +128,16 @@ def _outcome(wait: RunWait) -> str:
             verdict = "rejected: no decision in time"
         else:
             verdict = "approved" if outcome.get("approved") else "rejected"
+        reply = outcome.get("reply")
         return format_html(
-            "<strong>{}</strong> by {} at {}<div>{}</div>",
+            "<strong>{}</strong> by {} at {}<div>{}</div>{}",
             verdict,
             wait.actor or "—",
             when(wait.resolved_at),
             wait.reason or "(no reason given)",
+            format_html('<div class="af-reply">told the customer: “{}”</div>', reply)
+            if isinstance(reply, str) and reply
+            else "",
         )
     if outcome.get("timed_out"):
         return format_html("timed out at {}", when(wait.resolved_at))

@@ -18,7 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from agentflow import forks, outcomes, registry, store
-from agentflow.admin import actions
+from agentflow.admin import actions, privacy
 from agentflow.admin.display import badge
 from agentflow.admin.recorded_calls import Part, read_call
 from agentflow.agent.fingerprint import LLM_CALL_NAME
@@ -117,7 +117,7 @@ def _confirmation(
     names: dict[int, str],
     form: ForkForm,
 ) -> TemplateResponse:
-    preview = store.fork_preview(run.pk, position)
+    preview = privacy.for_run(request, run).rows(store.fork_preview(run.pk, position))
     set_aside = [read_call(cp) for cp in preview]
     turns = [c for c in set_aside if c.part == Part.TURN]
     context = {

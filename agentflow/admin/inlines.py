@@ -11,6 +11,7 @@ from django.utils.html import format_html, format_html_join
 
 from agentflow import links
 from agentflow.admin.display import badge, pretty, when
+from agentflow.admin.privacy import OPEN, Privacy
 from agentflow.models import RunEvent, StepCheckpoint
 from agentflow.states import StepStatus
 
@@ -19,6 +20,8 @@ class ReadOnlyInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = False
+    #: What this request's viewer may read of the run (set per request by the run admin).
+    privacy: Privacy = OPEN
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -88,6 +91,7 @@ class StepInline(ReadOnlyInline):
 
     @admin.display(description="output / error")
     def result(self, cp: StepCheckpoint) -> str:
+        cp = self.privacy.row(cp)
         if cp.error:
             return format_html('<div class="af-error">{}</div>', pretty(cp.error, text=True))
         return format_html("{}{}", self.partner_links(cp), pretty(cp.output))
@@ -129,6 +133,7 @@ class EventInline(ReadOnlyInline):
 
     @admin.display(description="detail / data")
     def detail_block(self, event: RunEvent) -> str:
+        event = self.privacy.row(event)
         if event.data in (None, {}, []):
             return pretty(event.detail, text=True)
         step = f"step #{event.seq}: " if event.seq is not None else ""

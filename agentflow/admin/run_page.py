@@ -6,13 +6,14 @@ left out: the tables below it still tell all.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.utils import timezone
 
 from agentflow import registry
 from agentflow.admin import forking, timeline, timeline_svg, trajectory
+from agentflow.admin.privacy import Privacy
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.models import RunEvent, RunWait, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
@@ -35,6 +36,18 @@ class RunRows:
     superseded: list[SupersededStep]
     #: Its timers, signals and approvals, every branch's.
     waits: list[RunWait]
+
+    def shown(self, privacy: Privacy) -> RunRows:
+        """The rows as this viewer may read them (agentflow.admin.privacy): everything drawn
+        from them, the timeline's hovers and the conversation too, masks what they may not."""
+        if not privacy.redacts:
+            return self
+        return replace(
+            self,
+            steps=privacy.rows(self.steps),
+            events=privacy.rows(self.events),
+            superseded=privacy.rows(self.superseded),
+        )
 
     @classmethod
     def load(cls, run: WorkflowRun) -> RunRows:

@@ -12,10 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote, unquote
-from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Q, QuerySet, Subquery
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -23,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 
 from agentflow import links, registry
 from agentflow.admin import actions as run_actions
-from agentflow.admin import approvals, forking, run_page, signals
+from agentflow.admin import approvals, forking, privacy, run_page, signals
 from agentflow.admin.counting import EstimatingPaginator, bounded_count
 from agentflow.admin.dashboard import dashboard
 from agentflow.admin.dates import date_hierarchy
@@ -164,19 +162,19 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="error")
     def error_block(self, run: WorkflowRun) -> str:
-        return pretty(run.error, text=True)
+        return pretty(privacy.attached(run).text(run.error), text=True)
 
     @admin.display(description="output")
     def output_block(self, run: WorkflowRun) -> str:
-        return pretty(run.output)
+        return pretty(privacy.attached(run).value(run.output))
 
     @admin.display(description="input")
     def input_block(self, run: WorkflowRun) -> str:
-        return pretty(run.input)
+        return pretty(privacy.attached(run).value(run.input))
 
     @admin.display(description="waits for approval of")
     def pending_block(self, run: WorkflowRun) -> str:
-        pending = approvals.pending_call(run)
+        pending = approvals.pending_call(run, privacy.attached(run))
         if pending is None:
             return "—"
         return format_html(
@@ -191,7 +189,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="waits and decisions")
     def waits_block(self, run: WorkflowRun) -> str:
-        return approvals.waits_block(run)
+        return approvals.waits_block(run, privacy.attached(run))
 
     @admin.display(description="signals")
     def signals_block(self, run: WorkflowRun) -> str:
@@ -199,7 +197,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="compensations still to run")
     def compensations_block(self, run: WorkflowRun) -> str:
-        return pretty(run.compensations)
+        return pretty(privacy.attached(run).value(run.compensations))
 
     # --- pages ------------------------------------------------------------------------------
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
@@ -219,7 +217,9 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     ) -> WorkflowRun | None:
         if "\x00" in object_id:  # not a run id, and Postgres would reject it with an error
             return None
-        return super().get_object(request, object_id, from_field)
+        run = super().get_object(request, object_id, from_field)
+        # What this viewer may read of its sensitive arguments, for the field methods below.
+        return privacy.attach(run, privacy.for_run(request, run)) if run is not None else None
 
     def changeform_view(
         self,
@@ -247,8 +247,10 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                 v for v in run_actions.VERBS.values() if self._offers(request, obj, v)
             ]
         if obj is not None:
-            context["af_pending"] = approvals.pending_call(obj)
-            rows = run_page.RunRows.load(obj)
+            shown = privacy.for_run(request, obj)
+            context["af_pending"] = approvals.pending_call(obj, shown)
+            context["af_error"] = shown.text(obj.error)
+            rows = run_page.RunRows.load(obj).shown(shown)
             context["af_timeline"] = run_page.timeline_of(obj, rows)
             context["af_trajectory"] = run_page.trajectory_of(
                 obj, rows, may_fork=self.has_operate_permission(request)
@@ -258,13 +260,13 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     def _offers(self, request: HttpRequest, run: WorkflowRun, verb: run_actions.Verb) -> bool:
         """The detail page's buttons: by permission and status; Approve and Reject only while
         the run waits for approval."""
-        if not self._may(request, verb) or run.status not in verb.offered_for:
+        if not self.may(request, verb) or run.status not in verb.offered_for:
             return False
         if verb.permission == "approve":
             return getattr(run, "open_wait_kind", None) == "approval"
         return True
 
-    def _may(self, request: HttpRequest, verb: run_actions.Verb) -> bool:
+    def may(self, request: HttpRequest, verb: run_actions.Verb) -> bool:
         if verb.permission == "approve":
             return self.has_approve_permission(request)
         return self.has_operate_permission(request)
@@ -276,6 +278,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         for inline in inlines:
             if isinstance(inline, StepInline) and obj is not None:
                 inline.run_ref = run_ref(obj)
+            if isinstance(inline, StepInline | EventInline) and obj is not None:
+                inline.privacy = privacy.for_run(request, obj)
         return inlines
 
     def get_urls(self) -> list[Any]:
@@ -333,41 +337,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return run_actions.confirmation(self, request, verb, runs, form, from_list=True)
 
     def run_action_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
-        """The detail page's buttons (Retry, Cancel, Approve, ...): confirm with a reason, act,
-        go back."""
-        chosen = run_actions.VERBS[verb]
-        if not self._may(request, chosen):
-            raise PermissionDenied
-        if request.method not in ("GET", "POST"):
-            return HttpResponseNotAllowed(["GET", "POST"])
-        run_id = unquote(object_id).replace("\x00", "")  # Postgres text cannot hold NUL
-        run = WorkflowRun.objects.filter(pk=run_id).values(*run_actions.RUN_SUMMARY).first()
-        if run is None or run_id != unquote(object_id):
-            messages.warning(request, f"There is no workflow run “{run_id}” to {verb}.")
-            return HttpResponseRedirect(self._changelist_url())
-        form = ReasonForm(request.POST if request.method == "POST" else None)
-        if form.is_valid():
-            # Approve / Reject decide the call the page showed, named by its digest: a call
-            # replaced since (or a POST that names none) is refused, never decided unseen.
-            extra = (
-                {"digest": request.POST.get("digest", "")} if chosen.permission == "approve" else {}
-            )
-            run_actions.perform(request, chosen, [run], form.cleaned_data["reason"], **extra)
-            return HttpResponseRedirect(
-                reverse("admin:agentflow_workflowrun_change", args=(quote(run_id),))
-            )
-        pending = None
-        if chosen.permission == "approve":
-            found = WorkflowRun.objects.get(pk=run_id)
-            pending = approvals.pending_call(found)
-            if pending is None and request.method == "GET":
-                messages.warning(request, f"Run {run_id} waits for no approval now.")
-                return HttpResponseRedirect(
-                    reverse("admin:agentflow_workflowrun_change", args=(quote(run_id),))
-                )
-        return run_actions.confirmation(
-            self, request, chosen, [run], form, from_list=False, pending=pending
-        )
+        """The detail page's buttons (Retry, Cancel, Approve, ...): see `actions.action_view`."""
+        return run_actions.action_view(self, request, object_id, verb)
 
     def _changelist_url(self) -> str:
         return reverse("admin:agentflow_workflowrun_changelist")

@@ -58,7 +58,9 @@ from agentflow.conf import settings
 from agentflow.context import StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import DefinitionError, OutcomeUnknown, PermanentStepError
 from agentflow.registry import StepDef, Workflow, undo_name, undo_target, undoing
+from agentflow.replies import Replies
 from agentflow.retry import DEFAULT_RETRY, RetryPolicy
+from agentflow.sensitive import Sensitive
 from agentflow.serialization import to_json
 from agentflow.states import StepKind, StepStatus
 
@@ -99,6 +101,15 @@ class CodeWorkflow(Workflow):
         """Decorator: the run's function."""
         self.fn = fn
         return fn
+
+    def sensitive_calls(self) -> dict[str, Sensitive]:
+        tools = self.toolbox.tools if self.toolbox is not None else ()
+        return {t.name: t.sensitive for t in tools if t.sensitive is not None}
+
+    def replies_of(self, call: str) -> Replies | None:
+        if self.toolbox is not None and call in self.toolbox:
+            return self.toolbox[call].replies
+        return None
 
     def first_step(self) -> str:
         return NEXT_CALL
@@ -882,4 +893,5 @@ def _tool_context(
         input=ctx.input,
         history=tuple(history),
         undoes=undoes,
+        decision=ctx.decision,
     )

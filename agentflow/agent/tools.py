@@ -29,12 +29,16 @@ from typing import Any
 from agentflow.agent.arguments import ArgumentSpec, InvalidArguments
 from agentflow.agent.errors import ToolRefused
 from agentflow.agent.fingerprint import LLM_CALL_NAME
-from agentflow.context import StepContext, UndoneCall
+from agentflow.context import Decision, StepContext, UndoneCall
 from agentflow.exceptions import DefinitionError
+from agentflow.replies import Replies
+from agentflow.sensitive import Sensitive
 from agentflow.serialization import to_json
 from agentflow.states import StepKind
 
 ToolFn = Callable[..., Any]
+#: A tool's `approval_arguments`: (the call's step context, its arguments) -> what else to show.
+ApprovalArguments = Callable[[StepContext, dict[str, Any]], dict[str, Any]]
 
 #: What chat-completions servers accept as a function name.
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -73,6 +77,8 @@ class ToolContext:
     #: A compensation's: the exact call it undoes, whatever branch it ran in (its output is
     #: the tool's result).
     undoes: UndoneCall | None = None
+    #: A tool declared `requires_approval`: the approval this call runs under (None otherwise).
+    decision: Decision | None = None
 
     def results_of(self, tool: str) -> list[Any]:
         """Results of the earlier calls of `tool` that ran (refused ones excluded), in order."""
@@ -105,6 +111,7 @@ class ToolContext:
             input=self.input,
             load_outputs=lambda: outputs,
             undoes=self.undoes,
+            decision=self.decision,
         )
         context.idempotency_key = self.idempotency_key
         return context
@@ -156,6 +163,13 @@ class Tool:
     #: True, or a predicate of the call's validated arguments: such a call waits for an
     #: operator's approval of exactly those arguments before it runs (SPEC §4 C).
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False
+    #: What else the operator reads to decide such a call, from the run (not from the model):
+    #: given the step's context and the call's arguments; the decision binds to both.
+    approval_arguments: ApprovalArguments | None = None
+    #: Arguments only deciders and named readers may read in the admin (agentflow.sensitive).
+    sensitive: Sensitive | None = None
+    #: What a decision on a call of it may tell the customer (agentflow.replies).
+    replies: Replies | None = None
 
     def needs_approval(self, values: dict[str, Any]) -> bool:
         """Whether this call (with these validated arguments) must be approved first."""
@@ -238,18 +252,27 @@ class Toolbox:
         key_window_seconds: float | None = None,
         max_calls: int | None = None,
         requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
+        approval_arguments: ApprovalArguments | None = None,
+        sensitive: Sensitive | None = None,
+        replies: Replies | None = None,
     ) -> Callable[[ToolFn], ToolFn]:
         """Register the decorated function as tool `name`, offered to the model.
 
         `max_calls`: how many times one run may make it (side effects default to 1).
         `requires_approval`: True, or a predicate of the validated arguments; such a call
         waits for `durable.approve` / `durable.reject` of exactly those arguments before it
-        runs. Rejected (or timed out), it does not run and the model's result is
-        `{"rejected": true, "reason": ..., "timed_out": ...}`.
+        runs (with `ctx.decision`). Rejected (or timed out), it does not run and the model's
+        result is `{"rejected": true, "reason": ..., "timed_out": ..., "reply": ...}`.
+        `approval_arguments(ctx, arguments)`: what else the operator reads to decide, from the
+        run rather than the model (what the customer wrote, which the model is never shown);
+        the decision binds to it with the call. `sensitive`: parameters (or approval arguments)
+        the admin shows only to deciders and the named readers (agentflow.sensitive).
+        `replies`: what a decision may tell the customer (agentflow.replies).
 
         Raises:
             DefinitionError: not exactly one of `read_only` / `side_effect`, a bad or taken
-                name, no description, a `max_calls` below 1, or parameters without type hints.
+                name, no description, a `max_calls` below 1, parameters without type hints, or
+                a sensitive parameter the function does not take.
         """
         if read_only == side_effect:
             said = "both" if read_only else "neither"
@@ -272,19 +295,34 @@ class Toolbox:
                 f"{self.name}: tool {name!r}: requires_approval is True, False or a predicate "
                 "of the call's arguments"
             )
+        if (replies is not None or approval_arguments is not None) and not requires_approval:
+            raise DefinitionError(
+                f"{self.name}: tool {name!r} declares replies= or approval_arguments= for an "
+                "approval it does not wait for (requires_approval)"
+            )
 
         def decorator(fn: ToolFn) -> ToolFn:
+            arguments = ArgumentSpec(name, fn)
+            unknown = set(sensitive.arguments) - set(arguments.names) if sensitive else set()
+            if unknown and approval_arguments is None:  # else they may be approval arguments
+                raise DefinitionError(
+                    f"{self.name}: tool {name!r} declares {sorted(unknown)} sensitive, which it "
+                    "does not take"
+                )
             self._tools[name] = Tool(
                 name=name,
                 description=" ".join(description.split()),
                 side_effect=side_effect,
                 fn=fn,
-                arguments=ArgumentSpec(name, fn),
+                arguments=arguments,
                 reconcile=reconcile,
                 compensate=compensate,
                 key_window_seconds=key_window_seconds,
                 max_calls=max_calls if max_calls is not None or read_only else 1,
                 requires_approval=requires_approval,
+                approval_arguments=approval_arguments,
+                sensitive=sensitive,
+                replies=replies,
             )
             return fn
 
@@ -335,6 +373,11 @@ class Toolbox:
     @property
     def names(self) -> list[str]:
         return list(self._tools)
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The model's tools and the compensations, in registration order."""
+        return [*self._tools.values(), *self._compensations.values()]
 
     def openai_tools(self) -> list[dict[str, Any]]:
         """Every tool in registration order: part of each model turn's fingerprint."""

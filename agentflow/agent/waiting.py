@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from agentflow.agent.tools import PreparedCall
+from agentflow.context import StepContext
 from agentflow.exceptions import DefinitionError
 from agentflow.registry import StepDef, WaitSpec
 from agentflow.states import StepKind, WaitKind
@@ -81,13 +82,14 @@ def signal_call(name: str, timeout: float | None) -> WaitCall:
 
 def rejected_result(decision: dict[str, Any]) -> dict[str, Any]:
     """A rejected (or timed-out) call's recorded outcome: the tool did not run, and the model
-    reads why."""
+    reads why (the internal reason) and what the customer is told of it (the reply)."""
     return {
         "ok": False,
         "result": {
             "rejected": True,
             "reason": decision.get("reason", ""),
             "timed_out": bool(decision.get("timed_out")),
+            "reply": str(decision.get("reply") or ""),
         },
     }
 
@@ -109,19 +111,23 @@ def timed_out(kind: str, output: Any) -> bool:
 
 def with_approval(step: StepDef, prepared: PreparedCall) -> StepDef:
     """`step` (the tool call as the run's next step), waiting first for approval of exactly
-    this call when its tool requires it. A refused call runs nothing and a call adopted from a
-    superseded branch acts no more, so neither waits."""
+    this call when its tool requires it: its arguments, and what else its tool shows the
+    operator (`approval_arguments`, the call's own arguments winning). A refused call runs
+    nothing and a call adopted from a superseded branch acts no more, so neither waits."""
     tool = prepared.tool
     if tool is None or prepared.refused is not None or not tool.requires_approval:
         return step
     if isinstance(step.arguments, dict) and "reused" in step.arguments:
         return step
-    if not tool.needs_approval(dict(prepared.values)):
+    values = dict(prepared.values)
+    if not tool.needs_approval(values):
         return step
-    spec = WaitSpec(
-        kind=WaitKind.APPROVAL,
-        name=tool.name,
-        arguments=dict(prepared.values),
-        rejected=rejected_result,
-    )
-    return replace(step, waits_for=lambda ctx: spec)
+    shown = tool.approval_arguments
+
+    def waits_for(ctx: StepContext) -> WaitSpec:
+        arguments = {**(shown(ctx, values) if shown is not None else {}), **values}
+        return WaitSpec(
+            kind=WaitKind.APPROVAL, name=tool.name, arguments=arguments, rejected=rejected_result
+        )
+
+    return replace(step, waits_for=waits_for)

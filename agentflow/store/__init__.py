@@ -40,6 +40,7 @@ from agentflow.store.runs import (
     run_park,
     step_fail,
 )
+from agentflow.store.sensitive import masked, sensitive_values
 from agentflow.store.signals import Delivery, Replayed, signal_deliver, webhook_receipt_add
 from agentflow.store.sql import databases_changed, server_setting
 from agentflow.store.steps import (
@@ -106,6 +107,7 @@ __all__ = [
     "heartbeat_record",
     "lease_renew",
     "live_calls",
+    "masked",
     "model_attempts",
     "outputs_load",
     "replay_load",
@@ -119,6 +121,7 @@ __all__ = [
     "run_retry",
     "runs_delete",
     "runs_purge",
+    "sensitive_values",
     "server_setting",
     "signal_deliver",
     "state_load",

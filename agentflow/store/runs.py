@@ -26,6 +26,7 @@ from agentflow.registry import StepDef, Workflow
 from agentflow.states import RunStatus, StepStatus
 from agentflow.store import sql
 from agentflow.store.events import event_add, event_time
+from agentflow.store.sensitive import masked
 from agentflow.store.steps import ACTIVE, CheckpointRow, Claim, state_load
 
 logger = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ def run_park(
                 raise_rollback()
             return False
         event_add(run_id, kind, reason, seq=seq, data=data)
-    logger.warning("run %s needs attention: %s", run_id, reason)
+    logger.warning("run %s needs attention: %s", run_id, masked(run_id, reason))
     return True
 
 

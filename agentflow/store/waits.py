@@ -402,7 +402,13 @@ def _over(found: OpenWait, what: str) -> str:
 
 
 def wait_decide(
-    run_id: str, *, approved: bool, actor: str, reason: str, digest: str | None = None
+    run_id: str,
+    *,
+    approved: bool,
+    actor: str,
+    reason: str,
+    digest: str | None = None,
+    reply: str = "",
 ) -> None:
     """Record an operator's decision on the call the run waits to make, at its position and
     bound to its digest, and move the run on (approved: the call runs; rejected: it does not,
@@ -412,6 +418,8 @@ def wait_decide(
     `digest`: the call the decider was shown (`call_digest`); given, the decision is refused
     unless the run waits for exactly that call still (a page left open while the call at the
     position was replaced, or the run moved on to another call, decides nothing unseen).
+    `reply`: what the decision tells the person the run serves (agentflow.replies), kept with
+    it apart from the internal `reason`.
 
     Raises:
         ActionRefused: nothing waits for approval (not waiting, finished, cancelling, waiting
@@ -431,9 +439,9 @@ def wait_decide(
         if digest is not None and digest != found.digest:
             raise ActionRefused(
                 f"the call waiting for approval is not the one you were shown: it is now "
-                f"{found.name} with {found.arguments}; look at it again"
+                f"{found.name} (digest {found.digest[:12]}); look at it again"
             )
-        decision = Decision(approved=approved, actor=actor, reason=reason)
+        decision = Decision(approved=approved, actor=actor, reason=reason, reply=reply)
         if not _resolve(found.id, decision.as_json(), actor=actor, reason=reason):
             raise ActionRefused("someone else decided first")
         wake_waiting(run)
@@ -443,8 +451,9 @@ def wait_decide(
             reason or "(no reason given)",
             actor=actor,
             seq=run.current_seq,
-            data={"call": found.name, "arguments": found.arguments, "digest": found.digest},
-        )
+            data={"call": found.name, "arguments": found.arguments, "digest": found.digest,
+                  "reply": reply},
+        )  # fmt: skip
 
 
 def wake_waiting(run: WorkflowRun) -> None:

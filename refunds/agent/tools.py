@@ -110,6 +110,9 @@ def check_cancellation_policy(
     waivers.STEP,
     read_only=True,
     requires_approval=True,
+    approval_arguments=waivers.tool_approval_arguments,
+    sensitive=waivers.DETAILS,
+    replies=waivers.REPLIES,
     description="Ask our team to waive the change fee, only when check_cancellation_policy "
     "returned a fee_waiver, with its reason. A person decides before it answers: approved, "
     "charge 0; rejected, charge the fee_cents. Before charge_customer.",
@@ -131,8 +134,7 @@ def request_fee_waiver(
         )
     if reason != proposed.reason:
         raise ToolRefused(f"the customer asked for a waiver for {proposed.reason}, not {reason}")
-    # The engine does not hand a tool the decision it ran under (ToolContext has no `decision`).
-    return waivers.granted_output(waivers.proposal_output(proposed) or {}, None)
+    return waivers.granted_output(waivers.proposal_output(proposed) or {}, ctx.decision)
 
 
 # --- effects --------------------------------------------------------------------------------

@@ -814,3 +814,92 @@ approved_refundable.step(
 )(_charge_approved)
 approved_refundable.step("finish", kind="read")(_finish)
 approved_refundable.compensation("refund")(effect)
+
+
+# --- sensitive arguments and what a decision tells the customer (issue 30) ----------------------
+#: Whoever holds this permission (besides deciders) may read the confided notes below.
+CONFIDED_READERS = "auth.view_user"
+REPLIES = durable.Replies(
+    approve=["Approved: nothing to pay.", "Approved, and we're sorry."],
+    reject=["We couldn't approve it.", "We couldn't approve it without documents."],
+)
+
+
+def _confided_next(output: Any) -> str:
+    return "declined" if isinstance(output, dict) and output.get("approved") is False else "file"
+
+
+def _file_the_note(ctx: durable.StepContext) -> dict[str, Any]:
+    """Files the customer's note; with `fail` in the input it fails quoting it (an error a
+    partner might write), so the note reaches the error, the events and the timeline."""
+    _record(ctx)
+    if ctx.input.get("fail"):
+        raise durable.PermanentStepError(f"the registry refused the note: {ctx.input['note']}")
+    return {"filed": True}
+
+
+#: prepare -> consider (waits for approval of the amount and the customer's confided note,
+#: which only deciders and CONFIDED_READERS read) -> file, or declined.
+confided = durable.Workflow("privacy_confided", version=1)
+confided.step("prepare", kind="read")(read)
+confided.step(
+    "consider",
+    kind="read",
+    requires_approval=True,
+    approval_arguments=lambda ctx: {"amount": ctx.input.get("amount"), "note": ctx.input["note"]},
+    sensitive=durable.Sensitive("note", readers=[CONFIDED_READERS]),
+    replies=REPLIES,
+    next=_confided_next,
+)(lambda ctx: {"approved": True, "reply": ctx.decision.reply if ctx.decision else ""})
+confided.step("file", kind="read", next=lambda output: durable.END)(_file_the_note)
+confided.step("declined", kind="read")(read)
+
+
+confiding_tools = Toolbox("privacy_confiding")
+
+
+@confiding_tools.tool(
+    "file_claim",
+    side_effect=True,
+    description="File the customer's claim with their note.",
+    requires_approval=True,
+    # What the operator reads besides the model's call: the customer's story, from the run's
+    # input (the model never sees it).
+    approval_arguments=lambda ctx, arguments: {"story": ctx.input.get("story", "")},
+    sensitive=durable.Sensitive("note", "story", readers=[CONFIDED_READERS]),
+    replies=REPLIES,
+)
+def file_claim(ctx: ToolContext, claim: str, note: str) -> dict[str, Any]:
+    _record_tool(ctx)
+    reply = ctx.decision.reply if ctx.decision else ""
+    return {"claim": claim, "reply": reply, **partner.apply(ctx.idempotency_key)}
+
+
+def confiding_plan(request: ModelRequest) -> Any:
+    """Turn 1: file the claim with the user's note; then say what the tool answered."""
+    if request.turn == 1:
+        note = next(m["content"] for m in request.messages if m.get("role") == "user")
+        return calls(call("file_claim", claim="c-1", note=note))
+    result = next(m["content"] for m in reversed(request.messages) if m.get("role") == "tool")
+    return answer(f"file_claim answered: {result}")
+
+
+confiding = durable.CodeWorkflow(
+    "privacy_confiding",
+    version=1,
+    toolbox=confiding_tools,
+    model=ScriptedModel("scripted-claims", confiding_plan),
+)
+
+
+@confiding.run
+def file_the_claim(ctx: durable.AgentContext) -> str:
+    """Files the claim; with `fail` in the input the run then fails (so it may be forked)."""
+    messages = [system_message("You file claims."), user_message(ctx.input["note"])]
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for tool_call in turn.tool_calls:
+            messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+    if ctx.input.get("fail"):
+        raise durable.PermanentStepError("the registry closed")
+    return turn.text

@@ -63,8 +63,9 @@ def test_tool_approval__rejected__the_tool_does_not_run_and_the_model_reads_why(
     charge = done.steps[CHARGE - 1]
     assert charge.kind == StepKind.READ
     assert charge.output == {
-        "ok": False, "result": {"rejected": True, "reason": "fee waived", "timed_out": False}
-    }  # fmt: skip
+        "ok": False,
+        "result": {"rejected": True, "reason": "fee waived", "timed_out": False, "reply": ""},
+    }
     assert '"rejected":true' in done.output
     assert effects_of(run_id) == {}
 

@@ -80,14 +80,15 @@ def test_approval__reject__the_step_does_not_run_and_the_branch_takes_the_reject
     run_id = durable.start(workflows.approval.name, input={"amount": 4500})
     waiting(run_id)
 
-    durable.reject(run_id, actor="bob", reason="looks like fraud")
+    durable.reject(run_id, actor="bob", reason="looks like fraud", reply="We can't take it.")
     done = run_to_end(run_id)
 
     assert done.status == RunStatus.COMPLETED, done.error
     assert [s.name for s in done.steps] == ["prepare", "charge", "declined"]
     charge = done.steps[1]
     assert charge.output == {
-        "approved": False, "actor": "bob", "reason": "looks like fraud", "timed_out": False
+        "approved": False, "actor": "bob", "reason": "looks like fraud", "timed_out": False,
+        "reply": "We can't take it.",
     }  # fmt: skip
     assert charge.kind == StepKind.READ  # nothing acted: nothing may have happened
     assert not durable.may_have_happened(charge)

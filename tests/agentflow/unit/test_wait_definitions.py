@@ -80,6 +80,7 @@ def test_tool__requires_approval_is_true_false_or_a_predicate() -> None:
 def test_outcomes__what_the_code_reads() -> None:
     assert Waited.from_json({"payload": {"a": 1}}) == Waited(payload={"a": 1})
     assert Waited.from_json({"timed_out": True}).timed_out
-    assert rejected_result({"reason": "no", "timed_out": False}) == {
-        "ok": False, "result": {"rejected": True, "reason": "no", "timed_out": False}
-    }  # fmt: skip
+    assert rejected_result({"reason": "no", "timed_out": False, "reply": "Sorry."}) == {
+        "ok": False,
+        "result": {"rejected": True, "reason": "no", "timed_out": False, "reply": "Sorry."},
+    }

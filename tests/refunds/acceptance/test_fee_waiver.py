@@ -19,7 +19,7 @@ from django.test import Client
 from agentflow import durable
 from agentflow.testing.processes import WorkerProcess
 from agentflow.testing.waiting import wait_for
-from refunds import waivers
+from refunds import policy, waivers
 from refunds.models import RefundRequest
 from tests.support.refunds import (
     finished,
@@ -130,14 +130,15 @@ def test_approved_waiver__rebooked_with_no_fee_and_one_boarding_pass(
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_rejected_waiver__completed_with_the_fee_charged_once_and_the_reason_told(
+def test_rejected_waiver__completed_with_the_fee_charged_once_and_the_chosen_sentence_told(
     engine: str, start_worker: StartWorker, clean_sandbox: SandboxProcess
 ) -> None:
     reference = f"WVR{engine[0].upper()}01"
     worker = start_worker(engine)
     run_id = ask_for_a_waiver(reference, worker, clean_sandbox)
+    told = policy.WAIVER_REPLIES["reject"][2]  # the operator chose it; their reason is theirs
 
-    durable.reject(run_id, actor=OPERATOR, reason="We need a death certificate")
+    durable.reject(run_id, actor=OPERATOR, reason="We need a death certificate", reply=told)
     run = finished(run_id, worker, timeout=90)
 
     assert run.status == durable.RunStatus.COMPLETED, run.error
@@ -149,13 +150,10 @@ def test_rejected_waiver__completed_with_the_fee_charged_once_and_the_reason_tol
     assert len(ledger["boarding_passes"]) == 1
     [email] = ledger["emails"]
     assert "Change fee:     $45.00, charged" in email["body"]
-    assert (
-        "Fee waiver: our team couldn't waive the fee (We need a death certificate), so the "
-        "standard change fee applies." in email["body"]
-    )
+    assert told in email["body"] and "death certificate" not in email["body"]
     details = status_json(run_id)["customer"]["details"]
     assert "Change fee: $45, charged to your card" in details
-    assert any("We need a death certificate" in line for line in details)
+    assert told in details and not any("death certificate" in line for line in details)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

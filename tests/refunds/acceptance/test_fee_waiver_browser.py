@@ -18,6 +18,7 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 
 from agentflow.testing.waiting import wait_for
+from refunds import policy
 from refunds.models import RefundRequest
 from refunds.sandbox.airline import owner_of
 from tests.support.admin import LIST_URL
@@ -101,9 +102,10 @@ def nothing_done(sandbox: SandboxProcess, run_id: str) -> None:
         assert ledger[kind] == [], kind
 
 
-def decide(page: Any, run_id: str, verb: str, reason: str) -> None:
+def decide(page: Any, run_id: str, verb: str, reason: str, *, told: str = "") -> None:
     """In a tab of their own, the operator logs in, opens the run, presses `verb`, reads the
-    waiting call and confirms with a reason."""
+    waiting call, gives their internal reason and picks what the customer is told (`told`, or
+    the policy's first sentence), reads the preview of those words and confirms."""
     admin = page.context.new_page()
     try:
         admin.goto("/admin/login/?next=/admin/")
@@ -117,7 +119,14 @@ def decide(page: Any, run_id: str, verb: str, reason: str) -> None:
         assert "request_fee_waiver" in call.inner_text()
         assert "bereavement" in call.inner_text()
         admin.get_by_label("Reason:").fill(reason)
-        admin.locator('.submit-row input[type="submit"]').click()
+        if told:
+            admin.get_by_label(told).check()
+        admin.screenshot(path=str(SHOTS / f"waiver-{verb}-form.png"), full_page=True)
+        admin.get_by_role("button", name="Preview what the customer reads").click()
+        admin.screenshot(path=str(SHOTS / f"waiver-{verb}-preview.png"), full_page=True)
+        preview = admin.locator("#af-preview-reply").inner_text()
+        assert preview == (told or policy.WAIVER_REPLIES[verb][0]) and reason not in preview
+        admin.locator('.submit-row input.default[type="submit"]').click()
         admin.wait_for_url("**/change/")
     finally:
         admin.close()
@@ -141,19 +150,20 @@ def test_operator_approves_in_the_admin__the_customer_sees_it_done_with_no_fee(
     assert len(ledger["boarding_passes"]) == 1
 
 
-def test_operator_rejects_in_the_admin__the_customer_sees_the_fee_and_why(
+def test_operator_rejects_in_the_admin__the_customer_sees_the_fee_and_the_chosen_sentence(
     engine: str, clean_sandbox: SandboxProcess, page: Any
 ) -> None:
     approver()
     refund = ask_for_a_waiver(page, f"WBR{engine[0].upper()}01")
     nothing_done(clean_sandbox, refund.workflow_id)
 
-    decide(page, refund.workflow_id, "reject", "We need the death certificate")
+    told = policy.WAIVER_REPLIES["reject"][2]
+    decide(page, refund.workflow_id, "reject", "We need the death certificate", told=told)
 
     page.get_by_text(DONE).wait_for(timeout=RUN_SECONDS * 1000)
     details = page.locator("#status-details").inner_text()
     assert "Change fee: $45, charged to your card" in details
-    assert "our team couldn't waive the fee (We need the death certificate)" in details
+    assert told in details and "death certificate" not in details and OPERATOR not in details
     ledger = clean_sandbox.ledger(workflow_id=refund.workflow_id)
     assert [p["amount"] for p in ledger["payments"]] == [4500] and money_kept(ledger) == 4500
     assert len(ledger["boarding_passes"]) == 1

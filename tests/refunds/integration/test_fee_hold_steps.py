@@ -124,7 +124,8 @@ def test_notify_failure__a_guardrail_failure_reaches_the_customer_in_its_own_wor
     partners, settings
 ) -> None:
     """Finding 4: an agent run its guardrails stopped at the charge used to tell the customer
-    "We couldn't reach our payment provider"; it now says what was refused, in their words."""
+    "We couldn't reach our payment provider"; it now says what was refused, in their words
+    (the catalogue's sentence, with the amounts and the reference as its facts)."""
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     flow = Flow()
     flow.run_through("calculate_penalty_fee")

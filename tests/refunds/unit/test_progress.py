@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from refunds import progress
+from refunds import progress, wording
 
 PLANNED = [
     "load_request",
@@ -192,8 +192,16 @@ def test_cancelled__final_and_stopped() -> None:
 
 
 def test_failure_reason__only_shown_once_the_change_failed() -> None:
-    view = describe("RUNNING", "fetch_booking", [], reason="We couldn't reach the airline.")
-    assert "airline" not in view.message
+    reason = wording.STEP_TROUBLE["fetch_booking"]
+    assert reason not in describe("RUNNING", "fetch_booking", [], reason=reason).message
+    failed = describe("FAILED", "fetch_booking", [], reason=reason)
+    assert failed.message.startswith(f"{reason} You have not been charged.")
+
+
+def test_failure_reason__a_text_not_written_for_customers_is_never_shown() -> None:
+    view = describe("FAILED", "fetch_booking", [], reason="HTTP 500 from 10.0.0.5 (ticket OPS-1)")
+    assert "10.0.0.5" not in view.message and "OPS-1" not in view.message
+    assert view.message.startswith(wording.SOMETHING_WRONG)
 
 
 def test_retried_step__latest_checkpoint_of_a_name_wins() -> None:
@@ -204,7 +212,7 @@ def test_retried_step__latest_checkpoint_of_a_name_wins() -> None:
 def test_unknown_step__generic_label_never_the_internal_name() -> None:
     steps = [*done_until("send_confirmation_email"), Step(11, "audit_sync_v2", "IN_PROGRESS")]
     view = describe("RUNNING", "audit_sync_v2", steps)
-    assert view.steps[-1].label == progress.GENERIC_LABEL
+    assert view.steps[-1].label == wording.GENERIC_LABEL
     assert "audit_sync_v2" not in " ".join(s.label for s in view.steps)
 
 
@@ -224,7 +232,7 @@ def test_every_planned_step_has_a_customer_label() -> None:
     from refunds.workflows import refund
 
     for name in refund.steps:
-        assert name in progress.STEP_LABELS, name
+        assert name in wording.STEP_LABELS, name
 
 
 def test_as_json__carries_what_the_script_renders() -> None:

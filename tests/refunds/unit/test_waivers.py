@@ -8,12 +8,16 @@ from typing import Any
 
 import pytest
 
-from refunds import progress, waivers
+from refunds import policy, progress, waivers, wording
 
-GRANTED = {"waived": True, "waiver_reason": "medical", "fee_cents": 4500, "note": "Get well"}
-GRAPH_REJECTED = {"approved": False, "actor": "ops", "reason": "No evidence", "timed_out": False}
-AGENT_REJECTED = {"rejected": True, "reason": "No evidence", "timed_out": False}
+GRANTED = {"waived": True, "waiver_reason": "medical", "fee_cents": 4500, "reply": ""}
+#: What an operator typed as their internal reason, and who they are: never told.
+INTERNAL = "INTERNAL fraud flag on acct 4411, see ticket OPS-99731"
+GRAPH_REJECTED = {"approved": False, "actor": "ops.jane", "reason": INTERNAL, "timed_out": False}
+AGENT_REJECTED = {"rejected": True, "reason": INTERNAL, "timed_out": False}
 TIMED_OUT = {"approved": False, "actor": "", "reason": "", "timed_out": True}
+APPROVED_SORRY = policy.WAIVER_REPLIES["approve"][1]
+NO_DOCUMENT = policy.WAIVER_REPLIES["reject"][2]
 PLANNED = [
     "load_request", "fetch_booking", "check_cancellation_policy", waivers.STEP,
     "calculate_penalty_fee", "charge_customer", "cancel_seat", "issue_boarding_pass",
@@ -36,30 +40,51 @@ def done_until(name: str) -> list[Step]:
 
 
 # --- the recorded outcome -------------------------------------------------------------------
-def test_outcome_of__approved_waives_the_whole_fee() -> None:
+def test_outcome_of__approved_waives_the_whole_fee_and_says_the_policys_default() -> None:
     outcome = waivers.outcome_of(GRANTED)
-    assert outcome == waivers.Outcome(granted=True, note="Get well")
+    assert outcome == waivers.Outcome(granted=True)
     assert waivers.waived_cents(GRANTED) == 4500
+    assert outcome.customer_line == policy.WAIVER_REPLIES["approve"][0]
 
 
 @pytest.mark.parametrize("output", [GRAPH_REJECTED, AGENT_REJECTED])
-def test_outcome_of__a_rejection_in_either_engine_waives_nothing_and_says_why(
+def test_outcome_of__a_rejection_tells_the_policys_sentence_never_the_reason_or_the_name(
     output: dict[str, Any],
 ) -> None:
     outcome = waivers.outcome_of(output)
-    assert outcome == waivers.Outcome(granted=False, note="No evidence")
+    assert outcome == waivers.Outcome(granted=False)
     assert waivers.waived_cents(output) == 0
     assert outcome.customer_line == (
-        "Fee waiver: our team couldn't waive the fee (No evidence), so the standard change fee "
-        "applies."
+        "Fee waiver: our team couldn't waive the fee, so the standard change fee applies."
     )
 
 
+@pytest.mark.parametrize(
+    ("output", "told"),
+    [
+        ({**GRANTED, "reply": APPROVED_SORRY}, APPROVED_SORRY),
+        ({**GRAPH_REJECTED, "reply": NO_DOCUMENT}, NO_DOCUMENT),
+        ({**AGENT_REJECTED, "reply": NO_DOCUMENT}, NO_DOCUMENT),
+        # The operator's own words, previewed in the admin, as one paragraph.
+        ({**GRAPH_REJECTED, "reply": " Please send us\n the certificate. "},
+         "Please send us the certificate."),
+        # The other outcome's sentence would say the opposite: the default instead.
+        ({**GRAPH_REJECTED, "reply": APPROVED_SORRY}, policy.WAIVER_REPLIES["reject"][0]),
+    ],
+)  # fmt: skip
+def test_outcome_of__the_decisions_reply_is_what_the_customer_reads(
+    output: dict[str, Any], told: str
+) -> None:
+    outcome = waivers.outcome_of(output)
+    assert outcome is not None and outcome.customer_line == told
+    assert "ops.jane" not in outcome.customer_line and "OPS-99731" not in outcome.customer_line
+
+
 def test_outcome_of__a_timeout_is_the_normal_fee_and_says_so() -> None:
-    outcome = waivers.outcome_of(TIMED_OUT)
+    outcome = waivers.outcome_of({**TIMED_OUT, "reply": "anything"})
     assert outcome is not None and outcome.timed_out and not outcome.granted
     assert waivers.waived_cents(TIMED_OUT) == 0
-    assert "couldn't review your request in time" in outcome.customer_line
+    assert outcome.customer_line == wording.WAIVER_TIMED_OUT
 
 
 @pytest.mark.parametrize("output", [None, {}, waivers.NOT_REQUESTED, {"ok": True}, "text"])
@@ -117,7 +142,8 @@ def test_rejected__charged_the_fee_and_told_why() -> None:
     }
     details = progress.outcome_details("COMPLETED", outputs)
     assert "Change fee: $45, charged to your card" in details
-    assert any(line.startswith("Fee waiver: our team couldn't waive") for line in details)
+    assert policy.WAIVER_REPLIES["reject"][0] in details
+    assert not any(INTERNAL in line or "ops.jane" in line for line in details)
 
 
 def test_no_waiver_asked__no_waiver_line() -> None:
