@@ -323,7 +323,9 @@ def _run_batch_member(
     Only the task that began the batch runs its first position without a message of its own,
     so a message for the first position is the sweeper's doorbell for a stalled batch (or a
     redelivery): it publishes again every member not recorded yet, whose message or worker
-    may have been lost (a read that was only slow then runs twice, which a read may)."""
+    may have been lost. A member keeps the batch's wake-up time pushed on while it runs, so
+    the doorbell never rings for a read that is only slow (it would run twice, and its second
+    run could be the one recorded)."""
     first, last = span
     if batch is None and (seq == first or redelivered):
         store.batch_republish(run.id, first, last, but=seq)
@@ -369,7 +371,11 @@ def _run_batch_member(
                 first, last)  # fmt: skip
     ctx = context_loader.step_context(run, step, seq, attempt)
     try:
-        output = to_json(step.fn(ctx), f"output of step {step.name}")
+        with leases.kept_alive(
+            renew=lambda conn: store.batch_keep_alive(run.id, first, last, conn=conn),
+            on_lost=lambda: None,  # the run left the batch: the record is fenced out anyway
+        ):
+            output = to_json(step.fn(ctx), f"output of step {step.name}")
         faults.crash_point(step.name, "after_effect", attempt)
         store.batch_record(
             run, workflow, step, seq, seen, output, started_at=started, attempt=attempt

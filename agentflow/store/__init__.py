@@ -10,6 +10,7 @@ from __future__ import annotations
 from agentflow.store.batches import (
     batch_begin,
     batch_fail,
+    batch_keep_alive,
     batch_record,
     batch_republish,
     batch_started,
@@ -91,6 +92,7 @@ __all__ = [
     "attempt_lost",
     "batch_begin",
     "batch_fail",
+    "batch_keep_alive",
     "batch_record",
     "batch_republish",
     "batch_started",

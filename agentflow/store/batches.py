@@ -9,7 +9,9 @@ of them sees every member recorded and moves the run past the batch (another com
 still at the batch, still this batch). A duplicate delivery of a member already recorded finds
 its row and writes nothing; a member that was never recorded (its worker died, its message was
 lost) is published again when the batch stalls: the sweeper rings for the run at the batch's
-first position, whose task publishes every member not yet recorded.
+first position, whose task publishes every member not yet recorded. A member still running
+keeps the run's wake-up time pushed on (`batch_keep_alive`, as a claimed step's lease renewal
+does), so "stalled" means no member is running any more, never only "slower than a lease".
 """
 
 from __future__ import annotations
@@ -58,6 +60,34 @@ def batch_begin(run: StepState, first: int, last: int) -> bool:
         for seq in range(first + 1, last + 1):  # the caller runs the first
             dispatch.send_step_on_commit(run.id, seq)
     return True
+
+
+def batch_keep_alive(run_id: str, first: int, last: int, *, conn: Any = None) -> bool:
+    """A member of batch `first`..`last` is still running: push the run's wake-up time one
+    lease on, so the sweeper does not ring for a batch that is only slow (its doorbell would
+    run the member a second time). False once the run has left the batch.
+
+    `conn`: the process's liveness connection (psycopg, autocommit), as `lease_renew` takes it;
+    without it, this thread's Django connection."""
+    lease = float(settings.AGENTFLOW_LEASE_SECONDS)
+    params = [run_id, first, batch_step(first, last), *ACTIVE]
+    if conn is None:
+        where = (
+            f"id = %s AND current_seq = %s AND current_step = %s "
+            f"AND status IN ({sql.placeholders(ACTIVE)})"
+        )
+        changes = {"wake_at": sql.at_now_plus(lease), "updated_at": sql.at_now()}
+        return bool(sql.update(sql.RUNS, changes, where, params))
+    with conn.cursor() as cur:
+        cur.execute(_KEEP_ALIVE_STATEMENT, [lease, *params])
+        return cur.rowcount == 1
+
+
+_KEEP_ALIVE_STATEMENT = f"""
+    UPDATE {sql.RUNS} SET wake_at = now() + %s * interval '1 second', updated_at = now()
+    WHERE id = %s AND current_seq = %s AND current_step = %s
+      AND status IN ({", ".join(["%s"] * len(ACTIVE))})
+"""
 
 
 def batch_missing(run_id: str, first: int, last: int) -> list[int]:

@@ -44,6 +44,7 @@ class Sandbox:
         self.store = store
         self.key_window_seconds = key_window_seconds
         self.authorization_seconds = authorization_seconds
+        self.barriers = faults.Barriers()
 
     def handle(self, request: Request) -> Response:
         try:
@@ -143,6 +144,8 @@ class Sandbox:
         fault = faults.plan(self.store, name)
         if fault.error_status is not None:
             return injected(fault.error_status)
+        if fault.barrier:
+            self.barriers.meet(name, fault.barrier, fault.barrier_timeout_ms)
         if fault.latency_ms:
             time.sleep(fault.latency_ms / 1000)
         return replace(answer(), drop=fault.drop)
@@ -163,9 +166,11 @@ class Sandbox:
                     return partner_error(400, "invalid_fault", str(exc))
             elif method == "DELETE":
                 faults.clear(self.store)
-            return Response(status=200, body=faults.describe(self.store))
+                self.barriers.release()
+            return Response(status=200, body=faults.describe(self.store, self.barriers))
         if method == "POST" and path == "/_sandbox/reset":
             self.store.reset()
+            self.barriers.release()
             return Response(status=200, body={"status": "reset"})
         return partner_error(404, "not_found", f"no route for {method} {path}")
 

@@ -57,7 +57,9 @@ CREATE TABLE IF NOT EXISTS faults (
     error_rate REAL NOT NULL,
     error_status INTEGER NOT NULL,
     drop_rate REAL NOT NULL,
-    remaining INTEGER            -- NULL: fires for ever; otherwise disarms at 0
+    remaining INTEGER,           -- NULL: fires for ever; otherwise disarms at 0
+    barrier INTEGER NOT NULL DEFAULT 0,
+    barrier_timeout_ms INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS unknown_bookings (reference TEXT PRIMARY KEY);
 """
@@ -87,6 +89,12 @@ class Store:
         columns = {row["name"] for row in self._db.execute("PRAGMA table_info(emails)")}
         if "body" not in columns:  # a state file from before bodies were kept
             self._db.execute("ALTER TABLE emails ADD COLUMN body TEXT NOT NULL DEFAULT ''")
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(faults)")}
+        for column in ("barrier", "barrier_timeout_ms"):  # a state file from before barriers
+            if column not in columns:
+                self._db.execute(
+                    f"ALTER TABLE faults ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+                )
         # A request that was executing when the process died stored nothing: free its key.
         with self.transaction() as db:
             db.execute("DELETE FROM idempotency_keys WHERE status IS NULL")

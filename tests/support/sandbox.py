@@ -14,8 +14,12 @@ Use it from any test:
 - `ledger(workflow_id=None)`: `GET /_sandbox/ledger` as a dict (filtered to one workflow if given);
 - `set_fault(**kw)`: `POST /_sandbox/faults` with kw as JSON, e.g.
   `set_fault(endpoint="payment_intents.create", drop_rate=1, count=1)` or
-  `set_fault(unknown_bookings=["ABC123"])`; returns the armed faults;
-- `clear_faults()`, `reset()`: `DELETE /_sandbox/faults`, `POST /_sandbox/reset`;
+  `set_fault(unknown_bookings=["ABC123"])`, or a barrier on a read,
+  `set_fault(endpoint="airline.booking", barrier=2, count=2)`: each of the next two requests
+  is held until both are (or `barrier_timeout_ms`, 30 s by default, passes); returns the armed
+  faults and how many requests each endpoint holds right now (`held`);
+- `clear_faults()`, `reset()`: `DELETE /_sandbox/faults`, `POST /_sandbox/reset` (both let
+  every held request go);
 - `restart()`: SIGKILL the process and start it again on the same ports and state file.
 `start_sandbox(directory, ...)` starts a separate one (e.g. with `key_window_seconds=1`); stop it.
 """

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import smtplib
+import threading
 from email.message import EmailMessage
 
 import pytest
 import requests
 
+from agentflow.testing.waiting import wait_for
 from tests.refunds.integration.sandbox.clients import intent_params, make_stripe_client
 
 
@@ -82,7 +84,55 @@ def test_faults__shown_validated_and_cleared(clean_sandbox):
     assert requests.get(f"{clean_sandbox.url}/_sandbox/faults", timeout=10).json() == {
         "faults": {},
         "unknown_bookings": [],
+        "held": {},
     }
+
+
+def _booking_in_thread(sandbox, reference: str, answers: list[int]) -> threading.Thread:
+    def get() -> None:
+        url = f"{sandbox.url}/airline/bookings/{reference}"
+        answers.append(requests.get(url, timeout=60).status_code)
+
+    thread = threading.Thread(target=get)
+    thread.start()
+    return thread
+
+
+def _held(sandbox) -> int:
+    faults = requests.get(f"{sandbox.url}/_sandbox/faults", timeout=10).json()
+    return faults["held"].get("airline.booking", 0)
+
+
+def test_barrier__holds_each_read_until_the_others_arrive_then_answers_all(clean_sandbox):
+    clean_sandbox.set_fault(endpoint="airline.booking", barrier=3, count=3)
+    answers: list[int] = []
+    threads = [_booking_in_thread(clean_sandbox, "AGR001", answers) for _ in range(2)]
+    wait_for(lambda: _held(clean_sandbox) == 2, timeout=30, what="two reads held")
+    assert answers == []  # held, both, until the third arrives
+
+    threads.append(_booking_in_thread(clean_sandbox, "AGR001", answers))
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert answers == [200, 200, 200]
+    assert _held(clean_sandbox) == 0
+
+
+def test_barrier__a_lonely_read_answers_at_its_deadline_and_clearing_releases_the_held(
+    clean_sandbox,
+):
+    clean_sandbox.set_fault(endpoint="airline.booking", barrier=2, barrier_timeout_ms=1, count=1)
+    lonely: list[int] = []
+    _booking_in_thread(clean_sandbox, "AGR001", lonely).join(timeout=30)
+    assert lonely == [200]  # nobody came: it answered anyway
+
+    clean_sandbox.set_fault(endpoint="airline.booking", barrier=2, count=1)
+    held: list[int] = []
+    thread = _booking_in_thread(clean_sandbox, "AGR001", held)
+    wait_for(lambda: _held(clean_sandbox) == 1, timeout=30, what="the read held")
+    clean_sandbox.clear_faults()
+    thread.join(timeout=30)
+    assert held == [200]
 
 
 def test_restart__state_survives_a_kill_and_keys_still_replay(clean_sandbox):
