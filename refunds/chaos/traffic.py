@@ -62,10 +62,10 @@ class Submission:
     database_retries: int = 0
 
 
-def customers(rng: random.Random, count: int) -> list[Customer]:
+def customers(rng: random.Random, count: int, *, today: date) -> list[Customer]:
     """Distinct standard-fare references, each sent by its owner (the passenger's last name
-    and the booking's contact e-mail, as the sandbox derives them), so every refund should
-    complete."""
+    and the booking's contact e-mail, as the sandbox derives them), asking for a day the
+    airline sells on its `today`, so every refund should complete."""
     references: set[str] = set()
     while len(references) < count:
         tail = "".join(rng.choice(_REST) for _ in range(4))
@@ -74,7 +74,7 @@ def customers(rng: random.Random, count: int) -> list[Customer]:
     for reference in sorted(references):
         flight = f"SK{rng.randint(100, 9999)}"
         # A day that flight flies (the airline's schedule refuses any other).
-        day = next_operating_day(flight, date.today() + timedelta(days=rng.randint(14, 200)))
+        day = next_operating_day(flight, today + timedelta(days=rng.randint(14, 200)))
         message = rng.choice(_MESSAGES).format(flight=flight, day=day.strftime("%-d %B %Y"))
         owner = owner_of(reference)
         result.append(
