@@ -39,6 +39,9 @@ _MESSAGES = (
     "I need to change my flight to a later one: {flight}, {day}. Happy to pay the fee.",
     "Can I switch to flight {flight} on {day}? Family emergency, sorry for the short notice.",
     "Hello, I'd like to reschedule to {flight} on {day}. Window seat if possible.",
+    # Neither flight nor day: the run keeps the booking's own, so its date must be one the
+    # airline sells (the sandbox's bookings live in its calendar).
+    "Could I have another seat on the flight I'm booked on? Happy to pay the fee.",
 )
 
 
@@ -65,7 +68,8 @@ class Submission:
 def customers(rng: random.Random, count: int, *, today: date) -> list[Customer]:
     """Distinct standard-fare references, each sent by its owner (the passenger's last name
     and the booking's contact e-mail, as the sandbox derives them), asking for a day the
-    airline sells on its `today`, so every refund should complete."""
+    airline sells on its `today` or for their own flight again, so every refund should
+    complete."""
     references: set[str] = set()
     while len(references) < count:
         tail = "".join(rng.choice(_REST) for _ in range(4))
