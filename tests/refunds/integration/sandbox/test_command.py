@@ -9,10 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
-
-import requests
 
 from agentflow.testing.processes import free_port
 from agentflow.testing.waiting import wait_for
@@ -68,23 +65,14 @@ def test_sandbox__without_the_variable_smtp_is_port_plus_one(tmp_path: Path) -> 
 def test_sandbox__the_airline_s_today_runs_as_far_ahead_as_the_setting_says(
     tmp_path: Path,
 ) -> None:
-    """SANDBOX_TODAY_OFFSET_DAYS moves the airline's calendar (`--today-offset-days` wins)."""
-    http_port = free_port(pair=True)
-    with sandbox_command(
-        tmp_path, "--port", str(http_port), SANDBOX_TODAY_OFFSET_DAYS="365"
-    ) as log:
-        said = log.read_text()
-        schedule = requests.get(
-            f"http://127.0.0.1:{http_port}/airline/schedule?flight=SK1240&date=2000-01-01",
-            timeout=10,
-        ).json()
+    """SANDBOX_TODAY_OFFSET_DAYS moves the airline's calendar; `--today-offset-days` wins."""
     a_year_on = airline.today(offset_days=365)  # computed as the sandbox computes it
-
-    assert f"the airline's today is {a_year_on.isoformat()}" in said
-    last = a_year_on + timedelta(days=airline.HORIZON_DAYS)
-    assert schedule["last_bookable_date"] == last.isoformat()
     with sandbox_command(
-        tmp_path, "--port", str(http_port), "--today-offset-days", "0",
+        tmp_path, "--port", str(free_port(pair=True)), SANDBOX_TODAY_OFFSET_DAYS="365"
+    ) as log:
+        assert f"the airline's today is {a_year_on.isoformat()})" in log.read_text()
+    with sandbox_command(
+        tmp_path, "--port", str(free_port(pair=True)), "--today-offset-days", "0",
         SANDBOX_TODAY_OFFSET_DAYS="365",
     ) as log:  # fmt: skip
-        assert f"the airline's today is {airline.today().isoformat()}" in log.read_text()
+        assert f"the airline's today is {airline.today().isoformat()})" in log.read_text()
