@@ -294,6 +294,9 @@ SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8765")
 SANDBOX_SMTP_PORT = env_int("SANDBOX_SMTP_PORT", (urlsplit(SANDBOX_URL).port or 8765) + 1)
 # Set explicitly, it wins over `sandbox --port N`'s N + 1 (workers send to this port).
 SANDBOX_SMTP_PORT_IS_SET = bool(os.environ.get("SANDBOX_SMTP_PORT", "").strip())
+# Days the sandbox airline's today runs ahead of the real date (its bookings and schedule move
+# with it): a demo or the suite sees the calendar as it will be, e.g. 365 for a year from now.
+SANDBOX_TODAY_OFFSET_DAYS = env_int("SANDBOX_TODAY_OFFSET_DAYS", 0)
 STRIPE_API_KEY = env_str("STRIPE_API_KEY", "sk_test_agentflow_sandbox")
 # Set (even empty) wins; unset with a real key means real Stripe (test mode); else the sandbox.
 STRIPE_API_BASE = os.environ.get(

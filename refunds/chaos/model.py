@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
@@ -33,6 +34,7 @@ from refunds import services
 from refunds.chaos import evidence, invariants
 from refunds.chaos.figures import Figures
 from refunds.chaos.partners import Partners
+from refunds.chaos.processes import airline_today
 from refunds.chaos.seams import (
     LEASE_SECONDS,
     MODEL_ANSWERS,
@@ -44,10 +46,11 @@ from refunds.chaos.seams import (
     Worker,
 )
 from refunds.models import RefundRequest
-from refunds.sandbox.airline import owner_of
+from refunds.sandbox.airline import next_operating_day, owner_of
 
 MAX_RUNS = 3
-WORDS = "Hi, please move me to SK1240 on 2027-03-16. Thanks!"
+#: The new flight every customer asks for, some weeks after the airline's today (`words`).
+NEW_FLIGHT, WEEKS_AHEAD = "SK1240", 14
 WAIVER_DETAILS = "I was admitted to hospital on Sunday and cannot fly this week."
 #: Partner calls the machine can make misbehave, one call at a time or all at once (outage).
 #: The charge and the fee refund have rules of their own (where the money is); these share one.
@@ -70,6 +73,14 @@ SETTLE_ROUNDS = 40
 SETTLE_DELIVERIES = 100
 #: The most messages one `work` rule delivers (a refund is about ten steps).
 WORK_DELIVERIES = 12
+
+
+def words() -> str:
+    """What every customer writes: a day the new flight flies, counted from the airline's today
+    (the same all day, so a failure replays with the same words)."""
+    day = next_operating_day(NEW_FLIGHT, airline_today() + timedelta(weeks=WEEKS_AHEAD))
+    return f"Hi, please move me to {NEW_FLIGHT} on {day.isoformat()}. Thanks!"
+
 
 engines = st.sampled_from(["graph", "agent"])
 #: One customer in four has a card that declines (most runs should get as far as the money).
@@ -123,7 +134,7 @@ class MoneyMachine(RuleBasedStateMachine):
                 email=owner.email,
                 booking_reference=reference,
                 last_name=owner.last_name,
-                message=WORDS,
+                message=words(),
                 submission_token=f"model-{secrets.token_hex(8)}",
                 client_ip="127.0.0.1",
                 waiver_reason="medical" if waiver else "",

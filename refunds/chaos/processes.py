@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from agentflow.testing.processes import (
     RedisServer,
     free_port,
 )
+from refunds.sandbox import airline
 
 
 def _wait(ready: Callable[[], bool], *, timeout: float, what: str) -> None:
@@ -103,6 +105,12 @@ def _step_args(message: dict[str, Any]) -> tuple[str, int] | None:
         return None
 
 
+def airline_today() -> date:
+    """The chaos sandbox's today (it starts with this site's SANDBOX_TODAY_OFFSET_DAYS): what
+    the customers' days are counted from."""
+    return airline.today(offset_days=settings.SANDBOX_TODAY_OFFSET_DAYS)
+
+
 class Sandbox:
     """`manage.py sandbox` on free ports with a fresh state file, plus its control API."""
 
@@ -119,7 +127,8 @@ class Sandbox:
 
     def start(self, env: dict[str, str]) -> Sandbox:
         args = [sys.executable, "manage.py", "sandbox", "--port", str(self.port),
-                "--smtp-port", str(self.smtp_port), "--state", str(self.state)]  # fmt: skip
+                "--smtp-port", str(self.smtp_port), "--state", str(self.state),
+                "--today-offset-days", str(settings.SANDBOX_TODAY_OFFSET_DAYS)]  # fmt: skip
         self.proc = _spawn(args, self.workdir / "sandbox.log", env)
         _wait(self._healthy, timeout=30, what=f"sandbox on port {self.port}")
         return self

@@ -33,7 +33,14 @@ from agentflow.testing.processes import PgBouncerServer, PostgresServer, current
 from refunds.chaos import evidence as evidence_mod
 from refunds.chaos import report, traffic
 from refunds.chaos.kills import Monkey, WorkerPool
-from refunds.chaos.processes import Beat, RabbitBroker, RedisBroker, Sandbox, publishing_to
+from refunds.chaos.processes import (
+    Beat,
+    RabbitBroker,
+    RedisBroker,
+    Sandbox,
+    airline_today,
+    publishing_to,
+)
 from refunds.models import RefundRequest
 from refunds.services import RESUBMIT_WINDOW
 
@@ -116,7 +123,9 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
     if not config.postgres_restarts:
         _refuse_leftovers()
     seed = config.seed if config.seed is not None else random.randrange(2**31)
-    customers = traffic.customers(random.Random(f"{seed}-traffic"), config.refunds)
+    customers = traffic.customers(
+        random.Random(f"{seed}-traffic"), config.refunds, today=airline_today()
+    )
     if not config.postgres_restarts:
         _refuse_repeated_words(customers, seed)
     workdir = Path(settings.VAR_DIR) / "chaos" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

@@ -39,6 +39,9 @@ _MESSAGES = (
     "I need to change my flight to a later one: {flight}, {day}. Happy to pay the fee.",
     "Can I switch to flight {flight} on {day}? Family emergency, sorry for the short notice.",
     "Hello, I'd like to reschedule to {flight} on {day}. Window seat if possible.",
+    # Neither flight nor day: the run keeps the booking's own, so its date must be one the
+    # airline sells (the sandbox's bookings live in its calendar).
+    "Could I have another seat on the flight I'm booked on? Happy to pay the fee.",
 )
 
 
@@ -62,9 +65,10 @@ class Submission:
     database_retries: int = 0
 
 
-def customers(rng: random.Random, count: int) -> list[Customer]:
+def customers(rng: random.Random, count: int, *, today: date) -> list[Customer]:
     """Distinct standard-fare references, each sent by its owner (the passenger's last name
-    and the booking's contact e-mail, as the sandbox derives them), so every refund should
+    and the booking's contact e-mail, as the sandbox derives them), asking for a day the
+    airline sells on its `today` or for their own flight again, so every refund should
     complete."""
     references: set[str] = set()
     while len(references) < count:
@@ -74,7 +78,7 @@ def customers(rng: random.Random, count: int) -> list[Customer]:
     for reference in sorted(references):
         flight = f"SK{rng.randint(100, 9999)}"
         # A day that flight flies (the airline's schedule refuses any other).
-        day = next_operating_day(flight, date.today() + timedelta(days=rng.randint(14, 200)))
+        day = next_operating_day(flight, today + timedelta(days=rng.randint(14, 200)))
         message = rng.choice(_MESSAGES).format(flight=flight, day=day.strftime("%-d %B %Y"))
         owner = owner_of(reference)
         result.append(

@@ -1,5 +1,11 @@
 """The airline partner: bookings derived from their reference, its schedule derived from the
-flight number and date, seat cancels and reinstatements, boarding passes."""
+flight number and date, seat cancels and reinstatements, boarding passes.
+
+Its calendar is its own: `today(offset_days=…)` is the UTC date moved by the sandbox's offset
+(`manage.py sandbox --today-offset-days N`, by default SANDBOX_TODAY_OFFSET_DAYS), and each
+booking leaves as many days after that today as its reference says, so every booking is one
+the airline still sells, this year or any other.
+"""
 
 from __future__ import annotations
 
@@ -36,14 +42,23 @@ FARE_CLASSES = {"F": "flex", "B": "basic"}
 SEAT_LETTERS = "ABCDEF"
 
 
-def booking(reference: str) -> dict[str, Any]:
-    """The booking for a valid reference: the same every time (seeded by the reference's hash)."""
+def today(*, offset_days: int = 0) -> date:
+    """The airline's today: the UTC date, `offset_days` later (a sandbox moved a year ahead
+    shows what its calendar will be; time-machine moves it too, as it moves the clock)."""
+    return datetime.now(UTC).date() + timedelta(days=offset_days)
+
+
+def booking(reference: str, *, today: date) -> dict[str, Any]:
+    """The booking for a valid reference as the airline shows it on `today`: the same for a
+    reference on a given day (seeded by the reference's hash). Its flight leaves as many days
+    after `today` as the reference says (BOOKED_DAYS_AHEAD), on a day it flies, so a booking
+    lives in the airline's calendar: never in the past, never beyond the seats it sells."""
     ref = reference.upper()
     rng = random.Random(hashlib.sha256(ref.encode()).hexdigest())
     origin, destination = rng.sample(AIRPORTS, 2)
     first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
     flight = f"SK{rng.randint(100, 9999)}"
-    booked_day = date(2027, 1, 1) + timedelta(days=rng.randrange(365))
+    booked_day = today + timedelta(days=rng.randint(*BOOKED_DAYS_AHEAD))
     return {
         "reference": ref,
         "passenger": {"name": f"{first} {last}", "first_name": first, "last_name": last},
@@ -68,9 +83,15 @@ class Owner:
 
 
 def owner_of(reference: str) -> Owner:
-    """The right details for `reference`: what tests and the chaos traffic submit."""
-    passenger = booking(reference)
+    """The right details for `reference`: what tests and the chaos traffic submit (the same
+    on any day: only the booking's date moves with the calendar)."""
+    passenger = _undated(reference)
     return Owner(last_name=passenger["passenger"]["last_name"], email=passenger["contact_email"])
+
+
+def _undated(reference: str) -> dict[str, Any]:
+    """The booking as on any day: its passenger, contact, flight and seat (not its date)."""
+    return booking(reference, today=date.min)
 
 
 def contact_email(first: str, last: str, reference: str) -> str:
@@ -105,14 +126,19 @@ def _known_reference(store: Store, reference: Any) -> str:
     return reference.upper()
 
 
-def get_booking(store: Store, reference: str) -> Response:
+def get_booking(store: Store, reference: str, *, today: date) -> Response:
     ref = _known_reference(store, reference)
-    return Response(status=200, body={**booking(ref), "seat_held": seat_held(store, ref)})
+    return Response(
+        status=200, body={**booking(ref, today=today), "seat_held": seat_held(store, ref)}
+    )
 
 
 # --- the schedule -----------------------------------------------------------------------------
 #: How far ahead the airline sells seats (days after today, by the airline's clock).
 HORIZON_DAYS = 330
+#: How many days after the airline's today a booking's flight leaves (before moving to a day
+#: its flight flies, at most 6 later): a week's notice at least, and inside the horizon.
+BOOKED_DAYS_AHEAD = (7, HORIZON_DAYS - 6)
 #: Skyways' own flights, numbered as bookings are (SK100 to SK9999); no other airline's fly here.
 SKYWAYS_FLIGHT = re.compile(r"SK[1-9][0-9]{2,3}")
 
@@ -160,8 +186,8 @@ def schedule_answer(flight: str, day: date, *, today: date) -> dict[str, Any]:
     }
 
 
-def get_schedule(request: Request) -> Response:
-    """`GET /airline/schedule?flight=SK1240&date=2027-03-16`: whether that flight flies then."""
+def get_schedule(request: Request, *, today: date) -> Response:
+    """`GET /airline/schedule?flight=SK1240&date=…`: whether that flight flies then."""
     flight = request.query.get("flight", "").strip().upper()
     try:
         day = date.fromisoformat(request.query.get("date", ""))
@@ -169,7 +195,6 @@ def get_schedule(request: Request) -> Response:
         raise Invalid(partner_error(400, "invalid_request", "date must be YYYY-MM-DD")) from None
     if not flight:
         raise Invalid(partner_error(400, "invalid_request", "flight is required"))
-    today = datetime.now(UTC).date()
     return Response(status=200, body=schedule_answer(flight, day, today=today))
 
 
@@ -196,7 +221,7 @@ def cancel_seat(store: Store, reference: str) -> Effect:
         answer = {
             "cancellation_id": f"sc_{secrets.token_hex(12)}",
             "reference": params["reference"],
-            "seat": booking(params["reference"])["seat"],
+            "seat": _undated(params["reference"])["seat"],
             "status": "released",
         }
         add_effect(
@@ -237,7 +262,7 @@ def boarding_pass(store: Store) -> Effect:
 
     def execute(db: sqlite3.Connection, params: dict[str, Any], key: str | None) -> Response:
         pass_id = f"bp_{secrets.token_hex(12)}"
-        old_seat = booking(params["reference"])["seat"]
+        old_seat = _undated(params["reference"])["seat"]
         rng = random.Random(pass_id)
         seat = _seat(rng)
         while seat == old_seat:

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import date
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,17 @@ class Sandbox:
         *,
         key_window_seconds: float,
         authorization_seconds: float = stripe_holds.AUTHORIZATION_SECONDS,
+        today_offset_days: int = 0,
     ) -> None:
         self.store = store
         self.key_window_seconds = key_window_seconds
         self.authorization_seconds = authorization_seconds
         self.barriers = faults.Barriers()
+        self.today_offset_days = today_offset_days
+
+    def today(self) -> date:
+        """The airline's today, read on every request (its bookings and schedule follow it)."""
+        return airline.today(offset_days=self.today_offset_days)
 
     def handle(self, request: Request) -> Response:
         try:
@@ -75,11 +82,13 @@ class Sandbox:
             return self._read(
                 "airline.booking",
                 airline.injected,
-                lambda: airline.get_booking(self.store, reference),
+                lambda: airline.get_booking(self.store, reference, today=self.today()),
             )
         if method == "GET" and path == "/airline/schedule":
             return self._read(
-                "airline.schedule", airline.injected, lambda: airline.get_schedule(request)
+                "airline.schedule",
+                airline.injected,
+                lambda: airline.get_schedule(request, today=self.today()),
             )
         if method == "POST" and (match := CANCEL_SEAT.fullmatch(path)):
             return self._effect(airline.cancel_seat(self.store, match.group(1)), request)
@@ -242,6 +251,7 @@ def serve(
     state_path: str | Path,
     key_window_seconds: float,
     authorization_seconds: float = stripe_holds.AUTHORIZATION_SECONDS,
+    today_offset_days: int = 0,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Run the HTTP and SMTP servers until Ctrl-C or SIGTERM, then close both and the store."""
@@ -250,6 +260,7 @@ def serve(
         store,
         key_window_seconds=key_window_seconds,
         authorization_seconds=authorization_seconds,
+        today_offset_days=today_offset_days,
     )
     httpd = SandboxHTTPServer((host, port), app)
     smtp = start_smtp(store, host=host, port=smtp_port)
@@ -258,7 +269,8 @@ def serve(
         if on_ready is not None:
             on_ready(
                 f"Partner sandbox: http://{host}:{port} "
-                f"(SMTP {host}:{smtp_port}, state {store.path})"
+                f"(SMTP {host}:{smtp_port}, state {store.path}; the airline's today is "
+                f"{app.today().isoformat()})"
             )
         httpd.serve_forever()
     except (KeyboardInterrupt, _Stop):

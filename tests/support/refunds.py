@@ -14,10 +14,12 @@ from agentflow.testing.waiting import wait_for
 from config.celery_app import app
 from refunds import services
 from refunds.sandbox.airline import owner_of
+from tests.support.calendar import new_flight
 from tests.support.processes import worker_database_url
 from tests.support.sandbox import SandboxProcess
 
-WORDS = "Hi, please move me to SK1240 on 2027-03-16. Thanks!"
+#: What a customer writes by default (`NewFlight.words`).
+WORDS = "Hi, please move me to {flight} on {date}. Thanks!"
 EFFECT_LISTS = (
     "authorizations", "payments", "authorization_cancels", "refunds", "seat_cancellations",
     "seat_reinstatements", "boarding_passes", "crm_updates",
@@ -29,19 +31,20 @@ def submit(
     *,
     last_name: str | None = None,
     email: str | None = None,
-    message: str = WORDS,
+    message: str | None = None,
     waiver_reason: str = "",
     waiver_details: str = "",
 ) -> str:
     """What the form does once it has a valid request: the request row and its run, in one
-    transaction (the booking's owner unless told otherwise; a fee waiver if asked). Returns
-    the run id."""
+    transaction (the booking's owner unless told otherwise; a fee waiver if asked; unless told
+    otherwise, asking for `new_flight()`, some weeks after the airline's today). Returns the
+    run id."""
     owner = owner_of(reference)
     request = services.refund_request_create(
         email=email or owner.email,
         booking_reference=reference,
         last_name=last_name or owner.last_name,
-        message=message,
+        message=new_flight().words(WORDS) if message is None else message,
         submission_token=f"token-{reference}",
         client_ip="127.0.0.1",
         waiver_reason=waiver_reason,

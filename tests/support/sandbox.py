@@ -21,6 +21,8 @@ Use it from any test:
 - `clear_faults()`, `reset()`: `DELETE /_sandbox/faults`, `POST /_sandbox/reset` (both let
   every held request go);
 - `restart()`: SIGKILL the process and start it again on the same ports and state file.
+Its airline's today is this site's SANDBOX_TODAY_OFFSET_DAYS after the real date, read at start
+(`tests.support.calendar` counts the days tests ask for from it).
 `start_sandbox(directory, ...)` starts a separate one (e.g. with `key_window_seconds=1`); stop it.
 """
 
@@ -38,6 +40,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from django.conf import settings
 
 from agentflow.testing.processes import free_port
 from agentflow.testing.waiting import wait_for
@@ -69,6 +72,7 @@ class SandboxProcess:
         command = [
             sys.executable, "manage.py", "sandbox", "--port", str(self.port),
             "--smtp-port", str(self.smtp_port), "--state", str(self.state_path),
+            "--today-offset-days", str(settings.SANDBOX_TODAY_OFFSET_DAYS),
         ]  # fmt: skip
         if self.key_window_seconds is not None:
             command += ["--key-window-seconds", str(self.key_window_seconds)]

@@ -30,6 +30,7 @@ from typing import Any
 from agentflow.testing.processes import free_port
 from agentflow.testing.waiting import wait_for
 from refunds.sandbox.airline import owner_of
+from tests.support.calendar import new_flight
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,7 +114,7 @@ class WebProcess(_Process):
                 "email": owner.email,
                 "booking_reference": reference,
                 "last_name": owner.last_name,
-                "message": "Please move me to SK1240 on 2027-03-16. Thanks!",
+                "message": new_flight().words("Please move me to {flight} on {date}. Thanks!"),
             }
         ).encode()
         try:

@@ -45,6 +45,13 @@ class Command(BaseCommand):
             default=7 * 86400.0,
             help="how long an uncaptured card hold lasts before it lapses (Stripe: 7 days)",
         )
+        parser.add_argument(
+            "--today-offset-days",
+            type=int,
+            default=settings.SANDBOX_TODAY_OFFSET_DAYS,
+            help="how many days after the real date the airline's today is, its bookings and "
+            "schedule with it (default SANDBOX_TODAY_OFFSET_DAYS, else 0)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         port = options["port"]
@@ -68,5 +75,6 @@ class Command(BaseCommand):
             state_path=options["state"],
             key_window_seconds=options["key_window_seconds"],
             authorization_seconds=options["authorization_seconds"],
+            today_offset_days=options["today_offset_days"],
             on_ready=ready,
         )

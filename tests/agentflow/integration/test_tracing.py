@@ -22,6 +22,7 @@ from agentflow.testing.processes import RedisServer
 from config import tracing as site_tracing
 from refunds.gateways import PaymentGateway
 from refunds.sandbox.airline import owner_of
+from tests.support.calendar import new_flight
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,7 +64,7 @@ def test_form_post__its_span_names_the_run_and_step_one_carries_its_context(
     response = client.post(
         "/refunds/new/",
         {"email": owner.email, "last_name": owner.last_name, "booking_reference": "TRC123",
-         "submission_token": token, "message": "Please move me to SK1240 on 2027-03-16."},
+         "submission_token": token, "message": new_flight().words()},
     )  # fmt: skip
     assert response.status_code == 303
 

@@ -21,6 +21,7 @@ from refunds import engines
 from refunds.agent.planner import plan_refund
 from refunds.agent.prompts import read_first_user_message
 from tests.support.agent_workers import AgentWorker
+from tests.support.calendar import new_flight
 from tests.support.engine import stopped
 from tests.support.llm_server import LLMServer, SeenRequest, fail, planned_by, tool_calls
 from tests.support.refunds import finished, holds_left, money_kept, partner_effects, submit
@@ -59,7 +60,7 @@ def test_uninterrupted__six_turns_one_request_each_one_effect_each(
     ledger = partner_effects(clean_sandbox, run_id)
     assert all(len(ledger[kind]) == 1 for kind in EFFECTS)
     assert ledger["refunds"] == []
-    assert run.output.startswith("You're booked on SK1240 on 2027-03-16, seat ")
+    assert run.output.startswith(f"You're booked on SK1240 on {new_flight().date}, seat ")
 
 
 #: What an uninterrupted refund agent run records, in order.
@@ -99,7 +100,7 @@ def test_sigkill__resumes_without_asking_again_or_acting_twice(
     ledger = partner_effects(clean_sandbox, run_id)
     assert all(len(ledger[kind]) == 1 for kind in EFFECTS), {k: len(ledger[k]) for k in EFFECTS}
     assert ledger["refunds"] == []
-    assert run.output.startswith("You're booked on SK1240 on 2027-03-16, seat ")
+    assert run.output.startswith(f"You're booked on SK1240 on {new_flight().date}, seat ")
 
 
 # --- divergence, then a fork ----------------------------------------------------------------

@@ -23,6 +23,7 @@ from refunds import engines
 from refunds.agent.prompts import read_first_user_message
 from refunds.models import RefundRequest
 from tests.support.agent_workers import AgentWorker
+from tests.support.calendar import new_flight
 from tests.support.llm_server import Answer, LLMServer, SeenRequest, plan, reply, tool_calls
 from tests.support.refunds import (
     finished,
@@ -39,7 +40,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 REFERENCE = "HST001"
 #: A booking that is not this request's: the customer's words asked the model to touch it.
 OTHER = "OTH999"
-NEW_FLIGHT = {"booking_reference": REFERENCE, "flight": "SK1240", "date": "2027-03-16"}
+#: What the customer asks for (`submit`'s words), some weeks after the airline's today.
+NEW = new_flight()
+NEW_FLIGHT = {"booking_reference": REFERENCE, "flight": NEW.flight, "date": NEW.date}
 
 
 def refund_id(seen: SeenRequest) -> str:
@@ -124,7 +127,7 @@ def test_hostile_model__completes_with_one_of_each_or_keeps_nothing_and_says_so(
         # Every row shown done happened once; a refused call (refund_fee) is no row at all.
         done = [step["name"] for step in page["steps"] if step["state"] == "done"]
         assert done == engines.planned(run)  # the agent's rows (no waiver was asked for)
-        assert "New flight: SK1240 on Tuesday 16 March 2027" in page["details"]
+        assert f"New flight: SK1240 on {NEW.in_words}" in page["details"]
         assert "Change fee: $45, charged to your card" in page["details"]
     else:
         assert money_kept(ledger) == 0 and holds_left(ledger) == []

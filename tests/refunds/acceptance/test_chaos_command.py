@@ -25,6 +25,7 @@ from agentflow.models import WorkflowRun
 from agentflow.states import RunStatus, StepStatus
 from refunds.chaos import invariants, traffic
 from refunds.chaos.evidence import Checkpoint, Effect, Evidence
+from refunds.chaos.processes import airline_today
 from refunds.models import RefundRequest
 
 REPORT_KEYS = {
@@ -93,7 +94,7 @@ def test_chaos__a_seed_sent_again_within_the_resubmit_window_is_refused_up_front
     run of one seed on one database would judge no refunds of its own and look clean."""
     if connection.vendor != "postgresql":
         pytest.skip("chaos needs Postgres (set DATABASE_URL)")
-    (customer,) = traffic.customers(random.Random("11-traffic"), 1)
+    (customer,) = traffic.customers(random.Random("11-traffic"), 1, today=airline_today())
     RefundRequest.objects.create(
         email=customer.email,
         booking_reference=customer.booking_reference,

@@ -23,6 +23,7 @@ from refunds.models import RefundRequest
 from refunds.sandbox.airline import owner_of
 from tests.support.admin import LIST_URL
 from tests.support.browser import db
+from tests.support.calendar import new_flight
 from tests.support.processes import Workers
 from tests.support.refunds import money_kept
 from tests.support.sandbox import SandboxProcess
@@ -80,8 +81,10 @@ def ask_for_a_waiver(page: Any, reference: str) -> RefundRequest:
     page.get_by_label("Booking reference").fill(reference)
     page.get_by_label("Passenger's last name").fill(owner.last_name)
     page.get_by_label("Email address").fill(owner.email)
+    # A day counted from the airline's today, written as a customer would ("16 March 2027").
+    new = new_flight()
     page.get_by_label("What would you like to change?").fill(
-        "Please move me to SK1240 on 16 March."
+        f"Please move me to {new.flight} on {new.day:%-d %B %Y}."
     )
     page.get_by_label("Ask us to waive the change fee?").select_option("bereavement")
     page.get_by_label("What happened?").fill("My grandmother died; the funeral is that day.")

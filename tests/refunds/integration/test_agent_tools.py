@@ -32,19 +32,20 @@ from refunds.agent.planner import MODEL, plan_refund, scripted_refund_model
 from refunds.agent.tools import toolbox
 from refunds.models import RefundRequest
 from refunds.sandbox.airline import owner_of
+from tests.support.calendar import new_flight
 from tests.support.llm_server import Answer, LLMServer, SeenRequest, reply, tool_calls
 
 pytestmark = pytest.mark.django_db
-
-WORDS = "Please move me to SK1240 on 2027-03-16, thanks!"
 
 
 class AgentRun:
     """One refund agent run, its positions and history kept in memory."""
 
-    def __init__(self, reference: str = "ABC123", words: str = WORDS) -> None:
+    def __init__(self, reference: str = "ABC123", words: str | None = None) -> None:
         self.run_id = f"wf_{secrets.token_hex(16)}"
         self.owner = owner_of(reference)
+        self.new = new_flight()  # what the customer asks for unless `words` say otherwise
+        words = self.new.words() if words is None else words
         self.request = RefundRequest.objects.create(
             email=self.owner.email,
             last_name=self.owner.last_name,
@@ -146,7 +147,7 @@ def test_scripted_agent__rebooks_charges_45_dollars_and_confirms(partners) -> No
 
     final = run.converse(scripted_refund_model)
 
-    assert final.text.startswith("You're booked on SK1240 on 2027-03-16, seat ")
+    assert final.text.startswith(f"You're booked on SK1240 on {run.new.date}, seat ")
     assert "$45.00" in final.text
     ledger = partners.ledger(workflow_id=run.run_id)
     # The model's charge only holds the fee; the run takes it in code after the answer.
@@ -156,15 +157,15 @@ def test_scripted_agent__rebooks_charges_45_dollars_and_confirms(partners) -> No
     assert ledger["payments"] == []
     assert [c["idempotency_key"] for c in ledger["seat_cancellations"]] == [run.key("cancel_seat")]
     [issued] = ledger["boarding_passes"]
-    assert (issued["flight"], issued["date"]) == ("SK1240", "2027-03-16")
+    assert (issued["flight"], issued["date"]) == ("SK1240", run.new.date)
     [crm] = ledger["crm_updates"]
     assert (
-        crm["note"].startswith("Rebooked onto SK1240 on 2027-03-16")
+        crm["note"].startswith(f"Rebooked onto SK1240 on {run.new.date}")
         and "Fee: $45.00" in crm["note"]
     )
     [email] = ledger["emails"]
     assert email["message_id"] == f"<{run.key('send_confirmation_email')}@agentflow.refunds>"
-    assert email["subject"] == "Your flight change is confirmed: SK1240 on Tuesday 16 March 2027"
+    assert email["subject"] == f"Your flight change is confirmed: SK1240 on {run.new.in_words}"
     assert email["to"] == [run.owner.email]  # the booking's contact on file
     # the positions are the model's order: turn, call, turn, call, call, ...
     assert [run.positions[name][0] for name in toolbox.names if name in run.positions] == [
@@ -189,7 +190,7 @@ def test_openai_sdk_agent__same_refund_through_the_local_model_server(
 
     final = run.converse(OpenAIChatModel(base_url=llm_server.url, model="served-model"))
 
-    assert final.text.startswith("You're booked on SK1240 on 2027-03-16")
+    assert final.text.startswith(f"You're booked on SK1240 on {run.new.date}")
     assert llm_server.count() == 6
     assert llm_server.requests[0].tool_names == toolbox.names
     ledger = partners.ledger(workflow_id=run.run_id)
@@ -212,7 +213,7 @@ def test_effects__repeated_under_their_keys_happen_once(partners) -> None:
     )
     issued = first["issue_boarding_pass"]
     again = run.retry(
-        "issue_boarding_pass", booking_reference=reference, flight="SK1240", date="2027-03-16"
+        "issue_boarding_pass", booking_reference=reference, flight="SK1240", date=run.new.date
     )
     assert again.result == issued
     run.retry("update_crm", refund_id=refund_id, note=run.history[-2].arguments["note"])
@@ -265,7 +266,7 @@ def test_effects__one_of_each_per_run_the_next_refused(
     arguments = {
         "cancel_seat": {"booking_reference": "abc123"},
         "issue_boarding_pass": {
-            "booking_reference": "ABC123", "flight": "SK1240", "date": "2027-03-16",
+            "booking_reference": "ABC123", "flight": "SK1240", "date": run.new.date,
         },
         "send_confirmation_email": {"refund_id": run.refund_id},
     }  # fmt: skip
@@ -340,7 +341,7 @@ def test_seat__not_released_before_the_fee_is_secured(partners) -> None:
 def test_boarding_pass__before_cancel_and_charge_is_refused_not_issued(partners) -> None:
     run = AgentRun()
     outcome = run.call(
-        "issue_boarding_pass", booking_reference="ABC123", flight="SK1240", date="2027-03-16"
+        "issue_boarding_pass", booking_reference="ABC123", flight="SK1240", date=run.new.date
     )
 
     assert outcome.ok is False and outcome.result["error"] == "refused"
@@ -352,11 +353,11 @@ def test_boarding_pass__for_a_flight_not_on_the_schedule_is_refused_not_issued(p
     run = AgentRun()
     run.through_charge()
     outcome = run.call(
-        "issue_boarding_pass", booking_reference="ABC123", flight="ZZ9999", date="2027-03-16"
+        "issue_boarding_pass", booking_reference="ABC123", flight="ZZ9999", date=run.new.date
     )
 
     assert outcome.ok is False and outcome.result["error"] == "refused"
-    assert "We couldn't find flight ZZ9999 on Tuesday 16 March 2027" in outcome.result["message"]
+    assert f"We couldn't find flight ZZ9999 on {run.new.in_words}" in outcome.result["message"]
     assert partners.ledger(workflow_id=run.run_id)["boarding_passes"] == []
 
 
@@ -376,7 +377,10 @@ def test_invalid_arguments__not_executed_and_explained(partners) -> None:
     run = AgentRun()
     run.through_charge()
     outcome = run.call(
-        "issue_boarding_pass", booking_reference="ABC123", flight="SK1240", date="16/03/2027"
+        "issue_boarding_pass",
+        booking_reference="ABC123",
+        flight="SK1240",
+        date=run.new.day.strftime("%d/%m/%Y"),
     )
 
     assert outcome.ok is False and outcome.result["error"] == "invalid_arguments"

@@ -5,7 +5,7 @@ not fly that day fails the run with a sentence for the customer, and no partner 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, timedelta
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from agentflow.states import RunStatus
 from refunds.gateways import AirlineGateway
 from refunds.models import RefundRequest
 from refunds.sandbox import airline
+from tests.support.calendar import airline_today, day_off, new_flight
 from tests.support.refunds import submit
 from tests.support.sandbox import SandboxProcess
 
@@ -24,26 +25,21 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 EFFECTS = ("payments", "seat_cancellations", "boarding_passes", "crm_updates", "refunds")
 
 
-def _today() -> date:
-    return datetime.now(UTC).date()
-
-
-def _day_off(flight: str) -> str:
-    """A date some weeks ahead on which `flight` does not fly."""
-    off = (set(range(7)) - airline.operating_weekdays(flight)).pop()
-    start = _today() + timedelta(days=21)
-    return (start + timedelta(days=(off - start.weekday()) % 7)).isoformat()
-
-
+#: Days from the airline's today (computed when the test runs, as the sandbox counts them).
 NOT_SOLD = [
-    pytest.param("ZZ9999", "1999-01-01", "that date has already passed", id="past"),
+    pytest.param(
+        "ZZ9999",
+        lambda: airline_today() - timedelta(days=1),
+        "that date has already passed",
+        id="past",
+    ),
     pytest.param(
         "SK1240",
-        (_today() + timedelta(days=airline.HORIZON_DAYS + 30)).isoformat(),
+        lambda: airline_today() + timedelta(days=airline.HORIZON_DAYS + 30),
         "the airline sells seats up to",
         id="beyond_horizon",
     ),
-    pytest.param("SK1240", _day_off("SK1240"), "in the airline's schedule", id="not_flying"),
+    pytest.param("SK1240", day_off, "in the airline's schedule", id="not_flying"),
 ]
 
 
@@ -56,11 +52,15 @@ def names(run_id: str) -> list[str]:
 def test_scheduled_flight__the_airline_answers_whether_and_why_not(partners) -> None:
     gateway = AirlineGateway.from_settings()
 
-    sold = gateway.scheduled_flight("SK1240", "2027-03-16")
+    sold = gateway.scheduled_flight("SK1240", new_flight("SK1240").date)
     gone = gateway.scheduled_flight("ZZ9999", "1999-01-01")
+    later = gateway.scheduled_flight("SK1240", (airline_today() + timedelta(days=400)).isoformat())
 
     assert (sold.operates, sold.reason) == (True, "")
     assert (gone.operates, gone.reason) == (False, "past")
+    assert (later.operates, later.reason) == (False, "beyond_horizon")
+    last = airline_today() + timedelta(days=airline.HORIZON_DAYS)
+    assert later.last_bookable_date == last.isoformat()  # counted from the airline's today
 
 
 @pytest.mark.parametrize("engine_name", ["graph", "agent"])
@@ -71,11 +71,11 @@ def test_flight_not_sold__run_fails_readably_and_nothing_happens(
     settings: Any,
     engine_name: str,
     flight: str,
-    day: str,
+    day: Callable[[], date],
     words: str,
 ) -> None:
     settings.REFUNDS_ENGINE = engine_name
-    run_id = submit("SCH001", message=f"Please move me to flight {flight} on {day}.")
+    run_id = submit("SCH001", message=f"Please move me to flight {flight} on {day().isoformat()}.")
 
     run = drive(run_id, max_steps=80)
 

@@ -7,6 +7,7 @@ the partner's side of the story.
 from __future__ import annotations
 
 import socket
+from datetime import date
 
 import pytest
 
@@ -19,7 +20,8 @@ from refunds.gateways import (
     PaymentGateway,
     message_id_for,
 )
-from refunds.sandbox.airline import owner_of
+from refunds.sandbox.airline import BOOKED_DAYS_AHEAD, HORIZON_DAYS, owner_of
+from tests.support.calendar import airline_today, new_flight
 from tests.support.sandbox import SandboxProcess
 
 WF = "wf_gatewaytest"
@@ -243,6 +245,9 @@ def test_booking__is_derived_from_reference(airline, reference, fare_class, paym
     assert (booking.passenger_last_name, booking.contact_email) == (owner.last_name, owner.email)
     assert booking.passenger_name.endswith(owner.last_name)
     assert airline.booking(reference) == booking
+    # In the airline's calendar: at least a week ahead of its today, and on sale.
+    ahead = (date.fromisoformat(booking.date) - airline_today()).days
+    assert BOOKED_DAYS_AHEAD[0] <= ahead <= HORIZON_DAYS, booking.date
 
 
 def test_booking__unknown_reference_is_booking_not_found(airline, clean_sandbox) -> None:
@@ -285,10 +290,11 @@ def test_cancel_seat__dropped_answer_is_retryable_then_replayed(airline, clean_s
 
 
 def test_boarding_pass__replay_with_same_key_issues_once(airline, clean_sandbox) -> None:
-    issue = dict(flight="SK1240", date="2027-03-16", key=key(8), workflow_id=WF)
+    new = new_flight()
+    issue = dict(flight="SK1240", date=new.date, key=key(8), workflow_id=WF)
     first = airline.issue_boarding_pass("ABC123", **issue)
     assert airline.issue_boarding_pass("ABC123", **issue) == first
-    assert (first.flight, first.date) == ("SK1240", "2027-03-16")
+    assert (first.flight, first.date) == ("SK1240", new.date)
     [entry] = clean_sandbox.ledger(workflow_id=WF)["boarding_passes"]
     assert (entry["id"], entry["idempotency_key"]) == (first.boarding_pass_id, key(8))
 
@@ -303,7 +309,7 @@ def test_find_seat_cancellation__finds_the_cancellation_made_under_the_key(airli
 
 def test_find_boarding_pass__finds_the_pass_issued_under_the_key(airline) -> None:
     made = airline.issue_boarding_pass(
-        "ABC123", flight="SK1240", date="2027-03-16", key=key(8), workflow_id=WF
+        "ABC123", flight="SK1240", date=new_flight().date, key=key(8), workflow_id=WF
     )
 
     assert airline.find_boarding_pass(key=key(8)) == made
@@ -314,7 +320,7 @@ def test_boarding_pass__server_error_storm_is_retryable(airline, clean_sandbox) 
     clean_sandbox.set_fault(endpoint="airline.boarding_pass", error_rate=1.0, error_status=500)
     with pytest.raises(RetryableStepError, match="HTTP 500"):
         airline.issue_boarding_pass(
-            "ABC123", flight="SK1240", date="2027-03-16", key=key(8), workflow_id=WF
+            "ABC123", flight="SK1240", date=new_flight().date, key=key(8), workflow_id=WF
         )
     assert clean_sandbox.ledger()["boarding_passes"] == []
 

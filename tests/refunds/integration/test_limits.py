@@ -17,13 +17,13 @@ from agentflow.states import RunStatus
 from refunds.models import RefundRequest
 from refunds.ownership import MISMATCH
 from refunds.sandbox.airline import owner_of
+from tests.support.calendar import new_flight
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
 
 REFERENCE = "LIM001"
 OWNER = owner_of(REFERENCE)
-WORDS = "Please move me to SK1240 on 2027-03-16."
 _sent = itertools.count(1)
 
 
@@ -35,7 +35,7 @@ def send(client: Client, *, ip: str, **fields: str):
         "booking_reference": REFERENCE,
         "last_name": OWNER.last_name,
         "email": OWNER.email,
-        "message": f"{WORDS} ({next(_sent)})",
+        "message": f"{new_flight().words()} ({next(_sent)})",
         "submission_token": html.unescape(token),
         **fields,
     }

@@ -14,6 +14,7 @@ from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
 from refunds import engines
 from refunds.sandbox.airline import owner_of
+from tests.support.calendar import new_flight
 from tests.support.refunds import submit
 from tests.support.sandbox import SandboxProcess
 
@@ -36,7 +37,7 @@ def test_agent_engine__rebooks_with_one_of_each_effect_and_the_graph_s_outcome(
 
     assert run.workflow == engines.AGENT
     assert run.status == RunStatus.COMPLETED, run.error
-    assert run.output.startswith("You're booked on SK1240 on 2027-03-16, seat ")
+    assert run.output.startswith(f"You're booked on SK1240 on {new_flight().date}, seat ")
     # the owner and the flight first, in code
     assert names(run_id)[:3] == ["verify_ownership", "check_flight", "llm"]
     ledger = partners.ledger(workflow_id=run_id)

@@ -23,6 +23,7 @@ from refunds.models import RefundRequest
 from refunds.ownership import MISMATCH
 from refunds.sandbox.airline import owner_of
 from refunds.workflows import refund
+from tests.support.calendar import new_flight
 
 SEQ = {name: seq for seq, name in enumerate(refund.forward_steps, start=1)}
 
@@ -46,11 +47,12 @@ class Flow:
     ) -> None:
         self.run_id = f"wf_{secrets.token_hex(16)}"
         self.owner = owner_of(reference)
+        self.new = new_flight()  # what the customer asks for unless `message` says otherwise
         self.request = RefundRequest.objects.create(
             email=self.owner.email if email is None else email,
             last_name=self.owner.last_name if last_name is None else last_name,
             booking_reference=reference,
-            message=message or "Please move me to SK1240 on 2027-03-16, thanks!",
+            message=message or self.new.words(),
             submission_token=secrets.token_hex(16),
             workflow_id=self.run_id,
         )
@@ -101,7 +103,7 @@ def test_steps__standard_fare_rebooks_charges_45_dollars_and_confirms(partners) 
     assert out["load_request"]["booking_reference"] == "ABC123"
     assert (out["parse_flight_details"]["flight"], out["parse_flight_details"]["date"]) == (
         "SK1240",
-        "2027-03-16",
+        flow.new.date,
     )
     assert out["fetch_booking"]["fare_class"] == "standard"
     assert out["calculate_penalty_fee"] == {"amount_cents": 4500, "currency": "usd"}
@@ -111,7 +113,7 @@ def test_steps__standard_fare_rebooks_charges_45_dollars_and_confirms(partners) 
     assert out["capture_fee"]["captured"] is True
     assert (out["issue_boarding_pass"]["flight"], out["issue_boarding_pass"]["date"]) == (
         "SK1240",
-        "2027-03-16",
+        flow.new.date,
     )
 
     ledger = partners.ledger(workflow_id=flow.run_id)
@@ -130,7 +132,7 @@ def test_steps__standard_fare_rebooks_charges_45_dollars_and_confirms(partners) 
     assert email["message_id"] == out["send_confirmation_email"]["message_id"]
     assert email["message_id"] == f"<{flow.key('send_confirmation_email')}@agentflow.refunds>"
     assert email["to"] == [flow.owner.email]
-    assert email["subject"] == "Your flight change is confirmed: SK1240 on Tuesday 16 March 2027"
+    assert email["subject"] == f"Your flight change is confirmed: SK1240 on {flow.new.in_words}"
 
 
 def test_steps__every_effect_repeated_under_its_key_happens_once(partners) -> None:
@@ -168,7 +170,7 @@ def test_confirmation_email__friendly_text_with_pass_seat_and_fee(partners, sett
     for text in (
         issued["boarding_pass_id"],
         f"New seat:       {issued['seat']}",
-        "New flight:     SK1240 on Tuesday 16 March 2027",
+        f"New flight:     SK1240 on {flow.new.in_words}",
         "Change fee:     $45.00, charged to your card",
         f"no longer booked on {booking['flight']}",
     ):

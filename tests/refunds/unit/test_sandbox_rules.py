@@ -5,15 +5,22 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import time_machine
 
 from refunds.sandbox import airline, faults
 from refunds.sandbox.messages import Request
 from refunds.sandbox.server import Sandbox
 from refunds.sandbox.state import Store
 from refunds.sandbox.stripe_syntax import decode_form, parse_query
+
+#: The airline's today for the functions given one, and the clock frozen at its noon for the
+#: sandbox that reads it (a Tuesday; no test here reads the real date).
+TODAY = date(2026, 12, 1)
+NOON = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
 
 def test_decode_form__nests_brackets_and_builds_lists():
@@ -33,11 +40,14 @@ def test_decode_form__nests_brackets_and_builds_lists():
 
 
 def test_booking__same_reference_same_booking_in_any_case():
-    assert airline.booking("abc123") == airline.booking("ABC123")
-    assert airline.booking("ABC123") != airline.booking("ABC124")
-    assert airline.booking("F00000")["fare_class"] == "flex"
-    assert airline.booking("B00000")["fare_class"] == "basic"
-    assert airline.booking("DECAAA")["payment_method"] == "pm_card_chargeDeclined"
+    def booking(reference: str) -> dict:
+        return airline.booking(reference, today=TODAY)
+
+    assert booking("abc123") == booking("ABC123")
+    assert booking("ABC123") != booking("ABC124")
+    assert booking("F00000")["fare_class"] == "flex"
+    assert booking("B00000")["fare_class"] == "basic"
+    assert booking("DECAAA")["payment_method"] == "pm_card_chargeDeclined"
 
 
 def _post(app: Sandbox, path: str, body: dict, key: str) -> tuple[int, dict, dict]:
@@ -112,7 +122,6 @@ def test_parse_query__rejects_what_the_sandbox_cannot_search(query):
 
 
 # --- the airline's schedule -------------------------------------------------------------------
-TODAY = airline.date(2026, 12, 1)
 
 
 def test_schedule__a_skyways_flight_flies_six_weekdays_seeded_by_its_number():
@@ -128,29 +137,111 @@ def test_schedule__a_skyways_flight_flies_six_weekdays_seeded_by_its_number():
 
 def test_schedule__other_airlines_flights_do_not_fly_here():
     assert airline.operating_weekdays("ZZ9999") == frozenset()
-    assert not airline.operates("LH400", airline.date(2027, 3, 16))
+    assert not airline.operates("LH400", TODAY + timedelta(weeks=15))  # a Tuesday
 
 
 @pytest.mark.parametrize(
-    ("flight", "day", "reason"),
+    ("flight", "days_ahead", "reason"),
     [
-        ("SK1240", "2027-03-16", ""),
-        ("SK1240", "2026-11-30", "past"),
-        ("ZZ9999", "1999-01-01", "past"),
-        ("SK1234", "2027-10-27", ""),  # the 330th day ahead is still sold
-        ("SK1234", "2027-10-28", "beyond_horizon"),
-        ("SK1240", "2027-03-17", "not_operating"),  # a Wednesday, SK1240's day off
-        ("ZZ9999", "2027-03-16", "not_operating"),
+        ("SK1240", 7 * 15, ""),  # a Tuesday
+        ("SK1240", -1, "past"),
+        ("ZZ9999", -10_000, "past"),
+        ("SK1234", airline.HORIZON_DAYS, ""),  # the 330th day ahead is still sold
+        ("SK1234", airline.HORIZON_DAYS + 1, "beyond_horizon"),
+        ("SK1240", 7 * 15 + 1, "not_operating"),  # a Wednesday, SK1240's day off
+        ("ZZ9999", 7 * 15, "not_operating"),
     ],
 )
-def test_schedule_answer__past_beyond_the_horizon_or_not_flying(flight, day, reason):
-    answer = airline.schedule_answer(flight, airline.date.fromisoformat(day), today=TODAY)
+def test_schedule_answer__past_beyond_the_horizon_or_not_flying(flight, days_ahead, reason):
+    day = TODAY + timedelta(days=days_ahead)
+
+    answer = airline.schedule_answer(flight, day, today=TODAY)
 
     assert (answer["operates"], answer["reason"]) == (not reason, reason)
-    assert answer["last_bookable_date"] == "2027-10-27"
+    assert answer["last_bookable_date"] == (TODAY + timedelta(days=330)).isoformat()
 
 
-def test_booking__its_own_flight_flies_on_its_own_date():
-    for reference in ("ABC123", "MKR123", "XYZ789", "QX7K2M", "F00000", "DECAAA"):
-        booked = airline.booking(reference)
-        assert airline.operates(booked["flight"], airline.date.fromisoformat(booked["date"]))
+#: References as customers type them: every fare, and a few hundred more.
+REFERENCES = ["ABC123", "MKR123", "XYZ789", "QX7K2M", "F00000", "DECAAA"] + [
+    f"R{n:05d}" for n in range(300)
+]
+
+
+@pytest.mark.parametrize("today", [TODAY, TODAY + timedelta(days=365), date(2031, 2, 28)])
+def test_booking__lives_in_the_airline_s_calendar_on_any_day(today: date) -> None:
+    """Every booking is one the airline sells on its today: a week ahead at least, inside the
+    horizon, on a day its flight flies."""
+    for reference in REFERENCES:
+        booked = airline.booking(reference, today=today)
+        day = date.fromisoformat(booked["date"])
+
+        assert airline.schedule_answer(booked["flight"], day, today=today)["operates"], booked
+        assert day >= today + timedelta(days=7), booked
+
+
+def test_booking__the_same_on_a_given_day_and_only_its_date_moves_with_the_calendar() -> None:
+    later = TODAY + timedelta(days=365)
+    for reference in REFERENCES:
+        now, again, then = (airline.booking(reference, today=day) for day in (TODAY, TODAY, later))
+        moved = (date.fromisoformat(then["date"]) - date.fromisoformat(now["date"])).days
+
+        assert now == again
+        assert {**then, "date": now["date"]} == now  # passenger, flight, seat: all the same
+        assert 365 - 6 <= moved <= 365 + 6  # as far ahead of its today (then a day it flies)
+
+
+def test_owner_of__the_booking_s_passenger_and_contact_on_any_day() -> None:
+    booked = airline.booking("QX7K2M", today=TODAY + timedelta(days=1000))
+
+    owner = airline.owner_of("QX7K2M")
+
+    assert (owner.last_name, owner.email) == (
+        booked["passenger"]["last_name"],
+        booked["contact_email"],
+    )
+
+
+# --- the sandbox's today: the clock's, moved by its offset --------------------------------------
+def _get(app: Sandbox, path: str, **query: str) -> dict:
+    request = Request(method="GET", path=path, query=query, headers={}, body=b"")
+    response = app.handle(request)
+    assert response.status == 200, response.body
+    return response.body
+
+
+def _last_bookable(app: Sandbox) -> date:
+    answer = _get(app, "/airline/schedule", flight="SK1240", date=TODAY.isoformat())
+    return date.fromisoformat(answer["last_bookable_date"])
+
+
+@pytest.mark.parametrize("offset_days", [0, 365])
+def test_sandbox_today__the_utc_date_moved_by_its_offset(tmp_path: Path, offset_days: int):
+    store = Store(tmp_path / "state.sqlite3")
+    try:
+        app = Sandbox(store, key_window_seconds=86400, today_offset_days=offset_days)
+        with time_machine.travel(NOON + timedelta(hours=11, minutes=59), tick=False):
+            today = TODAY + timedelta(days=offset_days)
+            booked = _get(app, "/airline/bookings/QX7K2M")
+
+            assert app.today() == today
+            assert _last_bookable(app) == today + timedelta(days=airline.HORIZON_DAYS)
+            assert booked == {**airline.booking("QX7K2M", today=today), "seat_held": True}
+        with time_machine.travel(NOON + timedelta(hours=12, minutes=1), tick=False):
+            assert app.today() == today + timedelta(days=1)  # UTC's midnight, wherever it runs
+    finally:
+        store.close()
+
+
+def test_sandbox_today__moved_a_year_by_the_clock_as_by_the_offset(tmp_path: Path):
+    store = Store(tmp_path / "state.sqlite3")
+    try:
+        ahead = Sandbox(store, key_window_seconds=86400, today_offset_days=365)
+        plain = Sandbox(store, key_window_seconds=86400)
+        with time_machine.travel(NOON, tick=False):
+            by_offset = (_last_bookable(ahead), _get(ahead, "/airline/bookings/ABC123"))
+        with time_machine.travel(NOON + timedelta(days=365), tick=False):
+            by_clock = (_last_bookable(plain), _get(plain, "/airline/bookings/ABC123"))
+
+        assert by_offset == by_clock
+    finally:
+        store.close()

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import re
+from datetime import date, timedelta
 
 import pytest
 import requests
+
+from refunds.sandbox.airline import BOOKED_DAYS_AHEAD, HORIZON_DAYS, operates
+from tests.support.calendar import airline_today, new_flight
 
 
 def _get(sandbox, reference: str) -> requests.Response:
@@ -29,7 +33,10 @@ def test_booking__derived_deterministically_from_reference(clean_sandbox):
     assert booking == again.json() == lower.json()
     assert booking["reference"] == "QX7K2M"
     assert re.fullmatch(r"SK\d{3,4}", booking["flight"])
-    assert re.fullmatch(r"2027-\d\d-\d\d", booking["date"])
+    day = date.fromisoformat(booking["date"])  # in the airline's calendar: sold, and flying
+    assert airline_today() + timedelta(days=BOOKED_DAYS_AHEAD[0]) <= day
+    assert day <= airline_today() + timedelta(days=HORIZON_DAYS)
+    assert operates(booking["flight"], day)
     assert re.fullmatch(r"\d{1,2}[A-F]", booking["seat"])
     assert booking["origin"] != booking["destination"]
     assert booking["passenger"]["name"] and booking["status"] == "confirmed"
@@ -110,7 +117,8 @@ def test_cancel_seat__same_key_other_booking_is_idempotency_error(clean_sandbox)
 
 def test_boarding_pass__new_seat_replayed_for_the_same_key(clean_sandbox):
     booking = _get(clean_sandbox, "ABC123").json()
-    body = {"reference": "ABC123", "flight": "SK1234", "date": "2027-03-01", "workflow_id": "wf-bp"}
+    new = new_flight("SK1234")
+    body = {"reference": "ABC123", "flight": "SK1234", "date": new.date, "workflow_id": "wf-bp"}
 
     first = _post(clean_sandbox, "/airline/boarding-passes", body, "bp-1")
     again = _post(clean_sandbox, "/airline/boarding-passes", body, "bp-1")
@@ -120,7 +128,7 @@ def test_boarding_pass__new_seat_replayed_for_the_same_key(clean_sandbox):
     assert (issued["reference"], issued["flight"], issued["date"]) == (
         "ABC123",
         "SK1234",
-        "2027-03-01",
+        new.date,
     )
     assert issued["seat"] != booking["seat"] and issued["barcode"]
     assert again.json() == issued and again.headers["Idempotent-Replayed"] == "true"

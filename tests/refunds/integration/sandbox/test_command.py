@@ -13,6 +13,7 @@ from pathlib import Path
 
 from agentflow.testing.processes import free_port
 from agentflow.testing.waiting import wait_for
+from refunds.sandbox import airline
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -59,3 +60,19 @@ def test_sandbox__without_the_variable_smtp_is_port_plus_one(tmp_path: Path) -> 
     with sandbox_command(tmp_path, "--port", str(http_port)) as log:
         assert f"SMTP 127.0.0.1:{http_port + 1}," in log.read_text()
         assert smtp_answers(http_port + 1)
+
+
+def test_sandbox__the_airline_s_today_runs_as_far_ahead_as_the_setting_says(
+    tmp_path: Path,
+) -> None:
+    """SANDBOX_TODAY_OFFSET_DAYS moves the airline's calendar; `--today-offset-days` wins."""
+    a_year_on = airline.today(offset_days=365)  # computed as the sandbox computes it
+    with sandbox_command(
+        tmp_path, "--port", str(free_port(pair=True)), SANDBOX_TODAY_OFFSET_DAYS="365"
+    ) as log:
+        assert f"the airline's today is {a_year_on.isoformat()})" in log.read_text()
+    with sandbox_command(
+        tmp_path, "--port", str(free_port(pair=True)), "--today-offset-days", "0",
+        SANDBOX_TODAY_OFFSET_DAYS="365",
+    ) as log:  # fmt: skip
+        assert f"the airline's today is {airline.today().isoformat()})" in log.read_text()
