@@ -130,7 +130,13 @@ class Seams:
 
     # --- the seams ------------------------------------------------------------------------
     def _send_step(
-        self, run_id: str, seq: int, *, countdown: float | None = None, fresh: Any = None
+        self,
+        run_id: str,
+        seq: int,
+        *,
+        countdown: float | None = None,
+        fresh: Any = None,
+        queue: str | None = None,
     ) -> bool:
         self.queue.append(Message(run_id=run_id, seq=seq, fresh=fresh))
         return True
