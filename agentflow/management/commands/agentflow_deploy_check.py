@@ -90,7 +90,7 @@ def deploy_report() -> dict[str, Any]:
     summary = {
         word: sum(r["decision"] == word for r in runs) for word in ("upgrade", "pinned", "park")
     }
-    keep = sorted({r["build"] for r in runs if r["decision"] == "pinned"})
+    keep = sorted({str(r["build"]) for r in runs if r["decision"] == "pinned"})
     return {
         "build": builds.current(),
         "runs": runs,
