@@ -99,6 +99,29 @@ class _Presence:
             self.conn.close()
 
 
+def build_states() -> list[dict[str, Any]]:
+    """Every build, newest first: `current` (this process's), `draining` (runs are still on it:
+    keep its workers) or `drained` (none: safe to stop), with its live workers and runs."""
+    own = builds.current()
+    rows = []
+    for row in store.builds_overview():
+        state = "current" if row.id == own else ("draining" if row.active_runs else "drained")
+        rows.append(
+            {
+                "build": row.id,
+                "state": state,
+                "first_seen_at": row.first_seen_at.isoformat(),
+                "last_seen_at": row.last_seen_at.isoformat(),
+                "workflows": row.workflows,
+                "live_workers": row.live_workers,
+                "active_runs": row.active_runs,
+                "pinned_runs": row.pinned_runs,
+                "held_runs": row.held_runs,
+            }
+        )
+    return rows
+
+
 _presence: _Presence | None = None
 
 

@@ -41,7 +41,8 @@ from django.db import transaction
 
 from agentflow import builds, dispatch, registry, store, upgrades
 from agentflow.agent.loop import CodeWorkflow
-from agentflow.models import RunEvent
+from agentflow.models import RunEvent, WorkflowRun
+from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -287,6 +288,45 @@ def decide(run: store.StepState) -> tuple[str, upgrades.Check]:
     if check.safe and workflow is not None and workflow.versioning != "pinned":
         return "upgrade", check
     return ("pinned" if run.build else "park"), check
+
+
+# --- an operator's move ---------------------------------------------------------------------------
+def move(run_id: str, *, actor: str, reason: str) -> str | None:
+    """Move a pinned or parked run to this process's build (the operator's "move to the current
+    build"), after the same check a worker makes: refused with the difference when it is not
+    safe (DBOS's fork onto a new version, with the check in front). A parked run then resumes
+    as a retry does. Raises `store.ActionRefused`."""
+    found = WorkflowRun.objects.filter(pk=run_id).values_list("current_seq", "status").first()
+    if found is None:
+        raise store.ActionRefused("there is no such run")
+    seq, status = found
+    if status not in (*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION):
+        raise store.ActionRefused(f"it is {status}: a finished run stays where it ended")
+    run = store.state_load(run_id, seq)
+    assert run is not None
+    own = builds.current()
+    if run.build == own:
+        raise store.ActionRefused(f"it is on the current build ({own}) already")
+    workflow = _latest(run.workflow)
+    check = upgrades.check(workflow, facts(run), reads=_reads(run, workflow))
+    if not check.safe or workflow is None:
+        raise store.ActionRefused(
+            f"build {own} cannot take it: {check.reason}\n{check.diff()}".rstrip()
+        )
+    store.build_known(own)
+    moved = store.run_move(
+        run_id, seq, from_build=run.build, to_build=own, version=workflow.version,
+        kind=RunEvent.Kind.OPERATOR_MOVE, actor=actor,
+        reason=f"moved from build {run.build or '(none)'} to {own}: {reason}",
+        statuses=[*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION],
+    )  # fmt: skip
+    if not moved:
+        raise store.ActionRefused("it changed meanwhile, or a worker is running its step")
+    if status == RunStatus.NEEDS_ATTENTION:
+        store.run_retry(run_id, actor=actor, reason=reason)
+    else:
+        dispatch.send_step(run_id, seq)
+    return f"moved to build {own}"
 
 
 # --- the sweeper's due runs -----------------------------------------------------------------------

@@ -9,29 +9,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from agentflow import builds, store
-
-
-def build_states() -> list[dict[str, Any]]:
-    """The builds, newest first, each with its state, as the command and the dashboard show it."""
-    own = builds.current()
-    rows = []
-    for row in store.builds_overview():
-        state = "current" if row.id == own else ("draining" if row.active_runs else "drained")
-        rows.append(
-            {
-                "build": row.id,
-                "state": state,
-                "first_seen_at": row.first_seen_at.isoformat(),
-                "last_seen_at": row.last_seen_at.isoformat(),
-                "workflows": row.workflows,
-                "live_workers": row.live_workers,
-                "active_runs": row.active_runs,
-                "pinned_runs": row.pinned_runs,
-                "held_runs": row.held_runs,
-            }
-        )
-    return rows
+from agentflow import builds
+from agentflow.roster import build_states
 
 
 class Command(BaseCommand):

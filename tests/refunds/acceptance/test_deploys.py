@@ -17,14 +17,16 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
+from django.test import Client
 
 from agentflow import durable
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus
 from agentflow.testing.processes import WorkerProcess
 from agentflow.testing.waiting import wait_for
+from refunds.agent import prompts
 from refunds.models import RefundRequest
-from tests.support.refunds import finished, holds_left, money_kept, partner_effects
+from tests.support.refunds import finished, holds_left, money_kept, partner_effects, submit
 from tests.support.refunds import refund_worker_env as worker_env
 from tests.support.sandbox import SandboxProcess
 from tests.support.stack import ROOT, BeatProcess, WebProcess
@@ -38,11 +40,13 @@ IGNORED = shutil.ignore_patterns(
 NEW_STEP = "confirm_fee_schedule"
 
 
-def tree(base: Path, name: str, edit: Callable[[str], str]) -> Path:
-    """A copy of this checkout with its refund workflow edited: another release's code."""
+def tree(
+    base: Path, name: str, edit: Callable[[str], str], module: str = "refunds/workflows.py"
+) -> Path:
+    """A copy of this checkout with one module edited: another release's code."""
     dest = base / name
     shutil.copytree(ROOT, dest, ignore=IGNORED)
-    path = dest / "refunds" / "workflows.py"
+    path = dest / module
     before = path.read_text()
     path.write_text(edit(before))
     assert path.read_text() != before
@@ -65,6 +69,14 @@ def renamed_booking_step(source: str) -> str:
     return source.replace('refund.step("fetch_booking"', 'refund.step("fetch_booking_v2"', 1)
 
 
+#: Build D: the refund agent's system prompt says one more thing.
+PROMPT_LINE = "Answer in one short paragraph."
+
+
+def prompt_changed(source: str) -> str:
+    return source.replace('SYSTEM_PROMPT = """\\\n', f'SYSTEM_PROMPT = """\\\n{PROMPT_LINE}\n', 1)
+
+
 def deploy_check(where: Path, env: dict[str, str]) -> tuple[int, dict[str, Any]]:
     """`manage.py agentflow_deploy_check --json` with that tree's code."""
     done = subprocess.run(
@@ -84,15 +96,15 @@ class Stack:
         self.logs = logs
         self.started: list[Any] = []
 
-    def env(self, build: str, where: Path) -> dict[str, str]:
+    def env(self, build: str, where: Path, engine: str = "graph") -> dict[str, str]:
         return worker_env(
-            self.sandbox, AGENTFLOW_BUILD_ID=build, PYTHONPATH=str(where), REFUNDS_ENGINE="graph",
+            self.sandbox, AGENTFLOW_BUILD_ID=build, PYTHONPATH=str(where), REFUNDS_ENGINE=engine,
             AGENTFLOW_SWEEP_INTERVAL="1",
         )  # fmt: skip
 
-    def worker(self, build: str, where: Path) -> WorkerProcess:
+    def worker(self, build: str, where: Path, engine: str = "graph") -> WorkerProcess:
         worker = WorkerProcess(
-            concurrency=2, env=self.env(build, where), cwd=where, name=f"w{build}",
+            concurrency=2, env=self.env(build, where, engine), cwd=where, name=f"w{build}",
             log_dir=self.logs,
         )  # fmt: skip
         self.started.append(worker)
@@ -204,3 +216,58 @@ def test_three_waivers_waiting_across_a_deploy__checked__none_parked__each_as_de
     status, body = web_b.get(f"/refunds/{public[2]}/status.json")
     assert status == 200 and json.loads(body)["status"] == "COMPLETED"
     assert django_settings.AGENTFLOW_BUILD_ID == "B"
+
+
+def test_agent_refund_under_a_new_prompt__checked_at_its_first_divergence__finishes_on_its_build(
+    stack: Stack,
+    clean_sandbox: SandboxProcess,
+    tmp_path: Path,
+    settings: Any,
+    admin_client: Client,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d_tree = tree(tmp_path, "d", prompt_changed, module="refunds/agent/prompts.py")
+    settings.AGENTFLOW_BUILD_ID = "A"
+    settings.REFUNDS_ENGINE = "agent"
+    worker_a = stack.worker("A", ROOT, "agent")
+    run_id = submit("DPLG01", waiver_reason="bereavement", waiver_details=DETAILS)
+    waiting_for_approval(run_id)
+    first_turn = StepCheckpoint.objects.filter(run_id=run_id, kind="llm").order_by("seq")[0]
+
+    code, report = deploy_check(d_tree, stack.env("D", d_tree, "agent"))
+    assert code == 0, report
+    [run] = report["runs"]
+    assert run["decision"] == "pinned" and run["started_on"] == "A"
+    # Its first model turn is where the new prompt first shows: the first divergent position.
+    assert run["reason"].startswith(
+        f"diverged from its recorded history: Position {first_turn.seq}"
+    )
+    assert run["diff"].startswith("- ")
+    assert report["summary"] == {
+        "runs": 1, "upgrade": 0, "pinned": 1, "park": 0, "builds_to_keep": ["A"]
+    }  # fmt: skip
+
+    # The admin of build D offers the move, with the diff, and refuses it.
+    monkeypatch.setattr(prompts, "SYSTEM_PROMPT", f"{PROMPT_LINE}\n{prompts.SYSTEM_PROMPT}")
+    settings.AGENTFLOW_BUILD_ID = "D"
+    page = admin_client.get(f"/admin/agentflow/workflowrun/{run_id}/change/").content.decode()
+    assert "Move to the current build" in page and "this build (D) cannot take it" in page
+    moved = admin_client.post(
+        f"/admin/agentflow/workflowrun/{run_id}/move/", {"reason": "deploy D"}, follow=True
+    )
+    said = [str(m) for m in moved.context["messages"]]
+    assert any("was not moved to the current build" in m and "diverged" in m for m in said), said
+    monkeypatch.undo()
+
+    # D deployed beside A; the decision comes; the run finishes on A's code.
+    stack.worker("D", d_tree, "agent")
+    settings.AGENTFLOW_BUILD_ID = "D"
+    durable.approve(run_id, actor="ops", reason="We're sorry for your loss.")
+    done = finished(run_id, worker_a, timeout=120)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert set(StepCheckpoint.objects.filter(run_id=run_id).values_list("build", flat=True)) == {
+        "A"
+    }
+    ledger = partner_effects(clean_sandbox, run_id)
+    assert len(ledger["boarding_passes"]) == 1 and money_kept(ledger) == 0
