@@ -139,7 +139,7 @@ def stack(clean_sandbox: SandboxProcess, tmp_path: Path) -> Iterator[Stack]:
 def waiting_for_approval(run_id: str) -> None:
     wait_for(
         lambda: getattr(durable.snapshot(run_id), "waiting_for", None) == "approval",
-        timeout=60,
+        timeout=120,  # an agent run's turns, on a machine the rest of the suite keeps busy
         what=f"{run_id} to wait for approval",
     )
 
