@@ -15,6 +15,11 @@ from django.conf import settings as django_settings
 
 #: name -> (default, or a function that computes it once asked), what it does.
 DEFAULTS: dict[str, tuple[Any, str]] = {
+    "AGENTFLOW_BUILD_ID": (
+        "",
+        "The build this process runs (a release's git sha, an image tag): the same in web, "
+        "worker and beat of one release. Empty: a digest of the registered workflow definitions.",
+    ),
     "AGENTFLOW_LEASE_SECONDS": (10, "Seconds a claimed step's lease lasts between renewals."),
     "AGENTFLOW_SWEEP_INTERVAL": (1, "Seconds between recovery sweeps (in celery beat)."),
     "AGENTFLOW_SWEEP_BATCH": (1000, "Most runs one sweep re-publishes."),

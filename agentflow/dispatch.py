@@ -40,22 +40,31 @@ def fresh_hint(workflow: Workflow, step: str) -> Fresh | None:
 
 
 def send_step(
-    run_id: str, seq: int, *, countdown: float | None = None, fresh: Fresh | None = None
+    run_id: str,
+    seq: int,
+    *,
+    countdown: float | None = None,
+    fresh: Fresh | None = None,
+    queue: str | None = None,
 ) -> bool:
     """Publish now. A broker error is logged, not raised: the run's `wake_at` lets the sweeper
     publish it again, so a lost doorbell costs latency, never the run. `fresh` is only a hint:
-    a stale or wrong one costs the worker nothing but the round trip it was meant to save."""
+    a stale or wrong one costs the worker nothing but the round trip it was meant to save.
+    `queue`: a build's own queue (`builds.queue`), as `agentflow.routing` decided; None, the
+    shared one that `run_step` is routed to."""
     args = [run_id, seq]
     kwargs = {"fresh": fresh} if fresh is not None else {}
     try:
-        _publish(args, kwargs, countdown)
+        _publish(args, kwargs, countdown, queue)
     except Exception as exc:  # kombu raises OperationalError and friends
         logger.warning("could not enqueue %s step %s (%s); the sweeper will", run_id, seq, exc)
         return False
     return True
 
 
-def _publish(args: list[Any], kwargs: dict[str, Any], countdown: float | None) -> None:
+def _publish(
+    args: list[Any], kwargs: dict[str, Any], countdown: float | None, queue: str | None = None
+) -> None:
     """`app.send_task` for a step message, without the per-call work it cannot skip.
 
     A step is one message, so publishing is a third of a step's time in the worker, and
@@ -77,7 +86,7 @@ def _publish(args: list[Any], kwargs: dict[str, Any], countdown: float | None) -
         kwargsrepr=repr(kwargs),
         ignore_result=True,
     )
-    route = _route(app)
+    route = _route(app, queue)
     with app.producer_or_acquire() as producer:
         if _declared(producer, route):
             # kombu would bind a copy of the queue to the channel only to find it in this same
@@ -87,10 +96,19 @@ def _publish(args: list[Any], kwargs: dict[str, Any], countdown: float | None) -
 
 
 @cache
-def _route(app: Any) -> dict[str, Any]:
+def _route(app: Any, queue: str | None = None) -> dict[str, Any]:
     """The options `send_task` routes `run_step` with (task_routes, else the default queue),
-    once per app."""
+    once per app; for a build's `queue`, that queue as Celery makes any missing one (a direct
+    exchange of its name), never the shared route's exchange and routing key."""
+    if queue:
+        return {"queue": app.amqp.queues.new_missing(queue)}
     return dict(app.amqp.router.route({}, RUN_STEP_TASK))
+
+
+def shared_queue(app: Any) -> str:
+    """The name of the queue every worker takes step messages from."""
+    queue = _route(app).get("queue")
+    return str(getattr(queue, "name", queue))
 
 
 def _declared(producer: Any, route: dict[str, Any]) -> bool:
@@ -106,6 +124,16 @@ def _declared(producer: Any, route: dict[str, Any]) -> bool:
 
 
 def send_step_on_commit(
-    run_id: str, seq: int, *, countdown: float | None = None, fresh: Fresh | None = None
+    run_id: str,
+    seq: int,
+    *,
+    countdown: float | None = None,
+    fresh: Fresh | None = None,
+    queue: str | None = None,
 ) -> None:
-    transaction.on_commit(lambda: send_step(run_id, seq, countdown=countdown, fresh=fresh))
+    if queue is None:
+        transaction.on_commit(lambda: send_step(run_id, seq, countdown=countdown, fresh=fresh))
+    else:
+        transaction.on_commit(
+            lambda: send_step(run_id, seq, countdown=countdown, fresh=fresh, queue=queue)
+        )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agentflow import forks, outcomes, registry, store, telemetry
+from agentflow import forks, outcomes, registry, routing, store, telemetry
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
 from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
@@ -297,6 +297,12 @@ class RunSnapshot:
     #: While it waits for approval: `{"call", "arguments", "digest", "requested_at",
     #: "expires_at"}`, the exact call an operator approves or rejects.
     pending_approval: dict[str, Any] | None = None
+    #: The build whose code runs it, and the one it started on (SPEC 3.9).
+    build: str = ""
+    started_build: str = ""
+    #: Why its step may not start now, e.g. "waiting for a worker of build X" (empty: nothing
+    #: holds it).
+    held: str = ""
 
     @property
     def finished(self) -> bool:
@@ -347,4 +353,7 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         steps=steps,
         waiting_for=pending.kind if pending is not None else None,
         pending_approval=approval,
+        build=run.build,
+        started_build=run.started_build,
+        held=routing.reason(run.hold) if run.status == RunStatus.WAITING else "",
     )

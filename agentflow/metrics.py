@@ -211,13 +211,14 @@ def model_cost_saved(*, workflow: str, model: str, saved: Decimal) -> None:
         MODEL_COST_SAVED.labels(workflow, model).inc(float(saved))
 
 
-def active_runs_query() -> QuerySet[WorkflowRun, tuple[str, str, int, int]]:
-    """Active runs and overdue ones by workflow and status, served by `run_sweep_due` (whose
-    predicate is exactly this status list): its cost follows the runs in flight."""
+def active_runs_query() -> QuerySet[WorkflowRun, tuple[str, str, str, int, int]]:
+    """Active runs and overdue ones by workflow, status and the build they are on (SPEC 3.9),
+    served by `run_sweep_due` (whose predicate is exactly this status list): its cost follows
+    the runs in flight."""
     return (
         WorkflowRun.objects.filter(status__in=ACTIVE_RUN_STATUSES)
         .order_by()
-        .values_list("workflow", "status")
+        .values_list("workflow", "status", "build")
         .annotate(n=Count("pk"), late=Count("pk", filter=Q(wake_at__lte=Now())))
     )
 
@@ -294,9 +295,11 @@ class _StateFromDatabase:
         known = sorted(registry.names())
         counts = {(name, str(status)): 0 for name in known for status in ACTIVE_RUN_STATUSES}
         late = dict.fromkeys(known, 0)
-        for workflow, status, n, n_late in active_runs_query():
-            counts[workflow, status] = n
+        per_build: dict[str, int] = {}
+        for workflow, status, build, n, n_late in active_runs_query():
+            counts[workflow, status] = counts.get((workflow, status), 0) + n
             late[workflow] = late.get(workflow, 0) + n_late
+            per_build[build] = per_build.get(build, 0) + n
         for (workflow, status), n in sorted(counts.items()):
             active.add_metric([workflow, str(status)], n)
         for workflow, n in sorted(late.items()):
@@ -321,7 +324,15 @@ class _StateFromDatabase:
         deciding.update((workflow, n) for workflow, n, _ in waiting_for_approval_query())
         for workflow, n in sorted(deciding.items()):
             approvals.add_metric([workflow], n)
-        yield from (active, overdue, parked, approvals, sweeper)
+        by_build = GaugeMetricFamily(
+            "agentflow_runs_by_build",
+            "Runs not finished, by the build whose code runs them (SPEC 3.9): a build whose "
+            "count is 0 has drained.",
+            labels=["build"],
+        )
+        for build, n in sorted(per_build.items()):
+            by_build.add_metric([build or "(none)"], n)
+        yield from (active, overdue, parked, approvals, sweeper, by_build)
 
 
 class _Counted:

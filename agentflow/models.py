@@ -44,6 +44,17 @@ class WorkflowRun(models.Model):
     #: The W3C traceparent its steps hang under when tracing is on (see agentflow.tracing),
     #: so a step re-published without one (by the sweeper) stays in the run's trace.
     trace_parent = models.CharField(max_length=55, blank=True, db_default="")
+    #: The build whose code runs it now (SPEC 3.9): the one it started on, until it moves to
+    #: a newer one that can take it (`agentflow.routing`). Empty: started before builds.
+    build = models.CharField(max_length=100, blank=True, db_default="")
+    #: The build it started on.
+    started_build = models.CharField(max_length=100, blank=True, db_default="")
+    #: It finishes on `build`: its workflow is declared `versioning="pinned"`, or a newer build
+    #: found it could not take it. Its messages go to that build's own queue.
+    pinned = models.BooleanField(default=False, db_default=False)
+    #: Why its step may not start now, as `kind:key` (`build:<id>`: no live worker of the
+    #: build it is pinned to); WAITING meanwhile, re-published when it may go. Empty: nothing.
+    hold = models.CharField(max_length=200, blank=True, db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -85,6 +96,8 @@ class WorkflowRun(models.Model):
                 name="run_needs_attention",
             ),
             models.Index(fields=["-created_at"], name="run_created"),
+            # Held runs, by what holds them: a release reads exactly these.
+            models.Index(fields=["hold"], condition=~Q(hold=""), name="run_held"),
         ]
 
     def __str__(self) -> str:
@@ -111,6 +124,8 @@ class StepCheckpoint(models.Model):
     #: value of the call a replay reads, so it never loads the call's arguments (a model turn's
     #: messages). Empty for graph steps and for calls recorded before the column.
     digest = models.CharField(max_length=64, blank=True, db_default="")
+    #: The build whose code ran (claimed or completed) it last (SPEC 3.9).
+    build = models.CharField(max_length=100, blank=True, db_default="")
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     #: For FAILED: may another attempt run under the same key?
@@ -185,6 +200,16 @@ class RunEvent(models.Model):
         OPERATOR_REJECT = "operator_reject", "Rejected by an operator"
         #: A signal's or an approval's timeout passed first (an approval's: the reject path).
         WAIT_TIMED_OUT = "wait_timed_out", "Wait timed out"
+        #: A newer build took the run by rule (SPEC 3.9): `data` has both builds and versions.
+        UPGRADED = "upgraded", "Moved to a newer build"
+        #: A newer build could not take it: it finishes on its own build (`data`: the diff).
+        PINNED = "pinned", "Stays on its build"
+        #: Its step may not start now (no live worker of its build): WAITING with the reason.
+        HELD = "held", "Waiting to start"
+        #: What held it is gone (a worker of its build started): published again.
+        RELEASED = "released", "Released"
+        #: An operator moved it to the current build, after the same check.
+        OPERATOR_MOVE = "operator_move", "Moved to the current build by an operator"
 
     run = models.ForeignKey(
         WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False
@@ -381,3 +406,45 @@ class SweeperHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} at {self.swept_at}"
+
+
+class Build(models.Model):
+    """A build (SPEC 3.9): the code a process runs, named by AGENTFLOW_BUILD_ID or a digest of
+    its definitions. Recorded by the first process of it that starts a run or a worker."""
+
+    id = models.CharField(primary_key=True, max_length=100)
+    #: What it registers (each workflow's version, steps, kinds, compensations): what a newer
+    #: build compares a run of it against, and what `agentflow_builds` shows.
+    definitions = models.JSONField(default=dict, blank=True)
+    #: Database time. Orders builds: a run never moves to a build first seen before its own.
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-first_seen_at"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class BuildWorker(models.Model):
+    """A live worker process of a build (its main process): a heartbeat, and on Postgres an
+    advisory lock whose release says at once that it died (SPEC 3.7)."""
+
+    name = models.CharField(primary_key=True, max_length=200)
+    build = models.CharField(max_length=100)
+    #: The build's own queue it consumes, besides the shared one.
+    queue = models.CharField(max_length=200)
+    started_at = models.DateTimeField()
+    #: Database time of its latest heartbeat.
+    seen_at = models.DateTimeField()
+    #: Its liveness lock (None: leases alone, e.g. SQLite) and the server it is held on.
+    lock = models.BigIntegerField(null=True, blank=True)
+    lock_server = models.CharField(max_length=40, blank=True)
+
+    class Meta:
+        ordering = ["build", "name"]
+        indexes = [models.Index(fields=["build"], name="build_worker_build")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.build})"

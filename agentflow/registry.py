@@ -159,8 +159,9 @@ class Workflow:
     """A named, versioned definition. Declare steps in order with the `step` decorator.
 
     Names are persisted, so they are given explicitly and never derived from function names.
-    Bump `version` whenever steps change meaning; runs started on another version are parked
-    for an operator instead of being resumed by code that no longer matches their checkpoints.
+    Bump `version` whenever steps change. A run in flight moves to the new code only when its
+    recorded steps are all there, in the same order and kind (SPEC 3.9, `agentflow.upgrades`);
+    otherwise it finishes on the build it started on.
     """
 
     name: str
@@ -169,8 +170,16 @@ class Workflow:
     #: customer), after the compensations of the steps that had taken effect.
     on_failure: str | None = None
     steps: dict[str, StepDef] = field(default_factory=dict)
+    #: "auto": a run moves to a newer build when that build can take it by rule (SPEC 3.9);
+    #: "pinned": every run finishes on the build it started on.
+    versioning: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.versioning not in VERSIONING:
+            raise DefinitionError(
+                f"workflow {self.name!r}: versioning is one of {VERSIONING}, "
+                f"not {self.versioning!r}"
+            )
         register(self)
 
     def step(
@@ -369,14 +378,20 @@ class Workflow:
         return name in self.steps and self.steps[name].compensation_only
 
 
+#: A workflow's choices of `versioning`.
+VERSIONING = ("auto", "pinned")
+
 _definitions: dict[tuple[str, int], Workflow] = {}
 _latest: dict[str, Workflow] = {}
+#: Grows with every register and unregister: what a cached digest of the definitions keys on.
+_generation = [0]
 
 
 def register(workflow: Workflow) -> None:
     key = (workflow.name, workflow.version)
     if key in _definitions:
         raise DefinitionError(f"workflow {workflow.name!r} v{workflow.version} registered twice")
+    _generation[0] += 1
     _definitions[key] = workflow
     current = _latest.get(workflow.name)
     if current is None or current.version < workflow.version:
@@ -385,6 +400,7 @@ def register(workflow: Workflow) -> None:
 
 def unregister(workflow: Workflow) -> None:
     """For tests that redefine a workflow to simulate a deploy."""
+    _generation[0] += 1
     _definitions.pop((workflow.name, workflow.version), None)
     if _latest.get(workflow.name) is workflow:
         del _latest[workflow.name]
@@ -411,3 +427,13 @@ def validate_all() -> None:
 
 def names() -> list[str]:
     return sorted(_latest)
+
+
+def definitions() -> list[Workflow]:
+    """Every registered definition, by name and version."""
+    return [_definitions[key] for key in sorted(_definitions)]
+
+
+def generation() -> int:
+    """Changes whenever the registered definitions do."""
+    return _generation[0]

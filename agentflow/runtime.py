@@ -13,6 +13,7 @@ from dataclasses import replace
 from django.db import IntegrityError, connection, transaction
 
 from agentflow import (
+    builds,
     context_loader,
     dispatch,
     faults,
@@ -20,6 +21,7 @@ from agentflow import (
     outcomes,
     pooler,
     registry,
+    routing,
     store,
     telemetry,
     waits,
@@ -66,11 +68,20 @@ def run_step(
         # message: republish it for that crash's redelivery, or when the run is overdue. A plain
         # duplicate must not, or it rides along to the run's end, one extra message per step.
         if redelivered or run.overdue:
-            dispatch.send_step(run.id, run.current_seq)
+            queue = builds.route(run.build, run.pinned)
+            if queue is None:
+                dispatch.send_step(run.id, run.current_seq)
+            else:
+                dispatch.send_step(run.id, run.current_seq, queue=queue)
         return
     span = batch_span(run.current_step)
     if seq > run.current_seq and not (span is not None and span[0] <= seq <= span[1]):
         return
+    # Which build's code runs this step (SPEC 3.9): free when it is this one's.
+    admitted = routing.admit(run, seq)
+    if admitted is None:
+        return  # forwarded to its build's queue, held, or parked: nothing of it runs here
+    run = admitted
     seen = run.checkpoint
     workflow = registry.lookup(run.workflow, run.version)
     if workflow is None:

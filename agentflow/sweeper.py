@@ -2,7 +2,10 @@
 
 It never runs steps itself. It re-publishes runs past their wake-up time (a lost message, a
 lease that ran out, a retry time reached) and, on Postgres, runs whose step's owner has lost its
-advisory lock (its process died, on any host: SPEC 3.7), without waiting for the lease.
+advisory lock (its process died, on any host: SPEC 3.7), without waiting for the lease. Where
+each goes (the shared queue, or the build queue of a pinned run) and whether a held one may go
+now is `agentflow.routing`'s to say: a pinned run with no live worker of its build is held
+rather than published to a queue nobody reads.
 Publishing twice is harmless: a duplicate message loses the claim, finds the step completed,
 or finds the run finished. Every decision uses the database's clock.
 """
@@ -15,9 +18,8 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, close_old_connections, transaction
 
-from agentflow import dispatch, registry, store, telemetry
+from agentflow import dispatch, routing, store, telemetry
 from agentflow.conf import settings
-from agentflow.models import RunEvent
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +28,8 @@ logger = logging.getLogger(__name__)
 class SweepReport:
     requeued: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
+    #: Pinned runs with no live worker of their build: held, not published (SPEC 3.9).
+    held: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     query_ms: float = 0.0
 
@@ -35,33 +39,33 @@ def sweep(*, limit: int | None = None) -> SweepReport:
     sweepers at once never publish the same run twice."""
     close_old_connections()
     report = SweepReport()
-    ready: list[store.DueRun] = []
+    ready: list[routing.Route] = []
     with transaction.atomic():
         started = time.perf_counter()
         due = store.sweep_due(limit or settings.AGENTFLOW_SWEEP_BATCH)
         report.query_ms = (time.perf_counter() - started) * 1000
-        for run in due:
-            if registry.lookup(run.workflow, run.version) is not None:
-                ready.append(run)
-                continue
-            try:
-                with transaction.atomic():  # a savepoint: one broken run spoils nothing else
-                    store.run_park(
-                        run.id,
-                        run.seq,
-                        f"no definition {run.workflow} v{run.version} is deployed; "
-                        "the sweeper cannot resume it",
-                        kind=RunEvent.Kind.VERSION_MISMATCH,
-                        fence=run.fence,
-                    )
-                report.parked.append(run.id)
-            except DatabaseError as exc:
-                logger.exception("sweeper skipped run %s", run.id)
-                report.errors.append(f"{run.id}: {exc}")
-        store.sweep_push(ready)
-    for run in ready:
-        dispatch.send_step(run.id, run.seq)
-        report.requeued.append(run.id)
+        still_held: list[store.DueRun] = []
+        for route in routing.sweep_routes(due):
+            if route.hold is None:
+                ready.append(route)
+            elif not route.new_hold:
+                still_held.append(route.run)
+            else:
+                try:
+                    with transaction.atomic():  # a savepoint: one broken run spoils nothing else
+                        if routing.hold_due(route):
+                            report.held.append(route.run.id)
+                except DatabaseError as exc:
+                    logger.exception("sweeper skipped run %s", route.run.id)
+                    report.errors.append(f"{route.run.id}: {exc}")
+        store.sweep_keep_held(still_held, routing.HOLD_RECHECK_SECONDS)
+        store.sweep_push([route.run for route in ready])
+    for route in ready:
+        if route.queue is None:
+            dispatch.send_step(route.run.id, route.run.seq)
+        else:
+            dispatch.send_step(route.run.id, route.run.seq, queue=route.queue)
+        report.requeued.append(route.run.id)
     store.heartbeat_record(requeued=len(report.requeued), query_ms=report.query_ms)
     telemetry.sweep_finished(  # counts the pass; logs which runs, and nothing when idle
         requeued=report.requeued, parked=report.parked, query_ms=report.query_ms

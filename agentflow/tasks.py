@@ -9,10 +9,10 @@ from datetime import timedelta
 from typing import Any
 
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from agentflow import beat, dispatch, pooler, runtime, store, telemetry
+from agentflow import beat, builds, dispatch, pooler, roster, runtime, store, telemetry
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -78,6 +78,35 @@ def purge_task() -> None:
     )
     if deleted.runs:
         logger.info("retention: deleted %s (older than %d days)", deleted.describe(), days)
+
+
+@celeryd_after_setup.connect
+def _consume_this_builds_queue(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """A worker that takes step messages also consumes its build's own queue (SPEC 3.9), where
+    runs that finish on this build are sent; whatever `-Q` said. Celery's documented way to add
+    a queue every worker of a kind consumes (`celeryd_after_setup`, after `-Q` is applied). A
+    worker that consumes no step queue (`-Q emails`) runs no steps and is left alone."""
+    queues = instance.app.amqp.queues
+    if dispatch.shared_queue(instance.app) not in queues.consume_from:
+        return
+    own = builds.queue(builds.current())
+    queues.select_add(own)
+    instance._agentflow_build_queue = own  # for worker_ready, in this same process
+
+
+@worker_ready.connect
+def _join_the_roster(sender: Any, **kwargs: Any) -> None:
+    """Live workers of this build are counted from here (routing sends a pinned run's step to
+    its build's queue only while one is alive), and runs held for this build go now."""
+    worker = getattr(sender, "controller", None)
+    queue = getattr(worker, "_agentflow_build_queue", None)
+    if queue is not None:
+        roster.join(queue)
+
+
+@worker_shutdown.connect
+def _leave_the_roster(**kwargs: Any) -> None:
+    roster.leave()
 
 
 @worker_ready.connect

@@ -247,6 +247,9 @@ AGENTFLOW_SWEEP_BATCH = env_int("AGENTFLOW_SWEEP_BATCH", 1000, minimum=1)
 AGENTFLOW_MAX_ATTEMPTS = env_int("AGENTFLOW_MAX_ATTEMPTS", 8, minimum=1)
 # The demo workflow `make run` starts (config/workflows.py), beside every installed app's.
 AGENTFLOW_WORKFLOW_MODULES = ["config.workflows", *env_list("AGENTFLOW_WORKFLOW_MODULES", [])]
+# The release this process runs (SPEC 3.9): a git sha or an image tag; empty, a digest of the
+# registered workflow definitions. The same in web, worker and beat of one release.
+AGENTFLOW_BUILD_ID = env_str("AGENTFLOW_BUILD_ID", "")
 AGENTFLOW_HOSTNAME = env_str("AGENTFLOW_HOSTNAME", socket.gethostname())
 # Where each worker process holds its liveness lock (SPEC 3.7); empty: the default database;
 # "off": leases alone. Behind PgBouncer in transaction mode, a direct URL to Postgres.

@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from agentflow import registry, store
+from agentflow import registry, routing, store
 from agentflow.admin import approvals, privacy
 from agentflow.admin.display import badge
 from agentflow.forms import DecisionForm, ReasonForm
@@ -127,7 +127,21 @@ REJECT = Verb(
     act=approvals.reject,
     permission="approve",
 )
-VERBS = {verb.name: verb for verb in (RETRY, RESUME, CANCEL, APPROVE, REJECT)}
+MOVE = Verb(
+    name="move",
+    label="Move to the current build",
+    done="moved to the current build",
+    offered_for=(*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION),
+    explanation=(
+        "Move runs each run's next step on this build's code instead of the build it is on. "
+        "The same check as a deploy's comes first: every step it recorded must be in this "
+        "build in the same order and kind (an agent run must replay with identical calls), "
+        "and every compensation it may need must still exist; otherwise the move is refused "
+        "with the first difference. A parked run then resumes as a retry does."
+    ),
+    act=routing.move,
+)
+VERBS = {verb.name: verb for verb in (RETRY, RESUME, CANCEL, APPROVE, REJECT, MOVE)}
 
 
 def perform(

@@ -22,7 +22,7 @@ from django.db.models import Count, Min, Q
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from agentflow import metrics, store
+from agentflow import metrics, roster, store
 from agentflow.admin import counting
 from agentflow.admin.counting import count_label, planner_estimate
 from agentflow.admin.display import duration
@@ -143,4 +143,5 @@ def dashboard(now: datetime) -> dict[str, Any]:
         "overdue_url": url(wake="overdue"),
         "recent": recent_activity(now),
         "sweeper": sweeper_health(),
+        "builds": roster.build_states(),
     }

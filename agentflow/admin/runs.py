@@ -19,7 +19,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from agentflow import links, registry
+from agentflow import builds, links, registry, routing, store
 from agentflow.admin import actions as run_actions
 from agentflow.admin import approvals, forking, privacy, run_page, signals
 from agentflow.admin.counting import EstimatingPaginator, bounded_count
@@ -30,11 +30,11 @@ from agentflow.admin.filters import WakeFilter, WorkflowFilter
 from agentflow.admin.inlines import EventInline, StepInline
 from agentflow.forms import ReasonForm
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus
+from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
 
 RUN_FIELDS = (
     "id", "definition", "status_badge", "current", "current_attempts", "business_key",
-    "related", "wake_up", "created", "updated",
+    "related", "wake_up", "created", "updated", "build_block",
 )  # fmt: skip
 PAYLOAD_FIELDS = ("error_block", "output_block", "input_block", "compensations_block")
 WAIT_FIELDS = ("pending_block", "waits_block", "signals_block")
@@ -119,10 +119,39 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                 '{} v{} <span class="af-overdue" title="{}">not in this code</span>',
                 run.workflow,
                 run.version,
-                "No definition of this name and version is deployed: a worker would park the "
-                "run rather than guess its steps.",
+                "No definition of this name and version is in this code: the build field "
+                "below says whether this build could take the run.",
             )
         return f"{run.workflow} v{run.version}"
+
+    @admin.display(description="build")
+    def build_block(self, run: WorkflowRun) -> str:
+        """The build it is on, why it waits if a build holds it, and, when it is not on this
+        build, whether this build could take it: the first difference as a diff (SPEC 3.9)."""
+        own = builds.current()
+        parts = [format_html("<code>{}</code> (started on <code>{}</code>)", run.build or "—",
+                             run.started_build or "—")]  # fmt: skip
+        if run.pinned:
+            parts.append(format_html(" · pinned: it finishes on its build"))
+        held = routing.reason(run.hold) if run.status == RunStatus.WAITING else ""
+        if held:
+            parts.append(format_html(' · <span class="af-overdue">{}</span>', held))
+        if run.build != own and run.status not in TERMINAL_RUN_STATUSES:
+            state = store.state_load(run.id, run.current_seq)
+            if state is not None:
+                _, check = routing.decide(state)
+                if check.safe:
+                    parts.append(format_html("<div>this build ({}) can take it</div>", own))
+                else:
+                    parts.append(
+                        format_html(
+                            "<div>this build ({}) cannot take it: {}</div><pre>{}</pre>",
+                            own,
+                            check.reason,
+                            check.diff(),
+                        )
+                    )
+        return format_html_join("", "{}", ((part,) for part in parts))
 
     @admin.display(description="related")
     def related(self, run: WorkflowRun) -> str:
@@ -264,6 +293,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             return False
         if verb.permission == "approve":
             return getattr(run, "open_wait_kind", None) == "approval"
+        if verb is run_actions.MOVE:
+            return run.build != builds.current()
         return True
 
     def may(self, request: HttpRequest, verb: run_actions.Verb) -> bool:

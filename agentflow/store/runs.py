@@ -17,7 +17,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
 
-from agentflow import dispatch, outcomes, telemetry
+from agentflow import builds, dispatch, outcomes, telemetry
 from agentflow.conf import settings
 from agentflow.context import idempotency_key
 from agentflow.exceptions import AgentflowError
@@ -25,6 +25,7 @@ from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowR
 from agentflow.registry import StepDef, Workflow
 from agentflow.states import RunStatus, StepStatus
 from agentflow.store import sql
+from agentflow.store.builds import build_known
 from agentflow.store.events import event_add, event_time
 from agentflow.store.sensitive import masked
 from agentflow.store.steps import ACTIVE, CheckpointRow, Claim, state_load
@@ -69,8 +70,11 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
     # Inside the caller's transaction a savepoint keeps a lost business-key race from aborting
     # it; alone, the INSERT is its own commit: one round trip instead of BEGIN/INSERT/COMMIT.
     own = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
+    build = builds.current()
+    pinned = workflow.versioning == "pinned"
     try:
         with own:
+            build_known(build)
             run = WorkflowRun.objects.create(
                 workflow=workflow.name,
                 version=workflow.version,
@@ -80,9 +84,12 @@ def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> t
                 current_step=workflow.first_step(),
                 current_seq=1,
                 wake_at=_db_now_plus(enqueue_grace()),
+                build=build,
+                started_build=build,
+                pinned=pinned,
             )
             hint = dispatch.fresh_hint(workflow, run.current_step)
-            dispatch.send_step_on_commit(run.id, 1, fresh=hint)
+            dispatch.send_step_on_commit(run.id, 1, fresh=hint, queue=builds.route(build, pinned))
     except IntegrityError:
         if business_key is None:
             raise

@@ -22,6 +22,8 @@ from django.utils.dateparse import parse_datetime
 
 from agentflow import leases, pooler
 from agentflow.models import (
+    Build,
+    BuildWorker,
     RunEvent,
     RunSignal,
     RunWait,
@@ -38,8 +40,10 @@ HEARTBEATS = SweeperHeartbeat._meta.db_table
 WAITS = RunWait._meta.db_table
 SIGNALS = RunSignal._meta.db_table
 RECEIPTS = WebhookReceipt._meta.db_table
+BUILDS = Build._meta.db_table
+WORKERS = BuildWorker._meta.db_table
 JSON_COLUMNS = frozenset(
-    {"input", "output", "compensations", "arguments", "data", "outcome", "payload"}
+    {"input", "output", "compensations", "arguments", "data", "outcome", "payload", "definitions"}
 )
 
 

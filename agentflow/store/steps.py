@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from agentflow import dispatch, faults, leases, telemetry
+from agentflow import builds, dispatch, faults, leases, telemetry
 from agentflow.conf import settings
 from agentflow.context import idempotency_key
 from agentflow.models import RunEvent
@@ -72,6 +72,10 @@ class StepState:
     #: Past its wake-up time (database clock): nothing has moved it for too long.
     overdue: bool
     checkpoint: CheckpointRow | None
+    #: The build whose code runs it (SPEC 3.9); pinned to it; what holds it (see the model).
+    build: str = ""
+    pinned: bool = False
+    hold: str = ""
 
 
 _STATE_COLUMNS = f"""
@@ -81,14 +85,14 @@ _STATE_COLUMNS = f"""
     CASE WHEN c.id IS NULL THEN false ELSE {sql.claimable("c")} END,
     COALESCE(c.lease_expires_at <= {sql.now()}, false),
     c.first_started_at, c.started_at, c.lease_expires_at, {sql.seconds_since("c.first_started_at")},
-    r.branch, c.kind
+    r.branch, c.kind, r.build, r.pinned, r.hold
 """
 _STATE_FROM = f"""
     FROM {sql.RUNS} r
     LEFT JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = %s
     WHERE r.id = %s
 """
-_STATE_WIDTH = 25
+_STATE_WIDTH = 28
 
 
 def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None:
@@ -135,6 +139,9 @@ def _state_from_row(run_id: str, row: tuple[Any, ...] | None) -> StepState | Non
         branch=int(row[23] or 0),
         overdue=bool(row[9]),
         checkpoint=checkpoint,
+        build=row[25],
+        pinned=bool(row[26]),
+        hold=row[27],
     )
 
 
@@ -165,15 +172,15 @@ def _load_and_claim_query() -> str:
     WITH claimed_run AS (
         UPDATE {sql.RUNS} r SET status = %s, wake_at = {sql.now_plus()}, updated_at = {sql.now()}
         WHERE r.id = %s AND r.current_seq = %s AND r.status IN (%s, %s) AND NOT r.cancel_requested
-          AND r.workflow = %s AND r.version = %s AND r.current_step = %s
+          AND r.workflow = %s AND r.version = %s AND r.current_step = %s AND r.build = %s
           AND NOT EXISTS (SELECT 1 FROM {sql.STEPS} c WHERE c.run_id = r.id AND c.seq = %s)
         RETURNING r.id, r.fence_floor
     ), claimed AS (
         INSERT INTO {sql.STEPS} (run_id, seq, name, kind, idempotency_key, status, attempts, fence,
                                  retryable, error, lease_owner, lease_lock, lease_server,
-                                 lease_expires_at, started_at, first_started_at)
+                                 lease_expires_at, started_at, first_started_at, build)
         SELECT id, %s, %s, %s, %s, %s, 1, fence_floor + 1, false, '', %s, %s, %s,
-               {sql.now_plus()}, {sql.now()}, {sql.now()}
+               {sql.now_plus()}, {sql.now()}, {sql.now()}, %s
         FROM claimed_run
         RETURNING id, started_at, fence
     )
@@ -194,13 +201,14 @@ def state_load_claiming(
         return state_load(run_id, seq), None
     owner, lock, server = leases.current_owner()
     lease = _lease_seconds()
+    build = builds.current()  # only a worker of the run's build claims (SPEC 3.9)
     params = [
         RunStatus.RUNNING, lease,
         run_id, seq, RunStatus.PENDING, RunStatus.RUNNING,
-        workflow.name, workflow.version, step.name,
+        workflow.name, workflow.version, step.name, build,
         seq,
         seq, step.name, step.kind, idempotency_key(run_id, seq), StepStatus.IN_PROGRESS,
-        owner, lock, server, lease,
+        owner, lock, server, lease, build,
         seq, run_id,
     ]  # fmt: skip
     try:
@@ -259,6 +267,7 @@ def step_claim(run: StepState, step: StepDef, seq: int, seen: CheckpointRow | No
         "finished_at": None,
         "retry_at": None,
         "error": "",
+        "build": builds.current(),
     }
     takeover = seen is not None and seen.status == StepStatus.IN_PROGRESS
     try:
@@ -424,9 +433,7 @@ def step_complete(
         )
         return False
     hint = _fresh(workflow, changes)
-    transaction.on_commit(
-        partial(_after_complete, run.id, step.name, claim.attempt, next_seq, hint)
-    )
+    transaction.on_commit(partial(_after_complete, run, step.name, claim.attempt, next_seq, hint))
     if next_seq is None:
         telemetry.run_finished(run.id, workflow.name, changes["status"])
     return True
@@ -470,6 +477,7 @@ def unclaimed_complete(
                 "lease_expires_at": None,
                 "lease_owner": "",
                 "lease_lock": None,
+                "build": builds.current(),
             },
             claimable=False,
         ),
@@ -481,7 +489,7 @@ def unclaimed_complete(
     )
     if done is not None:
         hint = _fresh(workflow, changes)
-        transaction.on_commit(partial(_after_complete, run.id, step.name, attempt, next_seq, hint))
+        transaction.on_commit(partial(_after_complete, run, step.name, attempt, next_seq, hint))
         if next_seq is None:
             telemetry.run_finished(run.id, workflow.name, changes["status"])
     return done is not None
@@ -495,6 +503,9 @@ def _as_decided(run: StepState) -> dict[str, Any]:
         "current_step": run.current_step,
         "cancel_requested": run.cancel_requested,
         "branch": run.branch,
+        # The build is part of what decided: a worker of another build never claims or
+        # completes anything of a run that moved (SPEC 3.9, rollback).
+        "build": run.build,
     }
 
 
@@ -536,6 +547,8 @@ def _advance(
 ) -> tuple[dict[str, Any], int | None]:
     """The run's changes when it moves past `seq`, and the next seq to publish (if any)."""
     changes: dict[str, Any] = {"current_seq": seq + 1, "updated_at": sql.at_now()}
+    if getattr(run, "hold", ""):
+        changes["hold"] = ""  # a hold's reason ends once its step ran
     if step.compensation_only:
         remaining = list(run.compensations)
         next_step = remaining.pop(0) if remaining else None
@@ -564,8 +577,12 @@ def _fresh(workflow: Workflow, changes: dict[str, Any]) -> dispatch.Fresh | None
 
 
 def _after_complete(
-    run_id: str, step_name: str, attempt: int, next_seq: int | None, fresh: dispatch.Fresh | None
+    run: StepState, step_name: str, attempt: int, next_seq: int | None, fresh: dispatch.Fresh | None
 ) -> None:
     faults.crash_point(step_name, "after_complete", attempt)
     if next_seq is not None:
-        dispatch.send_step(run_id, next_seq, fresh=fresh)
+        queue = builds.route(run.build, run.pinned)
+        if queue is None:
+            dispatch.send_step(run.id, next_seq, fresh=fresh)
+        else:
+            dispatch.send_step(run.id, next_seq, fresh=fresh, queue=queue)

@@ -67,13 +67,18 @@ class DueRun:
     late_seconds: float
     #: The checkpoint's fence at `seq` (None if it has none), to fence a park on.
     fence: int | None
+    #: Where it stands on builds (SPEC 3.9): `agentflow.routing` decides where it goes.
+    build: str = ""
+    pinned: bool = False
+    hold: str = ""
 
 
 def _due_query() -> str:
     return f"""
         SELECT r.id, r.workflow, r.version, r.current_seq, r.status,
                {sql.seconds_since("r.wake_at")},
-               (SELECT c.fence FROM {sql.STEPS} c WHERE c.run_id = r.id AND c.seq = r.current_seq)
+               (SELECT c.fence FROM {sql.STEPS} c WHERE c.run_id = r.id AND c.seq = r.current_seq),
+               r.build, r.pinned, r.hold
         FROM {sql.RUNS} r
         WHERE r.status IN ({sql.placeholders(ACTIVE)}) AND r.wake_at <= {sql.now()}
         ORDER BY r.wake_at
@@ -89,7 +94,8 @@ _ABANDONED_QUERY = f"""
         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
     )
-    SELECT r.id, r.workflow, r.version, r.current_seq, r.status, 0.0, c.fence
+    SELECT r.id, r.workflow, r.version, r.current_seq, r.status, 0.0, c.fence,
+           r.build, r.pinned, r.hold
     FROM {sql.RUNS} r JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = r.current_seq
     WHERE r.status IN ({", ".join(["%s"] * len(ACTIVE))}) AND r.wake_at > now()
       AND c.status = 'IN_PROGRESS' AND c.lease_lock IS NOT NULL AND c.lease_expires_at > now()
@@ -127,20 +133,35 @@ def sweep_due(limit: int) -> list[DueRun]:
             status=row[4],
             late_seconds=max(float(row[5] or 0.0), 0.0),
             fence=row[6],
-            reason=row[7],
+            build=row[7],
+            pinned=bool(row[8]),
+            hold=row[9],
+            reason=row[10],
         )
         for row in rows
     ]
 
 
+def sweep_keep_held(runs: list[DueRun], seconds: float) -> None:
+    """Held runs whose hold still stands: looked at again in `seconds`, nothing published and
+    no event (the hold's own event said why, once)."""
+    if runs:
+        sql.execute(
+            f"UPDATE {sql.RUNS} SET wake_at = {sql.now_plus()} "
+            f"WHERE id IN ({sql.placeholders(runs)})",
+            [seconds, *(run.id for run in runs)],
+        )
+
+
 def sweep_push(runs: list[DueRun]) -> None:
     """Push the locked runs' wake-up time one enqueue grace on (so the next sweep leaves them
-    alone while their message is delivered) and record one event each (I6)."""
+    alone while their message is delivered) and record one event each (I6). A run that was
+    held is held no more: it is published now."""
     if not runs:
         return
     grace = float(settings.AGENTFLOW_LEASE_SECONDS)
     sql.execute(
-        f"UPDATE {sql.RUNS} SET wake_at = {sql.now_plus()}, updated_at = {sql.now()} "
+        f"UPDATE {sql.RUNS} SET wake_at = {sql.now_plus()}, updated_at = {sql.now()}, hold = '' "
         f"WHERE id IN ({sql.placeholders(runs)})",
         [grace, *(run.id for run in runs)],
     )

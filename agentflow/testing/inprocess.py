@@ -95,6 +95,7 @@ def capture_messages() -> Iterator[Outbox]:
                 *,
                 countdown: float | None = None,
                 fresh: dispatch.Fresh | None = None,
+                queue: str | None = None,
             ) -> bool:
                 outbox.messages.append(Message(run_id=run_id, seq=seq, countdown=countdown))
                 return True

@@ -4,9 +4,10 @@ refunds, graph and agent, on the real database and the real partner sandbox.
 Its rules are what can happen to them — a step message delivered (in any order, twice, or
 never), a delivery crashed or paused at a crash point, a sweep, time passing, an operator's
 retry, resume, cancel or fork, an approver's approve or reject of a fee waiver (or its timeout),
-a partner's outcome for its next call, the model's answers —
-and after every rule it checks, at the sandbox's ledger and in the database, I1 (one effect
-per key), I7 (no run silently stuck) and I8 (no money kept without the service), and I5 (a
+a partner's outcome for its next call, the model's answers, a deploy (the registered refund
+definition gains a step before the fee and the process's build changes under the runs in
+flight) — and after every rule it checks, at the sandbox's ledger and in the database, I1 (one
+effect per key), I7 (no run silently stuck) and I8 (no money kept without the service), and I5 (a
 fenced-out worker changes nothing) whenever a paused worker wakes. At the end partners heal,
 every message is delivered and sweeps run until quiet: every run must settle. Steps run here
 through `runtime.run_step`, the Celery task's own entry; `seams` says how the process is taken
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import secrets
 import threading
+from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -26,7 +29,7 @@ from hypothesis import currently_in_test_context, target
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from agentflow import durable, faults, leases, runtime, store, sweeper
+from agentflow import builds, durable, faults, leases, registry, runtime, store, sweeper
 from agentflow.models import WorkflowRun
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
 from agentflow.store import synthetic
@@ -73,6 +76,9 @@ SETTLE_ROUNDS = 40
 SETTLE_DELIVERIES = 100
 #: The most messages one `work` rule delivers (a refund is about ten steps).
 WORK_DELIVERIES = 12
+#: Deploys one example may make, and the read step each adds just before the fee.
+MAX_DEPLOYS = 2
+FEE_SCHEDULE = "confirm_fee_schedule"
 
 
 def words() -> str:
@@ -109,6 +115,10 @@ class MoneyMachine(RuleBasedStateMachine):
         self.paused: Paused | None = None
         self.scores = [0.0, 0]
         self.figures.examples += 1
+        self.deployed: list[registry.Workflow] = []
+        self.build: Any = None
+        #: The builds deployed over, by their queue: their workers keep draining them.
+        self.old_builds: dict[str, str] = {}
 
     def _new_worker(self) -> Worker:
         conninfo = leases.liveness_conninfo()
@@ -228,6 +238,7 @@ class MoneyMachine(RuleBasedStateMachine):
     # --- recovery and time ------------------------------------------------------------------
     @rule()
     def sweep(self) -> None:
+        self._old_workers_alive()
         sweeper.sweep()
         self._count("sweep")
 
@@ -328,6 +339,36 @@ class MoneyMachine(RuleBasedStateMachine):
         self.seams.redeploy_model()
         self._count("model_redeployed")
 
+    @precondition(lambda self: len(self.deployed) < MAX_DEPLOYS)
+    @rule()
+    def deploy(self) -> None:
+        """A new build while runs are in flight: the refund workflow gains a read step just
+        before the fee (the shape of the domain's next change) and this process's build id
+        changes. Every later delivery is the new build's: runs move by rule at their next
+        step, or stay on their build; the invariants are checked right after, as always."""
+        current = registry.latest("refund")
+        release = durable.Workflow(
+            current.name, version=current.version + 1, on_failure=current.on_failure
+        )
+        for name, step in current.steps.items():
+            if name == "calculate_penalty_fee" and FEE_SCHEDULE not in current.steps:
+                release.steps[FEE_SCHEDULE] = replace(
+                    step, name=FEE_SCHEDULE, fn=_fee_schedule, waits_for=None, next=None
+                )
+            release.steps[name] = step
+        release.validate()
+        old = builds.current()
+        self.old_builds[builds.queue(old)] = old
+        self._old_workers_alive()
+        self.deployed.append(release)
+        if self.build is not None:
+            self.build.disable()
+        self.build = override_settings(
+            AGENTFLOW_BUILD_ID=f"model-{self.figures.examples}-{len(self.deployed)}"
+        )
+        self.build.enable()
+        self._count("deploy")
+
     # --- the invariants ---------------------------------------------------------------------
     @invariant()
     def money_and_liveness(self) -> None:
@@ -352,6 +393,7 @@ class MoneyMachine(RuleBasedStateMachine):
                 self._release(self.paused, die=False)
             self.partners.clear()
             self.seams.answers.clear()
+            self._old_workers_alive()
             self._settle()
             found = self._evidence()
             assert not invariants.i2_settled(found), invariants.i2_settled(found)
@@ -381,11 +423,22 @@ class MoneyMachine(RuleBasedStateMachine):
 
     def _deliver(self, message: Message, worker: int, plan: PointPlan | None) -> None:
         chosen = self.workers[worker % len(self.workers)]
+        old = self.old_builds.get(message.queue or "")
         try:
-            self.seams.run_as(chosen, plan, lambda: self._step(message))
+            if old is None:
+                self.seams.run_as(chosen, plan, lambda: self._step(message))
+            else:  # a message on an older build's queue: that build's worker takes it
+                with override_settings(AGENTFLOW_BUILD_ID=old):
+                    self.seams.run_as(chosen, plan, lambda: self._step(message))
         except SimulatedCrash:
             self._worker_died(chosen)
             self.seams.queue.append(message.redelivery())
+
+    def _old_workers_alive(self) -> None:
+        """The builds deployed over keep a worker each (a rainbow deploy), which the roster
+        counts: it takes the messages of their queues (`_deliver`)."""
+        for queue, build in self.old_builds.items():
+            store.worker_beat(name=f"model/{build}", build=build, queue=queue, lock=None, server="")
 
     def _step(self, message: Message) -> None:
         try:
@@ -458,8 +511,19 @@ class MoneyMachine(RuleBasedStateMachine):
     def _clean_up(self) -> None:
         for worker in self.workers:
             worker.die()
+        if self.build is not None:
+            self.build.disable()
+        for release in reversed(self.deployed):
+            registry.unregister(release)
+        for build in self.old_builds.values():
+            store.worker_gone(f"model/{build}")
         durable.delete_runs(self.run_ids)
         RefundRequest.objects.filter(workflow_id__in=self.run_ids).delete()
+
+
+def _fee_schedule(ctx: durable.StepContext) -> dict[str, str]:
+    """The deploy's new step: a read with nothing to undo."""
+    return {"schedule": "standard"}
 
 
 def machine(seams: Seams, partners: Partners, figures: Figures) -> type[MoneyMachine]:

@@ -51,10 +51,14 @@ class Message:
     seq: int
     fresh: dispatch.Fresh | None = None
     redelivered: bool = False
+    #: A build's own queue (None: the shared one).
+    queue: str | None = None
 
     def redelivery(self) -> Message:
         """The same message given back by the broker after its consumer died."""
-        return Message(run_id=self.run_id, seq=self.seq, fresh=self.fresh, redelivered=True)
+        return Message(
+            run_id=self.run_id, seq=self.seq, fresh=self.fresh, redelivered=True, queue=self.queue
+        )
 
 
 class Worker:
@@ -130,9 +134,15 @@ class Seams:
 
     # --- the seams ------------------------------------------------------------------------
     def _send_step(
-        self, run_id: str, seq: int, *, countdown: float | None = None, fresh: Any = None
+        self,
+        run_id: str,
+        seq: int,
+        *,
+        countdown: float | None = None,
+        fresh: Any = None,
+        queue: str | None = None,
     ) -> bool:
-        self.queue.append(Message(run_id=run_id, seq=seq, fresh=fresh))
+        self.queue.append(Message(run_id=run_id, seq=seq, fresh=fresh, queue=queue))
         return True
 
     def _current_owner(self) -> tuple[str, int | None, str]:

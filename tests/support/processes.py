@@ -30,6 +30,7 @@ import pytest
 from django.conf import settings
 
 from agentflow import leases
+from agentflow.store import builds as store_builds
 from agentflow.testing.processes import (
     PgBouncerServer,
     ProcessStartError,
@@ -48,9 +49,11 @@ WORKFLOW_MODULES = "tests.support.workflows"
 @pytest.fixture(autouse=True)
 def _liveness_released() -> Iterator[None]:
     """A test that claimed a step in this process took a liveness connection to the test
-    database; it is closed after the test, so the database can be dropped at the end."""
+    database; it is closed after the test, so the database can be dropped at the end. The
+    builds this process recorded went with the test's rows: it records them again."""
     yield
     leases.release()
+    store_builds._known.clear()
 
 
 @pytest.fixture(scope="session")

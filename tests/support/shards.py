@@ -11,7 +11,10 @@ pytest-django already gives each shard its own test database (`test_<name>_gwN`)
 shard's session starts its own private Redis. Tests of one shared server that a test empties
 (the machine's RabbitMQ) all run in one shard, one after another, and so do the host
 project's, which share the venv they build (`pytest_xdist_make_scheduler`).
-Without xdist this plugin does nothing.
+Without xdist this plugin only names the suite's build: every process a test starts (workers,
+web, beat) runs the code of this checkout, so they are one build (`AGENTFLOW_BUILD_ID`, SPEC
+3.9), whatever test modules the test process also registered; the tests of deploys give the
+processes of their second tree a build of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 
 import pytest
 
+#: The build of the suite's own processes (see the module).
+SUITE_BUILD = "suite"
 #: The ports `free_port` chooses from (below Linux's ephemeral range), split among shards.
 PORTS = (10_000, 32_000)
 #: Tests that empty or restart one server the machine has once: they share a shard.
@@ -40,6 +45,7 @@ def shard() -> int | None:
 def pytest_load_initial_conftests(
     early_config: pytest.Config, parser: pytest.Parser, args: list[str]
 ) -> Generator[None, None, None]:
+    os.environ.setdefault("AGENTFLOW_BUILD_ID", SUITE_BUILD)
     number = shard()
     if number is not None:
         _isolate(number, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))

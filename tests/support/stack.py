@@ -38,17 +38,20 @@ ROOT = Path(__file__).resolve().parents[2]
 class _Process:
     """A subprocess in its own process group, its output in a log file."""
 
-    def __init__(self, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self, args: list[str], env: Mapping[str, str], log_path: Path, *, cwd: Path = ROOT
+    ) -> None:
         self.args = args
         self.env = {**os.environ, **env}
         self.log_path = log_path
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.args, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                self.args, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
 
@@ -72,12 +75,15 @@ class _Process:
 
 
 class WebProcess(_Process):
-    def __init__(self, env: Mapping[str, str], log_path: Path, *, workers: int = 2) -> None:
+    def __init__(
+        self, env: Mapping[str, str], log_path: Path, *, workers: int = 2, cwd: Path = ROOT
+    ) -> None:
+        """`cwd`: the checkout it serves (a second tree, for a deploy)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "gunicorn", "config.wsgi", "--no-control-socket",
                 "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers)]  # fmt: skip
-        super().__init__(args, env, log_path)
+        super().__init__(args, env, log_path, cwd=cwd)
 
     def start(self) -> None:
         super().start()
@@ -98,9 +104,9 @@ class WebProcess(_Process):
         except OSError:
             return 0, b""
 
-    def submit_refund(self, reference: str) -> str:
-        """Open the form, fill it in as the booking's owner, send it; returns the refund's
-        public id."""
+    def submit_refund(self, reference: str, **fields: str) -> str:
+        """Open the form, fill it in as the booking's owner (with `fields`, e.g. a fee waiver's
+        `waiver_reason` and `waiver_details`), send it; returns the refund's public id."""
         owner = owner_of(reference)
         cookies = http.cookiejar.CookieJar()
         opener = urllib.request.build_opener(
@@ -115,6 +121,7 @@ class WebProcess(_Process):
                 "booking_reference": reference,
                 "last_name": owner.last_name,
                 "message": new_flight().words("Please move me to {flight} on {date}. Thanks!"),
+                **fields,
             }
         ).encode()
         try:
@@ -131,11 +138,11 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 class BeatProcess(_Process):
-    def __init__(self, env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(self, env: Mapping[str, str], log_path: Path, *, cwd: Path = ROOT) -> None:
         schedule = log_path.with_suffix(".schedule")
         args = [sys.executable, "-m", "celery", "-A", "config.celery_app", "beat", "-l", "info",
                 "--schedule", str(schedule)]  # fmt: skip
-        super().__init__(args, env, log_path)
+        super().__init__(args, env, log_path, cwd=cwd)
 
 
 @dataclass(frozen=True)

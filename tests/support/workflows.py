@@ -903,3 +903,26 @@ def file_the_claim(ctx: durable.AgentContext) -> str:
     if ctx.input.get("fail"):
         raise durable.PermanentStepError("the registry closed")
     return turn.text
+
+
+# --- builds (SPEC 3.9) ---------------------------------------------------------------------------
+#: Declared pinned: every run finishes on the build it started on.
+pinned = durable.Workflow("build_pinned", version=1, versioning="pinned")
+pinned.step("prepare", kind="read")(read)
+pinned.step("charge", kind="effect")(effect)
+pinned.step("finish", kind="read")(_finish)
+
+#: A run that waits for a signal between two steps: moved to a build, then rolled back under.
+rollback = durable.Workflow("build_rollback", version=1)
+rollback.step("prepare", kind="read")(read)
+rollback.wait_for("reply", signal="reply", timeout=None)
+rollback.step("charge", kind="effect")(effect)
+rollback.step("finish", kind="read")(_finish)
+
+#: Books, then fails for good: its compensation blocks until the test releases the run, so a
+#: deploy can come in the middle of undoing.
+undo_held = durable.Workflow("build_undo_held", version=1, on_failure="notify")
+undo_held.step("book", kind="effect", compensate="unbook")(effect)
+undo_held.step("confirm", kind="effect")(declined_effect)
+undo_held.compensation("unbook")(held_effect)
+undo_held.compensation("notify")(effect)

@@ -325,19 +325,26 @@ def _rows(run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[
 
 
 # --- a deploy changed the definition under a queued run -----------------------------------------
-def test_worker_deployed_with_v2__parks_a_v1_run_with_a_version_mismatch(
+def test_worker_deployed_with_v2__takes_the_v1_run_that_recorded_nothing_it_lacks(
     workers: Workers, broker: Any
 ) -> None:
+    """SPEC 3.9: the v1 run recorded no step, and the step it is at is v2's too, so the newer
+    build takes it by rule and it finishes on v2's steps, instead of being parked."""
     run_id = durable.start(workflows.deployed.name)  # v1, here in the test process
     assert broker.queue_length() == 1
 
-    workers.start(TEST_WORKFLOWS_DEPLOY="2")
+    workers.start(TEST_WORKFLOWS_DEPLOY="2", AGENTFLOW_BUILD_ID="suite-v2")
     run = wait_finished(run_id)
 
-    assert run.status == RunStatus.NEEDS_ATTENTION
-    assert "crash_deployed v1" in run.error and "this code has v2" in run.error
-    assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.VERSION_MISMATCH).exists()
-    assert partner.executions(run_id) == []  # v2 code replayed nothing of v1
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert (run.version, run.build, run.started_build) == (2, "suite-v2", "suite")
+    assert list(run.steps.values_list("name", "build")) == [
+        ("prepare", "suite-v2"),
+        ("charge_v2", "suite-v2"),
+    ]
+    moved = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.UPGRADED)
+    assert moved.data == {"from": "suite", "to": "suite-v2", "version": 2}
+    assert not RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.VERSION_MISMATCH)
 
 
 # --- (g) the embedded default: SQLite and the filesystem broker ---------------------------------

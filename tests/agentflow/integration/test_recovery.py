@@ -10,10 +10,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from agentflow import durable, sweeper
+from agentflow import durable, store, sweeper
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import RunStatus
 from agentflow.testing.waiting import wait_for
@@ -83,25 +83,57 @@ def test_sweep__terminal_and_parked_runs__never_touched(engine: RedisServer) -> 
     assert engine.queue_length() == 0
 
 
-def test_sweep__one_broken_run__parked_and_the_rest_still_republished(
-    engine: RedisServer, settings: Any
+def test_sweep__one_broken_run__skipped_and_the_rest_still_republished(
+    engine: RedisServer, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     good = lost_runs(engine, 3, settings)
     past = timezone.now() - timedelta(seconds=30)
     broken = WorkflowRun.objects.create(
-        workflow=workflows.chain.name, version=99, status=RunStatus.RUNNING,
-        current_step="charge", current_seq=2, wake_at=past,
+        workflow=workflows.chain.name, version=1, status=RunStatus.RUNNING,
+        current_step="charge", current_seq=2, wake_at=past, build="gone", pinned=True,
+    )  # fmt: skip
+    real_hold = store.run_hold
+
+    def hold(run_id: str, *args: Any, **kwargs: Any) -> bool:
+        if run_id == broken.id:
+            raise DatabaseError("this row is broken")
+        return real_hold(run_id, *args, **kwargs)
+
+    monkeypatch.setattr(store, "run_hold", hold)
+
+    report = sweeper.sweep()
+
+    assert [error.split(":")[0] for error in report.errors] == [broken.id]
+    assert sorted(report.requeued) == sorted(good)
+    assert sorted(published(engine)) == sorted((run_id, 1) for run_id in good)
+    broken.refresh_from_db()
+    assert broken.status == RunStatus.RUNNING and broken.hold == ""  # left for the next sweep
+
+
+def test_sweep__pinned_run_of_a_build_without_workers__held_with_the_reason_not_published(
+    engine: RedisServer, settings: Any
+) -> None:
+    good = lost_runs(engine, 1, settings)
+    past = timezone.now() - timedelta(seconds=30)
+    pinned = WorkflowRun.objects.create(
+        workflow=workflows.chain.name, version=1, status=RunStatus.RUNNING,
+        current_step="charge", current_seq=2, wake_at=past, build="old", pinned=True,
     )  # fmt: skip
 
     report = sweeper.sweep()
 
-    assert report.parked == [broken.id]
-    assert sorted(report.requeued) == sorted(good)
-    assert sorted(published(engine)) == sorted((run_id, 1) for run_id in good)
-    broken.refresh_from_db()
-    assert broken.status == RunStatus.NEEDS_ATTENTION
-    assert "v99" in broken.error and broken.wake_at is None
-    assert RunEvent.objects.filter(run_id=broken.id, kind=RunEvent.Kind.VERSION_MISMATCH).exists()
+    assert report.held == [pinned.id] and report.requeued == good
+    assert published(engine) == [(good[0], 1)]  # nothing for a queue nobody reads
+    pinned.refresh_from_db()
+    assert (pinned.status, pinned.hold) == (RunStatus.WAITING, "build:old")
+    assert pinned.wake_at is not None and pinned.wake_at > timezone.now()
+    event = RunEvent.objects.get(run_id=pinned.id, kind=RunEvent.Kind.HELD)
+    assert event.detail == "waiting for a worker of build old"
+    # Looked at again later: still held, no second event.
+    WorkflowRun.objects.filter(pk=pinned.id).update(wake_at=past)
+    again = sweeper.sweep()
+    assert again.requeued == [] and again.held == []
+    assert RunEvent.objects.filter(run_id=pinned.id, kind=RunEvent.Kind.HELD).count() == 1
 
 
 def test_sweep__two_sweepers_at_once__each_run_republished_exactly_once(

@@ -28,6 +28,7 @@ def test_money_model__no_sequence_of_rules_keeps_or_doubles_money(partners: Sand
     )
     print(json.dumps(figures, indent=2))
     assert figures["examples"] >= EXAMPLES and figures["invariant_checks"] > 0
+    assert figures["rules"].get("deploy", 0) > 0  # builds changed under runs in flight (I8 after)
     assert not figures["violations"], json.dumps(figures["violations"], indent=2)
 
 
