@@ -17,10 +17,16 @@ from typing import Any
 
 import openai
 
+from agentflow import rate_signals
 from agentflow.agent.conversation import ModelRequest, ModelResponse, ToolCall, Usage
 from agentflow.agent.conversation import assistant_message as _assistant_message
 from agentflow.conf import settings
-from agentflow.exceptions import PermanentStepError, RetryableStepError
+from agentflow.exceptions import (
+    PartnerRateLimited,
+    PartnerUnavailable,
+    PermanentStepError,
+    RetryableStepError,
+)
 
 #: Opening a connection should be quick even to a busy server; a slow one is retried.
 CONNECT_TIMEOUT_SECONDS = 5.0
@@ -73,12 +79,12 @@ class OpenAIChatModel:
                 model=request.model, messages=messages, **options
             )
         except openai.APITimeoutError as exc:
-            raise RetryableStepError(
+            raise PartnerUnavailable(
                 f"the model server at {self.base_url} did not answer within "
                 f"{self.timeout_seconds:g} s"
             ) from exc
         except openai.APIConnectionError as exc:
-            raise RetryableStepError(
+            raise PartnerUnavailable(
                 f"could not reach the model server at {self.base_url}: {_cause(exc)}"
             ) from exc
         except openai.APIStatusError as exc:
@@ -94,7 +100,21 @@ class OpenAIChatModel:
     ) -> RetryableStepError | PermanentStepError:
         status = exc.status_code
         reason = _reason(exc)
-        if status in _RETRYABLE_STATUSES or status >= 500:
+        if status == 429:
+            # The provider's own limit (x-ratelimit-*, retry-after): an answer, not a lost one.
+            signal = rate_signals.read(exc.response.headers)
+            return PartnerRateLimited(
+                f"the model server answered HTTP 429: {reason}",
+                retry_after_seconds=retry_after_seconds(exc.response.headers),
+                reason=signal.reason,
+                reset_seconds=signal.reset_seconds,
+            )
+        if status >= 500:
+            return PartnerUnavailable(
+                f"the model server answered HTTP {status}: {reason}",
+                retry_after_seconds=retry_after_seconds(exc.response.headers),
+            )
+        if status in _RETRYABLE_STATUSES:
             return RetryableStepError(
                 f"the model server answered HTTP {status}: {reason}",
                 retry_after_seconds=retry_after_seconds(exc.response.headers),

@@ -20,6 +20,30 @@ from agentflow.store.calls import (
 from agentflow.store.events import event_add
 from agentflow.store.forks import Settled, fork_preview, live_calls, run_fork
 from agentflow.store.operator import cancel_begin, run_cancel, run_resume, run_retry
+from agentflow.store.partners import (
+    NEUTRAL as PARTNER_NEUTRAL,
+)
+from agentflow.store.partners import (
+    OK as PARTNER_OK,
+)
+from agentflow.store.partners import (
+    RATE_LIMITED as PARTNER_RATE_LIMITED,
+)
+from agentflow.store.partners import (
+    UNAVAILABLE as PARTNER_UNAVAILABLE,
+)
+from agentflow.store.partners import (
+    PartnerView,
+    Turn,
+    TurnWait,
+    partner_pause,
+    partner_resume,
+    partners_tick,
+    partners_view,
+    turn_return,
+    turn_take,
+    wait_gone,
+)
 from agentflow.store.retention import Deleted, runs_delete, runs_purge
 from agentflow.store.runs import (
     ActionRefused,
@@ -55,6 +79,7 @@ from agentflow.store.sweeps import (
     sweep_statements,
 )
 from agentflow.store.traces import trace_parent_record
+from agentflow.store.turns import step_wait_turn
 from agentflow.store.waits import (
     Delivery,
     PendingWait,
@@ -66,6 +91,10 @@ from agentflow.store.waits import (
 )
 
 __all__ = [
+    "PARTNER_NEUTRAL",
+    "PARTNER_OK",
+    "PARTNER_RATE_LIMITED",
+    "PARTNER_UNAVAILABLE",
     "ActionRefused",
     "CheckpointRow",
     "Claim",
@@ -74,11 +103,14 @@ __all__ = [
     "DueRun",
     "Fenced",
     "Heartbeat",
+    "PartnerView",
     "PendingWait",
     "RecordedCall",
     "ReplayedCall",
     "Settled",
     "StepState",
+    "Turn",
+    "TurnWait",
     "attempt_lost",
     "call_digest",
     "calls_load",
@@ -94,6 +126,10 @@ __all__ = [
     "lease_renew",
     "live_calls",
     "outputs_load",
+    "partner_pause",
+    "partner_resume",
+    "partners_tick",
+    "partners_view",
     "replay_load",
     "run_cancel",
     "run_create",
@@ -112,14 +148,18 @@ __all__ = [
     "step_claim",
     "step_complete",
     "step_fail",
+    "step_wait_turn",
     "superseded_reusable",
     "sweep_due",
     "sweep_push",
     "sweep_statements",
     "trace_parent_record",
+    "turn_return",
+    "turn_take",
     "unclaimed_complete",
     "undone_call",
     "wait_decide",
+    "wait_gone",
     "wait_pending",
     "wait_settle",
 ]
