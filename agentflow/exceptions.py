@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from agentflow import rate_signals
+
 
 class AgentflowError(Exception):
     """An agentflow error."""
@@ -68,6 +73,17 @@ class PartnerRateLimited(RetryableStepError):
         super().__init__(message, retry_after_seconds=retry_after_seconds)
         self.reason = reason
         self.reset_seconds = reset_seconds
+
+    @classmethod
+    def from_headers(cls, message: str, headers: Mapping[str, Any] | None) -> PartnerRateLimited:
+        """The 429 as the partner's headers describe it (`agentflow.rate_signals`)."""
+        signal = rate_signals.read(headers)
+        return cls(
+            message,
+            retry_after_seconds=signal.retry_after_seconds,
+            reason=signal.reason,
+            reset_seconds=signal.reset_seconds,
+        )
 
     def __reduce__(self):
         return (

@@ -344,6 +344,9 @@ class PartnerState(models.Model):
     #: The next turn the rate gives (GCRA's theoretical arrival time): turns are handed out in
     #: arrival order, one interval apart.
     next_turn_at = models.FloatField(default=0.0)
+    #: The earliest the next call may actually go: one interval after the last one that went.
+    #: A turn whose step comes late still waits for this, so late steps never go in a bunch.
+    spent_until = models.FloatField(default=0.0)
     #: A 429's Retry-After (or the partner's window reset): no call before this.
     blocked_until = models.FloatField(default=0.0)
     #: The key's speed climbs from `speed_floor` (its share of the limit) at `speed_since`.

@@ -17,7 +17,6 @@ from typing import Any
 
 import openai
 
-from agentflow import rate_signals
 from agentflow.agent.conversation import ModelRequest, ModelResponse, ToolCall, Usage
 from agentflow.agent.conversation import assistant_message as _assistant_message
 from agentflow.conf import settings
@@ -102,12 +101,8 @@ class OpenAIChatModel:
         reason = _reason(exc)
         if status == 429:
             # The provider's own limit (x-ratelimit-*, retry-after): an answer, not a lost one.
-            signal = rate_signals.read(exc.response.headers)
-            return PartnerRateLimited(
-                f"the model server answered HTTP 429: {reason}",
-                retry_after_seconds=retry_after_seconds(exc.response.headers),
-                reason=signal.reason,
-                reset_seconds=signal.reset_seconds,
+            return PartnerRateLimited.from_headers(
+                f"the model server answered HTTP 429: {reason}", exc.response.headers
             )
         if status >= 500:
             return PartnerUnavailable(

@@ -73,14 +73,15 @@ def _live(alias: str) -> str:
 
 
 _ROW = (
-    "next_turn_at, blocked_until, speed_floor, speed_since, breaker, failures, opened_times, "
-    "probe_at, paused"
+    "next_turn_at, spent_until, blocked_until, speed_floor, speed_since, breaker, failures, "
+    "opened_times, probe_at, paused"
 )
 
 
 @dataclass(frozen=True, kw_only=True)
 class _Row:
     next_turn_at: float
+    spent_until: float
     blocked_until: float
     speed_floor: float
     speed_since: float
@@ -103,10 +104,11 @@ def _lock(partner: str) -> _Row:
         row = cur.fetchone()
         if row is None:
             cur.execute(
-                f"INSERT INTO {PARTNERS} (partner, next_turn_at, blocked_until, speed_floor, "
-                "speed_since, breaker, failures, opened_times, probe_at, paused, pause_reason, "
-                "paused_by, rate_limited_total, last_rate_limited_reason, errors_total, "
-                "last_error, updated_at) VALUES (%s, 0, 0, 1, 0, 'closed', 0, 0, 0, %s, '', '', "
+                f"INSERT INTO {PARTNERS} (partner, next_turn_at, spent_until, blocked_until, "
+                "speed_floor, speed_since, breaker, failures, opened_times, probe_at, paused, "
+                "pause_reason, paused_by, rate_limited_total, last_rate_limited_reason, "
+                "errors_total, last_error, updated_at) VALUES (%s, 0, 0, 0, 1, 0, 'closed', 0, "
+                "0, 0, %s, '', '', "
                 f"0, '', 0, '', {sql.now()}) ON CONFLICT (partner) DO NOTHING",
                 [partner, False],
             )
@@ -115,15 +117,16 @@ def _lock(partner: str) -> _Row:
     assert row is not None
     return _Row(
         next_turn_at=float(row[0]),
-        blocked_until=float(row[1]),
-        speed_floor=float(row[2]),
-        speed_since=float(row[3]),
-        breaker=row[4],
-        failures=int(row[5]),
-        opened_times=int(row[6]),
-        probe_at=float(row[7]),
-        paused=bool(row[8]),
-        now=float(row[9]),
+        spent_until=float(row[1]),
+        blocked_until=float(row[2]),
+        speed_floor=float(row[3]),
+        speed_since=float(row[4]),
+        breaker=row[5],
+        failures=int(row[6]),
+        opened_times=int(row[7]),
+        probe_at=float(row[8]),
+        paused=bool(row[9]),
+        now=float(row[10]),
     )
 
 
@@ -207,17 +210,24 @@ def turn_take(limit: Limit, *, run_id: str = "", seq: int | None = None) -> Turn
             if free <= 0 or (not granted and queue.pending_places and not oldest):
                 return _wait(partner, run_id, seq, queue, CONCURRENCY, RECHECK_SECONDS, now)
         reserved = queue.mine_go_at if queue.mine_reason in (RATE, RESUMED) else None
-        if reserved is not None and not probe:
-            if reserved - now > limits.SLEEP_IN_PROCESS_SECONDS:
-                return TurnWait(reason=queue.mine_reason, seconds=reserved - now)
-            sleep = max(0.0, reserved - now)
-        elif not probe and (limit.rate_per_second is not None or row.blocked_until > now):
+        rated = limit.rate_per_second is not None or row.blocked_until > now
+        if reserved is not None and reserved - now > limits.SLEEP_IN_PROCESS_SECONDS:
+            return TurnWait(reason=queue.mine_reason, seconds=reserved - now)
+        if rated and not probe:
             share = limits.speed(floor=row.speed_floor, since=row.speed_since, now=now)
-            turn = max(now, row.next_turn_at, row.blocked_until)
-            changes["next_turn_at"] = turn + limits.interval_seconds(limit, share)
+            interval = limits.interval_seconds(limit, share)
+            # Its turn: the one it reserved, else the key's next; and never sooner than one
+            # interval after the last call that went (a late step does not bunch with others).
+            turn = max(now, row.spent_until, row.blocked_until)
+            if reserved is None:
+                turn = max(turn, row.next_turn_at)
+                changes["next_turn_at"] = turn + interval
             if turn - now > limits.SLEEP_IN_PROCESS_SECONDS:
-                _update(partner, changes)
-                return _wait(partner, run_id, seq, queue, RATE, turn - now, now, go_at=turn)
+                if changes:
+                    _update(partner, changes)
+                why = RATE if reserved is None else queue.mine_reason
+                return _wait(partner, run_id, seq, queue, why, turn - now, now, go_at=turn)
+            changes["spent_until"] = turn + interval
             sleep = max(0.0, turn - now)
         if changes:
             _update(partner, changes)

@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from refunds.sandbox import airline, crm, faults, lookups, model, stripe_api, stripe_holds
+from refunds.sandbox import (
+    airline,
+    crm,
+    faults,
+    lookups,
+    model,
+    stripe_api,
+    stripe_holds,
+    throttle,
+)
 from refunds.sandbox.idempotency import Effect, run_effect
 from refunds.sandbox.ledger import ledger
 from refunds.sandbox.messages import Invalid, Request, Response, partner_error, stripe_error
@@ -44,10 +53,11 @@ class Sandbox:
         self.store = store
         self.key_window_seconds = key_window_seconds
         self.authorization_seconds = authorization_seconds
+        self.throttle = throttle.Throttle()
 
     def handle(self, request: Request) -> Response:
         try:
-            response = self._route(request)
+            response = self._limited(request)
         except Invalid as rejected:
             response = rejected.response
         except Exception:
@@ -60,6 +70,14 @@ class Sandbox:
                 extra["Idempotency-Key"] = key
             response = replace(response, headers={**response.headers, **extra})
         return response
+
+    def _limited(self, request: Request) -> Response:
+        """A partner playing limited answers 429 past its limit, before anything executes."""
+        partner = throttle.partner_of(request.path)
+        if partner is None:
+            return self._route(request)
+        with self.throttle.request(partner) as refused:
+            return refused if refused is not None else self._route(request)
 
     def _route(self, request: Request) -> Response:
         method, path = request.method, request.path.rstrip("/") or "/"
@@ -164,8 +182,16 @@ class Sandbox:
             elif method == "DELETE":
                 faults.clear(self.store)
             return Response(status=200, body=faults.describe(self.store))
+        if path == "/_sandbox/limits" and method in ("GET", "POST"):
+            if method == "POST":
+                try:
+                    self.throttle.configure(request.json())
+                except ValueError as exc:
+                    return partner_error(400, "invalid_limits", str(exc))
+            return Response(status=200, body=self.throttle.report())
         if method == "POST" and path == "/_sandbox/reset":
             self.store.reset()
+            self.throttle = throttle.Throttle()
             return Response(status=200, body={"status": "reset"})
         return partner_error(404, "not_found", f"no route for {method} {path}")
 
@@ -238,6 +264,7 @@ def serve(
     key_window_seconds: float,
     authorization_seconds: float = stripe_holds.AUTHORIZATION_SECONDS,
     on_ready: Callable[[str], None] | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> None:
     """Run the HTTP and SMTP servers until Ctrl-C or SIGTERM, then close both and the store."""
     store = Store(state_path)
@@ -246,6 +273,8 @@ def serve(
         key_window_seconds=key_window_seconds,
         authorization_seconds=authorization_seconds,
     )
+    if limits:
+        app.throttle.configure(limits)
     httpd = SandboxHTTPServer((host, port), app)
     smtp = start_smtp(store, host=host, port=smtp_port)
     previous = signal.signal(signal.SIGTERM, _stop)
@@ -260,6 +289,14 @@ def serve(
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if on_ready is not None:
+            for name, seen in app.throttle.report().items():
+                if seen["requests"]:
+                    on_ready(
+                        f"{name}: {seen['requests']} requests, {seen['rate_limited']} answered "
+                        f"429, at most {seen['most_per_second']} in a second and "
+                        f"{seen['most_in_flight']} in flight"
+                    )
         httpd.server_close()
         smtp.stop()
         store.close()

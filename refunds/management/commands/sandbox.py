@@ -46,6 +46,22 @@ class Command(BaseCommand):
             help="how long an uncaptured card hold lasts before it lapses (Stripe: 7 days)",
         )
 
+        for partner in ("stripe", "airline"):
+            parser.add_argument(
+                f"--{partner}-rate",
+                type=int,
+                default=0,
+                metavar="N",
+                help=f"play a limited {partner}: 429 beyond N requests a second (0: no limit)",
+            )
+            parser.add_argument(
+                f"--{partner}-concurrency",
+                type=int,
+                default=0,
+                metavar="N",
+                help=f"play a limited {partner}: 429 beyond N requests in flight (0: no limit)",
+            )
+
     def handle(self, *args: Any, **options: Any) -> None:
         port = options["port"]
         smtp_port = options["smtp_port"]
@@ -69,4 +85,11 @@ class Command(BaseCommand):
             key_window_seconds=options["key_window_seconds"],
             authorization_seconds=options["authorization_seconds"],
             on_ready=ready,
+            limits={
+                partner: {
+                    "rate": options[f"{partner}_rate"],
+                    "concurrency": options[f"{partner}_concurrency"],
+                }
+                for partner in ("stripe", "airline")
+            },
         )

@@ -47,7 +47,7 @@ def _retries_due() -> None:
 def _turns_given_now() -> None:
     """Every reserved turn and the key's next turn come due (the test's stand-in for time)."""
     PartnerWaiter.objects.filter(go_at__isnull=False).update(go_at=0.0)
-    PartnerState.objects.update(next_turn_at=0.0, blocked_until=0.0)
+    PartnerState.objects.update(next_turn_at=0.0, spent_until=0.0, blocked_until=0.0)
 
 
 @override_settings(AGENTFLOW_PARTNER_LIMITS=SLOW)
