@@ -177,9 +177,10 @@ class ClaimedAttempt:
     def _call(self) -> Any:
         """The step itself; a model request takes its turn at partner `llm` (or the model's
         name, when that is what AGENTFLOW_PARTNER_LIMITS names), as any partner call does."""
-        if self.step.kind != StepKind.LLM:
+        partner = limiter.model_partner() if self.step.kind == StepKind.LLM else None
+        if partner is None:
             return self.step.fn(self.ctx)
-        with limiter.partner_call(limiter.model_partner(), self.step.name):
+        with limiter.partner_call(partner, self.step.name):
             return self.step.fn(self.ctx)
 
     def _wait_turn(self, wait: PartnerWait, *, unknown: bool = False) -> None:

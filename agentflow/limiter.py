@@ -76,11 +76,15 @@ def partner_call(partner: str, operation: str) -> Iterator[None]:
         _give_back(limit, turn, outcome, detail, block, reason)
 
 
-def model_partner() -> str:
+def model_partner() -> str | None:
     """The partner key model requests count against: the model's own name when
-    AGENTFLOW_PARTNER_LIMITS names it, else `llm`."""
+    AGENTFLOW_PARTNER_LIMITS names it, else `llm` when it names that; None when neither is
+    limited (a model request is then traced as before, not as a partner call)."""
     model = str(settings.AGENTFLOW_LLM_MODEL or "")
-    return model if model and limits.limit_for(model) is not None else "llm"
+    for key in (model, "llm"):
+        if key and limits.limit_for(key) is not None:
+            return key
+    return None
 
 
 def _take(limit: limits.Limit) -> store.Turn:

@@ -452,6 +452,14 @@ def _resume(limit: Limit, row: dict[str, Any], now: float) -> None:
         _update(limit.partner, {"next_turn_at": turn})
 
 
+def partner_forget(partner: str) -> None:
+    """Every row of `partner`: its state, places, waiters and events (a bench's clean-up, once
+    nothing calls it any more)."""
+    with transaction.atomic():
+        for table in (SLOTS, WAITERS, PARTNER_EVENTS, PARTNERS):
+            sql.execute(f"DELETE FROM {table} WHERE partner = %s", [partner])
+
+
 def wait_gone(run_id: str, seq: int) -> None:
     """The step's place in any queue, given up (it finished, or moved on)."""
     sql.execute(f"DELETE FROM {WAITERS} WHERE run_id = %s AND seq = %s", [run_id, seq])

@@ -13,10 +13,10 @@ from typing import Any
 from django.db import connection
 from django.test.utils import override_settings
 
-from agentflow import durable, pooler
+from agentflow import durable, pooler, store
 from agentflow.contrib.bench import workload
 from agentflow.contrib.bench.throughput import BenchError, bench_worker, phase_timeout, wait_until
-from agentflow.models import PartnerEvent, PartnerSlot, PartnerState, PartnerWaiter, WorkflowRun
+from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 
 #: The partner key the bench limits (nobody else's).
@@ -148,6 +148,7 @@ def _counting() -> Iterator[dict[str, int]]:
 
 
 def _clean() -> None:
-    WorkflowRun.objects.filter(workflow=workload.LIMITED).delete()
-    for model in (PartnerSlot, PartnerWaiter, PartnerEvent, PartnerState):
-        model.objects.filter(partner=PARTNER).delete()
+    durable.delete_runs(
+        WorkflowRun.objects.filter(workflow=workload.LIMITED).values_list("id", flat=True)
+    )
+    store.partner_forget(PARTNER)
