@@ -16,6 +16,11 @@ from agentflow.conf import settings
 #: After a 429 the key runs at half what it ran at, never below this share of its limit: slow
 #: enough to stop the 429s of a partner that halved its own limit, and it still moves.
 FLOOR_FACTOR = 0.1
+#: After a 429 the key climbs back no higher than this share of the speed it had then, for a
+#: while (CEILING_HOLD_RECOVERIES recovery times since that 429): the partner's limit, learned,
+#: so the 429s stop instead of coming back each time the key recovers.
+CEILING_FACTOR = 0.9
+CEILING_HOLD_RECOVERIES = 10
 #: A breaker that closes starts its partner at this share of the limit (a slow start).
 RAMP_START_FACTOR = 0.1
 #: A refused probe doubles the time to the next one, up to this.
@@ -119,13 +124,25 @@ def limit_for(partner: str) -> Limit | None:
 
 
 # --- the key's speed ----------------------------------------------------------------------------
-def speed(*, floor: float, since: float, now: float) -> float:
-    """The share of its limit a key runs at: from `floor` at `since` back to 1 over
-    AGENTFLOW_PARTNER_RECOVERY_SECONDS, linearly (a slowed key, or one whose breaker closed)."""
+def speed(*, floor: float, since: float, now: float, ceiling: float = 1.0) -> float:
+    """The share of its limit a key runs at: from `floor` at `since` back up linearly over
+    AGENTFLOW_PARTNER_RECOVERY_SECONDS (a slowed key, or one whose breaker closed), to at most
+    `ceiling` (learned from a 429) until that is held long enough, then on to 1."""
     recovery = float(settings.AGENTFLOW_PARTNER_RECOVERY_SECONDS)
-    if floor >= 1.0 or recovery <= 0:
+    if (floor >= 1.0 and ceiling >= 1.0) or recovery <= 0:
         return 1.0
-    return min(1.0, floor + max(0.0, now - since) * (1.0 - floor) / recovery)
+    elapsed = max(0.0, now - since)
+    climbed = min(1.0, floor + elapsed * (1.0 - floor) / recovery)
+    held = recovery * CEILING_HOLD_RECOVERIES
+    if ceiling < 1.0:
+        lifted = ceiling + max(0.0, elapsed - held) * (1.0 - ceiling) / recovery
+        climbed = min(climbed, lifted)
+    return min(1.0, climbed)
+
+
+def ceiling_after(share_now: float) -> float:
+    """The most a key climbs back to after a 429 at `share_now` (for a while)."""
+    return max(FLOOR_FACTOR, share_now * CEILING_FACTOR)
 
 
 def interval_seconds(limit: Limit, share: float) -> float:

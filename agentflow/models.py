@@ -352,6 +352,8 @@ class PartnerState(models.Model):
     #: The key's speed climbs from `speed_floor` (its share of the limit) at `speed_since`.
     speed_floor = models.FloatField(default=1.0)
     speed_since = models.FloatField(default=0.0)
+    #: ... and no higher than this share for a while: the partner's limit, learned from a 429.
+    speed_ceiling = models.FloatField(default=1.0)
     breaker = models.CharField(max_length=10, default="closed")
     #: Consecutive timeouts, 5xx or connection errors.
     failures = models.PositiveIntegerField(default=0)

@@ -73,8 +73,8 @@ def _live(alias: str) -> str:
 
 
 _ROW = (
-    "next_turn_at, spent_until, blocked_until, speed_floor, speed_since, breaker, failures, "
-    "opened_times, probe_at, paused"
+    "next_turn_at, spent_until, blocked_until, speed_floor, speed_since, speed_ceiling, "
+    "breaker, failures, opened_times, probe_at, paused"
 )
 
 
@@ -85,6 +85,7 @@ class _Row:
     blocked_until: float
     speed_floor: float
     speed_since: float
+    speed_ceiling: float
     breaker: str
     failures: int
     opened_times: int
@@ -105,10 +106,10 @@ def _lock(partner: str) -> _Row:
         if row is None:
             cur.execute(
                 f"INSERT INTO {PARTNERS} (partner, next_turn_at, spent_until, blocked_until, "
-                "speed_floor, speed_since, breaker, failures, opened_times, probe_at, paused, "
-                "pause_reason, paused_by, rate_limited_total, last_rate_limited_reason, "
-                "errors_total, last_error, updated_at) VALUES (%s, 0, 0, 0, 1, 0, 'closed', 0, "
-                "0, 0, %s, '', '', "
+                "speed_floor, speed_since, speed_ceiling, breaker, failures, opened_times, "
+                "probe_at, paused, pause_reason, paused_by, rate_limited_total, "
+                "last_rate_limited_reason, errors_total, last_error, updated_at) VALUES (%s, 0, "
+                "0, 0, 1, 0, 1, 'closed', 0, 0, 0, %s, '', '', "
                 f"0, '', 0, '', {sql.now()}) ON CONFLICT (partner) DO NOTHING",
                 [partner, False],
             )
@@ -121,12 +122,13 @@ def _lock(partner: str) -> _Row:
         blocked_until=float(row[2]),
         speed_floor=float(row[3]),
         speed_since=float(row[4]),
-        breaker=row[5],
-        failures=int(row[6]),
-        opened_times=int(row[7]),
-        probe_at=float(row[8]),
-        paused=bool(row[9]),
-        now=float(row[10]),
+        speed_ceiling=float(row[5]),
+        breaker=row[6],
+        failures=int(row[7]),
+        opened_times=int(row[8]),
+        probe_at=float(row[9]),
+        paused=bool(row[10]),
+        now=float(row[11]),
     )
 
 
@@ -214,7 +216,7 @@ def turn_take(limit: Limit, *, run_id: str = "", seq: int | None = None) -> Turn
         if reserved is not None and reserved - now > limits.SLEEP_IN_PROCESS_SECONDS:
             return TurnWait(reason=queue.mine_reason, seconds=reserved - now)
         if rated and not probe:
-            share = limits.speed(floor=row.speed_floor, since=row.speed_since, now=now)
+            share = _speed(row, now)
             interval = limits.interval_seconds(limit, share)
             # Its turn: the one it reserved, else the key's next; and never sooner than one
             # interval after the last call that went (a late step does not bunch with others).
@@ -235,6 +237,12 @@ def turn_take(limit: Limit, *, run_id: str = "", seq: int | None = None) -> Turn
             sql.execute(f"DELETE FROM {WAITERS} WHERE id = %s", [queue.mine])
         slot = _hold(partner, run_id, seq, probe=probe, now=now)
     return Turn(slot=slot, probe=probe, sleep_seconds=sleep)
+
+
+def _speed(row: _Row, now: float) -> float:
+    return limits.speed(
+        floor=row.speed_floor, since=row.speed_since, now=now, ceiling=row.speed_ceiling
+    )
 
 
 def _slot_seconds() -> float:
@@ -355,15 +363,17 @@ def turn_return(
                     "probe_at": 0.0,
                     "speed_floor": limits.RAMP_START_FACTOR,
                     "speed_since": now,
+                    "speed_ceiling": 1.0,
                 }
                 _event(partner, PartnerEvent.Kind.BREAKER_CLOSED, "the probe was answered")
                 resume = True
         if outcome == RATE_LIMITED:
-            share = limits.speed(floor=row.speed_floor, since=row.speed_since, now=now)
+            share = _speed(row, now)
             floor = min(limits.slowed(share), changes.get("speed_floor", 1.0))
             until = max(row.blocked_until, now + block_seconds)
             changes |= {
                 "speed_floor": floor,
+                "speed_ceiling": limits.ceiling_after(share),
                 "speed_since": now,
                 "blocked_until": until,
                 "next_turn_at": max(row.next_turn_at, until),
@@ -446,7 +456,12 @@ def _resume(limit: Limit, row: dict[str, Any], now: float) -> None:
         if limit.rate_per_second is None:
             turn += limits.UNRATED_RESUME_SPACING_SECONDS
         else:
-            share = limits.speed(floor=row["speed_floor"], since=row["speed_since"], now=turn)
+            share = limits.speed(
+                floor=row["speed_floor"],
+                since=row["speed_since"],
+                now=turn,
+                ceiling=row["speed_ceiling"],
+            )
             turn += limits.interval_seconds(limit, share)
     if waiting:
         _update(limit.partner, {"next_turn_at": turn})
@@ -494,6 +509,7 @@ def partner_resume(limit: Limit, *, actor: str, reason: str) -> bool:
             "opened_times": 0,
             "speed_floor": limits.RAMP_START_FACTOR,
             "speed_since": row.now,
+            "speed_ceiling": 1.0,
         }
         _update(limit.partner, changes)
         _event(limit.partner, PartnerEvent.Kind.RESUMED, reason, actor)
@@ -592,7 +608,12 @@ def partners_view(configured: dict[str, Limit]) -> list[PartnerView]:
                 in_flight=int(flight.get(partner, 0)),
                 waiting=sum(waits.get(partner, {}).values()),
                 waiting_by_reason=waits.get(partner, {}),
-                speed=limits.speed(floor=state.speed_floor, since=state.speed_since, now=now),
+                speed=limits.speed(
+                    floor=state.speed_floor,
+                    since=state.speed_since,
+                    now=now,
+                    ceiling=state.speed_ceiling,
+                ),
                 failures=state.failures,
                 rate_limited_total=state.rate_limited_total,
                 last_rate_limited_at=state.last_rate_limited_at,

@@ -67,12 +67,21 @@ def report(
         ).values_list("attempts", flat=True)
     )
     busiest = sorted(per_second.values(), reverse=True)
+    refused = sorted(
+        e.timestamp() - t0
+        for e in PartnerEvent.objects.filter(
+            partner="stripe", kind=PartnerEvent.Kind.RATE_LIMITED
+        ).values_list("at", flat=True)
+        if e.timestamp() >= t0
+    )
     return {
         "stripe_requests": stripe.get("requests", 0),
         "stripe_429s": stripe.get("rate_limited", 0),
         "stripe_most_in_any_second": stripe.get("most_per_second", 0),
         "stripe_busiest_clock_seconds": busiest[:5],
         "stripe_most_in_flight": stripe.get("most_in_flight", 0),
+        #: When the 429s came, in seconds from the first submission: they should stop soon.
+        "stripe_429_seconds": [round(at, 1) for at in refused[:20]],
         "stripe_requests_per_second_overall": round(stripe.get("requests", 0) / elapsed, 2),
         "partner_events": {
             kind: PartnerEvent.objects.filter(partner="stripe", kind=kind).count()

@@ -83,3 +83,16 @@ def test_model_requests__count_against_llm__or_the_model_when_named() -> None:
         assert limiter.model_partner() == "m1"
     with override_settings(AGENTFLOW_PARTNER_LIMITS={}):
         assert limiter.model_partner() is None
+
+
+@override_settings(AGENTFLOW_PARTNER_RECOVERY_SECONDS=30.0)
+def test_speed__after_a_429_climbs_to_the_learned_ceiling__and_holds_there_a_while() -> None:
+    """A key limited at twice what the partner allows must stop drawing 429s, not draw one each
+    time it recovers: it climbs back to 90 % of where the 429 came, and stays there for ten
+    recovery times before it tries higher."""
+    ceiling = limits.ceiling_after(0.5)
+    assert ceiling == pytest.approx(0.45)
+    assert limits.speed(floor=0.25, since=0.0, now=60.0, ceiling=ceiling) == pytest.approx(0.45)
+    assert limits.speed(floor=0.25, since=0.0, now=299.0, ceiling=ceiling) == pytest.approx(0.45)
+    assert limits.speed(floor=0.25, since=0.0, now=315.0, ceiling=ceiling) > 0.45
+    assert limits.speed(floor=0.25, since=0.0, now=400.0, ceiling=ceiling) == 1.0
