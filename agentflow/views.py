@@ -7,8 +7,8 @@ from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from agentflow import metrics as run_metrics
 from agentflow import limits, store
+from agentflow import metrics as run_metrics
 from agentflow.conf import settings
 
 #: The sweeper is late once this many intervals passed without a sweep: one missed tick is
