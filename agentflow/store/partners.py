@@ -354,6 +354,7 @@ def turn_return(
                     f"{'the probe failed' if turn.probe else f'{failures} failures in a row'}"
                     f" ({detail}); next probe in {wait:.0f} s",
                 )
+                _wake_for_probe(partner, wait)
         else:
             changes["failures"] = 0
             if turn.probe:
@@ -438,6 +439,19 @@ def _wake(run_id: str, seq: int, seconds: float) -> None:
     )
     if seconds <= dispatch.MAX_COUNTDOWN_SECONDS:
         dispatch.send_step_on_commit(run_id, seq, countdown=seconds or None)
+
+
+def _wake_for_probe(partner: str, seconds: float) -> None:
+    """The oldest waiter is the next probe: it is woken when the probe may go (the others wait
+    for the breaker's answer)."""
+    oldest = sql.fetch_one(
+        f"SELECT w.run_id, w.seq FROM {WAITERS} w JOIN {sql.RUNS} r ON r.id = w.run_id "
+        f"AND r.current_seq = w.seq AND r.status IN ({sql.placeholders(ACTIVE)}) "
+        "WHERE w.partner = %s AND w.go_at IS NULL ORDER BY w.id LIMIT 1",
+        [*ACTIVE, partner],
+    )
+    if oldest is not None:
+        _wake(oldest[0], oldest[1], seconds)
 
 
 def _resume(limit: Limit, row: dict[str, Any], now: float) -> None:

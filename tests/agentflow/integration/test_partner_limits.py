@@ -251,3 +251,33 @@ def test_unlimited_partner__no_rows_no_waits(drive: Callable[[str], WorkflowRun]
     run = drive(_start())
     assert run.status == RunStatus.COMPLETED
     assert not PartnerState.objects.exists() and not PartnerSlot.objects.exists()
+
+
+@override_settings(
+    AGENTFLOW_PARTNER_LIMITS={"acme": {}},
+    AGENTFLOW_BREAKER_FAILURES=1,
+    AGENTFLOW_BREAKER_COOLDOWN_SECONDS=1.0,
+)
+def test_breaker__a_failed_probe__wakes_the_next_oldest_waiter_for_the_next_probe(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """Not the others' 30-second recheck: the next probe goes when the breaker allows it."""
+    partner.script_answers("ok", "503")
+    first = _start()
+    drive(first)  # its charge's 503 opens the breaker
+    second, third = _start(), _start()
+    drive(second)
+    drive(third)
+    PartnerState.objects.update(probe_at=0.0)
+    limit = limits.limit_for("acme")
+    assert limit is not None
+    probe = store.turn_take(limit, run_id=second, seq=1)
+    assert isinstance(probe, store.Turn) and probe.probe
+    before = WorkflowRun.objects.get(pk=third).wake_at
+
+    store.turn_return(limit, probe, outcome=store.PARTNER_UNAVAILABLE, detail="503 again")
+
+    state = PartnerState.objects.get(partner="acme")
+    assert state.breaker == limits.OPEN and state.opened_times == 2
+    woken = WorkflowRun.objects.get(pk=third).wake_at
+    assert before is not None and woken is not None and woken < before  # sooner than 30 s
