@@ -18,11 +18,16 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from agentflow import faults, pooler, store, telemetry
+from agentflow import faults, limiter, pooler, store, telemetry
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.conf import settings
 from agentflow.context import StepContext
-from agentflow.exceptions import OutcomeUnknown, PermanentStepError, RetryableStepError
+from agentflow.exceptions import (
+    OutcomeUnknown,
+    PartnerWait,
+    PermanentStepError,
+    RetryableStepError,
+)
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
@@ -76,6 +81,9 @@ class ClaimedAttempt:
         try:
             output = self._produce()
         except _Parked:
+            return
+        except PartnerWait as wait:
+            self._wait_turn(wait)
             return
         except NotJSONError as exc:
             # The call returned, so its effect may stand: an operator decides.
@@ -151,6 +159,8 @@ class ClaimedAttempt:
             else:
                 try:
                     found = self.step.reconcile(self.ctx)
+                except PartnerWait:
+                    raise  # its turn at the partner comes later: ask then
                 except Exception as exc:
                     if too_old:
                         self._park_unknown(
@@ -163,7 +173,35 @@ class ClaimedAttempt:
                 else:
                     if found is not None:
                         return self._adopt(found)
-        return to_json(self.step.fn(self.ctx), f"output of step {self.step.name}")
+        return to_json(self._call(), f"output of step {self.step.name}")
+
+    def _call(self) -> Any:
+        """The step itself; a model request takes its turn at partner `llm` (or the model's
+        name, when that is what AGENTFLOW_PARTNER_LIMITS names), as any partner call does."""
+        partner = limiter.model_partner() if self.step.kind == StepKind.LLM else None
+        if partner is None:
+            return self.step.fn(self.ctx)
+        with limiter.partner_call(partner, self.step.name):
+            return self.step.fn(self.ctx)
+
+    def _wait_turn(self, wait: PartnerWait, *, unknown: bool = False) -> None:
+        """No turn at the partner: the step waits for it, giving its attempt back; whatever
+        this attempt's earlier calls may have done stays "may have happened". `unknown`: the
+        attempt's own call may have happened and only its reconcile can tell: the next claim
+        asks it first, as a takeover does."""
+        logger.info(
+            "%s step %s (%s): %s; waits %.2f s",
+            self.ctx.run_id, self.seq, self.step.name, wait, wait.wait_seconds,
+        )  # fmt: skip
+        store.step_wait_turn(
+            self.ctx.run_id,
+            self.seq,
+            partner=wait.partner,
+            why=str(wait),
+            seconds=wait.wait_seconds,
+            claim=self.claim,
+            unknown=unknown,
+        )
 
     def _settle(self) -> Any:
         """The run is cancelled and this effect may have happened: found at the partner, it is
@@ -175,6 +213,8 @@ class ClaimedAttempt:
             raise _Parked
         try:
             found = self.step.reconcile(self.ctx)
+        except PartnerWait:
+            raise
         except Exception as exc:
             attempt = self.claim.attempt
             retry = transient(exc) or isinstance(exc, OutcomeUnknown)
@@ -245,6 +285,9 @@ class ClaimedAttempt:
             return
         try:
             found = self.step.reconcile(self.ctx)
+        except PartnerWait as wait:
+            self._wait_turn(wait, unknown=True)  # it asks once its turn comes
+            return
         except Exception as exc:
             self._park_unknown(f"{reason}; the partner could not say whether it happened "
                                f"({describe(exc)})")  # fmt: skip

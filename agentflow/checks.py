@@ -11,7 +11,7 @@ from celery import current_app
 from django.core import checks
 from django.db import DatabaseError
 
-from agentflow import dispatch, metrics, store
+from agentflow import dispatch, limits, metrics, store
 from agentflow.agent.fallbacks import fallback_servers
 from agentflow.conf import DEFAULTS, settings
 from agentflow.tasks import STEP_TIME_LIMIT
@@ -93,6 +93,10 @@ NUMERIC_SETTINGS = {
     "AGENTFLOW_AGENT_MAX_COST_USD": "positive or unset",
     "AGENTFLOW_LLM_MAX_OUTPUT_TOKENS": "count",
     "AGENTFLOW_APPROVAL_TIMEOUT": "positive",
+    "AGENTFLOW_PARTNER_RECOVERY_SECONDS": "zero or more",
+    "AGENTFLOW_PARTNER_SLOT_SECONDS": "positive",
+    "AGENTFLOW_BREAKER_FAILURES": "zero or more",
+    "AGENTFLOW_BREAKER_COOLDOWN_SECONDS": "positive",
 }
 _MUST_BE = {
     "positive or unset": "a number above 0, or None (no cap)",
@@ -137,6 +141,22 @@ def numeric_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                 )
             )
     return messages
+
+
+@checks.register()
+def partner_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A malformed AGENTFLOW_PARTNER_LIMITS fails at deploy time, not in a step's call."""
+    try:
+        limits.parse_limits(settings.AGENTFLOW_PARTNER_LIMITS)
+    except limits.LimitsError as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint='For example {"stripe": {"rate": "25/s"}, "airline": {"concurrency": 3}}.',
+                id="agentflow.E004",
+            )
+        ]
+    return []
 
 
 @checks.register(checks.Tags.database)

@@ -91,6 +91,30 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "How far a signed webhook's timestamp may be from this server's clock: an older "
         "request is refused as a replay.",
     ),
+    "AGENTFLOW_PARTNER_LIMITS": (
+        {},
+        'Limits per partner key for the whole fleet, JSON or a dict: {"stripe": {"rate": '
+        '"25/s"}, "airline": {"concurrency": 3}}; a named partner also gets a breaker.',
+    ),
+    "AGENTFLOW_PARTNER_RECOVERY_SECONDS": (
+        30.0,
+        "Seconds a partner's key takes to climb back to its full rate after a 429 slowed it "
+        "or its breaker closed.",
+    ),
+    "AGENTFLOW_PARTNER_SLOT_SECONDS": (
+        60.0,
+        "A partner call's lease on its place in flight: a worker killed mid-call frees it "
+        "when its process is gone, or at the latest after this.",
+    ),
+    "AGENTFLOW_BREAKER_FAILURES": (
+        5,
+        "Consecutive timeouts, 5xx or connection errors that open a limited partner's "
+        "breaker (0: never).",
+    ),
+    "AGENTFLOW_BREAKER_COOLDOWN_SECONDS": (
+        5.0,
+        "Seconds from a breaker opening to its first probe (doubled per refused probe, up to 60).",
+    ),
     "AGENTFLOW_METRICS_TOKEN": ("", "Bearer token the metrics view requires when set."),
     "AGENTFLOW_METRICS_PUBLIC": (
         False,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agentflow import forks, outcomes, registry, routing, store, telemetry
+from agentflow import forks, limiter, outcomes, registry, routing, store, telemetry
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
 from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
@@ -28,6 +28,8 @@ from agentflow.exceptions import (
     AgentflowError,
     InvalidInputError,
     OutcomeUnknown,
+    PartnerRateLimited,
+    PartnerUnavailable,
     PermanentStepError,
     RetryableStepError,
     UnknownWorkflowError,
@@ -43,6 +45,8 @@ from agentflow.serialization import NotJSONError, to_json
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 
 ActionRefused = store.ActionRefused
+#: How the reason of a step waiting for its turn at a partner begins (`PartnerWait`).
+PARTNER_WAIT_PREFIX = "waiting for "
 #: What `signal` answers: "delivered" (consumed, or kept for a later `wait_for`), or
 #: "duplicate" for a `signal_id` seen before.
 Delivery = store.Delivery
@@ -58,6 +62,8 @@ __all__ = [
     "InvalidInputError",
     "Link",
     "OutcomeUnknown",
+    "PartnerRateLimited",
+    "PartnerUnavailable",
     "PermanentStepError",
     "Replies",
     "RetryPolicy",
@@ -119,15 +125,21 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
 
 
 def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:
-    """Wrap one call to a partner, around the code that turns its errors into ours::
+    """Wrap one request to a partner (each retry its own), around the code that turns its
+    errors into ours::
 
         with durable.partner_call("stripe", "charge"), _stripe_errors("charge"):
             intent = client.v1.payment_intents.create(...)
 
-    It traces the call (a span with the step's run id, step and idempotency key) and counts
-    the RetryableStepError / PermanentStepError it raises by partner and kind on /metrics.
+    For a partner named in AGENTFLOW_PARTNER_LIMITS it first takes the request's turn, for the
+    whole fleet: without one, the step waits (its run WAITING, "waiting for stripe: rate
+    limit"; no worker held, no attempt spent) and runs again when its turn comes. Raise
+    `PartnerRateLimited` for the partner's 429 (its key slows for every run; the step waits,
+    as the partner did not act) and `PartnerUnavailable` for a timeout, 5xx or connection
+    error (they open the partner's breaker). It traces the call (a span with the step's run
+    id, step and idempotency key) and counts the errors it raises by partner and kind.
     """
-    return telemetry.partner_call(partner, operation)
+    return limiter.partner_call(partner, operation)
 
 
 def fork(run_id: str, *, position: int, actor: str, reason: str) -> None:
@@ -303,6 +315,8 @@ class RunSnapshot:
     #: Why its step may not start now, e.g. "waiting for a worker of build X" (empty: nothing
     #: holds it).
     held: str = ""
+    #: While it waits for its turn at a partner: why ("waiting for stripe: rate limit").
+    waiting_reason: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -356,4 +370,15 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         build=run.build,
         started_build=run.started_build,
         held=routing.reason(run.hold) if run.status == RunStatus.WAITING else "",
+        waiting_reason=_waiting_reason(run, steps),
     )
+
+
+def _waiting_reason(run: WorkflowRun, steps: list[StepSnapshot]) -> str | None:
+    """A WAITING run's turn at a partner, as its current step's checkpoint records it."""
+    if run.status != RunStatus.WAITING:
+        return None
+    current = next((s for s in steps if s.seq == run.current_seq), None)
+    if current is not None and current.error.startswith(PARTNER_WAIT_PREFIX):
+        return current.error
+    return None

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from agentflow import rate_signals
+
 
 class AgentflowError(Exception):
     """An agentflow error."""
@@ -46,3 +51,76 @@ class InvalidInputError(AgentflowError):
 
 class DefinitionError(AgentflowError):
     """A workflow definition is malformed."""
+
+
+class PartnerRateLimited(RetryableStepError):
+    """The partner refused the call for its rate limit (an HTTP 429): an answer, not a lost one.
+
+    The partner did not act, so the attempt is no unknown outcome and needs no reconcile; the
+    limiter slows the partner's key for every run (SPEC 3.10). `reason`: what the partner named
+    (Stripe's `Stripe-Rate-Limited-Reason`); `reset_seconds`: when its window frees up
+    (`x-ratelimit-reset-*`), if it said.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        retry_after_seconds: float | None = None,
+        reason: str = "",
+        reset_seconds: float | None = None,
+    ) -> None:
+        super().__init__(message, retry_after_seconds=retry_after_seconds)
+        self.reason = reason
+        self.reset_seconds = reset_seconds
+
+    @classmethod
+    def from_headers(cls, message: str, headers: Mapping[str, Any] | None) -> PartnerRateLimited:
+        """The 429 as the partner's headers describe it (`agentflow.rate_signals`)."""
+        signal = rate_signals.read(headers)
+        return cls(
+            message,
+            retry_after_seconds=signal.retry_after_seconds,
+            reason=signal.reason,
+            reset_seconds=signal.reset_seconds,
+        )
+
+    def __reduce__(self):
+        return (
+            _rebuild_rate_limited,
+            (str(self), self.retry_after_seconds, self.reason, self.reset_seconds),
+        )
+
+
+def _rebuild_rate_limited(
+    message: str, retry_after: float | None, reason: str, reset: float | None
+) -> PartnerRateLimited:
+    return PartnerRateLimited(
+        message, retry_after_seconds=retry_after, reason=reason, reset_seconds=reset
+    )
+
+
+class PartnerUnavailable(RetryableStepError):
+    """The partner timed out, could not be reached, or answered 5xx: what opens its breaker.
+
+    Like any retryable error of an effect, the call may have happened (SPEC 3.3a)."""
+
+    def __reduce__(self):
+        return (_rebuild_unavailable, (str(self), self.retry_after_seconds))
+
+
+def _rebuild_unavailable(message: str, retry_after: float | None) -> PartnerUnavailable:
+    return PartnerUnavailable(message, retry_after_seconds=retry_after)
+
+
+class PartnerWait(AgentflowError):
+    """Not the step's error: the limiter did not give the call its turn (a rate or concurrency
+    limit, an open breaker, a pause). The step waits without holding a worker and spends no
+    attempt; `wait_seconds` until it is looked at again, `reason` as the run shows it."""
+
+    def __init__(self, partner: str, reason: str, wait_seconds: float) -> None:
+        super().__init__(f"waiting for {partner}: {reason}")
+        self.partner, self.reason, self.wait_seconds = partner, reason, wait_seconds
+
+    def __reduce__(self):
+        return (PartnerWait, (self.partner, self.reason, self.wait_seconds))

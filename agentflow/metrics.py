@@ -253,8 +253,11 @@ def parked_runs_query() -> QuerySet[WorkflowRun, tuple[str, int]]:
 class _StateFromDatabase:
     """Gauges read at scrape time, in four statements that touch no finished run."""
 
-    def __init__(self, heartbeat: Callable[[], Any]) -> None:
+    def __init__(
+        self, heartbeat: Callable[[], Any], partners: Callable[[], list[Any]] | None = None
+    ) -> None:
         self._heartbeat = heartbeat
+        self._partners = partners
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily  # optional
@@ -333,6 +336,38 @@ class _StateFromDatabase:
         for build, n in sorted(per_build.items()):
             by_build.add_metric([build or "(none)"], n)
         yield from (active, overdue, parked, approvals, sweeper, by_build)
+        if self._partners is not None:
+            yield from _partner_gauges(self._partners())
+
+
+#: The breaker's states as a gauge's value.
+BREAKER_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def _partner_gauges(partners: list[Any]) -> Iterator[Any]:
+    """Per limited partner (SPEC 3.10): calls in flight, runs waiting for a turn, the breaker."""
+    from prometheus_client.core import GaugeMetricFamily  # optional
+
+    flight = GaugeMetricFamily(
+        "agentflow_partner_in_flight", "Calls to the partner in flight now.", labels=["partner"]
+    )
+    waiting = GaugeMetricFamily(
+        "agentflow_partner_waiting_runs",
+        "Steps waiting for their turn at the partner, by what they wait for.",
+        labels=["partner", "reason"],
+    )
+    breaker = GaugeMetricFamily(
+        "agentflow_partner_breaker_state",
+        "The partner's breaker: 0 closed, 1 half open (a probe is out), 2 open; 3 paused by "
+        "an operator.",
+        labels=["partner"],
+    )
+    for view in partners:
+        flight.add_metric([view.partner], view.in_flight)
+        for reason, n in sorted(view.waiting_by_reason.items()):
+            waiting.add_metric([view.partner, reason], n)
+        breaker.add_metric([view.partner], 3 if view.paused else BREAKER_VALUES[view.breaker])
+    yield from (flight, waiting, breaker)
 
 
 class _Counted:
@@ -351,17 +386,20 @@ class _Counted:
             yield from REGISTRY.collect()
 
 
-def exposition(*, heartbeat: Callable[[], Any]) -> bytes:
+def exposition(
+    *, heartbeat: Callable[[], Any], partners: Callable[[], list[Any]] | None = None
+) -> bytes:
     """The text a scrape returns: the counters, then the database's gauges. `heartbeat`: the
     store's read of the sweeper's last pass (`store.heartbeat_read`), handed in by the view,
-    since the store counts its events through this module and so cannot be imported here."""
+    since the store counts its events through this module and so cannot be imported here;
+    `partners` likewise (`store.partners_view` of the limits in force)."""
     if not _prepared():
         raise ImproperlyConfigured(MISSING)
     from prometheus_client import CollectorRegistry, generate_latest  # optional
 
     scrape = CollectorRegistry(auto_describe=False)
     scrape.register(_Counted())  # type: ignore[arg-type]
-    scrape.register(_StateFromDatabase(heartbeat))  # type: ignore[arg-type]
+    scrape.register(_StateFromDatabase(heartbeat, partners))  # type: ignore[arg-type]
     return generate_latest(scrape)
 
 

@@ -448,3 +448,131 @@ class BuildWorker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.build})"
+
+
+class PartnerState(models.Model):
+    """One limited partner's shared state (SPEC 3.10): its key's next free turn, how a 429
+    slowed it, its breaker, an operator's pause. Created on the partner's first call; every
+    worker on every host takes its turns under this row's lock. Times are the database's
+    clock in epoch seconds: the limiter's arithmetic, without time zones."""
+
+    partner = models.CharField(primary_key=True, max_length=100)
+    #: The next turn the rate gives (GCRA's theoretical arrival time): turns are handed out in
+    #: arrival order, one interval apart.
+    next_turn_at = models.FloatField(default=0.0)
+    #: The earliest the next call may actually go: one interval after the last one that went.
+    #: A turn whose step comes late still waits for this, so late steps never go in a bunch.
+    spent_until = models.FloatField(default=0.0)
+    #: A 429's Retry-After (or the partner's window reset): no call before this.
+    blocked_until = models.FloatField(default=0.0)
+    #: The key's speed climbs from `speed_floor` (its share of the limit) at `speed_since`.
+    speed_floor = models.FloatField(default=1.0)
+    speed_since = models.FloatField(default=0.0)
+    #: ... and no higher than this share for a while: the partner's limit, learned from a 429.
+    speed_ceiling = models.FloatField(default=1.0)
+    breaker = models.CharField(max_length=10, default="closed")
+    #: Consecutive timeouts, 5xx or connection errors.
+    failures = models.PositiveIntegerField(default=0)
+    #: Times opened (or a probe refused) since it last closed: each doubles the cool-down.
+    opened_times = models.PositiveIntegerField(default=0)
+    #: Open: when the next probe may go. Half open: the probe's lease.
+    probe_at = models.FloatField(default=0.0)
+    paused = models.BooleanField(default=False)
+    pause_reason = models.TextField(blank=True)
+    paused_by = models.CharField(max_length=150, blank=True)
+    rate_limited_total = models.PositiveBigIntegerField(default=0)
+    last_rate_limited_at = models.FloatField(null=True, blank=True)
+    last_rate_limited_reason = models.CharField(max_length=100, blank=True)
+    errors_total = models.PositiveBigIntegerField(default=0)
+    last_error_at = models.FloatField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["partner"]
+        permissions = [
+            ("pause_partnerstate", "Can pause and resume calls to a partner"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(breaker__in=["closed", "open", "half_open"]),
+                name="partner_breaker_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.partner
+
+
+class PartnerSlot(models.Model):
+    """A call to a limited partner in flight: its place under the partner's concurrency limit.
+    Held on a lease with the owner process's liveness lock (SPEC 3.7), so a worker killed
+    mid-call frees it as soon as its process is gone, or when the lease runs out."""
+
+    partner = models.CharField(max_length=100)
+    run_id = models.CharField(max_length=40, blank=True)
+    seq = models.PositiveIntegerField(null=True, blank=True)
+    #: The breaker's probe: its answer closes or reopens the breaker.
+    probe = models.BooleanField(default=False)
+    lease_expires_at = models.FloatField()
+    lease_lock = models.BigIntegerField(null=True, blank=True)
+    lease_server = models.CharField(max_length=40, blank=True, db_default="")
+    started_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["partner", "lease_expires_at"], name="partner_slot_live")]
+
+    def __str__(self) -> str:
+        return f"{self.partner} call of {self.run_id} #{self.seq}"
+
+
+class PartnerWaiter(models.Model):
+    """A step waiting for its turn at a partner, in arrival order (`id`). With `go_at` its turn
+    is given (a reserved rate turn, a freed place, a resume): it goes then, ahead of anyone
+    who arrived after it; without, it waits for a place, the breaker or the operator."""
+
+    id = models.BigAutoField(primary_key=True)
+    partner = models.CharField(max_length=100)
+    run_id = models.CharField(max_length=40)
+    seq = models.PositiveIntegerField()
+    #: "rate limit", "concurrency", "breaker open", "paused": what the run says it waits for.
+    reason = models.CharField(max_length=40)
+    go_at = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["partner", "run_id", "seq"], name="partner_waiter_unique_step"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} #{self.seq} waits for {self.partner}: {self.reason}"
+
+
+class PartnerEvent(models.Model):
+    """What happened to a partner (append-only): a 429, an error, the breaker opening or
+    closing, an operator's pause or resume with actor and reason (I6)."""
+
+    class Kind(models.TextChoices):
+        RATE_LIMITED = "rate_limited", "Rate limited (429)"
+        ERROR = "error", "Timeout, 5xx or connection error"
+        BREAKER_OPEN = "breaker_open", "Breaker opened"
+        BREAKER_CLOSED = "breaker_closed", "Breaker closed"
+        PAUSED = "paused", "Paused by an operator"
+        RESUMED = "resumed", "Resumed by an operator"
+
+    partner = models.CharField(max_length=100)
+    at = models.DateTimeField(auto_now_add=True)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    actor = models.CharField(max_length=150, blank=True)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["partner", "-at"], name="partner_event_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.partner} {self.kind} at {self.at}"

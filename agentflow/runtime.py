@@ -18,6 +18,7 @@ from agentflow import (
     dispatch,
     faults,
     leases,
+    limiter,
     outcomes,
     pooler,
     registry,
@@ -39,7 +40,7 @@ from agentflow.attempts import (
 )
 from agentflow.conf import settings
 from agentflow.context import StepContext, idempotency_key
-from agentflow.exceptions import PermanentStepError
+from agentflow.exceptions import PartnerWait, PermanentStepError
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
@@ -56,6 +57,11 @@ def run_step(
     `redelivered`: the broker gave this message back because its consumer died.
     `fresh`: the publisher's hint that the run was just moved onto this (claimed) step.
     """
+    with limiter.step_calls(run_id, seq):  # its partner calls wait in this step's place
+        _run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
+
+
+def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh | None) -> None:
     _drop_broken_connection()
     run, claim = _load(run_id, seq, fresh)
     if run is None:
@@ -499,6 +505,11 @@ def _run_unclaimed(
             return  # only our own rows are written here: another worker recorded it first
     except store.Fenced:
         return
+    except PartnerWait as wait:
+        # No turn at the partner: nothing of the step ran past its request; no attempt spent.
+        store.step_wait_turn(
+            run.id, seq, partner=wait.partner, why=str(wait), seconds=wait.wait_seconds, seen=seen
+        )
     except Exception as exc:
         _record_unclaimed_failure(run, workflow, step, seq, seen, attempt, exc)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, close_old_connections, transaction
 
-from agentflow import dispatch, routing, store, telemetry
+from agentflow import dispatch, limits, routing, store, telemetry
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -66,8 +66,21 @@ def sweep(*, limit: int | None = None) -> SweepReport:
         else:
             dispatch.send_step(route.run.id, route.run.seq, queue=route.queue)
         report.requeued.append(route.run.id)
+    _partner_places()
     store.heartbeat_record(requeued=len(report.requeued), query_ms=report.query_ms)
     telemetry.sweep_finished(  # counts the pass; logs which runs, and nothing when idle
         requeued=report.requeued, parked=report.parked, query_ms=report.query_ms
     )
     return report
+
+
+def _partner_places() -> None:
+    """Places at a partner freed by a lease that ran out or an owner that died go to its
+    oldest waiters (SPEC 3.10): nobody else may call that partner to hand them on."""
+    configured = limits.configured()
+    if not configured:
+        return
+    try:
+        store.partners_tick(configured)
+    except DatabaseError:
+        logger.exception("sweeper: the partner places could not be handed on this pass")

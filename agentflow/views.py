@@ -7,8 +7,8 @@ from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
+from agentflow import limits, store
 from agentflow import metrics as run_metrics
-from agentflow import store
 from agentflow.conf import settings
 
 #: The sweeper is late once this many intervals passed without a sweep: one missed tick is
@@ -72,6 +72,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if not run_metrics.available():  # django-agentflow[prometheus] not installed: say so, plainly
         return HttpResponse(run_metrics.MISSING + "\n", status=501, content_type="text/plain")
     return HttpResponse(
-        run_metrics.exposition(heartbeat=store.heartbeat_read),
+        run_metrics.exposition(
+            heartbeat=store.heartbeat_read,
+            partners=lambda: store.partners_view(limits.configured()),
+        ),
         content_type=run_metrics.CONTENT_TYPE,
     )

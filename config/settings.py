@@ -265,6 +265,14 @@ AGENTFLOW_APPROVAL_TIMEOUT = env_float("AGENTFLOW_APPROVAL_TIMEOUT", 48 * 3600.0
 AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0, minimum=None)
 #: Finished runs older than this are deleted by the beat task (SPEC §3.8); 0 keeps everything.
 AGENTFLOW_RETENTION_DAYS = env_int("AGENTFLOW_RETENTION_DAYS", 30)
+# Partner limits for the whole fleet (SPEC 3.10, docs/partner-limits.md): JSON such as
+# {"stripe": {"rate": "25/s"}}; the engine parses it (check E004 says what is wrong).
+AGENTFLOW_PARTNER_LIMITS = env_str("AGENTFLOW_PARTNER_LIMITS", "")
+AGENTFLOW_PARTNER_RECOVERY_SECONDS = env_float("AGENTFLOW_PARTNER_RECOVERY_SECONDS", 30.0)
+AGENTFLOW_BREAKER_FAILURES = env_int("AGENTFLOW_BREAKER_FAILURES", 5)
+AGENTFLOW_BREAKER_COOLDOWN_SECONDS = env_float(
+    "AGENTFLOW_BREAKER_COOLDOWN_SECONDS", 5.0, minimum=0.1
+)
 
 # --- Agent mode (SPEC §4 B) -------------------------------------------------------------------
 # Unset base URL: agent runs use their workflow's scripted planner, so everything works offline.

@@ -7,8 +7,10 @@ reason; retrying cannot help), so the workflow never has to know a vendor's exce
 
 from __future__ import annotations
 
+import random
 import smtplib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,7 +21,14 @@ import stripe
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
-from agentflow.durable import PermanentStepError, RetryableStepError, RetryPolicy, partner_call
+from agentflow.durable import (
+    PartnerRateLimited,
+    PartnerUnavailable,
+    PermanentStepError,
+    RetryableStepError,
+    RetryPolicy,
+    partner_call,
+)
 from refunds.addresses import smtp_problem
 
 #: Connect and read timeouts for partner HTTP calls: a hung partner must not hold a worker
@@ -43,9 +52,14 @@ STRIPE_AUTHORIZATION_SECONDS = 7 * 24 * 3600
 #: A capture retried later than this asks Stripe first: past the key window its key may be
 #: forgotten, past the hold's life the hold is gone.
 STRIPE_CAPTURE_WINDOW_SECONDS = min(STRIPE_KEY_WINDOW_SECONDS, STRIPE_AUTHORIZATION_SECONDS)
-#: Stripe calls: one attempt's timeout and the library's own retries (same key, so safe).
+#: Stripe calls: one attempt's timeout and our retries of what the library would retry (same
+#: key, so safe). They are made here, each request through `partner_call`, not in the library,
+#: so the partner's limit counts every one of them (SPEC 3.10).
 STRIPE_TIMEOUT_SECONDS = 10
 STRIPE_NETWORK_RETRIES = 2
+#: The library's back-off between those retries: 0.5 s doubling, capped at 5 s, half jittered.
+STRIPE_RETRY_BASE_SECONDS = 0.5
+STRIPE_RETRY_MAX_SECONDS = 5.0
 
 
 # --- values ---------------------------------------------------------------------------------
@@ -128,7 +142,7 @@ def _stripe_client(api_key: str, api_base: str) -> stripe.StripeClient:
         api_key,
         # Unset means real Stripe: only a test key and no base reaches api.stripe.com.
         base_addresses={"api": api_base} if api_base else None,
-        max_network_retries=STRIPE_NETWORK_RETRIES,
+        max_network_retries=0,  # retried in `_stripe`, one counted request each
         http_client=stripe.RequestsClient(timeout=STRIPE_TIMEOUT_SECONDS),
     )
 
@@ -170,20 +184,26 @@ class PaymentGateway:
             "description": description,
             "metadata": {**(metadata or {}), "idempotency_key": key, "workflow_id": workflow_id},
         }
-        with partner_call("stripe", "authorize"), _stripe_errors("payment"):
-            intent = self._client.v1.payment_intents.create(
+        intent = _stripe(
+            "authorize",
+            "payment",
+            lambda: self._client.v1.payment_intents.create(
                 params, options={"idempotency_key": key}
-            )
+            ),
+        )
         return _payment(intent)
 
     def capture(self, *, payment_intent_id: str, key: str) -> Payment:
         """Take the held amount. Already taken (an earlier attempt whose key Stripe has since
         forgotten) is the same success; a hold that lapsed or was released cannot be taken."""
         try:
-            with partner_call("stripe", "capture"), _stripe_errors("capture"):
-                intent = self._client.v1.payment_intents.capture(
+            intent = _stripe(
+                "capture",
+                "capture",
+                lambda: self._client.v1.payment_intents.capture(
                     payment_intent_id, options={"idempotency_key": key}
-                )
+                ),
+            )
         except PermanentStepError as refused:
             now = self.payment(payment_intent_id)
             if now.status == "succeeded":
@@ -198,10 +218,13 @@ class PaymentGateway:
         released (by us, or lapsed) is the same success; a captured one must be refunded."""
         params: Any = {"cancellation_reason": "abandoned"}
         try:
-            with partner_call("stripe", "cancel"), _stripe_errors("hold release"):
-                intent = self._client.v1.payment_intents.cancel(
+            intent = _stripe(
+                "cancel",
+                "hold release",
+                lambda: self._client.v1.payment_intents.cancel(
                     payment_intent_id, params, options={"idempotency_key": key}
-                )
+                ),
+            )
         except PermanentStepError:
             now = self.payment(payment_intent_id)
             if now.status == "canceled":
@@ -212,29 +235,40 @@ class PaymentGateway:
     def payment(self, payment_intent_id: str) -> Payment:
         """The payment intent as Stripe has it now: a consistent read (unlike search), so the
         reconcile of a capture or a hold release can trust what it says."""
-        with partner_call("stripe", "payment read"), _stripe_errors("payment read"):
-            intent = self._client.v1.payment_intents.retrieve(payment_intent_id)
+        intent = _stripe(
+            "payment read",
+            "payment read",
+            lambda: self._client.v1.payment_intents.retrieve(payment_intent_id),
+        )
         return _payment(intent)
 
     def find_payment_by_key(self, key: str) -> Payment | None:
         """The payment made under `key`, if any. A read: no idempotency key needed."""
         query = f"metadata['idempotency_key']:'{_search_quote(key)}'"
-        with partner_call("stripe", "payment lookup"), _stripe_errors("payment lookup"):
-            found = self._client.v1.payment_intents.search({"query": query})
+        found = _stripe(
+            "payment lookup",
+            "payment lookup",
+            lambda: self._client.v1.payment_intents.search({"query": query}),
+        )
         intents = [i for i in found.data if i.metadata.to_dict().get("idempotency_key") == key]
         return _payment(intents[0]) if intents else None
 
     def find_refund_by_key(self, *, payment_intent_id: str, key: str) -> Refund | None:
         """The refund made under `key` for this payment, if any: Stripe's refund list is
         consistent (a refund shows the moment it exists), so an absence is an answer."""
-        with partner_call("stripe", "refund lookup"), _stripe_errors("refund lookup"):
-            found = self._client.v1.refunds.list(
+        # One page of 100: a payment is refunded a handful of times at most, and each further
+        # page would be a request of its own.
+        found = _stripe(
+            "refund lookup",
+            "refund lookup",
+            lambda: self._client.v1.refunds.list(
                 {"payment_intent": payment_intent_id, "limit": 100}
-            )
-            for refund in found.auto_paging_iter():
-                metadata = refund.metadata.to_dict() if refund.metadata else {}
-                if metadata.get("idempotency_key") == key:
-                    return _refund(refund, payment_intent_id)
+            ),
+        )
+        for refund in found.data:
+            metadata = refund.metadata.to_dict() if refund.metadata else {}
+            if metadata.get("idempotency_key") == key:
+                return _refund(refund, payment_intent_id)
         return None
 
     def refund(
@@ -245,8 +279,11 @@ class PaymentGateway:
             "amount": amount_cents,
             "metadata": {"idempotency_key": key, "workflow_id": workflow_id},
         }
-        with partner_call("stripe", "refund"), _stripe_errors("refund"):
-            refund = self._client.v1.refunds.create(params, options={"idempotency_key": key})
+        refund = _stripe(
+            "refund",
+            "refund",
+            lambda: self._client.v1.refunds.create(params, options={"idempotency_key": key}),
+        )
         return _refund(refund, payment_intent_id)
 
 
@@ -273,6 +310,29 @@ def _search_quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
+def _stripe(operation: str, action: str, send: Callable[[], Any]) -> Any:
+    """One Stripe request, and the library's retries of it (a connection error, 409, 5xx,
+    `Stripe-Should-Retry: true`) made here under the same key, each its own counted request."""
+    for retry in range(STRIPE_NETWORK_RETRIES + 1):
+        try:
+            with partner_call("stripe", operation), _stripe_errors(action):
+                return send()
+        except (_UnavailableNow, _BusyNow):
+            if retry == STRIPE_NETWORK_RETRIES:
+                raise
+        ceiling = min(STRIPE_RETRY_MAX_SECONDS, STRIPE_RETRY_BASE_SECONDS * 2**retry)
+        time.sleep(max(STRIPE_RETRY_BASE_SECONDS, ceiling * random.uniform(0.5, 1.0)))
+    raise AssertionError("unreachable")
+
+
+class _UnavailableNow(PartnerUnavailable):
+    """Unavailable, and the library would have tried again at once (`_stripe` does)."""
+
+
+class _BusyNow(RetryableStepError):
+    """A 409 or a lock: the library would have tried again at once (`_stripe` does)."""
+
+
 @contextmanager
 def _stripe_errors(action: str) -> Iterator[None]:
     """The facts file's §7.3 table: what Stripe said, and whether the same key may try again."""
@@ -281,9 +341,11 @@ def _stripe_errors(action: str) -> Iterator[None]:
     except stripe.CardError as exc:
         raise PermanentStepError(_decline_message(exc)) from exc
     except stripe.RateLimitError as exc:
-        raise RetryableStepError(
-            f"Stripe is rate limiting us ({action})",
-            retry_after_seconds=_retry_after(exc.headers),
+        if exc.code == "lock_timeout" or _should_retry(exc.headers):
+            # Another request holds the object's lock: not the limiter (the research file).
+            raise _BusyNow(f"Stripe is busy with this object ({action})") from exc
+        raise PartnerRateLimited.from_headers(
+            f"Stripe is rate limiting us ({action})", exc.headers
         ) from exc
     except stripe.IdempotencyError as exc:
         # Same key, different parameters: a bug in how we derive the request, not transient.
@@ -293,15 +355,19 @@ def _stripe_errors(action: str) -> Iterator[None]:
         ) from exc
     except stripe.APIConnectionError as exc:
         # The outcome is unknown; only the same key may ask again.
-        raise RetryableStepError(
-            f"could not reach Stripe ({action}): {_first_line(exc.user_message)}"
-        ) from exc
+        unreachable = f"could not reach Stripe ({action}): {_first_line(exc.user_message)}"
+        if exc.should_retry:
+            raise _UnavailableNow(unreachable) from exc
+        raise PartnerUnavailable(unreachable) from exc
     except stripe.APIError as exc:
         status = exc.http_status
-        if status is None or status == 409 or status >= 500:
-            raise RetryableStepError(
-                f"Stripe could not complete the {action} (HTTP {status})"
-            ) from exc
+        if status is None or status >= 500:
+            failed = f"Stripe could not complete the {action} (HTTP {status})"
+            if _should_retry(exc.headers) is False:
+                raise PartnerUnavailable(failed) from exc
+            raise _UnavailableNow(failed) from exc
+        if status == 409:
+            raise _BusyNow(f"Stripe could not complete the {action} (HTTP 409)") from exc
         raise PermanentStepError(f"Stripe refused the {action} (HTTP {status})") from exc
     except (stripe.AuthenticationError, stripe.PermissionError) as exc:
         raise PermanentStepError(
@@ -337,6 +403,12 @@ def _decline_message(exc: stripe.CardError) -> str:
 def _first_line(text: str | None) -> str:
     """The library's messages run on with support advice; the first sentence says it."""
     return (text or "").strip().split("\n", 1)[0].split("  ", 1)[0].strip()
+
+
+def _should_retry(headers: Any) -> bool | None:
+    """Stripe's `Stripe-Should-Retry` header: True, False, or None when it says nothing."""
+    value = headers.get("Stripe-Should-Retry") if headers else None
+    return None if value is None else value == "true"
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -402,16 +474,25 @@ class _PartnerHttp:
                 timeout=self.timeout,
             )
         except requests.Timeout as exc:
-            raise RetryableStepError(f"{self.partner} did not answer in time") from exc
+            raise PartnerUnavailable(f"{self.partner} did not answer in time") from exc
         except requests.RequestException as exc:
             # Refused, reset, or dropped after the request was sent: the key makes a retry safe.
-            raise RetryableStepError(
+            raise PartnerUnavailable(
                 f"could not reach {self.partner}: {type(exc).__name__}"
             ) from exc
         status = response.status_code
         if status == 404 and expect_not_found:
             return None
-        if status in (408, 409, 425, 429) or status >= 500:
+        if status == 429:
+            raise PartnerRateLimited.from_headers(
+                f"{self.partner} answered HTTP 429", response.headers
+            )
+        if status >= 500:
+            raise PartnerUnavailable(
+                f"{self.partner} answered HTTP {status}",
+                retry_after_seconds=_retry_after(response.headers),
+            )
+        if status in (408, 409, 425):
             raise RetryableStepError(
                 f"{self.partner} answered HTTP {status}",
                 retry_after_seconds=_retry_after(response.headers),

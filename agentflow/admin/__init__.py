@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agentflow.admin.partners import PartnerStateAdmin
 from agentflow.admin.runs import WorkflowRunAdmin
 
-__all__ = ["WorkflowRunAdmin"]
+__all__ = ["PartnerStateAdmin", "WorkflowRunAdmin"]

@@ -26,7 +26,12 @@ from agentflow.agent.conversation import (
 )
 from agentflow.agent.conversation import assistant_message as _assistant_message
 from agentflow.conf import settings
-from agentflow.exceptions import PermanentStepError, RetryableStepError
+from agentflow.exceptions import (
+    PartnerRateLimited,
+    PartnerUnavailable,
+    PermanentStepError,
+    RetryableStepError,
+)
 
 #: Opening a connection should be quick even to a busy server; a slow one is retried.
 CONNECT_TIMEOUT_SECONDS = 5.0
@@ -84,12 +89,12 @@ class OpenAIChatModel:
                 model=request.model, messages=messages, **options
             )
         except openai.APITimeoutError as exc:
-            raise RetryableStepError(
+            raise PartnerUnavailable(
                 f"the model server at {self.base_url} did not answer within "
                 f"{self.timeout_seconds:g} s"
             ) from exc
         except openai.APIConnectionError as exc:
-            raise RetryableStepError(
+            raise PartnerUnavailable(
                 f"could not reach the model server at {self.base_url}: {_cause(exc)}"
             ) from exc
         except openai.APIStatusError as exc:
@@ -105,7 +110,17 @@ class OpenAIChatModel:
     ) -> RetryableStepError | PermanentStepError:
         status = exc.status_code
         reason = _reason(exc)
-        if status in _RETRYABLE_STATUSES or status >= 500:
+        if status == 429:
+            # The provider's own limit (x-ratelimit-*, retry-after): an answer, not a lost one.
+            return PartnerRateLimited.from_headers(
+                f"the model server answered HTTP 429: {reason}", exc.response.headers
+            )
+        if status >= 500:
+            return PartnerUnavailable(
+                f"the model server answered HTTP {status}: {reason}",
+                retry_after_seconds=retry_after_seconds(exc.response.headers),
+            )
+        if status in _RETRYABLE_STATUSES:
             return RetryableStepError(
                 f"the model server answered HTTP {status}: {reason}",
                 retry_after_seconds=retry_after_seconds(exc.response.headers),

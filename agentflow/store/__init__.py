@@ -49,6 +49,31 @@ from agentflow.store.calls import (
 from agentflow.store.events import event_add
 from agentflow.store.forks import Settled, fork_preview, live_calls, run_fork
 from agentflow.store.operator import cancel_begin, run_cancel, run_resume, run_retry
+from agentflow.store.partners import (
+    NEUTRAL as PARTNER_NEUTRAL,
+)
+from agentflow.store.partners import (
+    OK as PARTNER_OK,
+)
+from agentflow.store.partners import (
+    RATE_LIMITED as PARTNER_RATE_LIMITED,
+)
+from agentflow.store.partners import (
+    UNAVAILABLE as PARTNER_UNAVAILABLE,
+)
+from agentflow.store.partners import (
+    PartnerView,
+    Turn,
+    TurnWait,
+    partner_forget,
+    partner_pause,
+    partner_resume,
+    partners_tick,
+    partners_view,
+    turn_return,
+    turn_take,
+    wait_gone,
+)
 from agentflow.store.retention import Deleted, runs_delete, runs_purge
 from agentflow.store.runs import (
     ActionRefused,
@@ -87,6 +112,7 @@ from agentflow.store.sweeps import (
     sweep_statements,
 )
 from agentflow.store.traces import trace_parent_record
+from agentflow.store.turns import step_wait_turn
 from agentflow.store.waits import (
     PendingWait,
     call_digest,
@@ -96,6 +122,10 @@ from agentflow.store.waits import (
 )
 
 __all__ = [
+    "PARTNER_NEUTRAL",
+    "PARTNER_OK",
+    "PARTNER_RATE_LIMITED",
+    "PARTNER_UNAVAILABLE",
     "ActionRefused",
     "BuildRow",
     "CheckpointRow",
@@ -105,6 +135,7 @@ __all__ = [
     "DueRun",
     "Fenced",
     "Heartbeat",
+    "PartnerView",
     "PendingWait",
     "RecordedCall",
     "Released",
@@ -112,6 +143,8 @@ __all__ = [
     "ReplayedCall",
     "Settled",
     "StepState",
+    "Turn",
+    "TurnWait",
     "attempt_lost",
     "batch_begin",
     "batch_fail",
@@ -143,6 +176,11 @@ __all__ = [
     "model_attempts",
     "open_wait_at",
     "outputs_load",
+    "partner_forget",
+    "partner_pause",
+    "partner_resume",
+    "partners_tick",
+    "partners_view",
     "replay_load",
     "run_cancel",
     "run_create",
@@ -167,15 +205,19 @@ __all__ = [
     "step_claim",
     "step_complete",
     "step_fail",
+    "step_wait_turn",
     "superseded_reusable",
     "sweep_due",
     "sweep_keep_held",
     "sweep_push",
     "sweep_statements",
     "trace_parent_record",
+    "turn_return",
+    "turn_take",
     "unclaimed_complete",
     "undone_call",
     "wait_decide",
+    "wait_gone",
     "wait_pending",
     "wait_settle",
     "webhook_receipt_add",

@@ -31,7 +31,7 @@ from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES
 from agentflow.testing.processes import PgBouncerServer, PostgresServer, current_database_url
 from refunds.chaos import evidence as evidence_mod
-from refunds.chaos import report, traffic
+from refunds.chaos import partner_limits, report, traffic
 from refunds.chaos.kills import Monkey, WorkerPool
 from refunds.chaos.processes import (
     Beat,
@@ -99,6 +99,13 @@ class ChaosConfig:
     #: and hold their liveness locks on a direct connection. "": straight to Postgres.
     pgbouncer: str = ""
     pgbouncer_pool: int = 3
+    #: AGENTFLOW_PARTNER_LIMITS for the workers (JSON, "" none): issue 27's scenario.
+    partner_limits: str = ""
+    #: The sandbox's Stripe answers 429 past this many requests a second (0: no limit).
+    stripe_rate: int = 0
+    #: Stripe answers 503 to everything for this long, from `stripe_dark_after` seconds on.
+    stripe_dark_seconds: float = 0.0
+    stripe_dark_after: float = 5.0
 
 
 #: Agent runs under chaos: the model answers slowly at times, fails, or its answer is lost.
@@ -192,6 +199,18 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
         stack.enter_context(_settings_for(config, sandbox))
         if config.faults:
             sandbox.arm(FAULTS + (MODEL_FAULTS if config.engine == "agent" else []))
+        if config.stripe_rate:
+            sandbox.call("POST", "/_sandbox/limits", {"stripe": {"rate": config.stripe_rate}})
+        if config.stripe_dark_seconds:
+            stack.enter_context(
+                partner_limits.stripe_dark(
+                    sandbox,
+                    after=config.stripe_dark_after,
+                    seconds=config.stripe_dark_seconds,
+                    faults=FAULTS if config.faults else [],
+                    progress=progress,
+                )
+            )
         monkey = Monkey(
             rng=random.Random(f"{seed}-kills"), pool=pool, broker=broker, postgres=postgres
         )
@@ -207,6 +226,7 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
         found = evidence_mod.gather(
             [s.workflow_id for s in submissions if s.workflow_id], sandbox.ledger()
         )
+        seen_by_partners = sandbox.call("GET", "/_sandbox/limits")
     result = report.build(
         evidence=found,
         submissions=submissions,
@@ -217,6 +237,8 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
         seed=seed,
         config={**asdict(config), "seed": seed, "logs": str(workdir)},
     )
+    if config.partner_limits or config.stripe_rate or config.stripe_dark_seconds:
+        result["partner_limits"] = partner_limits.report(found, seen_by_partners, t0, finished)
     if config.cleanup and postgres is None:  # a private server's rows went with it
         _delete(submissions)
     return result
@@ -325,6 +347,7 @@ def _worker_env(
         "AGENTFLOW_WORKFLOW_MODULES": "",
         "LOG_LEVEL": "INFO",
         "REFUNDS_ENGINE": config.engine,
+        "AGENTFLOW_PARTNER_LIMITS": config.partner_limits,
         **(_model_env(sandbox) if config.engine == "agent" else {}),
     }
 

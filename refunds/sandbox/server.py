@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from refunds.sandbox import airline, crm, faults, lookups, model, stripe_api, stripe_holds
+from refunds.sandbox import (
+    airline,
+    crm,
+    faults,
+    lookups,
+    model,
+    stripe_api,
+    stripe_holds,
+    throttle,
+)
 from refunds.sandbox.idempotency import Effect, run_effect
 from refunds.sandbox.ledger import ledger
 from refunds.sandbox.messages import Invalid, Request, Response, partner_error, stripe_error
@@ -47,6 +56,7 @@ class Sandbox:
         self.key_window_seconds = key_window_seconds
         self.authorization_seconds = authorization_seconds
         self.barriers = faults.Barriers()
+        self.throttle = throttle.Throttle()
         self.today_offset_days = today_offset_days
 
     def today(self) -> date:
@@ -55,7 +65,7 @@ class Sandbox:
 
     def handle(self, request: Request) -> Response:
         try:
-            response = self._route(request)
+            response = self._limited(request)
         except Invalid as rejected:
             response = rejected.response
         except Exception:
@@ -68,6 +78,14 @@ class Sandbox:
                 extra["Idempotency-Key"] = key
             response = replace(response, headers={**response.headers, **extra})
         return response
+
+    def _limited(self, request: Request) -> Response:
+        """A partner playing limited answers 429 past its limit, before anything executes."""
+        partner = throttle.partner_of(request.path)
+        if partner is None:
+            return self._route(request)
+        with self.throttle.request(partner) as refused:
+            return refused if refused is not None else self._route(request)
 
     def _route(self, request: Request) -> Response:
         method, path = request.method, request.path.rstrip("/") or "/"
@@ -177,9 +195,17 @@ class Sandbox:
                 faults.clear(self.store)
                 self.barriers.release()
             return Response(status=200, body=faults.describe(self.store, self.barriers))
+        if path == "/_sandbox/limits" and method in ("GET", "POST"):
+            if method == "POST":
+                try:
+                    self.throttle.configure(request.json())
+                except ValueError as exc:
+                    return partner_error(400, "invalid_limits", str(exc))
+            return Response(status=200, body=self.throttle.report())
         if method == "POST" and path == "/_sandbox/reset":
             self.store.reset()
             self.barriers.release()
+            self.throttle = throttle.Throttle()
             return Response(status=200, body={"status": "reset"})
         return partner_error(404, "not_found", f"no route for {method} {path}")
 
@@ -253,6 +279,7 @@ def serve(
     authorization_seconds: float = stripe_holds.AUTHORIZATION_SECONDS,
     today_offset_days: int = 0,
     on_ready: Callable[[str], None] | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> None:
     """Run the HTTP and SMTP servers until Ctrl-C or SIGTERM, then close both and the store."""
     store = Store(state_path)
@@ -262,6 +289,8 @@ def serve(
         authorization_seconds=authorization_seconds,
         today_offset_days=today_offset_days,
     )
+    if limits:
+        app.throttle.configure(limits)
     httpd = SandboxHTTPServer((host, port), app)
     smtp = start_smtp(store, host=host, port=smtp_port)
     previous = signal.signal(signal.SIGTERM, _stop)
@@ -277,6 +306,14 @@ def serve(
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if on_ready is not None:
+            for name, seen in app.throttle.report().items():
+                if seen["requests"]:
+                    on_ready(
+                        f"{name}: {seen['requests']} requests, {seen['rate_limited']} answered "
+                        f"429, at most {seen['most_per_second']} in a second and "
+                        f"{seen['most_in_flight']} in flight"
+                    )
         httpd.server_close()
         smtp.stop()
         store.close()

@@ -24,6 +24,8 @@ CREATE TABLE IF NOT EXISTS executions (
     pid INTEGER NOT NULL, at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS releases (run_id TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS answers (id INTEGER PRIMARY KEY AUTOINCREMENT, answer TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS calls (at REAL NOT NULL, answer TEXT NOT NULL);
 """
 
 
@@ -51,6 +53,33 @@ def create(path: Path) -> None:
 
 
 # --- what steps call ---------------------------------------------------------------------------
+def next_answer() -> str:
+    """A limited partner's request: logged, answered with the next scripted answer ("ok" once
+    the script is used up). The log is what tests count calls and their times in."""
+    with closing(_connect()) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        row = conn.execute("SELECT id, answer FROM answers ORDER BY id LIMIT 1").fetchone()
+        answer = "ok"
+        if row is not None:
+            conn.execute("DELETE FROM answers WHERE id = ?", (row[0],))
+            answer = row[1]
+        conn.execute("INSERT INTO calls VALUES (?, ?)", (time.time(), answer))
+        conn.execute("COMMIT")
+    return answer
+
+
+def script_answers(*answers: str) -> None:
+    """The limited partner's next answers, in order."""
+    with closing(_connect()) as conn:
+        conn.executemany("INSERT INTO answers (answer) VALUES (?)", [(a,) for a in answers])
+
+
+def calls() -> list[tuple[float, str]]:
+    """Every request the limited partner got: (time, answer), in order."""
+    with closing(_connect()) as conn:
+        return [(float(at), str(a)) for at, a in conn.execute("SELECT at, answer FROM calls")]
+
+
 def apply(key: str) -> dict[str, Any]:
     """The partner's effect endpoint: every request is counted, the effect happens once per key."""
     now = time.time()

@@ -126,6 +126,14 @@ class SandboxProcess:
     def reset(self) -> None:
         self._call("POST", "/_sandbox/reset")
 
+    def set_limits(self, **spec: Any) -> dict[str, Any]:
+        """Play limited partners: `stripe={"rate": 5}`, `airline={"concurrency": 3}`."""
+        return self._call("POST", "/_sandbox/limits", spec)
+
+    def limits_report(self) -> dict[str, Any]:
+        """Per partner: requests, 429s, the most in any second and in flight."""
+        return self._call("GET", "/_sandbox/limits")
+
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(

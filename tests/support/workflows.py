@@ -926,3 +926,37 @@ undo_held.step("book", kind="effect", compensate="unbook")(effect)
 undo_held.step("confirm", kind="effect")(declined_effect)
 undo_held.compensation("unbook")(held_effect)
 undo_held.compensation("notify")(effect)
+
+
+# --- partner limits (SPEC 3.10): every partner call through durable.partner_call ----------------
+
+
+def _acme_call(ctx: durable.StepContext, operation: str) -> dict[str, Any]:
+    """One request to partner `acme`: its turn, then the answer the test scripted."""
+    with durable.partner_call("acme", operation):
+        answer = partner.next_answer()
+        if answer == "429":
+            raise durable.PartnerRateLimited("acme answered 429", retry_after_seconds=0.5)
+        if answer == "503":
+            raise durable.PartnerUnavailable("acme answered 503")
+        return partner.apply(ctx.idempotency_key)
+
+
+def limited_read(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    with durable.partner_call("acme", "lookup"):
+        partner.next_answer()
+    return {"looked_up": True}
+
+
+def limited_effect(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return _acme_call(ctx, "charge")
+
+
+limited = durable.Workflow("limited", version=1)
+limited.step("look_up", kind="read")(limited_read)
+limited.step("charge", kind="effect", retry=durable.RetryPolicy(max_attempts=3, base_seconds=0.05))(
+    limited_effect
+)
+limited.step("finish", kind="read")(_finish)

@@ -18,7 +18,7 @@ from django.db import connection
 from kombu.utils.url import maybe_sanitize_url
 
 from agentflow import store
-from agentflow.contrib.bench import dbos_peer, takeover, workload
+from agentflow.contrib.bench import dbos_peer, partner_limit, takeover, workload
 from agentflow.contrib.bench.agent_scale import POSITIONS, agent_scale
 from agentflow.contrib.bench.cpu import CpuMeter, CpuPerStep
 from agentflow.contrib.bench.purge import PurgeFigure, purge_at_scale
@@ -66,12 +66,19 @@ class BenchOptions:
     worker_kills: int = 10
     #: The lengths of the agent runs measured (empty: none).
     agent_positions: tuple[int, ...] = POSITIONS
+    #: The limited step's rate (calls/s; 0 skips the partner-limit figures) and its runs.
+    partner_rate: float = 50.0
+    partner_runs: int = 300
+    #: Only the partner-limit figures.
+    partner_only: bool = False
 
 
 def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict:
     """Every figure of SPEC §7 in one run, as one JSON-ready dict."""
     check_environment()
     report: dict[str, Any] = {"environment": environment(options), "sweep": None}
+    if options.partner_only:
+        return {**report, "partner_limit": _partner_limit(options, progress)}
     if not options.skip_sweep:
         progress(f"sweeper query at {options.history:,} finished runs")
         figure = sweep_at_scale(history=options.history, stale=options.stale, progress=progress)
@@ -129,6 +136,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         if options.agent_positions
         else (None, None)
     )
+    report["partner_limit"] = _partner_limit(options, progress) if options.partner_rate else None
     report["recovery"] = {"bound_s": takeover.bound_seconds()}
     if child is not None:
         report["recovery"]["child_kill"] = child.as_dict()
@@ -140,6 +148,15 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
             _delete_bench_runs()
         report["recovery"]["worker_kill"] = whole.as_dict()
     return report
+
+
+def _partner_limit(options: BenchOptions, progress: Callable[[str], None]) -> dict[str, Any]:
+    return partner_limit.partner_limit(
+        rate=options.partner_rate or 50.0,
+        runs=options.partner_runs,
+        concurrency=options.concurrency,
+        progress=progress,
+    ).as_dict()
 
 
 @dataclass(frozen=True, kw_only=True)

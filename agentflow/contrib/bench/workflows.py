@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from agentflow.contrib.bench import agent_scale, workload
+from agentflow.contrib.bench import agent_scale, partner_limit, workload
 
-__all__ = ["agent_scale", "workload"]
+__all__ = ["agent_scale", "partner_limit", "workload"]

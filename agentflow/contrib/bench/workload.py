@@ -35,8 +35,10 @@ FLOOR = "bench_floor"
 FLOOR_TASK = "agentflow.bench_floor"
 #: Finished runs dated long ago, with their checkpoints and events, for the purge to delete.
 AGED = "bench_aged"
+#: One effect step calling a limited partner: the partner-limit figure (issue 27).
+LIMITED = "bench_limited"
 #: Runs the bench creates and deletes again (HISTORY is kept on purpose).
-DISPOSABLE = (MIXED, READ_ONLY, EFFECT_ONLY, STALE, HOLD, NAIVE, FLOOR, AGED)
+DISPOSABLE = (MIXED, READ_ONLY, EFFECT_ONLY, STALE, HOLD, NAIVE, FLOOR, AGED, LIMITED)
 
 
 def broker_url() -> str:

@@ -129,6 +129,24 @@ class Command(BaseCommand):
             "--steps", type=int, default=DEFAULT_STEPS, help="--model: rules per example, at most"
         )
         parser.add_argument(
+            "--partner-limits",
+            default=d.partner_limits,
+            help='AGENTFLOW_PARTNER_LIMITS for the workers, e.g. \'{"stripe": {"rate": "5/s"}}\'',
+        )
+        parser.add_argument(
+            "--stripe-rate",
+            type=int,
+            default=d.stripe_rate,
+            help="the sandbox's Stripe answers 429 past N requests a second (0: no limit)",
+        )
+        parser.add_argument(
+            "--stripe-dark",
+            type=float,
+            default=d.stripe_dark_seconds,
+            help="seconds Stripe answers 503 to everything, from --stripe-dark-after on",
+        )
+        parser.add_argument("--stripe-dark-after", type=float, default=d.stripe_dark_after)
+        parser.add_argument(
             "--cleanup",
             action="store_true",
             help="delete the run's refunds and workflow runs afterwards",
@@ -159,6 +177,10 @@ class Command(BaseCommand):
             broker=options["broker"],
             pgbouncer=options["pgbouncer"] or "",
             pgbouncer_pool=options["pgbouncer_pool"],
+            partner_limits=options["partner_limits"],
+            stripe_rate=options["stripe_rate"],
+            stripe_dark_seconds=options["stripe_dark"],
+            stripe_dark_after=options["stripe_dark_after"],
         )
         if config.refunds < 1 or config.workers < 1:
             raise CommandError("--refunds and --workers must be at least 1")

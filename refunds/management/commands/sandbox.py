@@ -53,6 +53,22 @@ class Command(BaseCommand):
             "schedule with it (default SANDBOX_TODAY_OFFSET_DAYS, else 0)",
         )
 
+        for partner in ("stripe", "airline"):
+            parser.add_argument(
+                f"--{partner}-rate",
+                type=int,
+                default=0,
+                metavar="N",
+                help=f"play a limited {partner}: 429 beyond N requests a second (0: no limit)",
+            )
+            parser.add_argument(
+                f"--{partner}-concurrency",
+                type=int,
+                default=0,
+                metavar="N",
+                help=f"play a limited {partner}: 429 beyond N requests in flight (0: no limit)",
+            )
+
     def handle(self, *args: Any, **options: Any) -> None:
         port = options["port"]
         smtp_port = options["smtp_port"]
@@ -77,4 +93,11 @@ class Command(BaseCommand):
             authorization_seconds=options["authorization_seconds"],
             today_offset_days=options["today_offset_days"],
             on_ready=ready,
+            limits={
+                partner: {
+                    "rate": options[f"{partner}_rate"],
+                    "concurrency": options[f"{partner}_concurrency"],
+                }
+                for partner in ("stripe", "airline")
+            },
         )

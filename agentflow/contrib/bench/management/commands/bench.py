@@ -57,6 +57,19 @@ class Command(BaseCommand):
             help="lengths of the agent runs measured, comma-separated ('': skip)",
         )
 
+        parser.add_argument(
+            "--partner-rate",
+            type=float,
+            default=50.0,
+            help="the limited step's partner limit in calls/s (0: skip those figures)",
+        )
+        parser.add_argument(
+            "--partner-runs", type=_positive, default=300, help="runs of the limited step"
+        )
+        parser.add_argument(
+            "--partner-only", action="store_true", help="only the partner-limit figures"
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         _require_migrated()
         bench = BenchOptions(
@@ -71,6 +84,9 @@ class Command(BaseCommand):
             child_kills=options["child_kills"],
             worker_kills=options["worker_kills"],
             agent_positions=options["agent_positions"],
+            partner_rate=options["partner_rate"],
+            partner_runs=options["partner_runs"],
+            partner_only=options["partner_only"],
         )
         try:
             # This process starts every run it measures: a line each would bury the progress.
@@ -78,7 +94,10 @@ class Command(BaseCommand):
                 report = run_bench(bench, progress=lambda line: self.stderr.write(f"bench: {line}"))
         except BenchError as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(json.dumps(report) if options["json"] else render(report))
+        if options["json"] or options["partner_only"]:
+            self.stdout.write(json.dumps(report, indent=None if options["json"] else 2))
+            return
+        self.stdout.write(render(report))
 
 
 def _lengths(text: str) -> tuple[int, ...]:

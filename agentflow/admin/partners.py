@@ -1,0 +1,113 @@
+"""The operator's page per partner (SPEC 3.10): its limit, calls in flight, waiting runs, recent
+429s and errors, the breaker; and Pause / Resume by hand, under a permission of their own
+(`agentflow.pause_partnerstate`), each recorded with the operator and the reason.
+
+The rows are the limiter's and are never edited here: the two actions go through the store.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from agentflow import limits, store
+from agentflow.forms import ReasonForm
+from agentflow.models import PartnerEvent, PartnerState
+
+PAUSE_PERMISSION = "agentflow.pause_partnerstate"
+#: Recent events shown per partner.
+RECENT_EVENTS = 10
+
+
+@admin.register(PartnerState)
+class PartnerStateAdmin(admin.ModelAdmin):
+    change_list_template = "admin/agentflow/partnerstate/partners.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        own = [
+            path(
+                f"<str:partner>/{verb}/",
+                wrap(self.partner_action_view),
+                {"verb": verb},
+                name=f"agentflow_partnerstate_{verb}",
+            )
+            for verb in ("pause", "resume")
+        ]
+        return own + super().get_urls()
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Partners",
+            "opts": self.opts,
+            "partners": [_row(view) for view in store.partners_view(limits.configured())],
+            "may_pause": request.user.has_perm(PAUSE_PERMISSION),
+            "form": ReasonForm(),
+        }
+        return TemplateResponse(request, self.change_list_template, context)
+
+    def partner_action_view(self, request: HttpRequest, partner: str, verb: str) -> HttpResponse:
+        if not request.user.has_perm(PAUSE_PERMISSION):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        back = HttpResponseRedirect(reverse("admin:agentflow_partnerstate_changelist"))
+        limit = limits.limit_for(partner)
+        form = ReasonForm(request.POST)
+        if limit is None:
+            messages.error(request, f"{partner} is not in AGENTFLOW_PARTNER_LIMITS.")
+            return back
+        if not form.is_valid():
+            messages.error(request, "Give the reason: it is recorded with your name.")
+            return back
+        actor, reason = request.user.get_username(), form.cleaned_data["reason"]
+        act = store.partner_pause if verb == "pause" else store.partner_resume
+        if act(limit, actor=actor, reason=reason):
+            messages.success(request, f"{partner}: {verb}d.")
+        else:
+            messages.warning(
+                request, f"{partner} was not {'running' if verb == 'pause' else 'held'}."
+            )
+        return back
+
+
+def _row(view: store.PartnerView) -> dict[str, Any]:
+    limit = view.limit
+    parts = []
+    if limit is not None and limit.rate_text:
+        parts.append(f"{limit.rate_text} (now {view.speed:.0%})")
+    if limit is not None and limit.concurrency is not None:
+        parts.append(f"{limit.concurrency} in flight")
+    recent = PartnerEvent.objects.filter(partner=view.partner).order_by("-at", "-id")
+    return {
+        "view": view,
+        "limit": ", ".join(parts) or ("breaker only" if limit is not None else "not configured"),
+        "breaker": "paused" if view.paused else view.breaker.replace("_", " "),
+        "waiting": ", ".join(f"{n} {why}" for why, n in sorted(view.waiting_by_reason.items())),
+        "last_rate_limited": _at(view.last_rate_limited_at),
+        "last_error": _at(view.last_error_at),
+        "events": list(recent[:RECENT_EVENTS]),
+        "configured": limit is not None,
+    }
+
+
+def _at(epoch: float | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, tz=UTC) if epoch else None

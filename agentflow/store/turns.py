@@ -1,0 +1,109 @@
+"""A step that waits for its turn at a partner (SPEC 3.10): its checkpoint and its run, written so
+that a wait spends no attempt, holds no worker and never turns "may have happened" into "did not
+happen" (SPEC 3.3a).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from agentflow import dispatch
+from agentflow.states import RunStatus, StepStatus
+from agentflow.store import sql
+from agentflow.store.partners import WAITERS, epoch_now
+from agentflow.store.runs import Fenced
+from agentflow.store.steps import ACTIVE, CheckpointRow, Claim
+
+logger = logging.getLogger(__name__)
+
+_RUN_AT_STEP = f"id = %s AND current_seq = %s AND status IN ({sql.placeholders(ACTIVE)})"
+
+
+def step_wait_turn(
+    run_id: str,
+    seq: int,
+    *,
+    partner: str,
+    why: str,
+    seconds: float,
+    claim: Claim | None = None,
+    seen: CheckpointRow | None = None,
+    unknown: bool = False,
+) -> bool:
+    """The step at `seq` waits `seconds` for its turn at `partner` (`why`: "waiting for stripe:
+    rate limit"); the run is WAITING. Returns False when fenced out.
+
+    `claim`: an effect or llm step's claim. Its attempt is given back (a wait is not an
+    attempt). A takeover's checkpoint (`outcome_unknown`: a lost owner's call may have
+    happened) stays IN_PROGRESS with its lease released, so the next claim asks the partner
+    again before anything (so does one whose call may have happened and whose reconcile was
+    refused its turn: `unknown`); any other becomes retryable FAILED, which "may have happened" as
+    well. Without a claim (a read step) only the run and any earlier failed checkpoint move.
+    """
+    seconds = max(float(seconds), 0.0)
+    released = {
+        "lease_owner": "",
+        "lease_lock": None,
+        "error": why[:4000],
+    }
+    try:
+        with transaction.atomic():
+            if claim is not None:
+                if claim.outcome_unknown or unknown:
+                    changes = {
+                        **released,
+                        "lease_expires_at": sql.at_now(),
+                        "fence": claim.fence + 1,
+                        "attempts": sql.Expr("attempts - 1", ()),
+                    }
+                else:
+                    changes = {
+                        **released,
+                        "status": StepStatus.FAILED,
+                        "retryable": True,
+                        "retry_at": None,
+                        "lease_expires_at": None,
+                        "finished_at": sql.at_now(),
+                        "fence": claim.fence + 1,
+                        "attempts": sql.Expr("attempts - 1", ()),
+                    }
+                if not sql.update(
+                    sql.STEPS,
+                    changes,
+                    "run_id = %s AND seq = %s AND status = %s AND fence = %s",
+                    [run_id, seq, StepStatus.IN_PROGRESS, claim.fence],
+                ):
+                    return False
+            elif seen is not None and seen.status == StepStatus.FAILED:
+                sql.update(
+                    sql.STEPS,
+                    {"retry_at": None, "error": why[:4000]},
+                    "run_id = %s AND seq = %s AND fence = %s AND status = %s",
+                    [run_id, seq, seen.fence, StepStatus.FAILED],
+                )
+            # A turn handed out meanwhile (a freed place) wakes it sooner than it asked.
+            given = sql.fetch_one(
+                f"SELECT MIN(go_at) - {epoch_now()} FROM {WAITERS} "
+                "WHERE partner = %s AND run_id = %s AND seq = %s AND go_at IS NOT NULL",
+                [partner, run_id, seq],
+            )
+            if given is not None and given[0] is not None:
+                seconds = max(0.0, min(seconds, float(given[0])))
+            if not sql.update(
+                sql.RUNS,
+                {
+                    "status": RunStatus.WAITING,
+                    "wake_at": sql.at_now_plus(seconds),
+                    "updated_at": sql.at_now(),
+                },
+                _RUN_AT_STEP,
+                [run_id, seq, *ACTIVE],
+            ):
+                raise Fenced
+            if seconds <= dispatch.MAX_COUNTDOWN_SECONDS:
+                dispatch.send_step_on_commit(run_id, seq, countdown=seconds or None)
+    except Fenced:
+        return False
+    return True

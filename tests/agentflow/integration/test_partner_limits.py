@@ -1,0 +1,283 @@
+"""Partner limits against real Postgres, played in this process (SPEC 3.10): turns in arrival
+order, a wait that spends no attempt and holds no worker, a 429 that slows the key for every run
+and is an answer (no unknown outcome), a breaker that opens and probes once, places in flight
+freed when their lease runs out, an operator's pause, and an unknown outcome kept unknown.
+
+No assertion on elapsed time: rates are slow enough ("1/m") that the second call of a test is
+always inside the interval, and what a later turn would be is moved on in the rows themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from django.test import override_settings
+
+from agentflow import durable, limits, runtime, store, sweeper
+from agentflow.models import (
+    PartnerEvent,
+    PartnerSlot,
+    PartnerState,
+    PartnerWaiter,
+    StepCheckpoint,
+    WorkflowRun,
+)
+from agentflow.states import RunStatus, StepStatus
+from tests.support import partner, workflows
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
+
+SLOW = {"acme": {"rate": "1/m"}}
+
+
+def _checkpoint(run_id: str, name: str) -> StepCheckpoint:
+    return StepCheckpoint.objects.get(run_id=run_id, name=name)
+
+
+def _start() -> str:
+    return durable.start(workflows.limited.name)
+
+
+def _retries_due() -> None:
+    """Every retry back-off is over (the test's stand-in for time)."""
+    StepCheckpoint.objects.filter(status=StepStatus.FAILED).update(retry_at=None)
+
+
+def _turns_given_now() -> None:
+    """Every reserved turn and the key's next turn come due (the test's stand-in for time)."""
+    PartnerWaiter.objects.filter(go_at__isnull=False).update(go_at=0.0)
+    PartnerState.objects.update(next_turn_at=0.0, spent_until=0.0, blocked_until=0.0)
+
+
+@override_settings(AGENTFLOW_PARTNER_LIMITS=SLOW)
+def test_rate__a_call_past_its_turn_waits__no_attempt_spent_no_worker_held(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    run_id = _start()
+    run = drive(run_id)  # look_up takes acme's turn; charge's call comes within the minute
+
+    assert run.status == RunStatus.WAITING
+    charge = _checkpoint(run_id, "charge")
+    assert (charge.status, charge.retryable, charge.attempts) == (StepStatus.FAILED, True, 0)
+    assert charge.error == "waiting for acme: rate limit"
+    assert partner.effects() == {}  # the call never went
+    [waiter] = PartnerWaiter.objects.filter(run_id=run_id)
+    assert (waiter.partner, waiter.reason, waiter.seq) == ("acme", "rate limit", charge.seq)
+    assert waiter.go_at is not None
+    snapshot = durable.snapshot(run_id)
+    assert snapshot is not None and snapshot.waiting_reason == "waiting for acme: rate limit"
+
+    _turns_given_now()
+    run = drive(run_id)
+
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert _checkpoint(run_id, "charge").attempts == 1
+    assert len(partner.effects()) == 1
+    assert not PartnerWaiter.objects.exists() and not PartnerSlot.objects.exists()
+
+
+@override_settings(AGENTFLOW_PARTNER_LIMITS=SLOW)
+def test_rate__turns_go_in_arrival_order(drive: Callable[[str], WorkflowRun]) -> None:
+    first, second, third = _start(), _start(), _start()
+    for run_id in (first, second, third):
+        drive(run_id)
+
+    turns = {w.run_id: w.go_at for w in PartnerWaiter.objects.all()}
+    # The first took the key's only free turn at look_up; the others queue a minute apart.
+    assert set(turns) == {first, second, third}
+    assert turns[first] < turns[second] < turns[third]
+    assert turns[second] - turns[first] == pytest.approx(60.0, abs=0.01)
+
+
+@override_settings(AGENTFLOW_PARTNER_LIMITS={"acme": {"rate": "100/s"}})
+def test_429__slows_the_key_for_every_run__an_answer_not_an_unknown(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    partner.script_answers("ok", "429")  # look_up answered, then charge refused
+    run_id = _start()
+    run = drive(run_id)
+
+    assert run.status == RunStatus.WAITING
+    charge = _checkpoint(run_id, "charge")
+    # The partner did not act: no attempt spent, no "outcome unknown", nothing to reconcile.
+    assert (charge.status, charge.attempts) == (StepStatus.FAILED, 0)
+    assert charge.error == "waiting for acme: rate limited by the partner"
+    state = PartnerState.objects.get(partner="acme")
+    assert state.rate_limited_total == 1
+    assert state.speed_floor == pytest.approx(0.5)
+    assert state.blocked_until > state.speed_since  # Retry-After 0.5 s, for everyone
+    assert PartnerEvent.objects.filter(kind=PartnerEvent.Kind.RATE_LIMITED).count() == 1
+
+    other = _start()
+    drive(other)  # a run that never saw the 429 waits for the key's block too
+    [waiter] = PartnerWaiter.objects.filter(run_id=other)
+    assert waiter.go_at is not None and waiter.go_at >= state.blocked_until
+
+    _turns_given_now()
+    for each in (run_id, other):
+        assert drive(each).status == RunStatus.COMPLETED
+    assert len(partner.effects()) == 2
+
+
+@override_settings(
+    AGENTFLOW_PARTNER_LIMITS={"acme": {}},
+    AGENTFLOW_BREAKER_FAILURES=2,
+    AGENTFLOW_BREAKER_COOLDOWN_SECONDS=600.0,
+)
+def test_breaker__opens__waiters_spend_no_attempts__one_probe__oldest_first_resume(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    partner.script_answers("ok", "503", "503")  # look_up answered; charge 503 twice
+    a = _start()
+    drive(a)
+    _retries_due()
+    drive(a)
+    state = PartnerState.objects.get(partner="acme")
+    assert state.breaker == limits.OPEN and state.failures == 2
+    assert _checkpoint(a, "charge").attempts == 2  # the failures themselves were attempts
+
+    b, c = _start(), _start()
+    drive(b)
+    drive(c)  # their look_ups wait for the breaker: no call goes
+    _retries_due()
+    drive(a)
+    assert _checkpoint(a, "charge").attempts == 2  # waiting spent nothing
+    assert _checkpoint(a, "charge").error == "waiting for acme: breaker open"
+    assert len(partner.calls()) == 3
+
+    PartnerState.objects.update(probe_at=0.0)  # the cool-down is over
+    limit = limits.limit_for("acme")
+    assert limit is not None
+    oldest = PartnerWaiter.objects.order_by("id").first()
+    assert oldest is not None and oldest.run_id == b
+    probe = store.turn_take(limit, run_id=b, seq=oldest.seq)
+    assert isinstance(probe, store.Turn) and probe.probe
+    behind = store.turn_take(limit, run_id=a, seq=_checkpoint(a, "charge").seq)
+    assert behind == store.TurnWait(reason="breaker open", seconds=store.partners.RECHECK_SECONDS)
+    store.turn_return(limit, probe, outcome=store.PARTNER_OK)  # the partner answered
+
+    assert PartnerState.objects.get(partner="acme").breaker == limits.CLOSED
+    resumed = list(PartnerWaiter.objects.order_by("id").values_list("run_id", "go_at"))
+    assert [run for run, _ in resumed] == [c, a]  # b went as the probe
+    assert [go for _, go in resumed] == sorted(go for _, go in resumed)  # oldest first
+    kinds = list(PartnerEvent.objects.order_by("id").values_list("kind", flat=True))
+    assert kinds.count(PartnerEvent.Kind.BREAKER_OPEN) == 1
+    assert kinds[-1] == PartnerEvent.Kind.BREAKER_CLOSED
+    _turns_given_now()
+    for each in (b, c, a):
+        assert drive(each).status == RunStatus.COMPLETED
+    assert [_checkpoint(each, "charge").attempts for each in (a, b, c)] == [3, 1, 1]
+    assert len(partner.effects()) == 3
+
+
+@override_settings(AGENTFLOW_PARTNER_LIMITS={"acme": {"concurrency": 1}})
+def test_concurrency__a_place_whose_holder_died__is_freed_by_its_lease(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """A worker SIGKILLed between taking its place and giving it back leaks it only until the
+    lease runs out (or at once, once its liveness lock is seen free)."""
+    limit = limits.limit_for("acme")
+    assert limit is not None
+    held = store.turn_take(limit)  # a caller that will never give its place back
+    assert isinstance(held, store.Turn)
+    run_id = _start()
+    run = drive(run_id)
+    assert run.status == RunStatus.WAITING
+    [waiter] = PartnerWaiter.objects.filter(run_id=run_id)
+    assert (waiter.reason, waiter.go_at) == ("concurrency", None)
+
+    PartnerSlot.objects.filter(pk=held.slot).update(lease_expires_at=0.0)  # its lease ran out
+    sweeper.sweep()
+
+    waiter.refresh_from_db()
+    assert waiter.go_at is not None  # the place went to the oldest waiter
+    assert drive(run_id).status == RunStatus.COMPLETED
+
+
+@override_settings(AGENTFLOW_PARTNER_LIMITS={"acme": {}})
+def test_pause__waits_until_resumed__recorded_with_actor_and_reason(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    limit = limits.limit_for("acme")
+    assert limit is not None
+    assert store.partner_pause(limit, actor="ops", reason="acme asked us to stop")
+    run_id = _start()
+    assert drive(run_id).status == RunStatus.WAITING
+    assert partner.calls() == []
+
+    assert store.partner_resume(limit, actor="ops", reason="acme is fine")
+    _turns_given_now()
+    assert drive(run_id).status == RunStatus.COMPLETED
+    events = list(PartnerEvent.objects.order_by("id").values_list("kind", "actor", "detail"))
+    assert events == [
+        (PartnerEvent.Kind.PAUSED, "ops", "acme asked us to stop"),
+        (PartnerEvent.Kind.RESUMED, "ops", "acme is fine"),
+    ]
+
+
+@override_settings(AGENTFLOW_PARTNER_LIMITS={"acme": {}})
+def test_takeover_that_must_wait__stays_in_progress__may_have_happened(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """A lost owner's call may have happened: waiting for the partner never turns it into
+    "did not happen" (SPEC 3.3a). The checkpoint stays IN_PROGRESS, its lease released."""
+    run_id = _start()
+    runtime.run_step(run_id, 1)  # look_up
+    state = store.state_load(run_id, 2)
+    assert state is not None
+    claim = store.step_claim(state, workflows.limited.steps["charge"], 2, None)
+    assert claim is not None  # ... and its worker was killed before it called
+    StepCheckpoint.objects.filter(run_id=run_id, seq=2).update(
+        lease_expires_at=WorkflowRun.objects.get(pk=run_id).created_at
+    )
+    limit = limits.limit_for("acme")
+    assert limit is not None
+    store.partner_pause(limit, actor="ops", reason="maintenance")
+
+    run = drive(run_id)  # the takeover finds acme paused
+
+    assert run.status == RunStatus.WAITING
+    charge = _checkpoint(run_id, "charge")
+    assert charge.status == StepStatus.IN_PROGRESS and charge.lease_owner == ""
+    assert charge.attempts == 1  # the takeover's attempt was given back
+    snapshot = durable.snapshot(run_id)
+    assert snapshot is not None
+    [step] = [s for s in snapshot.steps if s.name == "charge"]
+    assert durable.may_have_happened(step)
+
+
+def test_unlimited_partner__no_rows_no_waits(drive: Callable[[str], WorkflowRun]) -> None:
+    run = drive(_start())
+    assert run.status == RunStatus.COMPLETED
+    assert not PartnerState.objects.exists() and not PartnerSlot.objects.exists()
+
+
+@override_settings(
+    AGENTFLOW_PARTNER_LIMITS={"acme": {}},
+    AGENTFLOW_BREAKER_FAILURES=1,
+    AGENTFLOW_BREAKER_COOLDOWN_SECONDS=1.0,
+)
+def test_breaker__a_failed_probe__wakes_the_next_oldest_waiter_for_the_next_probe(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    """Not the others' 30-second recheck: the next probe goes when the breaker allows it."""
+    partner.script_answers("ok", "503")
+    first = _start()
+    drive(first)  # its charge's 503 opens the breaker
+    second, third = _start(), _start()
+    drive(second)
+    drive(third)
+    PartnerState.objects.update(probe_at=0.0)
+    limit = limits.limit_for("acme")
+    assert limit is not None
+    probe = store.turn_take(limit, run_id=second, seq=1)
+    assert isinstance(probe, store.Turn) and probe.probe
+    before = WorkflowRun.objects.get(pk=third).wake_at
+
+    store.turn_return(limit, probe, outcome=store.PARTNER_UNAVAILABLE, detail="503 again")
+
+    state = PartnerState.objects.get(partner="acme")
+    assert state.breaker == limits.OPEN and state.opened_times == 2
+    woken = WorkflowRun.objects.get(pk=third).wake_at
+    assert before is not None and woken is not None and woken < before  # sooner than 30 s

@@ -1,0 +1,98 @@
+"""The rules of partner limits, pure (SPEC 3.10): the setting as written, the partner's own words
+in its headers, the key's speed after a 429 or a closed breaker, the breaker's cool-down."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+
+from agentflow import limiter, limits, rate_signals
+from agentflow.exceptions import PartnerRateLimited
+
+
+def test_parse_limits__rates_and_concurrency() -> None:
+    parsed = limits.parse_limits(
+        '{"stripe": {"rate": "25/s"}, "airline": {"concurrency": 3}, "llm": {"rate": "60/m"}}'
+    )
+    assert parsed["stripe"].rate_per_second == 25
+    assert parsed["airline"].concurrency == 3 and parsed["airline"].rate_per_second is None
+    assert parsed["llm"].rate_per_second == 1
+    assert limits.parse_rate("1000/h") == pytest.approx(1000 / 3600)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("{", "not JSON"),
+        ('{"stripe": {"rate": "25 per second"}}', 'stripe: a rate is "N/s"'),
+        ('{"stripe": {"rate": "0/s"}}', "above zero"),
+        ('{"airline": {"concurrency": 0}}', "whole number from 1"),
+        ('{"airline": {"burst": 3}}', "and/or"),
+        ("[1]", "maps partner keys"),
+    ],
+)
+def test_parse_limits__says_what_is_wrong(value: str, says: str) -> None:
+    with pytest.raises(limits.LimitsError, match=says):
+        limits.parse_limits(value)
+
+
+def test_rate_signals__stripe_openai_and_retry_after() -> None:
+    stripe = rate_signals.read({"Stripe-Rate-Limited-Reason": "global-rate", "Retry-After": "2"})
+    assert (stripe.reason, stripe.retry_after_seconds) == ("global-rate", 2.0)
+    openai = rate_signals.read(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "6m0s"}
+    )
+    assert openai.exhausted and openai.reset_seconds == 360.0
+    assert rate_signals.read({"retry-after-ms": "250"}).retry_after_seconds == 0.25
+    assert rate_signals.duration_seconds("1h2m3.5s") == 3723.5
+    assert rate_signals.duration_seconds("soon") is None
+    dated = rate_signals.read({"Retry-After": "Wed, 21 Oct 2015 07:28:10 GMT"}, now=1445412480.0)
+    assert dated.retry_after_seconds == 10.0
+
+
+def test_a_429__blocks_for_what_the_partner_said__capped() -> None:
+    told = PartnerRateLimited.from_headers("429", {"Retry-After": "3"})
+    assert limits.block_seconds(told) == 3.0
+    assert limits.block_seconds(PartnerRateLimited("429")) == limits.DEFAULT_BLOCK_SECONDS
+    with override_settings(AGENTFLOW_MAX_BACKOFF=10.0):
+        assert limits.block_seconds(PartnerRateLimited("429", retry_after_seconds=1e9)) == 10.0
+
+
+@override_settings(AGENTFLOW_PARTNER_RECOVERY_SECONDS=30.0)
+def test_speed__halves_after_a_429__climbs_back_linearly() -> None:
+    assert limits.slowed(1.0) == 0.5
+    assert limits.slowed(0.15) == limits.FLOOR_FACTOR
+    assert limits.speed(floor=0.5, since=100.0, now=100.0) == 0.5
+    assert limits.speed(floor=0.5, since=100.0, now=115.0) == pytest.approx(0.75)
+    assert limits.speed(floor=0.5, since=100.0, now=200.0) == 1.0
+    stripe = limits.Limit(partner="stripe", rate_per_second=5.0)
+    assert limits.interval_seconds(stripe, 1.0) == pytest.approx(0.2)
+    assert limits.interval_seconds(stripe, 0.5) == pytest.approx(0.4)
+
+
+@override_settings(AGENTFLOW_BREAKER_COOLDOWN_SECONDS=5.0, AGENTFLOW_BREAKER_FAILURES=5)
+def test_breaker__trips_at_the_threshold__cooldown_doubles_to_a_minute() -> None:
+    assert not limits.trips(4) and limits.trips(5)
+    assert [limits.cooldown_seconds(n) for n in (1, 2, 3, 4, 5)] == [5, 10, 20, 40, 60]
+
+
+@override_settings(AGENTFLOW_PARTNER_LIMITS={"llm": {"rate": "60/m"}}, AGENTFLOW_LLM_MODEL="m1")
+def test_model_requests__count_against_llm__or_the_model_when_named() -> None:
+    assert limiter.model_partner() == "llm"
+    with override_settings(AGENTFLOW_PARTNER_LIMITS={"m1": {"rate": "1/s"}}):
+        assert limiter.model_partner() == "m1"
+    with override_settings(AGENTFLOW_PARTNER_LIMITS={}):
+        assert limiter.model_partner() is None
+
+
+@override_settings(AGENTFLOW_PARTNER_RECOVERY_SECONDS=30.0)
+def test_speed__after_a_429_climbs_to_the_learned_ceiling__and_holds_there_a_while() -> None:
+    """A key limited at twice what the partner allows must stop drawing 429s, not draw one each
+    time it recovers: it climbs back to 90 % of where the 429 came, and stays there for ten
+    recovery times before it tries higher."""
+    ceiling = limits.ceiling_after(0.5)
+    assert ceiling == pytest.approx(0.45)
+    assert limits.speed(floor=0.25, since=0.0, now=60.0, ceiling=ceiling) == pytest.approx(0.45)
+    assert limits.speed(floor=0.25, since=0.0, now=299.0, ceiling=ceiling) == pytest.approx(0.45)
+    assert limits.speed(floor=0.25, since=0.0, now=315.0, ceiling=ceiling) > 0.45
+    assert limits.speed(floor=0.25, since=0.0, now=400.0, ceiling=ceiling) == 1.0
