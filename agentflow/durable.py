@@ -312,11 +312,10 @@ class RunSnapshot:
     #: The build whose code runs it, and the one it started on (SPEC 3.9).
     build: str = ""
     started_build: str = ""
-    #: Why its step may not start now, e.g. "waiting for a worker of build X" (empty: nothing
-    #: holds it).
+    #: Why its step may not start now (empty: nothing holds it): the one reason for every
+    #: hold (SPEC 3.9), e.g. "waiting for a worker of build X", or, while it waits for its turn
+    #: at a partner (a `partner:<key>` hold), "waiting for stripe: rate limit".
     held: str = ""
-    #: While it waits for its turn at a partner: why ("waiting for stripe: rate limit").
-    waiting_reason: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -369,16 +368,5 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         pending_approval=approval,
         build=run.build,
         started_build=run.started_build,
-        held=routing.reason(run.hold) if run.status == RunStatus.WAITING else "",
-        waiting_reason=_waiting_reason(run, steps),
+        held=routing.run_reason(run),
     )
-
-
-def _waiting_reason(run: WorkflowRun, steps: list[StepSnapshot]) -> str | None:
-    """A WAITING run's turn at a partner, as its current step's checkpoint records it."""
-    if run.status != RunStatus.WAITING:
-        return None
-    current = next((s for s in steps if s.seq == run.current_seq), None)
-    if current is not None and current.error.startswith(PARTNER_WAIT_PREFIX):
-        return current.error
-    return None

@@ -113,13 +113,19 @@ def _rebuild_unavailable(message: str, retry_after: float | None) -> PartnerUnav
     return PartnerUnavailable(message, retry_after_seconds=retry_after)
 
 
+def partner_wait_reason(partner: str, reason: str) -> str:
+    """The sentence a step waiting for its turn at `partner` shows, on the run page and the
+    partner page alike: "waiting for stripe: rate limit"."""
+    return f"waiting for {partner}: {reason}"
+
+
 class PartnerWait(AgentflowError):
     """Not the step's error: the limiter did not give the call its turn (a rate or concurrency
     limit, an open breaker, a pause). The step waits without holding a worker and spends no
     attempt; `wait_seconds` until it is looked at again, `reason` as the run shows it."""
 
     def __init__(self, partner: str, reason: str, wait_seconds: float) -> None:
-        super().__init__(f"waiting for {partner}: {reason}")
+        super().__init__(partner_wait_reason(partner, reason))
         self.partner, self.reason, self.wait_seconds = partner, reason, wait_seconds
 
     def __reduce__(self):

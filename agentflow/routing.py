@@ -17,7 +17,9 @@ module is ours. Steps, gateways, the runtime and the sweeper never compare build
   is pinned to), and each kind registers a `Gate` that says which keys may go now (`register`).
   The sweeper asks the gates for the held runs it finds due (`sweep_routes`); whatever frees a
   key may release its runs at once (`release`: a worker of the build, as it starts). A partner's
-  capacity (issue 27) is another kind of hold on the same path.
+  turn (issue 27) is another kind on the same path: `partner:<key>`, recorded by the step that
+  got no turn (`store.step_wait_turn`), whose gate asks the limiter's rows whether a turn may
+  be asked now; the limiter alone decides whether the call goes.
 - Publishers that know the run address pinned runs to their build's queue (`builds.route`);
   every other message goes to the shared queue, and the worker that takes it decides here.
 
@@ -41,6 +43,7 @@ from django.db import transaction
 
 from agentflow import builds, dispatch, registry, store, upgrades
 from agentflow.agent.loop import CodeWorkflow
+from agentflow.exceptions import partner_wait_reason
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 
@@ -109,10 +112,47 @@ BUILD = "build"
 register(BUILD, _BuildWorkers())
 
 
-def reason(token: str) -> str:
-    """The sentence for a run's recorded hold (empty: none)."""
+class _PartnerTurns:
+    """`partner:<key>`: a step that got no turn at a partner (SPEC 3.10) waits until it may ask
+    for one again. The limiter alone decides whether the call goes (`agentflow.limiter`, its
+    waiters in arrival order); this only says whether asking now is worth a message: not
+    while an operator paused the partner or its breaker is open before its probe time."""
+
+    def open(self, keys: Sequence[str]) -> set[str]:
+        return store.partners_open(list(keys))
+
+    def reason(self, key: str) -> str:
+        return partner_wait_reason(key, "its turn")
+
+
+PARTNER = store.PARTNER_HOLD
+register(PARTNER, _PartnerTurns())
+
+
+def reason(token: str, *, stored: str = "") -> str:
+    """The sentence for a run's recorded hold (empty: none). `stored`: the sentence recorded
+    when it was held (a partner's turn: "waiting for stripe: rate limit", which only the
+    limiter's answer to that step knew), used when it is about the same key."""
     found = Hold.parse(token) if token else None
-    return found.reason() if found is not None else ""
+    if found is None:
+        return ""
+    if stored and found.kind == PARTNER and stored.startswith(partner_wait_reason(found.key, "")):
+        return stored
+    return found.reason()
+
+
+def run_reason(run: WorkflowRun) -> str:
+    """Why a WAITING run's step may not start now, as the run page and `durable.snapshot`
+    show it (empty: nothing holds it): the one reason surface for every kind of hold."""
+    if run.status != RunStatus.WAITING or not run.hold:
+        return ""
+    stored = (
+        RunEvent.objects.filter(run_id=run.id, kind=RunEvent.Kind.HELD, seq=run.current_seq)
+        .order_by("-id")
+        .values_list("detail", flat=True)
+        .first()
+    )
+    return reason(run.hold, stored=stored or "")
 
 
 def hold(
@@ -350,7 +390,7 @@ def sweep_routes(runs: Sequence[store.DueRun]) -> list[Route]:
         held = Hold.parse(run.hold) if run.hold else None
         if held is not None:
             wanted.setdefault(held.kind, set()).add(held.key)
-        elif run.pinned and run.build and run.build != own:
+        if run.pinned and run.build and run.build != own:
             wanted.setdefault(BUILD, set()).add(run.build)
     opened = {
         kind: (_gates[kind].open(sorted(keys)) if kind in _gates else set(keys))
@@ -360,16 +400,16 @@ def sweep_routes(runs: Sequence[store.DueRun]) -> list[Route]:
     for run in runs:
         held = Hold.parse(run.hold) if run.hold else None
         queue = builds.route(run.build, run.pinned)
-        if held is not None:
-            if held.key in opened.get(held.kind, set()):
-                routes.append(Route(run=run, queue=queue))
-            else:
-                routes.append(Route(run=run, hold=held))
-        elif run.pinned and run.build and run.build != own:
-            if run.build in opened.get(BUILD, set()):
-                routes.append(Route(run=run, queue=queue))
-            else:
-                routes.append(Route(run=run, hold=Hold(BUILD, run.build), new_hold=True))
+        elsewhere = run.pinned and run.build and run.build != own
+        if held is not None and held.key not in opened.get(held.kind, set()):
+            routes.append(Route(run=run, hold=held))
+        elif (
+            elsewhere
+            and (held is None or held.kind != BUILD)
+            and run.build not in opened.get(BUILD, set())
+        ):
+            # Free to go (a partner's turn may be asked), but its build has no live worker.
+            routes.append(Route(run=run, hold=Hold(BUILD, run.build), new_hold=True))
         else:
             routes.append(Route(run=run, queue=queue))
     return routes

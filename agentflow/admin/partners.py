@@ -17,6 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from agentflow import limits, store
+from agentflow.exceptions import partner_wait_reason
 from agentflow.forms import ReasonForm
 from agentflow.models import PartnerEvent, PartnerState
 
@@ -101,7 +102,11 @@ def _row(view: store.PartnerView) -> dict[str, Any]:
         "view": view,
         "limit": ", ".join(parts) or ("breaker only" if limit is not None else "not configured"),
         "breaker": "paused" if view.paused else view.breaker.replace("_", " "),
-        "waiting": ", ".join(f"{n} {why}" for why, n in sorted(view.waiting_by_reason.items())),
+        # The run page's sentence for each reason ("2 waiting for stripe: rate limit").
+        "waiting": ", ".join(
+            f"{n} {partner_wait_reason(view.partner, why)}"
+            for why, n in sorted(view.waiting_by_reason.items())
+        ),
         "last_rate_limited": _at(view.last_rate_limited_at),
         "last_error": _at(view.last_error_at),
         "events": list(recent[:RECENT_EVENTS]),

@@ -133,7 +133,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                              run.started_build or "—")]  # fmt: skip
         if run.pinned:
             parts.append(format_html(" · pinned: it finishes on its build"))
-        held = routing.reason(run.hold) if run.status == RunStatus.WAITING else ""
+        held = routing.run_reason(run)
         if held:
             parts.append(format_html(' · <span class="af-overdue">{}</span>', held))
         if run.build != own and run.status not in TERMINAL_RUN_STATUSES:

@@ -68,6 +68,7 @@ from agentflow.store.partners import (
     partner_forget,
     partner_pause,
     partner_resume,
+    partners_open,
     partners_tick,
     partners_view,
     turn_return,
@@ -112,7 +113,7 @@ from agentflow.store.sweeps import (
     sweep_statements,
 )
 from agentflow.store.traces import trace_parent_record
-from agentflow.store.turns import step_wait_turn
+from agentflow.store.turns import PARTNER_HOLD, step_wait_turn
 from agentflow.store.waits import (
     PendingWait,
     call_digest,
@@ -122,6 +123,7 @@ from agentflow.store.waits import (
 )
 
 __all__ = [
+    "PARTNER_HOLD",
     "PARTNER_NEUTRAL",
     "PARTNER_OK",
     "PARTNER_RATE_LIMITED",
@@ -179,6 +181,7 @@ __all__ = [
     "partner_forget",
     "partner_pause",
     "partner_resume",
+    "partners_open",
     "partners_tick",
     "partners_view",
     "replay_load",

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import transaction
 
-from agentflow import dispatch, leases, limits
+from agentflow import builds, dispatch, leases, limits
 from agentflow.conf import settings
 from agentflow.limits import CLOSED, HALF_OPEN, OPEN, Limit
 from agentflow.models import PartnerEvent, PartnerSlot, PartnerState, PartnerWaiter
@@ -430,15 +430,18 @@ def _grant_places(limit: Limit) -> None:
 
 
 def _wake(run_id: str, seq: int, seconds: float) -> None:
-    """The waiting run's turn is given: it is looked at then (and published, if soon)."""
-    sql.update(
-        sql.RUNS,
-        {"wake_at": sql.at_now_plus(seconds)},
-        f"id = %s AND current_seq = %s AND status IN ({sql.placeholders(ACTIVE)})",
-        [run_id, seq, *ACTIVE],
+    """The waiting run's turn is given: it is looked at then (and published, if soon, to where
+    it belongs: its build's queue when it is pinned). It stays held (`partner:<key>`) until
+    its step is claimed, or waits again with the new reason."""
+    assignments, values = sql.set_clause({"wake_at": sql.at_now_plus(seconds)})
+    row = sql.fetch_one(
+        f"UPDATE {sql.RUNS} SET {assignments} WHERE id = %s AND current_seq = %s "
+        f"AND status IN ({sql.placeholders(ACTIVE)}) RETURNING build, pinned",
+        [*values, run_id, seq, *ACTIVE],
     )
-    if seconds <= dispatch.MAX_COUNTDOWN_SECONDS:
-        dispatch.send_step_on_commit(run_id, seq, countdown=seconds or None)
+    if row is not None and seconds <= dispatch.MAX_COUNTDOWN_SECONDS:
+        queue = builds.route(row[0], bool(row[1]))
+        dispatch.send_step_on_commit(run_id, seq, countdown=seconds or None, queue=queue)
 
 
 def _wake_for_probe(partner: str, seconds: float) -> None:
@@ -492,6 +495,23 @@ def partner_forget(partner: str) -> None:
 def wait_gone(run_id: str, seq: int) -> None:
     """The step's place in any queue, given up (it finished, or moved on)."""
     sql.execute(f"DELETE FROM {WAITERS} WHERE run_id = %s AND seq = %s", [run_id, seq])
+
+
+def partners_open(partners: list[str]) -> set[str]:
+    """Which of `partners` a waiting step may ask for its turn now (one query): not paused by
+    an operator, and no breaker open before its probe time. Only the turn says whether the call
+    goes (`turn_take`); this only says whether asking is worth a message."""
+    if not partners:
+        return set()
+    closed = {
+        row[0]
+        for row in sql.fetch_all(
+            f"SELECT partner FROM {PARTNERS} WHERE partner IN ({sql.placeholders(partners)}) "
+            f"AND (paused OR (breaker <> %s AND probe_at > {epoch_now()}))",
+            [*partners, CLOSED],
+        )
+    }
+    return {partner for partner in partners if partner not in closed}
 
 
 # --- operators ----------------------------------------------------------------------------------

@@ -316,6 +316,7 @@ def _wait(run: RunLike, seq: int, delay: float) -> None:
             "status": RunStatus.WAITING,
             "wake_at": sql.at_now_plus(delay),
             "updated_at": sql.at_now(),
+            "hold": "",  # it waits to retry, not for a build or a partner's turn
         },
         _RUN_AT_STEP,
         [run.id, seq, *ACTIVE],

@@ -280,6 +280,8 @@ def step_claim(run: StepState, step: StepDef, seq: int, seen: CheckpointRow | No
                     "status": RunStatus.RUNNING,
                     "wake_at": sql.at_now_plus(_lease_seconds()),
                     "updated_at": sql.at_now(),
+                    # Its step runs: whatever held it (a partner's turn) holds it no more.
+                    **({"hold": ""} if run.hold else {}),
                 },
                 **_step_write(run.id, step, seq, seen, lease, claimable=True),
                 run_expected=_as_decided(run),

@@ -9,14 +9,19 @@ import logging
 
 from django.db import transaction
 
-from agentflow import dispatch
+from agentflow import builds, dispatch
+from agentflow.models import RunEvent
 from agentflow.states import RunStatus, StepStatus
 from agentflow.store import sql
+from agentflow.store.events import event_add
 from agentflow.store.partners import WAITERS, epoch_now
 from agentflow.store.runs import Fenced
 from agentflow.store.steps import ACTIVE, CheckpointRow, Claim
 
 logger = logging.getLogger(__name__)
+
+#: The kind of routing hold a partner wait is (`agentflow.routing`): `partner:<key>`.
+PARTNER_HOLD = "partner"
 
 _RUN_AT_STEP = f"id = %s AND current_seq = %s AND status IN ({sql.placeholders(ACTIVE)})"
 
@@ -41,6 +46,11 @@ def step_wait_turn(
     again before anything (so does one whose call may have happened and whose reconcile was
     refused its turn: `unknown`); any other becomes retryable FAILED, which "may have happened" as
     well. Without a claim (a read step) only the run and any earlier failed checkpoint move.
+
+    The run is held as routing holds it (`partner:<key>`, SPEC 3.9): one wait path and one
+    reason surface for a build's worker and a partner's turn. A held event says why the first
+    time it waits for this partner at this step, or when the reason changed; its message (a
+    countdown) goes to where the run belongs (`builds.route`), as every release of a hold does.
     """
     seconds = max(float(seconds), 0.0)
     released = {
@@ -91,19 +101,43 @@ def step_wait_turn(
             )
             if given is not None and given[0] is not None:
                 seconds = max(0.0, min(seconds, float(given[0])))
-            if not sql.update(
-                sql.RUNS,
+            token = f"{PARTNER_HOLD}:{partner}"
+            before = sql.fetch_one(
+                f"SELECT hold FROM {sql.RUNS} WHERE id = %s"
+                + (" FOR UPDATE" if sql.postgres() else ""),
+                [run_id],
+            )
+            assignments, values = sql.set_clause(
                 {
                     "status": RunStatus.WAITING,
                     "wake_at": sql.at_now_plus(seconds),
                     "updated_at": sql.at_now(),
-                },
-                _RUN_AT_STEP,
-                [run_id, seq, *ACTIVE],
-            ):
+                    "hold": token,
+                }
+            )
+            row = sql.fetch_one(
+                f"UPDATE {sql.RUNS} SET {assignments} WHERE {_RUN_AT_STEP} RETURNING build, pinned",
+                [*values, run_id, seq, *ACTIVE],
+            )
+            if row is None:
                 raise Fenced
+            build, pinned = row[0], bool(row[1])
+            if before is None or before[0] != token or not _same_reason(run_id, seq, why):
+                event_add(run_id, RunEvent.Kind.HELD, why, seq=seq, data={"hold": token})
             if seconds <= dispatch.MAX_COUNTDOWN_SECONDS:
-                dispatch.send_step_on_commit(run_id, seq, countdown=seconds or None)
+                dispatch.send_step_on_commit(
+                    run_id, seq, countdown=seconds or None, queue=builds.route(build, pinned)
+                )
     except Fenced:
         return False
     return True
+
+
+def _same_reason(run_id: str, seq: int, why: str) -> bool:
+    """Did the run's last held event at `seq` say exactly this?"""
+    row = sql.fetch_one(
+        f"SELECT detail FROM {sql.EVENTS} WHERE run_id = %s AND kind = %s AND seq = %s "
+        "ORDER BY id DESC LIMIT 1",
+        [run_id, RunEvent.Kind.HELD, seq],
+    )
+    return row is not None and row[0] == why

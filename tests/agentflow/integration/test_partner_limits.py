@@ -10,16 +10,19 @@ always inside the interval, and what a later turn would be is moved on in the ro
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
-from agentflow import durable, limits, runtime, store, sweeper
+from agentflow import builds, durable, limits, runtime, store, sweeper
 from agentflow.models import (
     PartnerEvent,
     PartnerSlot,
     PartnerState,
     PartnerWaiter,
+    RunEvent,
     StepCheckpoint,
     WorkflowRun,
 )
@@ -66,7 +69,7 @@ def test_rate__a_call_past_its_turn_waits__no_attempt_spent_no_worker_held(
     assert (waiter.partner, waiter.reason, waiter.seq) == ("acme", "rate limit", charge.seq)
     assert waiter.go_at is not None
     snapshot = durable.snapshot(run_id)
-    assert snapshot is not None and snapshot.waiting_reason == "waiting for acme: rate limit"
+    assert snapshot is not None and snapshot.held == "waiting for acme: rate limit"
 
     _turns_given_now()
     run = drive(run_id)
@@ -281,3 +284,74 @@ def test_breaker__a_failed_probe__wakes_the_next_oldest_waiter_for_the_next_prob
     assert state.breaker == limits.OPEN and state.opened_times == 2
     woken = WorkflowRun.objects.get(pk=third).wake_at
     assert before is not None and woken is not None and woken < before  # sooner than 30 s
+
+
+@override_settings(AGENTFLOW_PARTNER_LIMITS=SLOW)
+def test_partner_wait_of_a_pinned_run__a_routing_hold__its_turn_goes_to_its_builds_queue(
+    drive: Callable[[str], WorkflowRun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partner wait is a routing hold (`partner:<key>`, SPEC 3.9): when the sweeper finds its
+    turn may be asked, a run pinned to another build goes to that build's queue (never the
+    shared one), or waits for that build's worker when it has none."""
+    run_id = _start()
+    assert drive(run_id).status == RunStatus.WAITING
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.hold == "partner:acme"
+    held = RunEvent.objects.get(run_id=run_id, kind=RunEvent.Kind.HELD)
+    assert (held.detail, held.data) == ("waiting for acme: rate limit", {"hold": "partner:acme"})
+    sent: list[tuple[str, int, str | None]] = []
+    monkeypatch.setattr(
+        sweeper.dispatch,
+        "send_step",
+        lambda run_id, seq, *, queue=None, **_: sent.append((run_id, seq, queue)) or True,
+    )
+    store.worker_beat(name="w-other", build="other", queue=builds.queue("other"), lock=None,
+                      server="")  # fmt: skip
+    past = timezone.now() - timedelta(seconds=30)
+    WorkflowRun.objects.filter(pk=run_id).update(build="other", pinned=True, wake_at=past)
+
+    report = sweeper.sweep()
+
+    assert report.requeued == [run_id]
+    assert sent == [(run_id, run.current_seq, builds.queue("other"))]
+    assert WorkflowRun.objects.get(pk=run_id).hold == ""
+
+    # Its build has no live worker: it is held for that build, not published anywhere.
+    sent.clear()
+    WorkflowRun.objects.filter(pk=run_id).update(
+        build="gone", hold="partner:acme", status=RunStatus.WAITING, wake_at=past
+    )
+    report = sweeper.sweep()
+
+    assert (report.requeued, report.held, sent) == ([], [run_id], [])
+    run.refresh_from_db()
+    assert (run.status, run.hold) == (RunStatus.WAITING, "build:gone")
+    snapshot = durable.snapshot(run_id)
+    assert snapshot is not None and snapshot.held == "waiting for a worker of build gone"
+
+
+@override_settings(AGENTFLOW_PARTNER_LIMITS={"acme": {}})
+def test_partner_hold__a_paused_partner__kept_held_by_the_sweeper_with_its_reason(
+    drive: Callable[[str], WorkflowRun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limit = limits.limit_for("acme")
+    assert limit is not None
+    store.partner_pause(limit, actor="ops", reason="maintenance")
+    run_id = _start()
+    assert drive(run_id).status == RunStatus.WAITING
+    sent: list[str] = []
+    monkeypatch.setattr(sweeper.dispatch, "send_step", lambda run_id, *_, **__: sent.append(run_id))
+    past = timezone.now() - timedelta(seconds=30)
+    WorkflowRun.objects.filter(pk=run_id).update(wake_at=past)
+
+    report = sweeper.sweep()
+
+    assert (report.requeued, sent) == ([], [])
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.hold == "partner:acme" and run.wake_at is not None and run.wake_at > past
+    snapshot = durable.snapshot(run_id)
+    assert snapshot is not None and snapshot.held == "waiting for acme: paused"
+
+    store.partner_resume(limit, actor="ops", reason="back")
+    assert drive(run_id).status == RunStatus.COMPLETED
+    assert WorkflowRun.objects.get(pk=run_id).hold == ""
