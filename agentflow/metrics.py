@@ -32,8 +32,11 @@ from django.db.models.functions import Now
 
 from agentflow import registry
 from agentflow.conf import settings
-from agentflow.models import RunWait, WorkflowRun
+from agentflow.models import Build, RunWait, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, WaitKind
+
+#: Builds listed by `agentflow_runs_by_build` even with no run left (newest first).
+RECENT_BUILDS = 10
 
 logger = logging.getLogger(__name__)
 
@@ -298,7 +301,9 @@ class _StateFromDatabase:
         known = sorted(registry.names())
         counts = {(name, str(status)): 0 for name in known for status in ACTIVE_RUN_STATUSES}
         late = dict.fromkeys(known, 0)
-        per_build: dict[str, int] = {}
+        # The newest builds stay listed at 0 once drained (a series that vanished would read as
+        # a scrape gap, not as "safe to stop").
+        per_build = dict.fromkeys(Build.objects.values_list("pk", flat=True)[:RECENT_BUILDS], 0)
         for workflow, status, build, n, n_late in active_runs_query():
             counts[workflow, status] = counts.get((workflow, status), 0) + n
             late[workflow] = late.get(workflow, 0) + n_late

@@ -139,6 +139,10 @@ def test_partner_call__an_error_marks_the_span(
             amount_cents=4500, currency="usd", payment_method="pm_card_visa", description="fee",
             key="wf_err_step_7", workflow_id="wf_err",
         )  # fmt: skip
-    [charge] = [s for s in spans.get_finished_spans() if s.name == "stripe authorize"]
-    assert not charge.status.is_ok
-    assert charge.events[0].name == "exception"
+    # Each request is a partner call of its own (the gateway's retries included, so the
+    # partner's limit counts them): every one answered 500 is a span marked with the error.
+    charges = [s for s in spans.get_finished_spans() if s.name == "stripe authorize"]
+    assert charges
+    for charge in charges:
+        assert not charge.status.is_ok
+        assert charge.events[0].name == "exception"
