@@ -13,7 +13,7 @@ import json
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pydantic
 from pydantic.json_schema import GenerateJsonSchema
@@ -42,6 +42,19 @@ class InvalidArguments(ValueError):
     def __init__(self, problems: list[Problem]) -> None:
         super().__init__("; ".join(str(p) for p in problems))
         self.problems = problems
+
+
+class Arguments(Protocol):
+    """What a tool's arguments offer: a local tool's from its type hints (`ArgumentSpec`), an
+    MCP server's from its listing (`agent.mcp_tools`)."""
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    @property
+    def schema(self) -> dict[str, Any]: ...
+
+    def validate(self, arguments: Any) -> dict[str, Any]: ...
 
 
 class _WithoutTitles(GenerateJsonSchema):

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentflow.agent.arguments import ArgumentSpec, InvalidArguments
+from agentflow.agent.arguments import Arguments, ArgumentSpec, InvalidArguments
 from agentflow.agent.errors import ToolRefused
 from agentflow.agent.fingerprint import LLM_CALL_NAME
 from agentflow.context import Decision, StepContext, UndoneCall
@@ -144,11 +144,13 @@ def refused_call(name: str, outcome: ToolOutcome) -> PreparedCall:
 
 @dataclass(frozen=True, kw_only=True)
 class Tool:
+    """A tool as registered: what the model is shown of it and how a call of it runs."""
+
     name: str
     description: str
     side_effect: bool
     fn: ToolFn
-    arguments: ArgumentSpec
+    arguments: Arguments
     #: For a side effect whose outcome may be unknown after a crash: asks the partner what
     #: happened under this call's key; returns the result to adopt, or None if it did not.
     reconcile: ToolFn | None = None
@@ -274,13 +276,7 @@ class Toolbox:
                 name, no description, a `max_calls` below 1, parameters without type hints, or
                 a sensitive parameter the function does not take.
         """
-        if read_only == side_effect:
-            said = "both" if read_only else "neither"
-            raise DefinitionError(
-                f"{self.name}: tool {name!r} must declare exactly one of read_only=True or "
-                f"side_effect=True (it said {said}): whether a call may be repeated decides "
-                "how it is checkpointed"
-            )
+        check_declared(self.name, name, read_only=read_only, side_effect=side_effect)
         self._check_name(name)
         if not description.strip():
             raise DefinitionError(f"{self.name}: tool {name!r} needs a description for the model")
@@ -354,6 +350,16 @@ class Toolbox:
             return fn
 
         return decorator
+
+    def add(self, tool: Tool) -> None:
+        """Offer a tool built elsewhere to the model: an MCP server's, as the host declared it
+        (`agent.mcp_tools`).
+
+        Raises:
+            DefinitionError: a bad or taken name.
+        """
+        self._check_name(tool.name)
+        self._tools[tool.name] = tool
 
     def _check_name(self, name: str) -> None:
         if not _TOOL_NAME.fullmatch(name or "") or name == LLM_CALL_NAME:
@@ -461,6 +467,21 @@ class Toolbox:
         except InvalidArguments as exc:
             return refused_call(name, refusal("invalid_arguments", f"{name}: {exc}."))
         return PreparedCall(name=name, kind=StepKind.EFFECT, tool=undo, values=values)
+
+
+def check_declared(owner: str, name: str, *, read_only: bool, side_effect: bool) -> None:
+    """A tool declares exactly one of `read_only` / `side_effect`.
+
+    Raises:
+        DefinitionError: it declared neither, or both.
+    """
+    if read_only == side_effect:
+        said = "both" if read_only else "neither"
+        raise DefinitionError(
+            f"{owner}: tool {name!r} must declare exactly one of read_only=True or "
+            f"side_effect=True (it said {said}): whether a call may be repeated decides "
+            "how it is checkpointed"
+        )
 
 
 def _times(count: int) -> str:

@@ -1,0 +1,71 @@
+"""MCP tools under real crashes: real worker processes, the official SDK's stdio client and a
+real MCP server subprocess (`tests/support/mcp_server.py`) whose ledger counts every effect
+call it received, with the idempotency key its `_meta` carried.
+
+A SIGKILL right after the effect, before its checkpoint: the takeover (an effect claimed and
+not recorded; the tool has no reconcile, so nothing can ask first) calls again under the same
+key, and the server, keying its effects by it, applies it once. After the checkpoint: never
+called again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentflow import durable
+from agentflow.models import StepCheckpoint
+from agentflow.states import StepKind
+from tests.support import mcp_server, mcp_workflows
+from tests.support.engine import stopped
+from tests.support.processes import Workers, log_has
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: crash point -> how many calls of the effect the server receives (all under one key).
+CRASHES = {
+    None: 1,
+    "add_note:after_effect": 2,  # made, not recorded: called again under its key, deduped
+    "add_note:after_complete": 1,  # recorded: the replay hands the result back
+}
+
+
+@pytest.mark.parametrize("point", list(CRASHES), ids=str)
+def test_mcp_effect__sigkill__applied_once_under_the_steps_key(
+    point: str | None, workers: Workers, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "mcp-ledger.jsonl"
+    faults = {"AGENTFLOW_FAULTS": "1", "AGENTFLOW_CRASH_AT": point} if point else {}
+    worker = workers.start(
+        AGENTFLOW_WORKFLOW_MODULES="tests.support.workflows,tests.support.mcp_workflows",
+        TEST_MCP_LEDGER=str(ledger),
+        **faults,
+    )
+    run_id = durable.start(mcp_workflows.agent.name)
+
+    run = stopped(run_id, timeout=90, worker=worker)
+
+    assert run.status == durable.RunStatus.COMPLETED, run.error
+    if point:
+        assert log_has(worker, f"fault injection: SIGKILL at {point}")
+    steps = StepCheckpoint.objects.filter(run_id=run_id).order_by("seq")
+    assert [s.name for s in steps] == [
+        "llm", "lookup_order", "drop_orders", "llm", "add_note", "llm",
+    ]  # fmt: skip
+    note = steps.get(name="add_note")
+    assert note.kind == StepKind.EFFECT  # the host's word, not the server's readOnlyHint
+    calls = mcp_server.calls(ledger)
+    assert len(calls) == CRASHES[point]
+    assert {c["key"] for c in calls} == {note.idempotency_key}  # the server saw the step's key
+    assert [c["applied"] for c in calls] == [True] + [False] * (len(calls) - 1)
+    assert note.output == {
+        "ok": True,
+        "result": {"order": "A1", "note": "kettle shipped", "key": note.idempotency_key},
+    }
+    lookup = steps.get(name="lookup_order")
+    assert lookup.kind == StepKind.READ
+    assert lookup.output["result"] == mcp_server.ORDERS["A1"]
+    dropped = steps.get(name="drop_orders")  # listed by the server, declared by nobody
+    assert dropped.output["ok"] is False
+    assert dropped.output["result"]["error"] == "unknown_tool"

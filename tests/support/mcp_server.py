@@ -1,0 +1,68 @@
+"""A stdio MCP server (the official SDK's `MCPServer`) that the MCP agent tests' workers start.
+
+    python tests/support/mcp_server.py LEDGER
+
+`lookup_order` reads; `add_note` is an effect that writes every call it receives to the
+JSON-lines file LEDGER (its arguments and the idempotency key its `_meta` carried) and applies
+it once per key: a repeat under a key it has seen answers what the first call did, as a
+partner that honours idempotency keys does. Its annotations claim it only reads, which must
+not make it read-only. `drop_orders` is listed but never declared by the host, so never offered.
+The server imports nothing of this repository: it runs as the SDK starts it, with the SDK's
+bare environment.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+
+#: Where the tests find the key in a call's `_meta` (agentflow.agent.mcp_tools's).
+KEY = "agentflow/idempotency_key"
+ORDERS = {"A1": {"order": "A1", "item": "kettle", "status": "shipped"}}
+
+app = MCPServer("orders")
+
+
+def calls(ledger: Path) -> list[dict[str, Any]]:
+    """Every `add_note` call the server received, in order."""
+    if not ledger.exists():
+        return []
+    return [json.loads(line) for line in ledger.read_text().splitlines() if line]
+
+
+@app.tool(description="An order's item and status.")
+def lookup_order(order: str) -> dict[str, Any]:
+    return ORDERS.get(order, {"order": order, "status": "unknown"})
+
+
+@app.tool(
+    description="Add a note to an order.",
+    annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False),
+)
+def add_note(order: str, note: str, ctx: Context) -> dict[str, Any]:
+    key = (ctx.request_context.meta or {}).get(KEY)
+    ledger = Path(sys.argv[1])
+    with ledger.open("a+") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)  # two pool processes may call at once
+        seen = calls(ledger)
+        first = next((c for c in seen if key and c["key"] == key), None)
+        record = {"key": key, "order": order, "note": note, "applied": first is None}
+        file.write(json.dumps(record) + "\n")
+        file.flush()
+    return {"order": order, "note": note, "key": key}
+
+
+@app.tool(description="Delete every order.")
+def drop_orders() -> str:
+    raise ToolError("refused: this server never drops orders")
+
+
+if __name__ == "__main__":
+    app.run("stdio")
