@@ -83,6 +83,8 @@ class ClaimedAttempt:
         except _Parked:
             return
         except PartnerWait as wait:
+            if self._spent_at_bound(wait):
+                return
             self._wait_turn(wait)
             return
         except NotJSONError as exc:
@@ -201,7 +203,23 @@ class ClaimedAttempt:
             seconds=wait.wait_seconds,
             claim=self.claim,
             unknown=unknown,
+            spent=limiter.failed_calls() > 0,
         )
+
+    def _spent_at_bound(self, wait: PartnerWait) -> bool:
+        """A wait after a call of this attempt went and failed (a reconcile Stripe refused, a
+        request that was not answered) is no free wait: the attempt was spent. At the bound the
+        step ends as an exhausted attempt does (an effect parks "outcome unknown", never FAILED)
+        instead of waiting for ever for a partner that keeps failing. True when it ended."""
+        attempt = self.claim.attempt
+        if not limiter.failed_calls() or not self.step.retry.exhausted(attempt):
+            return False
+        reason = f"gave up after {attempt} attempts: {wait}"
+        if self.is_effect:
+            self._park_unknown(reason)
+        else:
+            self._fail(reason, retry_in_seconds=None)
+        return True
 
     def _settle(self) -> Any:
         """The run is cancelled and this effect may have happened: found at the partner, it is
@@ -286,6 +304,11 @@ class ClaimedAttempt:
         try:
             found = self.step.reconcile(self.ctx)
         except PartnerWait as wait:
+            if limiter.failed_calls() and self.step.retry.exhausted(self.claim.attempt):
+                # The attempts are spent on a partner that keeps failing: ask no more.
+                self._park_unknown(f"{reason}; the partner could not say whether it "
+                                   f"happened ({wait})")  # fmt: skip
+                return
             self._wait_turn(wait, unknown=True)  # it asks once its turn comes
             return
         except Exception as exc:

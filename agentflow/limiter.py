@@ -33,17 +33,26 @@ logger = logging.getLogger(__name__)
 OUTSIDE_STEP_PATIENCE_SECONDS = 30.0
 
 _step: ContextVar[tuple[str, int] | None] = ContextVar("agentflow_limited_step", default=None)
+#: The step's calls to a limited partner that went and failed (a 429 is an answer, not one).
+_failed: ContextVar[list[str] | None] = ContextVar("agentflow_failed_calls", default=None)
 
 
 @contextmanager
 def step_calls(run_id: str, seq: int) -> Iterator[None]:
     """Calls made meanwhile are step `seq` of `run_id`'s: a call that must wait makes the step
     wait, in its place in the partner's queue."""
-    token = _step.set((run_id, seq))
+    token, failed = _step.set((run_id, seq)), _failed.set([])
     try:
         yield
     finally:
+        _failed.reset(failed)
         _step.reset(token)
+
+
+def failed_calls() -> int:
+    """How many of this step's calls to a limited partner went and failed (anything but a
+    429): a wait after one is no free wait, the attempt was spent (SPEC 3.3a)."""
+    return len(_failed.get() or ())
 
 
 @contextmanager
@@ -71,9 +80,21 @@ def partner_call(partner: str, operation: str) -> Iterator[None]:
         raise PartnerWait(partner, "rate limited by the partner", block) from exc
     except PartnerUnavailable as exc:
         outcome, detail = store.PARTNER_UNAVAILABLE, f"{operation}: {exc}"
+        _failed_call(operation)
+        raise
+    except PartnerWait:
+        raise
+    except Exception:
+        _failed_call(operation)
         raise
     finally:
         _give_back(limit, turn, outcome, detail, block, reason)
+
+
+def _failed_call(operation: str) -> None:
+    failed = _failed.get()
+    if failed is not None:
+        failed.append(operation)
 
 
 def model_partner() -> str | None:

@@ -36,6 +36,7 @@ def step_wait_turn(
     claim: Claim | None = None,
     seen: CheckpointRow | None = None,
     unknown: bool = False,
+    spent: bool = False,
 ) -> bool:
     """The step at `seq` waits `seconds` for its turn at `partner` (`why`: "waiting for stripe:
     rate limit"); the run is WAITING. Returns False when fenced out.
@@ -45,7 +46,9 @@ def step_wait_turn(
     happened) stays IN_PROGRESS with its lease released, so the next claim asks the partner
     again before anything (so does one whose call may have happened and whose reconcile was
     refused its turn: `unknown`); any other becomes retryable FAILED, which "may have happened" as
-    well. Without a claim (a read step) only the run and any earlier failed checkpoint move.
+    well. `spent`: a call of this attempt went and failed, so the attempt counts (its bound
+    still parks a partner that keeps failing, SPEC 3.3a). Without a claim (a read step) only the
+    run and any earlier failed checkpoint move.
 
     The run is held as routing holds it (`partner:<key>`, SPEC 3.9): one wait path and one
     reason surface for a build's worker and a partner's turn. A held event says why the first
@@ -66,7 +69,6 @@ def step_wait_turn(
                         **released,
                         "lease_expires_at": sql.at_now(),
                         "fence": claim.fence + 1,
-                        "attempts": sql.Expr("attempts - 1", ()),
                     }
                 else:
                     changes = {
@@ -77,8 +79,9 @@ def step_wait_turn(
                         "lease_expires_at": None,
                         "finished_at": sql.at_now(),
                         "fence": claim.fence + 1,
-                        "attempts": sql.Expr("attempts - 1", ()),
                     }
+                if not spent:
+                    changes["attempts"] = sql.Expr("attempts - 1", ())
                 if not sql.update(
                     sql.STEPS,
                     changes,

@@ -124,6 +124,37 @@ def test_charge_applied_then_the_payment_lookup_fails__parked_unknown_not_failed
     parked_unknown(run_id, worker, clean_sandbox)
 
 
+@pytest.fixture
+def limited_worker(
+    clean_sandbox: SandboxProcess, transactional_db: None
+) -> Iterator[WorkerProcess]:
+    """As `worker`, with Stripe a limited partner (SPEC 3.10): its failures open a breaker."""
+    env = refund_worker_env(
+        clean_sandbox,
+        AGENTFLOW_FAULTS="0",
+        AGENTFLOW_PARTNER_LIMITS='{"stripe": {}}',
+        REFUNDS_PARTNER_MAX_ATTEMPTS="4",
+        REFUNDS_PARTNER_RETRY_BASE_SECONDS="0.25",
+    )
+    process = WorkerProcess(concurrency=2, env=env, beat=True)
+    try:
+        yield process.start(timeout=60)
+    finally:
+        process.kill()
+
+
+def test_charge_applied_then_the_payment_lookup_fails__stripe_limited__parked_at_the_bound(
+    limited_worker: WorkerProcess, clean_sandbox: SandboxProcess
+) -> None:
+    """The same with Stripe's breaker opening: each wait after a failed lookup or request
+    used to give its attempt back, so the run waited for ever; a spent attempt counts, and the
+    run parks "outcome unknown" at the bound."""
+    stripe_goes_dark(clean_sandbox, search_status=400)
+    run_id = submit("OUT005")
+
+    parked_unknown(run_id, limited_worker, clean_sandbox)
+
+
 # --- issue 19: an operator cancels while the charge's outcome is unknown ------------------------
 @pytest.fixture
 def patient_worker(
