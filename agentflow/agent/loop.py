@@ -822,8 +822,17 @@ def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
 
 def _alongside(step: StepDef, prepared: PreparedCall) -> bool:
     """May this call run at once with others? Only a read (a read-only tool, or a refused
-    call, which runs nothing) that waits for no approval."""
-    return prepared.kind == StepKind.READ and step.kind == StepKind.READ and step.waits_for is None
+    call, which runs nothing) that waits for no approval, and not a call adopted from a
+    superseded branch: once a member adopts one its key is taken, so a sibling's replay would
+    see that call as a new one (an effect, no longer refused over its `max_calls`) and find
+    other calls at the batch's positions. Adopted calls act no more: one at a time is free."""
+    adopted = isinstance(step.arguments, dict) and "reused" in step.arguments
+    return (
+        prepared.kind == StepKind.READ
+        and step.kind == StepKind.READ
+        and step.waits_for is None
+        and not adopted
+    )
 
 
 def _waited(ctx: StepContext) -> Any:

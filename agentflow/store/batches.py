@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import transaction
 
-from agentflow import dispatch, faults
+from agentflow import builds, dispatch, faults
 from agentflow.agent.batches import batch_span, batch_step
 from agentflow.agent.loop import NEXT_CALL
 from agentflow.conf import settings
@@ -227,7 +227,9 @@ def _write(
     run_id: str, step: StepDef, seq: int, seen: CheckpointRow | None, changes: dict[str, Any]
 ) -> None:
     """Insert the member's checkpoint, or update the one a failed attempt left (fenced on its
-    fence; the run's row lock already keeps every other member writer out)."""
+    fence; the run's row lock already keeps every other member writer out), naming the build
+    whose code ran it, as every other checkpoint does (SPEC 3.9)."""
+    changes = {**changes, "build": builds.current()}
     if seen is None:
         sql.insert(
             sql.STEPS,

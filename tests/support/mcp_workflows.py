@@ -26,13 +26,17 @@ from agentflow.agent import (
 from agentflow.agent.mcp_tools import StdioServer
 
 SERVER_SCRIPT = Path(__file__).with_name("mcp_server.py")
+#: How the server is started: `-P` keeps the script's folder off `sys.path`, where
+#: `tests/support/calendar.py` would shadow the standard library's `calendar` (which `email`,
+#: so pydantic, imports) and the server would die before it is listed.
+SERVER_ARGS = ["-P", str(SERVER_SCRIPT)]
 
 
 #: The ledger is the worker's: its environment is the test's when it starts.
 orders = StdioServer(
     "orders",
     command=sys.executable,
-    args=[str(SERVER_SCRIPT), os.environ.get("TEST_MCP_LEDGER", os.devnull)],
+    args=[*SERVER_ARGS, os.environ.get("TEST_MCP_LEDGER", os.devnull)],
 )
 toolbox = Toolbox("mcp_agent")
 toolbox.add(orders.tool("lookup_order", read_only=True))

@@ -12,6 +12,7 @@ import pytest
 from agentflow import durable, runtime, store
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepStatus
+from agentflow.testing.inprocess import next_batch_member
 from refunds import engines
 from refunds.sandbox.airline import owner_of
 from tests.support.calendar import new_flight
@@ -80,7 +81,10 @@ def test_agent_engine__a_fork_sets_the_charge_aside_then_fails__that_charge_refu
     for _ in range(60):
         if charged.exists():
             break
-        runtime.run_step(run_id, WorkflowRun.objects.get(pk=run_id).current_seq)
+        run = WorkflowRun.objects.get(pk=run_id)
+        # read-only calls run at once stay at the batch's first position: play each member
+        member = next_batch_member(run_id, run.current_step)
+        runtime.run_step(run_id, run.current_seq if member is None else member)
     charge = charged.get()
     assert store.run_park(run_id, charge.seq + 1, "diverged (the prompt changed)", fence=None)
     settings.AGENTFLOW_AGENT_MAX_TURNS = 1  # the new branch runs out of turns before a charge

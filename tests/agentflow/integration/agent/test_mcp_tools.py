@@ -15,7 +15,7 @@ from agentflow.agent.mcp_tools import MCPUnavailable, StdioServer
 from agentflow.exceptions import DefinitionError
 from agentflow.states import StepKind
 from tests.support import mcp_server
-from tests.support.mcp_workflows import SERVER_SCRIPT
+from tests.support.mcp_workflows import SERVER_ARGS
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def ledger(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def orders(ledger: Path) -> StdioServer:
-    return StdioServer("orders", command=sys.executable, args=[str(SERVER_SCRIPT), str(ledger)])
+    return StdioServer("orders", command=sys.executable, args=[*SERVER_ARGS, str(ledger)])
 
 
 def context(key: str = "wf_abc_step_5") -> ToolContext:
