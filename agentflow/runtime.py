@@ -260,6 +260,7 @@ def _next_call(
             reusable=lambda: store.superseded_reusable(run.id, workflow),
             calls=lambda: store.calls_load(run.id, seq + 1),
             attempts=lambda: store.model_attempts(run.id, seq + 1),
+            first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
         )
     except Exception as exc:  # a bug in the run's function: fail readably, do not loop
         if pooler.database_trouble(exc):
@@ -361,6 +362,7 @@ def _run_batch_member(
             reusable=lambda: store.superseded_reusable(run.id, workflow),
             calls=lambda: store.calls_load(run.id, first + 1),
             attempts=lambda: store.model_attempts(run.id, first + 1),
+            first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
         )
         batch = ()
         if isinstance(outcome, agent_loop.NextCall):
