@@ -28,12 +28,15 @@ from typing import Any
 
 from agentflow.agent.arguments import InvalidArguments, Problem
 from agentflow.agent.canonical import NotCanonicalError, normalise
-from agentflow.agent.errors import ToolRefused
+from agentflow.agent.errors import ToolRefused, ToolServerUnavailable
 from agentflow.agent.tools import Tool, ToolContext, check_declared
 from agentflow.exceptions import AgentflowError, DefinitionError, RetryableStepError
 
 #: Where in a call's `_meta` the server finds the step's idempotency key.
 IDEMPOTENCY_KEY_META = "agentflow/idempotency_key"
+#: A server that could not be listed is asked again after this long (an outage: the run
+#: waits on partner key `mcp:<name>`, holding no worker).
+LIST_RETRY_SECONDS = 5.0
 #: How long starting the server and one request may take before the step retries (under the
 #: same key): a server that never answers must not hold the worker until its lease runs out.
 TIMEOUT_SECONDS = 60.0
@@ -114,9 +117,8 @@ class StdioServer:
         Raises:
             DefinitionError: the server lists no such tool.
         """
-        with self._lock:
-            if self._listed is None:
-                self._listed = {tool.name: tool for tool in self._run(_list_tools)}
+        self.ensure_listed()
+        assert self._listed is not None
         found = self._listed.get(name)
         if found is None:
             raise DefinitionError(
@@ -124,6 +126,36 @@ class StdioServer:
                 f"{', '.join(sorted(self._listed)) or 'none'})"
             )
         return found
+
+    @property
+    def partner(self) -> str:
+        """The partner key its outages and limits go by (AGENTFLOW_PARTNER_LIMITS may name it)."""
+        return f"mcp:{self.name}"
+
+    @property
+    def is_listed(self) -> bool:
+        """Has this process read the server's listing (so a replay asks it nothing)?"""
+        return self._listed is not None
+
+    def ensure_listed(self) -> None:
+        """List the server's tools now, if this process has not yet (the runtime does it
+        before a replay, as a call to partner `partner`, through the limiter).
+
+        Raises:
+            ToolServerUnavailable: it could not be started, or did not answer the listing.
+        """
+        with self._lock:
+            if self._listed is None:
+                self._listed = {tool.name: tool for tool in self._list()}
+
+    def _list(self) -> list[ListedTool]:
+        try:
+            listed: list[ListedTool] = self._run(_list_tools)
+        except RetryableStepError as exc:
+            raise ToolServerUnavailable(
+                self.partner, f"cannot be listed: {exc}", retry_after_seconds=LIST_RETRY_SECONDS
+            ) from exc
+        return listed
 
     def call(self, name: str, arguments: dict[str, Any], *, key: str) -> Any:
         """Call tool `name` with the step's idempotency key in `_meta`; its result as JSON.
@@ -152,6 +184,16 @@ class StdioServer:
             raise RetryableStepError(
                 f"MCP server {self.name!r}: {type(exc).__name__}: {_message(exc)}"
             ) from exc
+
+
+def tool_servers(toolbox: Any) -> list[StdioServer]:
+    """The MCP servers `toolbox`'s tools come from, once each, in the order first declared."""
+    servers: dict[int, StdioServer] = {}
+    for tool in getattr(toolbox, "tools", ()):
+        arguments = getattr(tool, "arguments", None)
+        if isinstance(tool, ServerTool) and isinstance(arguments, ServerArguments):
+            servers.setdefault(id(arguments.server), arguments.server)
+    return list(servers.values())
 
 
 @dataclass(frozen=True, kw_only=True)

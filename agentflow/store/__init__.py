@@ -14,6 +14,7 @@ from agentflow.store.batches import (
     batch_record,
     batch_republish,
     batch_started,
+    batch_wait_turn,
 )
 from agentflow.store.builds import (
     BuildRow,
@@ -155,6 +156,7 @@ __all__ = [
     "batch_record",
     "batch_republish",
     "batch_started",
+    "batch_wait_turn",
     "build_known",
     "build_record",
     "build_shape",

@@ -1,6 +1,6 @@
 """A stdio MCP server (the official SDK's `MCPServer`) that the MCP agent tests' workers start.
 
-    python tests/support/mcp_server.py LEDGER
+    python tests/support/mcp_server.py LEDGER [GATE]
 
 `lookup_order` reads; `add_note` is an effect that writes every call it receives to the
 JSON-lines file LEDGER (its arguments and the idempotency key its `_meta` carried) and applies
@@ -65,4 +65,7 @@ def drop_orders() -> str:
 
 
 if __name__ == "__main__":
+    # `GATE`, when given: the server dies at once until that file exists (not started yet).
+    if len(sys.argv) > 2 and sys.argv[2] and not Path(sys.argv[2]).exists():
+        sys.exit("not ready")
     app.run("stdio")

@@ -1,7 +1,8 @@
 """An agent workflow whose tools an MCP server serves (`tests/support/mcp_server.py`).
 
 Workers import it through `AGENTFLOW_WORKFLOW_MODULES`; the server's ledger is the file named
-by `TEST_MCP_LEDGER`, read when the server is started, so a test aims it per worker.
+by `TEST_MCP_LEDGER`, read when the server is started, so a test aims it per worker; with
+`TEST_MCP_GATE`, the server dies at start until that file exists.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ SERVER_ARGS = ["-P", str(SERVER_SCRIPT)]
 orders = StdioServer(
     "orders",
     command=sys.executable,
-    args=[*SERVER_ARGS, os.environ.get("TEST_MCP_LEDGER", os.devnull)],
+    args=[
+        *SERVER_ARGS,
+        os.environ.get("TEST_MCP_LEDGER", os.devnull),
+        os.environ.get("TEST_MCP_GATE", ""),  # a file the server waits for: see mcp_server
+    ],
 )
 toolbox = Toolbox("mcp_agent")
 toolbox.add(orders.tool("lookup_order", read_only=True))

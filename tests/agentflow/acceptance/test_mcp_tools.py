@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from agentflow import durable
-from agentflow.models import StepCheckpoint
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import StepKind
+from agentflow.testing.waiting import wait_for
 from tests.support import mcp_server, mcp_workflows
 from tests.support.engine import stopped
 from tests.support.processes import Workers, log_has
@@ -69,3 +70,34 @@ def test_mcp_effect__sigkill__applied_once_under_the_steps_key(
     dropped = steps.get(name="drop_orders")  # listed by the server, declared by nobody
     assert dropped.output["ok"] is False
     assert dropped.output["result"]["error"] == "unknown_tool"
+
+
+def test_mcp_server_that_cannot_be_listed__the_run_waits_for_it__resumes_once_it_can(
+    workers: Workers, tmp_path: Path
+) -> None:
+    """Not started yet (it dies before it is listed): a partner outage on `mcp:orders`, the
+    run WAITING with the reason and no worker held; once it starts, the run goes on."""
+    ledger, gate = tmp_path / "mcp-ledger.jsonl", tmp_path / "server-ready"
+    worker = workers.start(
+        AGENTFLOW_WORKFLOW_MODULES="tests.support.workflows,tests.support.mcp_workflows",
+        TEST_MCP_LEDGER=str(ledger),
+        TEST_MCP_GATE=str(gate),
+    )
+    run_id = durable.start(mcp_workflows.agent.name)
+
+    held = wait_for(
+        lambda: WorkflowRun.objects.filter(
+            pk=run_id, status=durable.RunStatus.WAITING, hold="partner:mcp:orders"
+        ).first(),
+        timeout=60,
+    )
+    assert not StepCheckpoint.objects.filter(run_id=run_id).exists()  # nothing was asked
+    assert RunEvent.objects.filter(
+        run_id=run_id, kind=RunEvent.Kind.HELD, detail__startswith="waiting for mcp:orders: "
+    ).exists(), held
+    gate.touch()  # the server starts now
+
+    run = stopped(run_id, timeout=90, worker=worker)
+
+    assert run.status == durable.RunStatus.COMPLETED, run.error
+    assert len(mcp_server.calls(ledger)) == 1
