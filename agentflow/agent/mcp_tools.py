@@ -30,7 +30,12 @@ from agentflow.agent.arguments import InvalidArguments, Problem
 from agentflow.agent.canonical import NotCanonicalError, normalise
 from agentflow.agent.errors import ToolRefused, ToolServerUnavailable
 from agentflow.agent.tools import Tool, ToolContext, check_declared
-from agentflow.exceptions import AgentflowError, DefinitionError, RetryableStepError
+from agentflow.exceptions import (
+    AgentflowError,
+    DefinitionError,
+    RepeatUnsafe,
+    RetryableStepError,
+)
 
 #: Where in a call's `_meta` the server finds the step's idempotency key.
 IDEMPOTENCY_KEY_META = "agentflow/idempotency_key"
@@ -89,19 +94,37 @@ class StdioServer:
         side_effect: bool = False,
         max_calls: int | None = None,
         description: str | None = None,
+        reconcile: str | None = None,
+        idempotent: bool = False,
     ) -> Tool:
         """The server's tool `name` as this host declares it, for `Toolbox.add`.
 
-        `description`: what the model reads instead of the server's own.
+        `description`: what the model reads instead of the server's own. For a side effect
+        whose answer was lost (a worker killed after the call, SPEC 3.3a), how to learn what
+        it did: `reconcile`, a read-only lookup tool of the same server, called with
+        `{"idempotency_key": key}`, whose result (empty: it did not happen) is adopted; or
+        `idempotent=True`, the server keys the effect by the call's idempotency key, so calling
+        again is safe. With neither, the run parks "outcome unknown" for a person, never
+        calling again blindly.
 
         Raises:
-            DefinitionError: not exactly one of `read_only` / `side_effect`, or a `max_calls`
-                below 1.
+            DefinitionError: not exactly one of `read_only` / `side_effect`, a `max_calls`
+                below 1, or a read-only tool given a way to reconcile.
         """
         check_declared(self.name, name, read_only=read_only, side_effect=side_effect)
         if max_calls is not None and max_calls < 1:
             raise DefinitionError(f"{self.name}: tool {name!r} needs max_calls of at least 1")
+        if read_only and (reconcile or idempotent):
+            raise DefinitionError(f"{self.name}: read-only tool {name!r} has nothing to reconcile")
+        if reconcile and idempotent:
+            raise DefinitionError(f"{self.name}: tool {name!r}: reconcile or idempotent, not both")
+        found: Any = None
+        if side_effect and reconcile:
+            found = _Lookup(self, reconcile)
+        elif side_effect and not idempotent:
+            found = _Unsafe(self.name, name)
         return ServerTool(
+            reconcile=found,
             name=name,
             description=" ".join((description or "").split()),
             side_effect=side_effect,
@@ -224,6 +247,35 @@ class _Call:
 
     def __call__(self, ctx: ToolContext, **values: Any) -> Any:
         return self.server.call(self.name, values, key=ctx.idempotency_key)
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """A side effect's reconcile: the server's read-only lookup tool `name`, asked for the
+    effect made under the call's key (an empty answer: none was)."""
+
+    server: StdioServer
+    name: str
+
+    def __call__(self, ctx: ToolContext, **values: Any) -> Any:
+        key = ctx.idempotency_key
+        found = self.server.call(self.name, {"idempotency_key": key}, key=key)
+        return found or None
+
+
+@dataclass(frozen=True)
+class _Unsafe:
+    """A side effect with no way to learn what a lost call did, on a server not declared to
+    key its effects: a repeat could make it twice, so the step parks (`RepeatUnsafe`)."""
+
+    server: str
+    name: str
+
+    def __call__(self, ctx: ToolContext, **values: Any) -> Any:
+        raise RepeatUnsafe(
+            f"MCP server {self.server!r}: {self.name} may have run, and the host declared no "
+            "reconcile lookup and no idempotency by key for it, so it is not called again"
+        )
 
 
 @dataclass(eq=False)

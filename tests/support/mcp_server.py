@@ -59,6 +59,17 @@ def add_note(order: str, note: str, ctx: Context) -> dict[str, Any]:
     return {"order": order, "note": note, "key": key}
 
 
+@app.tool(description="The note added under an idempotency key, if any (add_note's reconcile).")
+def find_note(idempotency_key: str) -> dict[str, Any]:
+    found = next(
+        (c for c in calls(Path(sys.argv[1])) if c["key"] == idempotency_key and c["applied"]),
+        None,
+    )
+    if found is None:
+        return {}
+    return {"order": found["order"], "note": found["note"], "key": found["key"]}
+
+
 @app.tool(description="Delete every order.")
 def drop_orders() -> str:
     raise ToolError("refused: this server never drops orders")

@@ -45,8 +45,18 @@ orders = StdioServer(
 )
 toolbox = Toolbox("mcp_agent")
 toolbox.add(orders.tool("lookup_order", read_only=True))
-# The server annotates it read-only; the host says what it does.
-toolbox.add(orders.tool("add_note", side_effect=True))
+# The server annotates it read-only; the host says what it does, and how a lost answer is
+# learnt (TEST_MCP_NOTE): the server keys it by the call's key ("idempotent", the default), a
+# lookup tool finds it ("reconcile"), or neither ("none": the run parks "outcome unknown").
+_NOTE = os.environ.get("TEST_MCP_NOTE", "idempotent")
+toolbox.add(
+    orders.tool(
+        "add_note",
+        side_effect=True,
+        idempotent=_NOTE == "idempotent",
+        reconcile="find_note" if _NOTE == "reconcile" else None,
+    )
+)
 # `drop_orders` is listed by the server and declared by nobody: never offered.
 
 

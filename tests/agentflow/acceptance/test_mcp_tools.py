@@ -101,3 +101,36 @@ def test_mcp_server_that_cannot_be_listed__the_run_waits_for_it__resumes_once_it
 
     assert run.status == durable.RunStatus.COMPLETED, run.error
     assert len(mcp_server.calls(ledger)) == 1
+
+
+@pytest.mark.parametrize("declared", ["reconcile", "none"])
+def test_mcp_effect_answer_lost__its_lookup_adopts_it__or_the_run_parks_outcome_unknown(
+    declared: str, workers: Workers, tmp_path: Path
+) -> None:
+    """SIGKILL after `add_note` was sent, before its checkpoint. Declared with a reconcile
+    lookup (`find_note`, asked with the step's key), the takeover finds the note and adopts
+    it; declared with neither a lookup nor idempotency by key, it parks for a person. Either
+    way the effect is never sent twice."""
+    ledger = tmp_path / "mcp-ledger.jsonl"
+    worker = workers.start(
+        AGENTFLOW_WORKFLOW_MODULES="tests.support.workflows,tests.support.mcp_workflows",
+        TEST_MCP_LEDGER=str(ledger),
+        TEST_MCP_NOTE=declared,
+        AGENTFLOW_FAULTS="1",
+        AGENTFLOW_CRASH_AT="add_note:after_effect",
+    )
+    run_id = durable.start(mcp_workflows.agent.name)
+
+    run = stopped(run_id, timeout=90, worker=worker)
+
+    assert log_has(worker, "fault injection: SIGKILL at add_note:after_effect")
+    note = StepCheckpoint.objects.get(run_id=run_id, name="add_note")
+    assert [c["key"] for c in mcp_server.calls(ledger)] == [note.idempotency_key]  # sent once
+    if declared == "reconcile":
+        assert run.status == durable.RunStatus.COMPLETED, run.error
+        assert note.output["result"]["key"] == note.idempotency_key
+        assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.RECONCILED).exists()
+    else:
+        assert run.status == durable.RunStatus.NEEDS_ATTENTION, run.error
+        assert run.error.startswith("outcome unknown: add_note"), run.error
+        assert note.status == "IN_PROGRESS"  # never FAILED: it may have happened
