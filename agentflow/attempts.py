@@ -26,6 +26,7 @@ from agentflow.exceptions import (
     OutcomeUnknown,
     PartnerWait,
     PermanentStepError,
+    RepeatUnsafe,
     RetryableStepError,
 )
 from agentflow.models import RunEvent
@@ -163,6 +164,9 @@ class ClaimedAttempt:
                     found = self.step.reconcile(self.ctx)
                 except PartnerWait:
                     raise  # its turn at the partner comes later: ask then
+                except RepeatUnsafe as exc:
+                    self._park_unknown(describe(exc))  # no key makes a repeat safe
+                    raise _Parked from None
                 except Exception as exc:
                     if too_old:
                         self._park_unknown(

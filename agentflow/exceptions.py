@@ -38,6 +38,12 @@ class OutcomeUnknown(AgentflowError):
     """A reconcile could not tell whether the effect happened."""
 
 
+class RepeatUnsafe(OutcomeUnknown):
+    """A reconcile that cannot ask, for an effect whose partner keeps no idempotency key: the
+    call may have happened and repeating it could make it twice, so the step parks "outcome
+    unknown" for a person instead of calling again (SPEC 3.3a)."""
+
+
 class UnknownWorkflowError(AgentflowError):
     def __init__(self, name: str, known: list[str] | None = None) -> None:
         hint = f" (known: {', '.join(sorted(known))})" if known else ""

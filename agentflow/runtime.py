@@ -29,7 +29,9 @@ from agentflow import (
 )
 from agentflow.agent import loop as agent_loop
 from agentflow.agent.batches import batch_span
+from agentflow.agent.errors import ToolServerUnavailable
 from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
+from agentflow.agent.mcp_tools import tool_servers
 from agentflow.attempts import (
     ClaimedAttempt,
     describe,
@@ -40,7 +42,7 @@ from agentflow.attempts import (
 )
 from agentflow.conf import settings
 from agentflow.context import StepContext, idempotency_key
-from agentflow.exceptions import PartnerWait, PermanentStepError
+from agentflow.exceptions import PartnerWait, PermanentStepError, partner_wait_reason
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
@@ -249,6 +251,11 @@ def _next_call(
 ) -> StepDef | None:
     """Replay the run's function against its recorded calls (SPEC §4 B). Returns its next
     call as this task's step, or None when the run was finished, failed or parked instead."""
+    outage = _tool_servers_outage(workflow)
+    if outage is not None:
+        partner, why, seconds = outage
+        store.step_wait_turn(run.id, seq, partner=partner, why=why, seconds=seconds, seen=seen)
+        return None
     try:
         outcome = agent_loop.replay(
             workflow,
@@ -260,6 +267,7 @@ def _next_call(
             reusable=lambda: store.superseded_reusable(run.id, workflow),
             calls=lambda: store.calls_load(run.id, seq + 1),
             attempts=lambda: store.model_attempts(run.id, seq + 1),
+            first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
         )
     except Exception as exc:  # a bug in the run's function: fail readably, do not loop
         if pooler.database_trouble(exc):
@@ -322,6 +330,27 @@ def _next_call(
     return None
 
 
+def _tool_servers_outage(workflow: CodeWorkflow) -> tuple[str, str, float] | None:
+    """List the MCP servers the run's tools come from, once per process, each as a call to its
+    partner key (`mcp:<name>`) through the limiter, before the replay shows the model their
+    tools. A server that cannot be listed (not started yet, crashed), or one the limiter gives
+    no turn (its breaker open), is an outage the run waits out, as any partner's: the partner,
+    why, and how long until it is asked again; None when every server is listed."""
+    for server in tool_servers(workflow.toolbox):
+        if server.is_listed:
+            continue
+        try:
+            with limiter.partner_call(server.partner, "list_tools"):
+                server.ensure_listed()
+        except PartnerWait as wait:
+            return wait.partner, str(wait), wait.wait_seconds
+        except ToolServerUnavailable as exc:
+            seconds = exc.retry_after_seconds or 0.0
+            logger.warning("%s: %s; asked again in %.0f s", exc.partner, exc, seconds)
+            return exc.partner, partner_wait_reason(exc.partner, str(exc)), seconds
+    return None
+
+
 def _run_batch_member(
     run: store.StepState,
     workflow: CodeWorkflow,
@@ -351,6 +380,11 @@ def _run_batch_member(
     if store.claim_blocker(seen) is not None:
         return  # a retry not yet due (an early duplicate), or a failure for good
     if batch is None:
+        outage = _tool_servers_outage(workflow)
+        if outage is not None:
+            partner, why, seconds = outage
+            store.batch_wait_turn(run, seq, seen, partner=partner, why=why, seconds=seconds)
+            return
         outcome = agent_loop.replay(
             workflow,
             run_id=run.id,
@@ -361,6 +395,7 @@ def _run_batch_member(
             reusable=lambda: store.superseded_reusable(run.id, workflow),
             calls=lambda: store.calls_load(run.id, first + 1),
             attempts=lambda: store.model_attempts(run.id, first + 1),
+            first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
         )
         batch = ()
         if isinstance(outcome, agent_loop.NextCall):
@@ -399,6 +434,26 @@ def _run_batch_member(
         )
     except store.Fenced:
         return
+    except PartnerWait as wait:
+        if not limiter.failed_calls():
+            # No turn at the partner: nothing of the member ran past its request, no attempt
+            # spent; its siblings go on, and it runs again when its turn comes.
+            logger.info("%s step %s (%s): %s; waits %.2f s", run.id, seq, step.name, wait,
+                        wait.wait_seconds)  # fmt: skip
+            store.batch_wait_turn(
+                run, seq, seen, partner=wait.partner, why=str(wait), seconds=wait.wait_seconds
+            )
+            return
+        # A call of this attempt went and failed before the wait: the attempt was spent.
+        exhausted = step.retry.exhausted(attempt)
+        message = f"gave up after {attempt} attempts: {wait}" if exhausted else str(wait)
+        try:
+            store.batch_fail(
+                run, workflow, step, seq, seen, message, started_at=started, attempt=attempt,
+                retry_in_seconds=None if exhausted else wait.wait_seconds,
+            )  # fmt: skip
+        except store.Fenced:
+            return
     except Exception as exc:
         if pooler.database_trouble(exc):
             raise  # the engine's own statement failed: the message is retried

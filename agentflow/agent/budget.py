@@ -7,10 +7,22 @@ request could cost at most. A request is claimed (its IN_PROGRESS checkpoint com
 attempt counted) before it is sent, so every attempt of a model turn that recorded no answer
 is a request that may have been billed in full: a worker killed after sending it, a timeout,
 a server that dropped the connection. The record cannot tell which of them a provider billed,
-so each counts at its worst case: its input at most one token per byte of its messages' and
-tools' JSON, its output at most the `max_tokens` it was sent with. The run goes on only while
+so each counts at its worst case: its output at most the `max_tokens` it was sent with, its
+input at most what `input_bound` proves (below). The run goes on only while
 spent + lost + this request's worst case stays within the caps; a crash loop around a lost
 answer therefore cannot spend past them, however often it repeats.
+
+Input tokens are bounded without a tokenizer (none that covers the providers' encodings ships
+its data offline; tiktoken downloads its files at first use): a byte-level BPE tokenizer
+(o200k, cl100k, Llama's) never makes more than one token of a byte, and the canonical JSON of a
+message spends more bytes on quotes and keys than the chat format spends tokens on its frame.
+That alone counts a request at about four times its tokens, so it is tightened by what the
+provider already reported: a chat request is rendered message by message, each framed by
+special tokens, so a recorded request's `prompt_tokens` is exactly what its messages (and the
+tools) cost again in any later request to the same server and model that starts with them
+(`prefix_bound`): only the messages added since are counted by their bytes. The previous turn
+of the run is such a request for the next one; for a run's first turn, a first turn of another
+run of the workflow that began with the same messages (the system prompt) and tools.
 
 Pure, like `limits`: the loop counts, this module decides.
 """
@@ -76,12 +88,35 @@ def request_bytes(messages: Sequence[Any], tools: Sequence[Any]) -> int:
     return sum(len(canonical_json(m)) for m in messages) + len(canonical_json(list(tools)))
 
 
-def worst_case(*, model: str, provider: str, request_bytes: int, max_tokens: int) -> WorstCase:
-    """A request of `request_bytes` of canonical JSON (ASCII) to `model`, answered with at most
-    `max_tokens`: a tokenizer never makes more than one token of a byte of text, and JSON
-    spends more bytes on quotes, keys and escapes than the chat format spends tokens on its
-    frame."""
-    input_tokens = request_bytes + REQUEST_OVERHEAD_TOKENS
+def input_bound(request_bytes: int) -> int:
+    """The most input tokens a request of `request_bytes` of canonical JSON (ASCII) can be: a
+    tokenizer never makes more than one token of a byte of text, and JSON spends more bytes on
+    quotes, keys and escapes than the chat format spends tokens on its frame."""
+    return request_bytes + REQUEST_OVERHEAD_TOKENS
+
+
+def prefix_bound(prompt_tokens: int, added_bytes: int) -> int:
+    """The most input tokens a request can be that starts with every message of a recorded
+    request (the same tools, server and model) whose server reported `prompt_tokens`, and adds
+    messages of `added_bytes` of canonical JSON after them: the recorded messages cost what they
+    cost then (each message is rendered apart, between special tokens), the new ones at most
+    a token a byte."""
+    return prompt_tokens + added_bytes
+
+
+def worst_case(
+    *,
+    model: str,
+    provider: str,
+    max_tokens: int,
+    request_bytes: int | None = None,
+    input_tokens: int | None = None,
+) -> WorstCase:
+    """A request to `model` answered with at most `max_tokens`, its input bounded by
+    `input_tokens` or else from its `request_bytes` (`input_bound`)."""
+    if input_tokens is None:
+        assert request_bytes is not None
+        input_tokens = input_bound(request_bytes)
     return WorstCase(
         input_tokens=input_tokens,
         output_tokens=max_tokens,
@@ -92,15 +127,24 @@ def worst_case(*, model: str, provider: str, request_bytes: int, max_tokens: int
 
 
 def chain_worst_case(
-    chain: Sequence[tuple[str, str]], *, request_bytes: int, max_tokens: int
+    chain: Sequence[tuple[str, str]],
+    *,
+    max_tokens: int,
+    request_bytes: int | None = None,
+    inputs: Sequence[int] | None = None,
 ) -> WorstCase:
     """The most one attempt can cost when it may ask each (model, provider) of `chain` in
-    turn (a fallback chain, `agent.fallbacks`): every one of them may bill it in full."""
+    turn (a fallback chain, `agent.fallbacks`): every one of them may bill it in full.
+    `inputs`: each one's input bound, else all from `request_bytes`."""
     cases = [
         worst_case(
-            model=model, provider=provider, request_bytes=request_bytes, max_tokens=max_tokens
+            model=model,
+            provider=provider,
+            max_tokens=max_tokens,
+            request_bytes=request_bytes,
+            input_tokens=inputs[index] if inputs is not None else None,
         )
-        for model, provider in chain
+        for index, (model, provider) in enumerate(chain)
     ]
     costs = [case.cost_usd for case in cases if case.cost_usd is not None]
     return WorstCase(

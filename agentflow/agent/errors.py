@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentflow.exceptions import AgentflowError, PermanentStepError
+from agentflow.exceptions import AgentflowError, PartnerUnavailable, PermanentStepError
 
 
 class ToolRefused(AgentflowError):
@@ -44,3 +44,22 @@ def _rebuild_budget(
     message: str, limit: str, used: int, allowed: int, figures: dict[str, Any] | None = None
 ) -> BudgetExceeded:
     return BudgetExceeded(message, limit=limit, used=used, allowed=allowed, figures=figures)
+
+
+class ToolServerUnavailable(PartnerUnavailable):
+    """A server the run's tools come from (an MCP server, `agent.mcp_tools`) could not say
+    which tools it has: not started yet, crashed, not answering. A partner's outage, not the
+    run's error: the run waits on partner key `partner` (`mcp:<server name>`) and replays once
+    the server can be listed; its breaker, where AGENTFLOW_PARTNER_LIMITS names the key, is the
+    limiter's."""
+
+    def __init__(self, partner: str, message: str, *, retry_after_seconds: float) -> None:
+        super().__init__(message, retry_after_seconds=retry_after_seconds)
+        self.partner = partner
+
+    def __reduce__(self):
+        return (_rebuild_server, (self.partner, str(self), self.retry_after_seconds))
+
+
+def _rebuild_server(partner: str, message: str, retry_after: float) -> ToolServerUnavailable:
+    return ToolServerUnavailable(partner, message, retry_after_seconds=retry_after)

@@ -23,6 +23,7 @@ readable diff, never replayed against the wrong history.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -30,6 +31,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentflow.agent import budget, pricing, waiting
+from agentflow.agent.canonical import canonical_json, digest
 from agentflow.agent.clients import ModelClient, configured_client
 from agentflow.agent.conversation import Message, ModelRequest, ModelResponse, ToolCall
 from agentflow.agent.divergence import Change, Divergence, diverges
@@ -334,6 +336,7 @@ class AgentContext:
         calls: Callable[[], Sequence[Any]],
         exact: bool = False,
         attempts: Callable[[], Mapping[int, int]] | None = None,
+        first_turns: Callable[[], Sequence[Any]] | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -350,7 +353,11 @@ class AgentContext:
         self._cost = Decimal(0)  # the recorded cost of the priced turns replayed
         self._attempts = attempts  # model turns' attempts by position, read when asked
         self._ledger = budget.Ledger()
-        self._asked: list[tuple[int, int]] = []  # recorded turns: (position, request bytes)
+        # Recorded turns: (position, the input bound of each server it may have asked).
+        self._asked: list[tuple[int, tuple[int, ...]]] = []
+        # The latest recorded turn's reported prompt tokens, and who answered it (model, server).
+        self._prompted: tuple[int, str, str] | None = None
+        self._first_turns = first_turns  # other runs' first turns, read only near a cap
         self._limits = AgentLimits.from_settings(
             max_tool_calls_per_turn=workflow.max_tool_calls_per_turn
         )
@@ -402,7 +409,8 @@ class AgentContext:
             self._ledger.spent(
                 tokens=response.usage.total_tokens, cost_usd=cost, model=response.model
             )
-            self._asked.append((position, self._turns.latest_size()))
+            self._asked.append((position, self._input_bounds(client)))
+            self._prompted = (response.usage.prompt_tokens, response.model, response.server)
             return response
         self._limits.check_turn(turns_taken=self._turns_taken, tokens_used=self._tokens)
         max_tokens = int(settings.AGENTFLOW_LLM_MAX_OUTPUT_TOKENS)
@@ -587,29 +595,89 @@ class AgentContext:
     def _check_budget(self, client: ModelClient, position: int, max_tokens: int) -> None:
         """Before the request at `position`: every earlier attempt of a turn that recorded no
         answer for it counts at its worst case (its claim was committed before it was sent),
-        this request too, against the caps (`agent.budget`).
+        this request too, against the caps (`agent.budget`). Near a cap, a first turn's input
+        is bounded again from another run's first turn that began the same way.
 
         Raises:
             BudgetExceeded: it could pass one.
         """
         attempts = self._attempts() if self._attempts is not None else {}
         model = client.model
-        # A fallback chain may have asked (and been billed by) each of its servers in one
-        # attempt: its worst case is theirs added up.
-        chain = getattr(client, "chain", None) or (
-            (model, str(getattr(client, "provider", "") or "")),
-        )
+        chain = tuple((server[0], server[1]) for server in _servers(client))
 
-        def worst(size: int) -> budget.WorstCase:
-            return budget.chain_worst_case(chain, request_bytes=size, max_tokens=max_tokens)
+        def worst(inputs: Sequence[int]) -> budget.WorstCase:
+            return budget.chain_worst_case(chain, inputs=inputs, max_tokens=max_tokens)
 
-        for asked_at, size in self._asked:
+        for asked_at, inputs in self._asked:
             lost = attempts.get(asked_at, 1) - 1  # all but the one that was answered
             if lost > 0:
-                self._ledger.lost(worst(size), requests=lost, model=model)
-        now = worst(self._turns.latest_size())
-        self._ledger.lost(now, requests=attempts.get(position, 0), model=model)
-        self._ledger.check(budget.Caps.for_workflow(self.workflow), now, model=model)
+                self._ledger.lost(worst(inputs), requests=lost, model=model)
+        caps = budget.Caps.for_workflow(self.workflow)
+
+        def check(inputs: Sequence[int]) -> None:
+            ledger = copy.deepcopy(self._ledger)
+            now = worst(inputs)
+            ledger.lost(now, requests=attempts.get(position, 0), model=model)
+            ledger.check(caps, now, model=model)
+
+        inputs = self._input_bounds(client)
+        try:
+            check(inputs)
+        except BudgetExceeded:
+            tighter = self._calibrated(client, inputs)
+            if tighter == inputs:
+                raise
+            check(tighter)
+
+    def _input_bounds(self, client: ModelClient) -> tuple[int, ...]:
+        """The latest request's input bound at each server it may ask: its bytes, or, at the
+        server and model that answered the turn before it when it starts with all of that
+        turn's messages, the tokens that turn reported and the bytes added since."""
+        by_bytes = budget.input_bound(self._turns.latest_size())
+        added = self._turns.added_bytes()
+        bounds = []
+        for model, _provider, server in _servers(client):
+            bound = by_bytes
+            if added is not None and self._prompted is not None:
+                tokens, answered_by, at = self._prompted
+                if tokens > 0 and at == server and _same_model(answered_by, model):
+                    bound = min(bound, budget.prefix_bound(tokens, added))
+            bounds.append(bound)
+        return tuple(bounds)
+
+    def _calibrated(self, client: ModelClient, inputs: tuple[int, ...]) -> tuple[int, ...]:
+        """`inputs`, tightened from the recorded first turns of other runs of the workflow
+        (`first_turns`): one with the same tools whose messages the latest request starts with
+        (at least its first, the system prompt) bounds that much of it by the tokens its
+        server reported (`budget.prefix_bound`)."""
+        if self._first_turns is None or self._asked:
+            return inputs
+        sent = [canonical_json(m) for m in self._turns.latest_messages()]
+        bounds = list(inputs)
+        for arguments, output in self._first_turns():
+            request = arguments.get("arguments") if isinstance(arguments, dict) else None
+            if not isinstance(request, dict) or not isinstance(output, dict):
+                continue
+            messages, tools = request.get("messages"), request.get("tools")
+            if not isinstance(messages, list) or tools is None or request.get("keep", 0):
+                continue
+            if digest(tools) != self._turns.tools_digest:
+                continue
+            kept = 0
+            for recorded, now in zip(messages, sent, strict=False):
+                if canonical_json(recorded) != now:
+                    break
+                kept += 1
+            added = self._turns.added_bytes(kept) if kept else None
+            usage = output.get("usage") if isinstance(output.get("usage"), dict) else {}
+            tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            if added is None or not isinstance(tokens, int) or tokens <= 0:
+                continue
+            answered_by, at = str(output.get("model") or ""), str(output.get("server") or "")
+            for index, (model, _provider, server) in enumerate(_servers(client)):
+                if at == server and _same_model(answered_by, model):
+                    bounds[index] = min(bounds[index], budget.prefix_bound(tokens, added))
+        return tuple(bounds)
 
     def _model_client(self) -> ModelClient:
         """Chosen once per replay: a configured server's client is not built per turn."""
@@ -757,12 +825,15 @@ def replay(
     reusable: Callable[[], Sequence[Any]],
     calls: Callable[[], Sequence[Any]],
     attempts: Callable[[], Mapping[int, int]] | None = None,
+    first_turns: Callable[[], Sequence[Any]] | None = None,
 ) -> Outcome:
     """Run the function from the top against its recorded calls; what this task must do.
     `recorded`: the branch's calls by position, as `store.replay_load` reads them (digests,
     not arguments); `calls()`: the same calls whole, as stored, read only when a digest
     differs (a divergence's diff, a call recorded before digests had a column);
-    `attempts()`: the model turns' attempt counts by position, read only before a request.
+    `attempts()`: the model turns' attempt counts by position, read only before a request;
+    `first_turns()`: other runs' recorded first model turns (arguments, output), read only
+    when a first request is near a cap (`AgentContext._calibrated`).
 
     Again, comparing every turn's messages by value, if the function changed a message in
     place after a model turn was sent it (see `Turns`)."""
@@ -779,6 +850,7 @@ def replay(
             calls=calls,
             exact=exact,
             attempts=attempts,
+            first_turns=first_turns,
         )
         return _run(workflow, seq, ctx), ctx
 
@@ -818,6 +890,26 @@ def _run(workflow: CodeWorkflow, seq: int, ctx: AgentContext) -> Outcome:
         return Failed(reason=unfinished)
     output = to_json(result, f"the result of {workflow.name}")
     return Finished(output=output, tokens_saved=ctx._tokens, cost_saved=ctx._cost)
+
+
+def _servers(client: ModelClient) -> tuple[tuple[str, str, str], ...]:
+    """Each (model, provider, base URL) one attempt of `client` may ask: a fallback chain's
+    (`agent.fallbacks`), whose worst cases add up, or the client's own."""
+    clients = getattr(client, "clients", None) or (client,)
+    return tuple(
+        (
+            str(one.model),
+            str(getattr(one, "provider", "") or ""),
+            str(getattr(one, "base_url", "") or ""),
+        )
+        for one in clients
+    )
+
+
+def _same_model(answered_by: str, asked_for: str) -> bool:
+    """Did the model that answered (as its server names it: `gpt-4o-mini-2024-07-18`) answer
+    for `asked_for` (`gpt-4o-mini`)? Then the tokens it reported are this model's."""
+    return bool(asked_for) and (answered_by == asked_for or answered_by.startswith(asked_for + "-"))
 
 
 def _alongside(step: StepDef, prepared: PreparedCall) -> bool:

@@ -28,12 +28,20 @@ from typing import Any
 
 from agentflow.agent.arguments import InvalidArguments, Problem
 from agentflow.agent.canonical import NotCanonicalError, normalise
-from agentflow.agent.errors import ToolRefused
+from agentflow.agent.errors import ToolRefused, ToolServerUnavailable
 from agentflow.agent.tools import Tool, ToolContext, check_declared
-from agentflow.exceptions import AgentflowError, DefinitionError, RetryableStepError
+from agentflow.exceptions import (
+    AgentflowError,
+    DefinitionError,
+    RepeatUnsafe,
+    RetryableStepError,
+)
 
 #: Where in a call's `_meta` the server finds the step's idempotency key.
 IDEMPOTENCY_KEY_META = "agentflow/idempotency_key"
+#: A server that could not be listed is asked again after this long (an outage: the run
+#: waits on partner key `mcp:<name>`, holding no worker).
+LIST_RETRY_SECONDS = 5.0
 #: How long starting the server and one request may take before the step retries (under the
 #: same key): a server that never answers must not hold the worker until its lease runs out.
 TIMEOUT_SECONDS = 60.0
@@ -86,19 +94,37 @@ class StdioServer:
         side_effect: bool = False,
         max_calls: int | None = None,
         description: str | None = None,
+        reconcile: str | None = None,
+        idempotent: bool = False,
     ) -> Tool:
         """The server's tool `name` as this host declares it, for `Toolbox.add`.
 
-        `description`: what the model reads instead of the server's own.
+        `description`: what the model reads instead of the server's own. For a side effect
+        whose answer was lost (a worker killed after the call, SPEC 3.3a), how to learn what
+        it did: `reconcile`, a read-only lookup tool of the same server, called with
+        `{"idempotency_key": key}`, whose result (empty: it did not happen) is adopted; or
+        `idempotent=True`, the server keys the effect by the call's idempotency key, so calling
+        again is safe. With neither, the run parks "outcome unknown" for a person, never
+        calling again blindly.
 
         Raises:
-            DefinitionError: not exactly one of `read_only` / `side_effect`, or a `max_calls`
-                below 1.
+            DefinitionError: not exactly one of `read_only` / `side_effect`, a `max_calls`
+                below 1, or a read-only tool given a way to reconcile.
         """
         check_declared(self.name, name, read_only=read_only, side_effect=side_effect)
         if max_calls is not None and max_calls < 1:
             raise DefinitionError(f"{self.name}: tool {name!r} needs max_calls of at least 1")
+        if read_only and (reconcile or idempotent):
+            raise DefinitionError(f"{self.name}: read-only tool {name!r} has nothing to reconcile")
+        if reconcile and idempotent:
+            raise DefinitionError(f"{self.name}: tool {name!r}: reconcile or idempotent, not both")
+        found: Any = None
+        if side_effect and reconcile:
+            found = _Lookup(self, reconcile)
+        elif side_effect and not idempotent:
+            found = _Unsafe(self.name, name)
         return ServerTool(
+            reconcile=found,
             name=name,
             description=" ".join((description or "").split()),
             side_effect=side_effect,
@@ -114,9 +140,8 @@ class StdioServer:
         Raises:
             DefinitionError: the server lists no such tool.
         """
-        with self._lock:
-            if self._listed is None:
-                self._listed = {tool.name: tool for tool in self._run(_list_tools)}
+        self.ensure_listed()
+        assert self._listed is not None
         found = self._listed.get(name)
         if found is None:
             raise DefinitionError(
@@ -124,6 +149,36 @@ class StdioServer:
                 f"{', '.join(sorted(self._listed)) or 'none'})"
             )
         return found
+
+    @property
+    def partner(self) -> str:
+        """The partner key its outages and limits go by (AGENTFLOW_PARTNER_LIMITS may name it)."""
+        return f"mcp:{self.name}"
+
+    @property
+    def is_listed(self) -> bool:
+        """Has this process read the server's listing (so a replay asks it nothing)?"""
+        return self._listed is not None
+
+    def ensure_listed(self) -> None:
+        """List the server's tools now, if this process has not yet (the runtime does it
+        before a replay, as a call to partner `partner`, through the limiter).
+
+        Raises:
+            ToolServerUnavailable: it could not be started, or did not answer the listing.
+        """
+        with self._lock:
+            if self._listed is None:
+                self._listed = {tool.name: tool for tool in self._list()}
+
+    def _list(self) -> list[ListedTool]:
+        try:
+            listed: list[ListedTool] = self._run(_list_tools)
+        except RetryableStepError as exc:
+            raise ToolServerUnavailable(
+                self.partner, f"cannot be listed: {exc}", retry_after_seconds=LIST_RETRY_SECONDS
+            ) from exc
+        return listed
 
     def call(self, name: str, arguments: dict[str, Any], *, key: str) -> Any:
         """Call tool `name` with the step's idempotency key in `_meta`; its result as JSON.
@@ -154,6 +209,16 @@ class StdioServer:
             ) from exc
 
 
+def tool_servers(toolbox: Any) -> list[StdioServer]:
+    """The MCP servers `toolbox`'s tools come from, once each, in the order first declared."""
+    servers: dict[int, StdioServer] = {}
+    for tool in getattr(toolbox, "tools", ()):
+        arguments = getattr(tool, "arguments", None)
+        if isinstance(tool, ServerTool) and isinstance(arguments, ServerArguments):
+            servers.setdefault(id(arguments.server), arguments.server)
+    return list(servers.values())
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServerTool(Tool):
     """A tool an MCP server runs: shown to the model with the server's schema (and its
@@ -182,6 +247,35 @@ class _Call:
 
     def __call__(self, ctx: ToolContext, **values: Any) -> Any:
         return self.server.call(self.name, values, key=ctx.idempotency_key)
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """A side effect's reconcile: the server's read-only lookup tool `name`, asked for the
+    effect made under the call's key (an empty answer: none was)."""
+
+    server: StdioServer
+    name: str
+
+    def __call__(self, ctx: ToolContext, **values: Any) -> Any:
+        key = ctx.idempotency_key
+        found = self.server.call(self.name, {"idempotency_key": key}, key=key)
+        return found or None
+
+
+@dataclass(frozen=True)
+class _Unsafe:
+    """A side effect with no way to learn what a lost call did, on a server not declared to
+    key its effects: a repeat could make it twice, so the step parks (`RepeatUnsafe`)."""
+
+    server: str
+    name: str
+
+    def __call__(self, ctx: ToolContext, **values: Any) -> Any:
+        raise RepeatUnsafe(
+            f"MCP server {self.server!r}: {self.name} may have run, and the host declared no "
+            "reconcile lookup and no idempotency by key for it, so it is not called again"
+        )
 
 
 @dataclass(eq=False)

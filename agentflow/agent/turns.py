@@ -78,6 +78,7 @@ class Turns:
         self._texts: list[str] = []
         self._observed = 0
         self._latest: tuple[str, int, tuple[Any, ...], str] | None = None
+        self._extends = False  # the latest request starts with every message of the one before
 
     def observe(self, model: str, messages: Sequence[Any]) -> str:
         """The digest of the request `messages` (and the tools) to `model`, after the turns
@@ -100,6 +101,7 @@ class Turns:
             chains.append(chain)
             size += len(text)
             sizes.append(size)
+        self._extends = bool(self._sent) and keep == len(self._sent)
         self._sent = tuple(texts) if texts is not None else now
         self._observed += 1
         found = turn_digest(model=model, chain=chain, tools_digest=self._tools_digest)
@@ -110,6 +112,26 @@ class Turns:
         """The bytes of the latest request's messages and tools as canonical JSON (ASCII):
         what bounds its input tokens (`agentflow.agent.budget`)."""
         return self._sizes[-1] + self._tools_size
+
+    def added_bytes(self, kept: int | None = None) -> int | None:
+        """The bytes of the latest request's messages after its first `kept` (None: after the
+        previous request's, and None when it does not start with all of them): what a bound
+        from an earlier request's reported tokens still counts by bytes (`budget.prefix_bound`)."""
+        if kept is None:
+            if not self._extends:
+                return None
+            kept = self._latest[1] if self._latest is not None else 0
+        if not 0 <= kept < len(self._sizes):
+            return None
+        return self._sizes[-1] - self._sizes[kept]
+
+    def latest_messages(self) -> tuple[Any, ...]:
+        """The latest request's messages, as the function sent them."""
+        return self._latest[2] if self._latest is not None else ()
+
+    @property
+    def tools_digest(self) -> str:
+        return self._tools_digest
 
     def latest(self) -> Turn:
         """The turn observed last, as its checkpoint stores it: built only for the call a

@@ -14,6 +14,7 @@ from agentflow.store.batches import (
     batch_record,
     batch_republish,
     batch_started,
+    batch_wait_turn,
 )
 from agentflow.store.builds import (
     BuildRow,
@@ -40,6 +41,7 @@ from agentflow.store.calls import (
     ReplayedCall,
     calls_load,
     model_attempts,
+    model_first_turns,
     replay_load,
     run_fail_between_calls,
     run_finish,
@@ -154,6 +156,7 @@ __all__ = [
     "batch_record",
     "batch_republish",
     "batch_started",
+    "batch_wait_turn",
     "build_known",
     "build_record",
     "build_shape",
@@ -176,6 +179,7 @@ __all__ = [
     "live_calls",
     "masked",
     "model_attempts",
+    "model_first_turns",
     "open_wait_at",
     "outputs_load",
     "partner_forget",

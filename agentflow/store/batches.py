@@ -27,11 +27,14 @@ from agentflow.agent.batches import batch_span, batch_step
 from agentflow.agent.loop import NEXT_CALL
 from agentflow.conf import settings
 from agentflow.context import idempotency_key
+from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.states import RunStatus, StepStatus
 from agentflow.store import sql
+from agentflow.store.events import event_add
 from agentflow.store.runs import Fenced, begin_undo, enqueue_grace
 from agentflow.store.steps import ACTIVE, CheckpointRow, StepState, state_load
+from agentflow.store.turns import PARTNER_HOLD, same_held_reason
 
 
 def batch_started() -> datetime:
@@ -204,6 +207,48 @@ def batch_fail(
             raise Fenced
         locked.current_seq = last
         begin_undo(locked, workflow, seq=last, reason=f"{step.name}: {error}")
+    return True
+
+
+def batch_wait_turn(
+    run: StepState, seq: int, seen: CheckpointRow | None, *, partner: str, why: str, seconds: float
+) -> bool:
+    """Member `seq` got no turn at `partner` (SPEC 3.10): it waits `seconds` and runs again,
+    no attempt spent; its siblings go on and the batch joins once it too is recorded. The run
+    is not held (its other members run): the wait is an event, the member's message a
+    countdown, and the run's wake-up time is put at least that far on so the sweeper rings for
+    the batch only after it (a lost message costs latency, never the run). False when fenced."""
+    seconds = max(float(seconds), 0.0)
+    with transaction.atomic():
+        locked = _locked(run, seq)
+        if locked is None:
+            return False
+        now_seen = locked.checkpoint
+        if now_seen is not None and now_seen.status == StepStatus.COMPLETED:
+            return False
+        if now_seen is not None and now_seen.status == StepStatus.FAILED:
+            sql.update(
+                sql.STEPS,
+                {"retry_at": None, "error": why[:4000]},
+                "run_id = %s AND seq = %s AND fence = %s AND status = %s",
+                [run.id, seq, now_seen.fence, StepStatus.FAILED],
+            )
+        countdown = min(seconds, dispatch.MAX_COUNTDOWN_SECONDS)
+        sql.update(
+            sql.RUNS,
+            {
+                "wake_at": sql.keep_if_later(
+                    "wake_at", threshold_seconds=countdown, seconds=countdown
+                ),
+                "updated_at": sql.at_now(),
+            },
+            "id = %s",
+            [run.id],
+        )
+        if not same_held_reason(run.id, seq, why):
+            hold = f"{PARTNER_HOLD}:{partner}"
+            event_add(run.id, RunEvent.Kind.HELD, why, seq=seq, data={"hold": hold})
+        dispatch.send_step_on_commit(run.id, seq, countdown=countdown or None)
     return True
 
 

@@ -68,6 +68,37 @@ def model_attempts(run_id: str, before_seq: int) -> dict[int, int]:
     return {seq: attempts for seq, attempts in rows}
 
 
+#: How many recent first model turns of a workflow a first request near its cap is bounded
+#: from (`model_first_turns`).
+FIRST_TURNS_LOOKED_AT = 20
+
+
+def model_first_turns(workflow: str, *, but: str) -> list[tuple[Any, Any]]:
+    """The latest recorded first model turns of other runs of `workflow` (those whose request
+    was stored with its tools: a replay's first), as (arguments, output): what reported the
+    tokens a new run's first request shares with them (`agentflow.agent.budget`). Read only
+    when a first request is near a cap."""
+    rows = sql.fetch_all(
+        f"""SELECT s.arguments, s.output FROM {sql.STEPS} s JOIN {sql.RUNS} r ON r.id = s.run_id
+        WHERE r.workflow = %s AND s.run_id <> %s AND s.kind = %s AND s.status = %s
+        ORDER BY s.id DESC LIMIT %s""",
+        [workflow, but, StepKind.LLM, StepStatus.COMPLETED, FIRST_TURNS_LOOKED_AT * 4],
+    )
+    if not rows:
+        return []
+    arguments, outputs = zip(*rows, strict=True)
+    found = [
+        (stored, output)
+        for stored, output in zip(
+            sql.read_json_many(arguments), sql.read_json_many(outputs), strict=True
+        )
+        if isinstance(stored, dict)
+        and isinstance(stored.get("arguments"), dict)
+        and "tools" in stored["arguments"]
+    ]
+    return found[:FIRST_TURNS_LOOKED_AT]
+
+
 def calls_load(run_id: str, before_seq: int) -> list[RecordedCall]:
     """Every checkpoint of the run before `before_seq`, whole as stored, in order (one query):
     tool calls with their arguments for a tool's history, model turns with the messages they

@@ -1,6 +1,6 @@
 """A stdio MCP server (the official SDK's `MCPServer`) that the MCP agent tests' workers start.
 
-    python tests/support/mcp_server.py LEDGER
+    python tests/support/mcp_server.py LEDGER [GATE]
 
 `lookup_order` reads; `add_note` is an effect that writes every call it receives to the
 JSON-lines file LEDGER (its arguments and the idempotency key its `_meta` carried) and applies
@@ -59,10 +59,24 @@ def add_note(order: str, note: str, ctx: Context) -> dict[str, Any]:
     return {"order": order, "note": note, "key": key}
 
 
+@app.tool(description="The note added under an idempotency key, if any (add_note's reconcile).")
+def find_note(idempotency_key: str) -> dict[str, Any]:
+    found = next(
+        (c for c in calls(Path(sys.argv[1])) if c["key"] == idempotency_key and c["applied"]),
+        None,
+    )
+    if found is None:
+        return {}
+    return {"order": found["order"], "note": found["note"], "key": found["key"]}
+
+
 @app.tool(description="Delete every order.")
 def drop_orders() -> str:
     raise ToolError("refused: this server never drops orders")
 
 
 if __name__ == "__main__":
+    # `GATE`, when given: the server dies at once until that file exists (not started yet).
+    if len(sys.argv) > 2 and sys.argv[2] and not Path(sys.argv[2]).exists():
+        sys.exit("not ready")
     app.run("stdio")

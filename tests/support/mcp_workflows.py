@@ -1,7 +1,8 @@
 """An agent workflow whose tools an MCP server serves (`tests/support/mcp_server.py`).
 
 Workers import it through `AGENTFLOW_WORKFLOW_MODULES`; the server's ledger is the file named
-by `TEST_MCP_LEDGER`, read when the server is started, so a test aims it per worker.
+by `TEST_MCP_LEDGER`, read when the server is started, so a test aims it per worker; with
+`TEST_MCP_GATE`, the server dies at start until that file exists.
 """
 
 from __future__ import annotations
@@ -36,12 +37,26 @@ SERVER_ARGS = ["-P", str(SERVER_SCRIPT)]
 orders = StdioServer(
     "orders",
     command=sys.executable,
-    args=[*SERVER_ARGS, os.environ.get("TEST_MCP_LEDGER", os.devnull)],
+    args=[
+        *SERVER_ARGS,
+        os.environ.get("TEST_MCP_LEDGER", os.devnull),
+        os.environ.get("TEST_MCP_GATE", ""),  # a file the server waits for: see mcp_server
+    ],
 )
 toolbox = Toolbox("mcp_agent")
 toolbox.add(orders.tool("lookup_order", read_only=True))
-# The server annotates it read-only; the host says what it does.
-toolbox.add(orders.tool("add_note", side_effect=True))
+# The server annotates it read-only; the host says what it does, and how a lost answer is
+# learnt (TEST_MCP_NOTE): the server keys it by the call's key ("idempotent", the default), a
+# lookup tool finds it ("reconcile"), or neither ("none": the run parks "outcome unknown").
+_NOTE = os.environ.get("TEST_MCP_NOTE", "idempotent")
+toolbox.add(
+    orders.tool(
+        "add_note",
+        side_effect=True,
+        idempotent=_NOTE == "idempotent",
+        reconcile="find_note" if _NOTE == "reconcile" else None,
+    )
+)
 # `drop_orders` is listed by the server and declared by nobody: never offered.
 
 

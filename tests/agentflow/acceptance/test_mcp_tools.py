@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from agentflow import durable
-from agentflow.models import StepCheckpoint
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import StepKind
+from agentflow.testing.waiting import wait_for
 from tests.support import mcp_server, mcp_workflows
 from tests.support.engine import stopped
 from tests.support.processes import Workers, log_has
@@ -69,3 +70,67 @@ def test_mcp_effect__sigkill__applied_once_under_the_steps_key(
     dropped = steps.get(name="drop_orders")  # listed by the server, declared by nobody
     assert dropped.output["ok"] is False
     assert dropped.output["result"]["error"] == "unknown_tool"
+
+
+def test_mcp_server_that_cannot_be_listed__the_run_waits_for_it__resumes_once_it_can(
+    workers: Workers, tmp_path: Path
+) -> None:
+    """Not started yet (it dies before it is listed): a partner outage on `mcp:orders`, the
+    run WAITING with the reason and no worker held; once it starts, the run goes on."""
+    ledger, gate = tmp_path / "mcp-ledger.jsonl", tmp_path / "server-ready"
+    worker = workers.start(
+        AGENTFLOW_WORKFLOW_MODULES="tests.support.workflows,tests.support.mcp_workflows",
+        TEST_MCP_LEDGER=str(ledger),
+        TEST_MCP_GATE=str(gate),
+    )
+    run_id = durable.start(mcp_workflows.agent.name)
+
+    held = wait_for(
+        lambda: WorkflowRun.objects.filter(
+            pk=run_id, status=durable.RunStatus.WAITING, hold="partner:mcp:orders"
+        ).first(),
+        timeout=60,
+    )
+    assert not StepCheckpoint.objects.filter(run_id=run_id).exists()  # nothing was asked
+    assert RunEvent.objects.filter(
+        run_id=run_id, kind=RunEvent.Kind.HELD, detail__startswith="waiting for mcp:orders: "
+    ).exists(), held
+    gate.touch()  # the server starts now
+
+    run = stopped(run_id, timeout=90, worker=worker)
+
+    assert run.status == durable.RunStatus.COMPLETED, run.error
+    assert len(mcp_server.calls(ledger)) == 1
+
+
+@pytest.mark.parametrize("declared", ["reconcile", "none"])
+def test_mcp_effect_answer_lost__its_lookup_adopts_it__or_the_run_parks_outcome_unknown(
+    declared: str, workers: Workers, tmp_path: Path
+) -> None:
+    """SIGKILL after `add_note` was sent, before its checkpoint. Declared with a reconcile
+    lookup (`find_note`, asked with the step's key), the takeover finds the note and adopts
+    it; declared with neither a lookup nor idempotency by key, it parks for a person. Either
+    way the effect is never sent twice."""
+    ledger = tmp_path / "mcp-ledger.jsonl"
+    worker = workers.start(
+        AGENTFLOW_WORKFLOW_MODULES="tests.support.workflows,tests.support.mcp_workflows",
+        TEST_MCP_LEDGER=str(ledger),
+        TEST_MCP_NOTE=declared,
+        AGENTFLOW_FAULTS="1",
+        AGENTFLOW_CRASH_AT="add_note:after_effect",
+    )
+    run_id = durable.start(mcp_workflows.agent.name)
+
+    run = stopped(run_id, timeout=90, worker=worker)
+
+    assert log_has(worker, "fault injection: SIGKILL at add_note:after_effect")
+    note = StepCheckpoint.objects.get(run_id=run_id, name="add_note")
+    assert [c["key"] for c in mcp_server.calls(ledger)] == [note.idempotency_key]  # sent once
+    if declared == "reconcile":
+        assert run.status == durable.RunStatus.COMPLETED, run.error
+        assert note.output["result"]["key"] == note.idempotency_key
+        assert RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.RECONCILED).exists()
+    else:
+        assert run.status == durable.RunStatus.NEEDS_ATTENTION, run.error
+        assert run.error.startswith("outcome unknown: add_note"), run.error
+        assert note.status == "IN_PROGRESS"  # never FAILED: it may have happened

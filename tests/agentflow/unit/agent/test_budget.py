@@ -28,6 +28,28 @@ def test_turns__keep_the_request_size_the_budget_counts_from() -> None:
     assert turns.latest_size() == budget.request_bytes(messages, TOOLS)
 
 
+def test_turns__the_bytes_a_request_added_to_the_one_before__none_when_it_edited_it() -> None:
+    turns = Turns(TOOLS)
+    system = {"role": "system", "content": "Be brief."}
+    messages: list[Any] = [system, {"role": "user", "content": "Hi"}]
+    turns.observe("m", messages)
+    assert turns.added_bytes() is None  # nothing before it
+    assert turns.added_bytes(1) == budget.request_bytes(messages[1:], []) - 2
+    answer = {"role": "assistant", "content": "Hello"}
+    messages.append(answer)
+    turns.observe("m", messages)
+    assert turns.added_bytes() == budget.request_bytes([answer], []) - 2
+    turns.observe("m", [system, answer])  # not the whole earlier request
+    assert turns.added_bytes() is None
+
+
+def test_prefix_bound__the_reported_tokens_and_a_token_per_added_byte() -> None:
+    assert budget.prefix_bound(455, 300) == 755
+    worst = budget.worst_case(model="gpt-4o-mini", provider="openai", input_tokens=755,
+                              max_tokens=100)  # fmt: skip
+    assert worst.tokens == 855
+
+
 def test_worst_case__a_token_per_byte_and_the_max_tokens__priced() -> None:
     worst = budget.worst_case(
         model="gpt-4o-mini", provider="openai", request_bytes=1000, max_tokens=200
