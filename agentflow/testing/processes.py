@@ -25,6 +25,7 @@ from typing import Any, Self
 from urllib.parse import quote
 
 import dj_database_url
+import kombu.pools
 import psycopg
 
 try:
@@ -590,6 +591,36 @@ def current_database_url() -> str:
         auth += ":" + quote(db["PASSWORD"], safe="")
     port = f":{db['PORT']}" if db["PORT"] else ""
     return f"postgres://{auth}@{db['HOST'] or 'localhost'}{port}/{quote(db['NAME'], safe='')}"
+
+
+@contextlib.contextmanager
+def publishing_to(url: str) -> Iterator[None]:
+    """This process's Celery app publishes to `url` (a private broker) until exit, then to the
+    broker it had. See `point_app_at`."""
+    app = current_app._get_current_object()
+    previous = app.conf.broker_write_url or app.conf.broker_url
+    point_app_at(url)
+    try:
+        yield
+    finally:
+        point_app_at(previous)
+
+
+def point_app_at(url: str) -> None:
+    """Make this process's Celery app publish to `url`; every cached pool goes.
+
+    Celery resolves `broker_write_url`/`broker_read_url` once, so those are what must change.
+    kombu keeps its connection and producer pools per URL for the whole process
+    (`kombu.pools`): they are closed *and forgotten* together, since a pool closed but still
+    in kombu's group is handed out again and fails every publish ("Acquire on closed pool").
+    """
+    app = current_app._get_current_object()
+    app.conf.broker_url = app.conf.broker_write_url = app.conf.broker_read_url = url
+    kombu.pools.reset()
+    app._pool = None
+    amqp = app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None
 
 
 def _children_of(pid: int) -> list[int]:

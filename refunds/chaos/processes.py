@@ -17,12 +17,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 from typing import Any
 
-from celery import current_app as app
 from django.conf import settings
 
 from agentflow.testing.processes import (
@@ -181,25 +180,3 @@ class Beat:
     def kill(self) -> None:
         _kill_group(self.proc)
         self.proc = None
-
-
-@contextlib.contextmanager
-def publishing_to(url: str) -> Iterator[None]:
-    """This process's Celery app publishes to `url` (the form starts runs) until exit."""
-    previous = app.conf.broker_url
-    _point_app_at(url)
-    try:
-        yield
-    finally:
-        _point_app_at(previous)
-
-
-def _point_app_at(url: str) -> None:
-    """Cached connection and producer pools still point at the old broker: drop them."""
-    app.conf.broker_url = url
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
-    amqp = app.__dict__.get("amqp")
-    if amqp is not None:
-        amqp._producer_pool = None

@@ -29,7 +29,12 @@ from django.utils import timezone
 from agentflow import durable, logs
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES
-from agentflow.testing.processes import PgBouncerServer, PostgresServer, current_database_url
+from agentflow.testing.processes import (
+    PgBouncerServer,
+    PostgresServer,
+    current_database_url,
+    publishing_to,
+)
 from refunds.chaos import evidence as evidence_mod
 from refunds.chaos import partner_limits, report, traffic
 from refunds.chaos.kills import Monkey, WorkerPool
@@ -39,7 +44,6 @@ from refunds.chaos.processes import (
     RedisBroker,
     Sandbox,
     airline_today,
-    publishing_to,
 )
 from refunds.models import RefundRequest
 from refunds.services import RESUBMIT_WINDOW

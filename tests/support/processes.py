@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
-import kombu.pools
 import pytest
 from django.conf import settings
 
@@ -37,10 +36,10 @@ from agentflow.testing.processes import (
     RedisServer,
     WorkerProcess,
     current_database_url,
+    publishing_to,
     rabbitmq_purge,
     rabbitmq_queue_length,
 )
-from config.celery_app import app
 from tests.support import partner
 
 WORKFLOW_MODULES = "tests.support.workflows"
@@ -62,20 +61,6 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.start()
     yield server
     server.kill()
-
-
-def point_app_at(url: str) -> None:
-    """Make this process publish to `url`; the cached connection and producer pools go.
-
-    Celery resolves `broker_write_url`/`broker_read_url` from the Django setting once, so
-    those are what must change (setting `broker_url` alone is not seen after that).
-    """
-    app.conf.broker_url = app.conf.broker_write_url = app.conf.broker_read_url = url
-    kombu.pools.reset()  # kombu caches pools per URL, process-wide: close and forget them all
-    app._pool = None
-    amqp = app.__dict__.get("amqp")
-    if amqp is not None:
-        amqp._producer_pool = None
 
 
 #: The machine's RabbitMQ; a vhost of the suite's own keeps parallel suites apart.
@@ -130,10 +115,8 @@ def broker(infra: str, redis_server: RedisServer) -> Iterator[Any]:
             redis_server.start()
         redis_server.client().flushall()
         server = redis_server
-    previous = app.conf.broker_write_url
-    point_app_at(server.url)
-    yield server
-    point_app_at(previous)
+    with publishing_to(server.url):
+        yield server
     if infra == "rabbitmq":
         server.flush()  # nothing of this test is left for the next one's workers
 

@@ -25,11 +25,10 @@ from django.db import transaction
 from agentflow import dispatch, durable, sweeper
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
-from agentflow.testing.processes import ProcessStartError, RabbitMQServer
+from agentflow.testing.processes import ProcessStartError, RabbitMQServer, publishing_to
 from agentflow.testing.waiting import wait_for
-from config.celery_app import app
 from tests.support import partner, workflows
-from tests.support.processes import INFRA, Workers, log_has, point_app_at
+from tests.support.processes import INFRA, Workers, log_has
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -220,10 +219,8 @@ def rabbitmq_node(tmp_path: Path) -> Iterator[RabbitMQServer]:
         if os.environ.get("CI") == "true":
             pytest.fail(f"no private RabbitMQ node: {exc}")
         pytest.skip(f"no private RabbitMQ node: {exc}")
-    previous = app.conf.broker_write_url
-    point_app_at(node.url)
-    yield node
-    point_app_at(previous)
+    with publishing_to(node.url):
+        yield node
     node.kill()
 
 

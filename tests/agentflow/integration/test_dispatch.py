@@ -11,6 +11,7 @@ from celery import current_app
 from kombu import Connection
 
 from agentflow import dispatch
+from agentflow.testing.processes import RedisServer, publishing_to
 from agentflow.testing.waiting import wait_for
 
 QUEUE = "celery"
@@ -46,3 +47,29 @@ def test_send_step__declares_once_per_connection_and_every_message_arrives(
     # RabbitMQ routes a publish after it is sent: count once both are there, then again.
     wait_for(lambda: broker.queue_length(QUEUE) >= 2, timeout=10, what="both messages queued")
     assert broker.queue_length(QUEUE) == 2
+
+
+def test_publishing_to__a_private_broker_and_back__every_publish_arrives(
+    redis_server: RedisServer,
+) -> None:
+    """Chaos and the crash tests point this process at a private broker and back. Closing a
+    pool kombu still hands out made every later publish fail ("Acquire on closed pool") and
+    left a test's run waiting for a sweeper it had not started."""
+    home = current_app.conf.broker_write_url
+    if redis_server.proc is None or redis_server.proc.poll() is not None:
+        redis_server.start()
+    private = redis_server.client()
+    private.flushall()
+    assert dispatch.send_step("wf_before", 1)  # the home broker's pools exist before the switch
+
+    with publishing_to(redis_server.url):
+        assert dispatch.send_step("wf_private", 1)
+        assert private.llen(QUEUE) == 1
+
+    assert current_app.conf.broker_write_url == home
+    with Connection(home, connect_timeout=5) as conn:
+        before = conn.default_channel.client.llen(QUEUE)
+    assert dispatch.send_step("wf_after", 1)  # the home broker's pool was not left closed
+    with Connection(home, connect_timeout=5) as conn:
+        assert conn.default_channel.client.llen(QUEUE) == before + 1
+    assert private.llen(QUEUE) == 1
