@@ -23,6 +23,7 @@ from agentflow.agent.loop import CodeWorkflow
 from agentflow.conf import settings
 from agentflow.context import StepContext
 from agentflow.exceptions import (
+    AnswerLost,
     OutcomeUnknown,
     PartnerWait,
     PermanentStepError,
@@ -282,6 +283,11 @@ class ClaimedAttempt:
             return
         if transient(exc):
             message = describe(exc)
+            if isinstance(exc, AnswerLost) and self.is_effect and self.step.reconcile is not None:
+                # The call went and its answer was lost: it may have happened, so the retry
+                # asks first, as a takeover does (SPEC 3.3a); never calls again blindly.
+                self._resolve_unknown(message, retry=exc)
+                return
             if not self.step.retry.exhausted(attempt):
                 self._fail(message, retry_in_seconds=retry_delay(self.step, attempt, exc))
                 return
@@ -300,13 +306,19 @@ class ClaimedAttempt:
             return
         self._resolve_unknown(reason)
 
-    def _resolve_unknown(self, reason: str) -> None:
-        """The call may have reached the partner and no answer says what it did: ask it."""
+    def _resolve_unknown(self, reason: str, *, retry: Exception | None = None) -> None:
+        """The call may have reached the partner and no answer says what it did: ask it.
+
+        `retry`: the error of a lost answer with attempts left to try: proven absent, the
+        step is tried again after its back-off (the next call is no repeat)."""
         if self.step.reconcile is None:
             self._park_unknown(reason)
             return
         try:
             found = self.step.reconcile(self.ctx)
+        except RepeatUnsafe as exc:
+            self._park_unknown(f"{reason}; {describe(exc)}")  # nothing can ask, nothing keys it
+            return
         except PartnerWait as wait:
             if limiter.failed_calls() and self.step.retry.exhausted(self.claim.attempt):
                 # The attempts are spent on a partner that keeps failing: ask no more.
@@ -320,6 +332,13 @@ class ClaimedAttempt:
                                f"({describe(exc)})")  # fmt: skip
             return
         if found is None:
+            attempt = self.claim.attempt
+            if retry is not None and not self.step.retry.exhausted(attempt):
+                self._fail(
+                    f"{reason} (the partner confirms it did not happen)",
+                    retry_in_seconds=retry_delay(self.step, attempt, retry),
+                )
+                return
             self._fail(f"{reason} (the partner confirms it did not happen)", retry_in_seconds=None)
             return
         try:

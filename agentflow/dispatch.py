@@ -26,6 +26,15 @@ MAX_COUNTDOWN_SECONDS = 30.0
 Fresh = list[str | int]
 
 
+def member_hint(workflow: Workflow, batch: str) -> Fresh:
+    """The mark of a batch member's own message (its countdown after a partner wait or a
+    retry): `[workflow, version, <the batch's step>]`. The first position's message is the
+    batch's doorbell (it publishes the unrecorded members again) unless it carries this, so
+    a member waking from its own wait never runs a sibling that is still running a second
+    time. An agent run's load takes no claim from a hint, so the mark costs nothing there."""
+    return [workflow.name, workflow.version, batch]
+
+
 def fresh_hint(workflow: Workflow, step: str) -> Fresh | None:
     """The hint that lets the worker claim `step` while it loads the run (see
     `store.state_load_claiming`); None for steps that take no claim.

@@ -26,6 +26,7 @@ from agentflow.agent.waiting import Waited
 from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,
+    AnswerLost,
     InvalidInputError,
     OutcomeUnknown,
     PartnerRateLimited,
@@ -56,6 +57,7 @@ __all__ = [
     "ActionRefused",
     "AgentContext",
     "AgentflowError",
+    "AnswerLost",
     "CodeWorkflow",
     "Decision",
     "Delivery",

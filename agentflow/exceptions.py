@@ -30,6 +30,20 @@ def _rebuild_retryable(message: str, retry_after_seconds: float | None) -> Retry
     return RetryableStepError(message, retry_after_seconds=retry_after_seconds)
 
 
+class AnswerLost(RetryableStepError):
+    """The request went and its answer was lost (a timeout, a connection closed mid-call):
+    the effect may have happened (SPEC 3.3a). Its retry goes by a takeover's rule: the step's
+    reconcile asks first (found: adopted; proven absent: called again; cannot tell: the run
+    parks "outcome unknown"); without a reconcile, the idempotency key protects the repeat."""
+
+    def __reduce__(self):  # keep the class when pickled
+        return (_rebuild_lost, (str(self), self.retry_after_seconds))
+
+
+def _rebuild_lost(message: str, retry_after_seconds: float | None) -> AnswerLost:
+    return AnswerLost(message, retry_after_seconds=retry_after_seconds)
+
+
 class PermanentStepError(AgentflowError):
     """A failure that retrying cannot fix: the run fails (and compensates)."""
 

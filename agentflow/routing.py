@@ -42,6 +42,7 @@ from typing import Protocol
 from django.db import transaction
 
 from agentflow import builds, dispatch, registry, store, upgrades
+from agentflow.agent.batches import batch_span
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.exceptions import partner_wait_reason
 from agentflow.models import RunEvent, WorkflowRun
@@ -143,11 +144,17 @@ def reason(token: str, *, stored: str = "") -> str:
 
 def run_reason(run: WorkflowRun) -> str:
     """Why a WAITING run's step may not start now, as the run page and `durable.snapshot`
-    show it (empty: nothing holds it): the one reason surface for every kind of hold."""
-    if run.status != RunStatus.WAITING or not run.hold:
+    show it (empty: nothing holds it): the one reason surface for every kind of hold. A run
+    in a parallel batch whose member waits for a partner's turn shows that member's reason
+    while its siblings run (`store.batch_wait_turn`)."""
+    span = batch_span(run.current_step)
+    if not run.hold or (run.status != RunStatus.WAITING and span is None):
         return ""
+    first, last = span or (run.current_seq, run.current_seq)
     stored = (
-        RunEvent.objects.filter(run_id=run.id, kind=RunEvent.Kind.HELD, seq=run.current_seq)
+        RunEvent.objects.filter(
+            run_id=run.id, kind=RunEvent.Kind.HELD, seq__gte=first, seq__lte=last
+        )
         .order_by("-id")
         .values_list("detail", flat=True)
         .first()

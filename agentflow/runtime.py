@@ -96,7 +96,8 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
         _park_for_version(run, seq, seen)
         return
     if span is not None and isinstance(workflow, CodeWorkflow):
-        _run_batch_member(run, workflow, seq, seen, span, redelivered=redelivered)
+        own = fresh is not None and len(fresh) == 3 and fresh[2] == run.current_step
+        _run_batch_member(run, workflow, seq, seen, span, redelivered=redelivered, own=own)
         return
     in_flight = seen is not None and seen.status == StepStatus.IN_PROGRESS
     if isinstance(workflow, CodeWorkflow) and run.current_step == NEXT_CALL:
@@ -359,6 +360,7 @@ def _run_batch_member(
     span: tuple[int, int],
     *,
     redelivered: bool = False,
+    own: bool = False,
     batch: tuple[StepDef, ...] | None = None,
 ) -> None:
     """One read-only call of a batch (`agentflow.agent.batches`): found by replaying the
@@ -371,9 +373,11 @@ def _run_batch_member(
     redelivery): it publishes again every member not recorded yet, whose message or worker
     may have been lost. A member keeps the batch's wake-up time pushed on while it runs, so
     the doorbell never rings for a read that is only slow (it would run twice, and its second
-    run could be the one recorded)."""
+    run could be the one recorded); and a member's own message (`own`: its countdown after a
+    partner wait or a retry, `dispatch.member_hint`) is no doorbell, even at the first
+    position, for the same reason."""
     first, last = span
-    if batch is None and (seq == first or redelivered):
+    if batch is None and not own and (seq == first or redelivered):
         store.batch_republish(run.id, first, last, but=seq)
     if seen is not None and seen.status == StepStatus.COMPLETED:
         return
@@ -383,7 +387,9 @@ def _run_batch_member(
         outage = _tool_servers_outage(workflow)
         if outage is not None:
             partner, why, seconds = outage
-            store.batch_wait_turn(run, seq, seen, partner=partner, why=why, seconds=seconds)
+            store.batch_wait_turn(
+                run, workflow, seq, seen, partner=partner, why=why, seconds=seconds
+            )
             return
         outcome = agent_loop.replay(
             workflow,
@@ -422,6 +428,8 @@ def _run_batch_member(
     logger.info("%s position %d %s: runs at once with positions %d-%d", run.id, seq, step.name,
                 first, last)  # fmt: skip
     ctx = context_loader.step_context(run, step, seq, attempt)
+    if run.hold:
+        store.batch_member_goes(run, seq)  # if it held the run's reason, it holds it no more
     try:
         with leases.kept_alive(
             renew=lambda conn: store.batch_keep_alive(run.id, first, last, conn=conn),
@@ -441,8 +449,9 @@ def _run_batch_member(
             logger.info("%s step %s (%s): %s; waits %.2f s", run.id, seq, step.name, wait,
                         wait.wait_seconds)  # fmt: skip
             store.batch_wait_turn(
-                run, seq, seen, partner=wait.partner, why=str(wait), seconds=wait.wait_seconds
-            )
+                run, workflow, seq, seen, partner=wait.partner, why=str(wait),
+                seconds=wait.wait_seconds,
+            )  # fmt: skip
             return
         # A call of this attempt went and failed before the wait: the attempt was spent.
         exhausted = step.retry.exhausted(attempt)

@@ -32,6 +32,7 @@ from agentflow.agent.errors import ToolRefused, ToolServerUnavailable
 from agentflow.agent.tools import Tool, ToolContext, check_declared
 from agentflow.exceptions import (
     AgentflowError,
+    AnswerLost,
     DefinitionError,
     RepeatUnsafe,
     RetryableStepError,
@@ -42,8 +43,8 @@ IDEMPOTENCY_KEY_META = "agentflow/idempotency_key"
 #: A server that could not be listed is asked again after this long (an outage: the run
 #: waits on partner key `mcp:<name>`, holding no worker).
 LIST_RETRY_SECONDS = 5.0
-#: How long starting the server and one request may take before the step retries (under the
-#: same key): a server that never answers must not hold the worker until its lease runs out.
+#: How long starting the server and one request may take (a server's `timeout_seconds`): a
+#: server that never answers must not hold the worker until its lease runs out.
 TIMEOUT_SECONDS = 60.0
 _INSTALL = "MCP tools need the mcp SDK: pip install 'django-agentflow[mcp]'"
 
@@ -68,7 +69,9 @@ class StdioServer:
     """An MCP server this process starts as a subprocess and speaks to over stdin/stdout.
 
     `env`: the server's whole environment (the SDK passes it only HOME, PATH and the like
-    otherwise, never this process's secrets)."""
+    otherwise, never this process's secrets). `timeout_seconds`: how long starting it and one
+    request may take; a call past it, like one whose server went away mid-call, lost its answer
+    (`AnswerLost`: it may have happened, see `tool`)."""
 
     def __init__(
         self,
@@ -78,8 +81,10 @@ class StdioServer:
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        timeout_seconds: float = TIMEOUT_SECONDS,
     ) -> None:
         self.name = name
+        self.timeout_seconds = float(timeout_seconds)
         self.command, self.args = command, list(args)
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
@@ -100,9 +105,10 @@ class StdioServer:
         """The server's tool `name` as this host declares it, for `Toolbox.add`.
 
         `description`: what the model reads instead of the server's own. For a side effect
-        whose answer was lost (a worker killed after the call, SPEC 3.3a), how to learn what
-        it did: `reconcile`, a read-only lookup tool of the same server, called with
-        `{"idempotency_key": key}`, whose result (empty: it did not happen) is adopted; or
+        whose answer was lost (a worker killed after the call, a call that timed out or whose
+        server went away mid-call: SPEC 3.3a), how to learn what it did: `reconcile`, a
+        read-only lookup tool of the same server, called with `{"idempotency_key": key}`,
+        whose result is adopted (empty: it did not happen, so it is called again); or
         `idempotent=True`, the server keys the effect by the call's idempotency key, so calling
         again is safe. With neither, the run parks "outcome unknown" for a person, never
         calling again blindly.
@@ -185,10 +191,18 @@ class StdioServer:
 
         Raises:
             ToolRefused: the server answered the call with an error (the model reads it).
-            RetryableStepError: the server could not be started or reached, or it failed the
-                request: the step retries under the same key.
+            AnswerLost: the request went and no answer came (timed out, the server went away):
+                it may have happened, so the retry asks the tool's reconcile first.
+            RetryableStepError: the server could not be started or initialised: nothing was
+                asked, and the step retries under the same key.
         """
-        return self._run(_call_tool, name, arguments, {IDEMPOTENCY_KEY_META: key})
+        sent = _Sent()
+        try:
+            return self._run(_call_tool, name, arguments, {IDEMPOTENCY_KEY_META: key}, sent)
+        except RetryableStepError as exc:
+            if not sent:
+                raise
+            raise AnswerLost(f"{exc} (after the call was sent: it may have happened)") from exc
 
     def _run(self, fn: Any, *args: Any) -> Any:
         try:
@@ -200,7 +214,7 @@ class StdioServer:
             command=self.command, args=self.args, env=self.env, cwd=self.cwd
         )
         try:
-            return anyio.run(fn, parameters, *args)
+            return anyio.run(fn, parameters, self.timeout_seconds, *args)
         except (ToolRefused, MCPUnavailable):
             raise
         except Exception as exc:
@@ -330,14 +344,24 @@ class ServerArguments:
         return self._validator
 
 
-async def _list_tools(parameters: Any) -> list[ListedTool]:
+class _Sent:
+    """Whether a call's request went to the server (past it, a lost answer may have acted)."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def __bool__(self) -> bool:
+        return self.sent
+
+
+async def _list_tools(parameters: Any, timeout: float) -> list[ListedTool]:
     import anyio
     import mcp_types
     from mcp import ClientSession
     from mcp.client.stdio import stdio_client
 
     listed: list[ListedTool] = []
-    with anyio.fail_after(TIMEOUT_SECONDS):
+    with anyio.fail_after(timeout):
         async with stdio_client(parameters) as (read, write), ClientSession(read, write) as s:
             await s.initialize()
             cursor = None
@@ -357,14 +381,17 @@ async def _list_tools(parameters: Any) -> list[ListedTool]:
                     return listed
 
 
-async def _call_tool(parameters: Any, name: str, arguments: dict, meta: Any) -> Any:
+async def _call_tool(
+    parameters: Any, timeout: float, name: str, arguments: dict, meta: Any, sent: _Sent
+) -> Any:
     import anyio
     from mcp import ClientSession
     from mcp.client.stdio import stdio_client
 
-    with anyio.fail_after(TIMEOUT_SECONDS):
+    with anyio.fail_after(timeout):
         async with stdio_client(parameters) as (read, write), ClientSession(read, write) as s:
             await s.initialize()
+            sent.sent = True  # from here on, the server may act on it
             result = await s.call_tool(name, arguments, meta=meta)
     if result.is_error:
         raise ToolRefused(_text(result.content) or "the server reported an error")

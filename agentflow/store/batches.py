@@ -16,6 +16,7 @@ does), so "stalled" means no member is running any more, never only "slower than
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -34,7 +35,9 @@ from agentflow.store import sql
 from agentflow.store.events import event_add
 from agentflow.store.runs import Fenced, begin_undo, enqueue_grace
 from agentflow.store.steps import ACTIVE, CheckpointRow, StepState, state_load
-from agentflow.store.turns import PARTNER_HOLD, same_held_reason
+from agentflow.store.turns import PARTNER_HOLD
+
+logger = logging.getLogger(__name__)
 
 
 def batch_started() -> datetime:
@@ -111,6 +114,8 @@ def batch_republish(run_id: str, first: int, last: int, *, but: int | None = Non
     twice: a recorded member writes nothing)."""
     for seq in batch_missing(run_id, first, last):
         if seq != but:
+            logger.info("%s batch %d-%d: position %d is published again (not recorded)",
+                        run_id, first, last, seq)  # fmt: skip
             dispatch.send_step(run_id, seq)
 
 
@@ -194,7 +199,12 @@ def batch_fail(
         }
         _write(run.id, step, seq, now_seen, changes)
         if retry_in_seconds is not None:
-            dispatch.send_step_on_commit(run.id, seq, countdown=retry_in_seconds)
+            dispatch.send_step_on_commit(
+                run.id,
+                seq,
+                countdown=retry_in_seconds,
+                fresh=dispatch.member_hint(workflow, run.current_step),
+            )
             return True
         # Failing from the batch's last position: compensations start after every member.
         moved = sql.update(
@@ -211,14 +221,28 @@ def batch_fail(
 
 
 def batch_wait_turn(
-    run: StepState, seq: int, seen: CheckpointRow | None, *, partner: str, why: str, seconds: float
+    run: StepState,
+    workflow: Workflow,
+    seq: int,
+    seen: CheckpointRow | None,
+    *,
+    partner: str,
+    why: str,
+    seconds: float,
 ) -> bool:
     """Member `seq` got no turn at `partner` (SPEC 3.10): it waits `seconds` and runs again,
     no attempt spent; its siblings go on and the batch joins once it too is recorded. The run
-    is not held (its other members run): the wait is an event, the member's message a
-    countdown, and the run's wake-up time is put at least that far on so the sweeper rings for
+    stays as it is (its other members run, RUNNING) but holds the reason as a step's wait
+    does (`hold` `partner:<key>`, the held event the run page reads) until the member goes
+    (`batch_member_goes`) or the batch joins; a sibling's record leaves it. The member's
+    message is a countdown marked as its own (`dispatch.member_hint`: no doorbell for the
+    batch), and the run's wake-up time is put at least that far on so the sweeper rings for
     the batch only after it (a lost message costs latency, never the run). False when fenced."""
     seconds = max(float(seconds), 0.0)
+    span = batch_span(run.current_step)
+    assert span is not None
+    first, last = span
+    hold = f"{PARTNER_HOLD}:{partner}"
     with transaction.atomic():
         locked = _locked(run, seq)
         if locked is None:
@@ -241,15 +265,49 @@ def batch_wait_turn(
                     "wake_at", threshold_seconds=countdown, seconds=countdown
                 ),
                 "updated_at": sql.at_now(),
+                "hold": hold,
             },
             "id = %s",
             [run.id],
         )
-        if not same_held_reason(run.id, seq, why):
-            hold = f"{PARTNER_HOLD}:{partner}"
+        if _last_held(run.id, first, last) != (seq, why):
             event_add(run.id, RunEvent.Kind.HELD, why, seq=seq, data={"hold": hold})
-        dispatch.send_step_on_commit(run.id, seq, countdown=countdown or None)
+        dispatch.send_step_on_commit(
+            run.id,
+            seq,
+            countdown=countdown or None,
+            fresh=dispatch.member_hint(workflow, run.current_step),
+        )
     return True
+
+
+def batch_member_goes(run: StepState, seq: int) -> None:
+    """Member `seq`, which waited for a turn, runs now: the run holds its reason no more,
+    unless a sibling began waiting since (the batch's last held event is then the sibling's)."""
+    span = batch_span(run.current_step)
+    assert span is not None
+    first, last = span
+    with transaction.atomic():
+        if _locked(run, seq) is None:
+            return
+        held = _last_held(run.id, first, last)
+        if held is not None and held[0] == seq:
+            sql.update(
+                sql.RUNS,
+                {"hold": "", "updated_at": sql.at_now()},
+                "id = %s AND current_seq = %s AND current_step = %s",
+                [run.id, first, run.current_step],
+            )
+
+
+def _last_held(run_id: str, first: int, last: int) -> tuple[int, str] | None:
+    """The batch's last held event: the member's position and the reason it gave."""
+    row = sql.fetch_one(
+        f"SELECT seq, detail FROM {sql.EVENTS} WHERE run_id = %s AND kind = %s "
+        "AND seq BETWEEN %s AND %s ORDER BY id DESC LIMIT 1",
+        [run_id, RunEvent.Kind.HELD, first, last],
+    )
+    return (int(row[0]), row[1]) if row is not None else None
 
 
 def _locked(run: StepState, seq: int) -> StepState | None:
@@ -306,6 +364,7 @@ def _join(run: StepState, first: int, last: int) -> None:
         "current_seq": last + 1,
         "current_step": NEXT_CALL,
         "status": RunStatus.RUNNING,
+        "hold": "",  # a member's partner wait, if it held the reason, is over
         "updated_at": sql.at_now(),
         "wake_at": sql.keep_if_later("wake_at", threshold_seconds=grace / 2, seconds=grace),
     }

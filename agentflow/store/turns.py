@@ -125,7 +125,7 @@ def step_wait_turn(
             if row is None:
                 raise Fenced
             build, pinned = row[0], bool(row[1])
-            if before is None or before[0] != token or not same_held_reason(run_id, seq, why):
+            if before is None or before[0] != token or not _same_held_reason(run_id, seq, why):
                 event_add(run_id, RunEvent.Kind.HELD, why, seq=seq, data={"hold": token})
             if seconds <= dispatch.MAX_COUNTDOWN_SECONDS:
                 dispatch.send_step_on_commit(
@@ -136,7 +136,7 @@ def step_wait_turn(
     return True
 
 
-def same_held_reason(run_id: str, seq: int, why: str) -> bool:
+def _same_held_reason(run_id: str, seq: int, why: str) -> bool:
     """Did the run's last held event at `seq` say exactly this?"""
     row = sql.fetch_one(
         f"SELECT detail FROM {sql.EVENTS} WHERE run_id = %s AND kind = %s AND seq = %s "

@@ -1,12 +1,14 @@
 """A stdio MCP server (the official SDK's `MCPServer`) that the MCP agent tests' workers start.
 
-    python tests/support/mcp_server.py LEDGER [GATE]
+    python tests/support/mcp_server.py LEDGER [GATE] [FAULT]
 
 `lookup_order` reads; `add_note` is an effect that writes every call it receives to the
 JSON-lines file LEDGER (its arguments and the idempotency key its `_meta` carried) and applies
 it once per key: a repeat under a key it has seen answers what the first call did, as a
 partner that honours idempotency keys does. Its annotations claim it only reads, which must
 not make it read-only. `drop_orders` is listed but never declared by the host, so never offered.
+FAULT, when given, is what `add_note` does once it has applied a note the first time under a
+key, instead of answering: `exit` (the server goes away mid-call) or `hang` (it never answers).
 The server imports nothing of this repository: it runs as the SDK starts it, with the SDK's
 bare environment.
 """
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +60,11 @@ def add_note(order: str, note: str, ctx: Context) -> dict[str, Any]:
         record = {"key": key, "order": order, "note": note, "applied": first is None}
         file.write(json.dumps(record) + "\n")
         file.flush()
+    fault = sys.argv[3] if len(sys.argv) > 3 else ""
+    if fault and record["applied"]:
+        if fault == "exit":
+            os._exit(1)  # applied, and the answer never goes
+        time.sleep(3600)  # "hang": applied, and the server never answers
     return {"order": order, "note": note, "key": key}
 
 

@@ -2,7 +2,9 @@
 
 Workers import it through `AGENTFLOW_WORKFLOW_MODULES`; the server's ledger is the file named
 by `TEST_MCP_LEDGER`, read when the server is started, so a test aims it per worker; with
-`TEST_MCP_GATE`, the server dies at start until that file exists.
+`TEST_MCP_GATE`, the server dies at start until that file exists; with `TEST_MCP_FAULT` (`exit`
+or `hang`), `add_note` applies the note and then gives no answer (see mcp_server), and
+`TEST_MCP_TIMEOUT` is how long the host waits for one.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ orders = StdioServer(
         *SERVER_ARGS,
         os.environ.get("TEST_MCP_LEDGER", os.devnull),
         os.environ.get("TEST_MCP_GATE", ""),  # a file the server waits for: see mcp_server
+        os.environ.get("TEST_MCP_FAULT", ""),
     ],
+    timeout_seconds=float(os.environ.get("TEST_MCP_TIMEOUT", "60")),
 )
 toolbox = Toolbox("mcp_agent")
 toolbox.add(orders.tool("lookup_order", read_only=True))

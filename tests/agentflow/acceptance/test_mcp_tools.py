@@ -134,3 +134,59 @@ def test_mcp_effect_answer_lost__its_lookup_adopts_it__or_the_run_parks_outcome_
         assert run.status == durable.RunStatus.NEEDS_ATTENTION, run.error
         assert run.error.startswith("outcome unknown: add_note"), run.error
         assert note.status == "IN_PROGRESS"  # never FAILED: it may have happened
+
+
+#: (declared, fault) -> the server's calls of the effect ("applied" of each).
+LOST = {
+    ("none", "exit"): [True],  # parks: nothing can ask, a repeat could add a second note
+    ("none", "hang"): [True],
+    ("reconcile", "exit"): [True],  # the lookup finds the note: adopted, not sent again
+    ("idempotent", "exit"): [True, False],  # called again under its key: the server dedupes
+}
+
+
+@pytest.mark.parametrize(("declared", "fault"), list(LOST), ids="-".join)
+def test_mcp_effect_answer_lost_mid_call__retried_by_a_takeovers_rule(
+    declared: str, fault: str, workers: Workers, tmp_path: Path
+) -> None:
+    """`add_note` is applied and then its answer is lost, the worker alive: the server goes
+    away mid-call (`exit`) or never answers within the host's timeout (`hang`). It may have
+    happened, so the retry goes as a takeover's does: the reconcile asks, idempotency by key
+    allows calling again, and with neither the run parks "outcome unknown" with the reason,
+    never calling the server again."""
+    ledger = tmp_path / "mcp-ledger.jsonl"
+    worker = workers.start(
+        AGENTFLOW_WORKFLOW_MODULES="tests.support.workflows,tests.support.mcp_workflows",
+        TEST_MCP_LEDGER=str(ledger),
+        TEST_MCP_NOTE=declared,
+        TEST_MCP_FAULT=fault,
+        TEST_MCP_TIMEOUT="5",
+    )
+    run_id = durable.start(mcp_workflows.agent.name)
+
+    run = stopped(run_id, timeout=120, worker=worker)
+
+    note = StepCheckpoint.objects.get(run_id=run_id, name="add_note")
+    calls = mcp_server.calls(ledger)
+    assert [c["applied"] for c in calls] == LOST[declared, fault]
+    assert {c["key"] for c in calls} == {note.idempotency_key}
+    lost = "Timeout" if fault == "hang" else "it may have happened"
+    if declared == "none":
+        assert run.status == durable.RunStatus.NEEDS_ATTENTION, run.error
+        assert run.error.startswith("outcome unknown: add_note may or may not"), run.error
+        assert lost in run.error and "is not called again" in run.error, run.error
+        assert note.status == "IN_PROGRESS"  # never FAILED: it may have happened
+        return
+    assert run.status == durable.RunStatus.COMPLETED, run.error
+    assert note.output["result"]["key"] == note.idempotency_key
+    failed = list(
+        RunEvent.objects.filter(
+            run_id=run_id, kind=RunEvent.Kind.ATTEMPT_FAILED, seq=note.seq
+        ).values_list("detail", flat=True)
+    )
+    if declared == "idempotent":  # retried under its key
+        assert len(failed) == 1 and lost in failed[0], failed
+    else:  # asked at once, found, adopted
+        assert failed == [], failed
+    reconciled = RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.RECONCILED).exists()
+    assert reconciled == (declared == "reconcile")
