@@ -273,7 +273,17 @@ class _Lookup:
 
     def __call__(self, ctx: ToolContext, **values: Any) -> Any:
         key = ctx.idempotency_key
-        found = self.server.call(self.name, {"idempotency_key": key}, key=key)
+        try:
+            found = self.server.call(self.name, {"idempotency_key": key}, key=key)
+        except (RetryableStepError, ToolRefused) as exc:
+            # The engine takes a reconcile that raises inside the key's window as "the key
+            # protects a repeat"; this effect's server keys nothing, so a lookup that cannot
+            # answer parks the step instead of calling the effect blind.
+            raise RepeatUnsafe(
+                f"MCP server {self.server.name!r}: {self.name}, the lookup of a side effect that "
+                f"may have run, could not answer ({exc}), and the effect is not keyed by its "
+                "idempotency key, so it is not called again"
+            ) from exc
         return found or None
 
 

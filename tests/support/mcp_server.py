@@ -8,7 +8,8 @@ it once per key: a repeat under a key it has seen answers what the first call di
 partner that honours idempotency keys does. Its annotations claim it only reads, which must
 not make it read-only. `drop_orders` is listed but never declared by the host, so never offered.
 FAULT, when given, is what `add_note` does once it has applied a note the first time under a
-key, instead of answering: `exit` (the server goes away mid-call) or `hang` (it never answers).
+key, instead of answering: `exit` (the server goes away mid-call) or `hang` (it never answers);
+`lookup_fails` makes `find_note` answer with an error instead.
 The server imports nothing of this repository: it runs as the SDK starts it, with the SDK's
 bare environment.
 """
@@ -61,7 +62,7 @@ def add_note(order: str, note: str, ctx: Context) -> dict[str, Any]:
         file.write(json.dumps(record) + "\n")
         file.flush()
     fault = sys.argv[3] if len(sys.argv) > 3 else ""
-    if fault and record["applied"]:
+    if fault in ("exit", "hang") and record["applied"]:
         if fault == "exit":
             os._exit(1)  # applied, and the answer never goes
         time.sleep(3600)  # "hang": applied, and the server never answers
@@ -70,6 +71,8 @@ def add_note(order: str, note: str, ctx: Context) -> dict[str, Any]:
 
 @app.tool(description="The note added under an idempotency key, if any (add_note's reconcile).")
 def find_note(idempotency_key: str) -> dict[str, Any]:
+    if sys.argv[3:4] == ["lookup_fails"]:
+        raise ToolError("the notes index is being rebuilt")
     found = next(
         (c for c in calls(Path(sys.argv[1])) if c["key"] == idempotency_key and c["applied"]),
         None,

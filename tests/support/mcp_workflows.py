@@ -3,7 +3,8 @@
 Workers import it through `AGENTFLOW_WORKFLOW_MODULES`; the server's ledger is the file named
 by `TEST_MCP_LEDGER`, read when the server is started, so a test aims it per worker; with
 `TEST_MCP_GATE`, the server dies at start until that file exists; with `TEST_MCP_FAULT` (`exit`
-or `hang`), `add_note` applies the note and then gives no answer (see mcp_server), and
+or `hang`), `add_note` applies the note and then gives no answer, with `lookup_fails` its
+lookup answers an error (see mcp_server); and
 `TEST_MCP_TIMEOUT` is how long the host waits for one.
 """
 

@@ -136,6 +136,35 @@ def test_mcp_effect_answer_lost__its_lookup_adopts_it__or_the_run_parks_outcome_
         assert note.status == "IN_PROGRESS"  # never FAILED: it may have happened
 
 
+def test_mcp_effect_answer_lost__its_lookup_cannot_answer__parks_never_calls_it_blind(
+    workers: Workers, tmp_path: Path
+) -> None:
+    """SIGKILL after `add_note` was sent; on the takeover its lookup answers with an error. The
+    server keys nothing, so the engine's "inside the window the key protects a repeat" does not
+    hold for it: the step parks "outcome unknown" with the lookup's error, and the effect is
+    sent once."""
+    ledger = tmp_path / "mcp-ledger.jsonl"
+    worker = workers.start(
+        AGENTFLOW_WORKFLOW_MODULES="tests.support.workflows,tests.support.mcp_workflows",
+        TEST_MCP_LEDGER=str(ledger),
+        TEST_MCP_NOTE="reconcile",
+        TEST_MCP_FAULT="lookup_fails",
+        AGENTFLOW_FAULTS="1",
+        AGENTFLOW_CRASH_AT="add_note:after_effect",
+    )
+    run_id = durable.start(mcp_workflows.agent.name)
+
+    run = stopped(run_id, timeout=90, worker=worker)
+
+    assert log_has(worker, "fault injection: SIGKILL at add_note:after_effect")
+    note = StepCheckpoint.objects.get(run_id=run_id, name="add_note")
+    assert [c["key"] for c in mcp_server.calls(ledger)] == [note.idempotency_key]  # sent once
+    assert run.status == durable.RunStatus.NEEDS_ATTENTION, run.error
+    assert run.error.startswith("outcome unknown: add_note"), run.error
+    assert "notes index is being rebuilt" in run.error, run.error
+    assert note.status == "IN_PROGRESS"
+
+
 #: (declared, fault) -> the server's calls of the effect ("applied" of each).
 LOST = {
     ("none", "exit"): [True],  # parks: nothing can ask, a repeat could add a second note
