@@ -551,8 +551,10 @@ def _slow_down(
 
 def _respace(limit: Limit, start: float, interval: float) -> float | None:
     """Every turn reserved at `limit.partner`, in its order, one `interval` apart from `start`
-    at the earliest (none moves sooner than it was); the end of the last (None: none). On the
-    key's schedule (without `turn_shift`)."""
+    at the earliest (or from the first reserved, if later); the end of the last (None: none).
+    On the key's schedule (without `turn_shift`). A queue reserved one interval apart at a
+    faster speed only moves later; a hole in it closes (its steps come early, or late and go
+    next), and no two calls go closer than an interval whatever the queue says (`spent_until`)."""
     reserved = [RATE, RESUMED]
     row = sql.fetch_one(
         f"SELECT COUNT(*), MIN(go_at) FROM {WAITERS} WHERE partner = %s AND go_at IS NOT NULL "
