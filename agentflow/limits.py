@@ -27,10 +27,12 @@ RAMP_START_FACTOR = 0.1
 MAX_COOLDOWN_SECONDS = 60.0
 #: A 429 that names no time blocks the key this long.
 DEFAULT_BLOCK_SECONDS = 1.0
-#: A turn this close is slept for in the worker: a round trip through the broker costs more,
-#: and a step that came back a little late would otherwise push every later turn back by its
-#: own round trip (bench: 64 % of a 20/s limit at 50 ms, 94 % at this).
+#: A turn this close is slept for in the worker: a round trip through the broker costs more.
 SLEEP_IN_PROCESS_SECONDS = 0.25
+#: A step that waits for a turn it reserved is published again this much before the turn, and
+#: sleeps the rest in the worker: the broker's and the worker's delay must not make it miss
+#: the turn (a step more than an interval late takes the key's next one; its own went unused).
+ARRIVE_EARLY_SECONDS = 0.1
 #: Spacing of runs resumed after a breaker or a pause on a partner without a rate.
 UNRATED_RESUME_SPACING_SECONDS = 0.05
 
@@ -142,9 +144,12 @@ def speed(*, floor: float, since: float, now: float, ceiling: float = 1.0) -> fl
     return min(1.0, climbed)
 
 
-def ceiling_after(share_now: float) -> float:
-    """The most a key climbs back to after a 429 at `share_now` (for a while)."""
-    return max(FLOOR_FACTOR, share_now * CEILING_FACTOR)
+def ceiling_after(share_now: float, accepted: float | None = None) -> float:
+    """The most a key climbs back to after a 429 at `share_now` (for a while): below that, and
+    below what the partner was seen to accept in the last second (`accepted`, a share of the
+    limit; None when too few calls went to tell)."""
+    seen = share_now if accepted is None else min(share_now, accepted)
+    return max(FLOOR_FACTOR, seen * CEILING_FACTOR)
 
 
 def interval_seconds(limit: Limit, share: float) -> float:
@@ -154,9 +159,33 @@ def interval_seconds(limit: Limit, share: float) -> float:
     return 1.0 / (limit.rate_per_second * max(share, FLOOR_FACTOR / 2))
 
 
-def slowed(share_now: float) -> float:
-    """The speed after a 429: half of what it ran at, never below the floor."""
-    return max(FLOOR_FACTOR, share_now / 2)
+def respace_interval(limit: Limit, floor: float) -> float:
+    """Spacing of the turns reserved when a 429 slowed the key: at its floor (the slowest it
+    runs until it climbs back), so none is moved sooner than it was; a partner without a rate
+    resumes its waiters a little apart."""
+    if limit.rate_per_second is None:
+        return UNRATED_RESUME_SPACING_SECONDS
+    return interval_seconds(limit, floor)
+
+
+def slowed(share_now: float, accepted: float | None = None) -> float:
+    """The speed after a 429: half of what it ran at, and no faster than the partner was seen
+    to accept in the last second (`accepted`, a share of the limit, when known), never below
+    the floor."""
+    speed = share_now / 2 if accepted is None else min(share_now / 2, accepted * CEILING_FACTOR)
+    return max(FLOOR_FACTOR, speed)
+
+
+#: Calls given in the last second that tell what the partner accepts (fewer tell nothing).
+ACCEPTED_MIN_CALLS = 3
+
+
+def accepted_share(limit: Limit, *, given: int, refused: int, seconds: float) -> float | None:
+    """What the partner accepted of the calls given in the last `seconds`, as a share of the
+    limit (None: too few calls to tell, or no rate)."""
+    if limit.rate_per_second is None or given < ACCEPTED_MIN_CALLS or seconds <= 0:
+        return None
+    return max(0.0, given - refused) / seconds / limit.rate_per_second
 
 
 def block_seconds(exc: Any) -> float:

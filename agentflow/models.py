@@ -458,11 +458,22 @@ class PartnerState(models.Model):
 
     partner = models.CharField(primary_key=True, max_length=100)
     #: The next turn the rate gives (GCRA's theoretical arrival time): turns are handed out in
-    #: arrival order, one interval apart.
+    #: arrival order, one interval apart, and a turn reserved is kept for its step. Like the
+    #: reserved turns (`PartnerWaiter.go_at`), on the key's schedule: add `turn_shift`.
     next_turn_at = models.FloatField(default=0.0)
-    #: The earliest the next call may actually go: one interval after the last one that went.
-    #: A turn whose step comes late still waits for this, so late steps never go in a bunch.
+    #: The earliest the next call may actually go: one interval after the last turn given.
+    #: Every turn given waits for this, so calls never go closer than an interval.
     spent_until = models.FloatField(default=0.0)
+    #: How far the schedule has moved back: a turn whose step was not there when it came went
+    #: to a step that was, and every reserved turn moved back to make room (none is lost).
+    turn_shift = models.FloatField(default=0.0)
+    #: Turns given and 429s in this second (from `window_at`) and the one before: what the
+    #: partner accepts, learned on a 429.
+    window_at = models.FloatField(default=0.0)
+    window_given = models.PositiveIntegerField(default=0)
+    window_refused = models.PositiveIntegerField(default=0)
+    prior_given = models.PositiveIntegerField(default=0)
+    prior_refused = models.PositiveIntegerField(default=0)
     #: A 429's Retry-After (or the partner's window reset): no call before this.
     blocked_until = models.FloatField(default=0.0)
     #: The key's speed climbs from `speed_floor` (its share of the limit) at `speed_since`.
@@ -537,6 +548,8 @@ class PartnerWaiter(models.Model):
     seq = models.PositiveIntegerField()
     #: "rate limit", "concurrency", "breaker open", "paused": what the run says it waits for.
     reason = models.CharField(max_length=40)
+    #: A freed place's: when it was handed over. A reserved rate turn's or a resume's: on the
+    #: key's schedule (its time is this plus `PartnerState.turn_shift`).
     go_at = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -10,6 +10,7 @@ decision. Nothing here calls a partner; `agentflow.limiter` does, between `turn_
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,11 +46,13 @@ RATE, CONCURRENCY, BREAKER, PAUSED, RESUMED = (
 @dataclass(frozen=True, kw_only=True)
 class Turn:
     """The call may go: after `sleep_seconds` (a turn a few milliseconds off), holding place
-    `slot` (returned by `turn_return`)."""
+    `slot` (returned by `turn_return`). `given_at`: when it was given (the database's time), to
+    tell a 429 of a call scheduled before the key last slowed from one scheduled after."""
 
     slot: int
     probe: bool = False
     sleep_seconds: float = 0.0
+    given_at: float = math.inf
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +77,8 @@ def _live(alias: str) -> str:
 
 _ROW = (
     "next_turn_at, spent_until, blocked_until, speed_floor, speed_since, speed_ceiling, "
-    "breaker, failures, opened_times, probe_at, paused"
+    "breaker, failures, opened_times, probe_at, paused, turn_shift, window_at, window_given, "
+    "window_refused, prior_given, prior_refused"
 )
 
 
@@ -91,6 +95,12 @@ class _Row:
     opened_times: int
     probe_at: float
     paused: bool
+    turn_shift: float
+    window_at: float
+    window_given: int
+    window_refused: int
+    prior_given: int
+    prior_refused: int
     now: float
 
 
@@ -107,9 +117,10 @@ def _lock(partner: str) -> _Row:
             cur.execute(
                 f"INSERT INTO {PARTNERS} (partner, next_turn_at, spent_until, blocked_until, "
                 "speed_floor, speed_since, speed_ceiling, breaker, failures, opened_times, "
-                "probe_at, paused, pause_reason, paused_by, rate_limited_total, "
+                "probe_at, paused, turn_shift, window_at, window_given, window_refused, "
+                "prior_given, prior_refused, pause_reason, paused_by, rate_limited_total, "
                 "last_rate_limited_reason, errors_total, last_error, updated_at) VALUES (%s, 0, "
-                "0, 0, 1, 0, 1, 'closed', 0, 0, 0, %s, '', '', "
+                "0, 0, 1, 0, 1, 'closed', 0, 0, 0, %s, 0, 0, 0, 0, 0, 0, '', '', "
                 f"0, '', 0, '', {sql.now()}) ON CONFLICT (partner) DO NOTHING",
                 [partner, False],
             )
@@ -128,7 +139,13 @@ def _lock(partner: str) -> _Row:
         opened_times=int(row[8]),
         probe_at=float(row[9]),
         paused=bool(row[10]),
-        now=float(row[11]),
+        turn_shift=float(row[11]),
+        window_at=float(row[12]),
+        window_given=int(row[13]),
+        window_refused=int(row[14]),
+        prior_given=int(row[15]),
+        prior_refused=int(row[16]),
+        now=float(row[17]),
     )
 
 
@@ -142,9 +159,13 @@ class _Queue:
     pending_places: int
     granted_places: int
     in_flight: int
+    #: The earliest turn reserved by another step that it may still use (on the schedule).
+    ahead: float | None
 
 
-def _queue(partner: str, run_id: str, seq: int | None, now: float, places: bool) -> _Queue:
+def _queue(
+    partner: str, run_id: str, seq: int | None, now: float, places: bool, keep_from: float
+) -> _Queue:
     """Who waits and what is in flight, read after the lock (a new snapshot)."""
     live_waiter = (
         f"EXISTS (SELECT 1 FROM {sql.RUNS} r WHERE r.id = w.run_id AND r.current_seq = w.seq "
@@ -169,10 +190,15 @@ def _queue(partner: str, run_id: str, seq: int | None, now: float, places: bool)
         params += [partner, CONCURRENCY, *ACTIVE, partner, CONCURRENCY, now - GRANT_SECONDS]
     parts.append(f"(SELECT COUNT(*) FROM {SLOTS} s WHERE s.partner = %s AND {_live('s')})")
     params += [partner, now]
+    parts.append(
+        f"(SELECT MIN(go_at) FROM {WAITERS} WHERE partner = %s AND go_at >= %s "
+        f"AND reason IN (%s, %s) AND NOT (run_id = %s AND seq = %s))"
+    )
+    params += [partner, keep_from, RATE, RESUMED, *mine[1:]]
     row = sql.fetch_one(f"SELECT {', '.join(parts)}", params)
     assert row is not None
     if not places:
-        row = (*row[:4], 0, 0, row[4])
+        row = (*row[:4], 0, 0, *row[4:])
     return _Queue(
         mine=row[0],
         mine_reason=row[1] or "",
@@ -181,6 +207,7 @@ def _queue(partner: str, run_id: str, seq: int | None, now: float, places: bool)
         pending_places=int(row[4]),
         granted_places=int(row[5]),
         in_flight=int(row[6]),
+        ahead=float(row[7]) if row[7] is not None else None,
     )
 
 
@@ -191,7 +218,15 @@ def turn_take(limit: Limit, *, run_id: str = "", seq: int | None = None) -> Turn
     with transaction.atomic():
         row = _lock(partner)
         now = row.now
-        queue = _queue(partner, run_id, seq, now, places=limit.concurrency is not None)
+        interval = limits.interval_seconds(limit, _speed(row, now))
+        queue = _queue(
+            partner,
+            run_id,
+            seq,
+            now,
+            places=limit.concurrency is not None,
+            keep_from=now - interval - row.turn_shift,
+        )
         changes: dict[str, Any] = {}
         probe = False
         oldest = queue.first_pending is None or queue.first_pending == queue.mine
@@ -212,31 +247,117 @@ def turn_take(limit: Limit, *, run_id: str = "", seq: int | None = None) -> Turn
             if free <= 0 or (not granted and queue.pending_places and not oldest):
                 return _wait(partner, run_id, seq, queue, CONCURRENCY, RECHECK_SECONDS, now)
         reserved = queue.mine_go_at if queue.mine_reason in (RATE, RESUMED) else None
+        if reserved is not None:
+            reserved += row.turn_shift
         rated = limit.rate_per_second is not None or row.blocked_until > now
         if reserved is not None and reserved - now > limits.SLEEP_IN_PROCESS_SECONDS:
-            return TurnWait(reason=queue.mine_reason, seconds=reserved - now)
+            # Early: the turn stays this step's; it comes back a little before it.
+            return TurnWait(reason=queue.mine_reason, seconds=_early(reserved - now))
         if rated and not probe:
-            share = _speed(row, now)
-            interval = limits.interval_seconds(limit, share)
-            # Its turn: the one it reserved, else the key's next; and never sooner than one
-            # interval after the last call that went (a late step does not bunch with others).
-            turn = max(now, row.spent_until, row.blocked_until)
-            if reserved is None:
-                turn = max(turn, row.next_turn_at)
-                changes["next_turn_at"] = turn + interval
+            decided = _rate_turn(row, queue, reserved, interval)
+            changes |= decided.changes
+            turn = decided.turn
             if turn - now > limits.SLEEP_IN_PROCESS_SECONDS:
                 if changes:
                     _update(partner, changes)
-                why = RATE if reserved is None else queue.mine_reason
-                return _wait(partner, run_id, seq, queue, why, turn - now, now, go_at=turn)
+                if decided.own:
+                    return TurnWait(reason=queue.mine_reason, seconds=_early(turn - now))
+                go_at = turn - changes.get("turn_shift", row.turn_shift)
+                return _wait(
+                    partner, run_id, seq, queue, RATE, _early(turn - now), now, go_at=go_at
+                )
             changes["spent_until"] = turn + interval
+            changes |= _window(row, now, given=1).changes
             sleep = max(0.0, turn - now)
         if changes:
             _update(partner, changes)
         if queue.mine is not None:
             sql.execute(f"DELETE FROM {WAITERS} WHERE id = %s", [queue.mine])
         slot = _hold(partner, run_id, seq, probe=probe, now=now)
-    return Turn(slot=slot, probe=probe, sleep_seconds=sleep)
+    return Turn(slot=slot, probe=probe, sleep_seconds=sleep, given_at=now)
+
+
+@dataclass(frozen=True)
+class _RateTurn:
+    turn: float
+    own: bool
+    changes: dict[str, Any]
+
+
+def _rate_turn(row: _Row, queue: _Queue, reserved: float | None, interval: float) -> _RateTurn:
+    """When the call may go, by the rate (times real; the schedule's plus `turn_shift`).
+
+    No call goes sooner than one interval after the last turn given (`spent_until`), so the
+    partner sees at most the limit (+1 in a second, for the edges). Within that:
+    - a step that reserved a turn and came for it (early, or within an interval late) goes
+      then: its own turn, nobody else's;
+    - a turn whose step is not there (reserved, due, its step not come: busy workers, a long
+      broker queue) goes to a step that is, and every reserved turn moves back to make room
+      (`turn_shift`): no turn goes unused while steps wait, and none is lost: the step that
+      was late finds its turn moved back, or, later still, goes next as soon as it comes;
+    - else the step reserves the key's next turn, after everyone waiting.
+    """
+    now, shift = row.now, row.turn_shift
+    head = max(now, row.spent_until, row.blocked_until)
+    ahead = queue.ahead + shift if queue.ahead is not None else None
+    if reserved is not None and reserved >= row.blocked_until and now <= reserved + interval:
+        return _RateTurn(max(head, reserved), True, {})
+    free = ahead is None or ahead >= head + interval or ahead <= now or reserved is not None
+    if free and head - now <= limits.SLEEP_IN_PROCESS_SECONDS:
+        changes = {}
+        if ahead is not None and ahead < head + interval:
+            changes["turn_shift"] = shift + head + interval - ahead
+        return _RateTurn(head, False, changes)
+    if reserved is not None:
+        # Late, with calls given ahead: next, as the first step that came for its turn.
+        return _RateTurn(head, False, {})
+    turn = max(head, row.next_turn_at + shift)
+    return _RateTurn(turn, False, {"next_turn_at": turn + interval - shift})
+
+
+def _early(seconds: float) -> float:
+    """A wait of `seconds` for a reserved turn, as the step is published again: it comes back
+    a little early and sleeps the rest in the worker, so a broker's and a worker's delay do
+    not make it miss its turn."""
+    return max(0.0, seconds - limits.ARRIVE_EARLY_SECONDS)
+
+
+@dataclass(frozen=True)
+class _Window:
+    changes: dict[str, Any]
+    #: Turns given and 429s in the last `seconds` (this second so far and the one before).
+    given: int
+    refused: int
+    seconds: float
+
+
+def _window(row: _Row, now: float, *, given: int = 0, refused: int = 0) -> _Window:
+    """Count a turn given or a 429 in the key's one-second windows (written with the changes
+    the caller makes to the row anyway)."""
+    age = now - row.window_at
+    if age < 1.0:
+        start, cur_given, cur_refused = row.window_at, row.window_given, row.window_refused
+        prior_given, prior_refused = row.prior_given, row.prior_refused
+    else:
+        start, cur_given, cur_refused = now, 0, 0
+        adjacent = age < 2.0
+        prior_given = row.window_given if adjacent else 0
+        prior_refused = row.window_refused if adjacent else 0
+    cur_given, cur_refused = cur_given + given, cur_refused + refused
+    changes = {
+        "window_at": start,
+        "window_given": cur_given,
+        "window_refused": cur_refused,
+        "prior_given": prior_given,
+        "prior_refused": prior_refused,
+    }
+    seconds = (now - start) + (1.0 if prior_given or prior_refused else 0.0)
+    return _Window(
+        changes,
+        given=cur_given + prior_given,
+        refused=cur_refused + prior_refused,
+        seconds=max(seconds, 1.0),
+    )
 
 
 def _speed(row: _Row, now: float) -> float:
@@ -369,30 +490,87 @@ def turn_return(
                 _event(partner, PartnerEvent.Kind.BREAKER_CLOSED, "the probe was answered")
                 resume = True
         if outcome == RATE_LIMITED:
-            share = _speed(row, now)
-            floor = min(limits.slowed(share), changes.get("speed_floor", 1.0))
-            until = max(row.blocked_until, now + block_seconds)
+            changes |= _slow_down(limit, turn, row, now, changes, detail, block_seconds)
             changes |= {
-                "speed_floor": floor,
-                "speed_ceiling": limits.ceiling_after(share),
-                "speed_since": now,
-                "blocked_until": until,
-                "next_turn_at": max(row.next_turn_at, until),
                 "rate_limited_total": sql.Expr("rate_limited_total + 1", ()),
                 "last_rate_limited_at": now,
                 "last_rate_limited_reason": rate_reason[:100],
             }
-            _event(
-                partner,
-                PartnerEvent.Kind.RATE_LIMITED,
-                f"{detail} (slowed to {floor:.0%} of its limit; blocked {block_seconds:.2f} s)",
-            )
         _update(partner, changes)
         if resume:
             merged = {**row.__dict__, **changes}
             _resume(limit, merged, now)
         elif limit.concurrency is not None:
             _grant_places(limit)
+
+
+def _slow_down(
+    limit: Limit,
+    turn: Turn,
+    row: _Row,
+    now: float,
+    changes: dict[str, Any],
+    detail: str,
+    block_seconds: float,
+) -> dict[str, Any]:
+    """A 429: the key is blocked for what the partner said, for every run; a call given its
+    turn since the key last slowed halves its speed (a 429 of a call scheduled before then
+    came at the old speed: the key already slowed for it), and every turn reserved so far is
+    moved to the new speed, after the block. So the key's speed after k such 429s is at most
+    its limit / 2**k (down to the floor), and what was scheduled at the old speed does not go
+    at it."""
+    share = _speed(row, now)
+    fresh = turn.given_at >= row.speed_since
+    until = max(row.blocked_until, now + block_seconds)
+    window = _window(row, now, refused=1)
+    slowed: dict[str, Any] = {"blocked_until": until, **window.changes}
+    floor = changes.get("speed_floor", row.speed_floor)
+    if fresh:
+        accepted = limits.accepted_share(
+            limit, given=window.given, refused=window.refused, seconds=window.seconds
+        )
+        floor = min(limits.slowed(share, accepted), changes.get("speed_floor", 1.0))
+        slowed |= {
+            "speed_floor": floor,
+            "speed_ceiling": limits.ceiling_after(share, accepted),
+            "speed_since": now,
+        }
+    shift = row.turn_shift
+    slowed["next_turn_at"] = max(row.next_turn_at, until - shift)
+    end = _respace(limit, until - shift, limits.respace_interval(limit, floor))
+    if end is not None:
+        slowed["next_turn_at"] = max(end, until - shift)
+    _event(
+        limit.partner,
+        PartnerEvent.Kind.RATE_LIMITED,
+        f"{detail} ({f'slowed to {floor:.0%}' if fresh else f'at {floor:.0%}'} of its limit; "
+        f"blocked {block_seconds:.2f} s)",
+    )
+    return slowed
+
+
+def _respace(limit: Limit, start: float, interval: float) -> float | None:
+    """Every turn reserved at `limit.partner`, in its order, one `interval` apart from `start`
+    at the earliest (or from the first reserved, if later); the end of the last (None: none).
+    On the key's schedule (without `turn_shift`). A queue reserved one interval apart at a
+    faster speed only moves later; a hole in it closes (its steps come early, or late and go
+    next), and no two calls go closer than an interval whatever the queue says (`spent_until`)."""
+    reserved = [RATE, RESUMED]
+    row = sql.fetch_one(
+        f"SELECT COUNT(*), MIN(go_at) FROM {WAITERS} WHERE partner = %s AND go_at IS NOT NULL "
+        f"AND reason IN ({sql.placeholders(reserved)})",
+        [limit.partner, *reserved],
+    )
+    if row is None or not row[0]:
+        return None
+    first = max(start, float(row[1]))
+    sql.execute(
+        f"UPDATE {WAITERS} SET go_at = %s + (o.n - 1) * %s FROM (SELECT id, ROW_NUMBER() "
+        f"OVER (ORDER BY go_at, id) AS n FROM {WAITERS} WHERE partner = %s AND go_at IS NOT "
+        f"NULL AND reason IN ({sql.placeholders(reserved)})) o WHERE {WAITERS}.id = o.id",
+        [first, interval, limit.partner, *reserved],
+    )
+    return first + int(row[0]) * interval
 
 
 def _event(partner: str, kind: str, detail: str, actor: str = "") -> None:
@@ -466,10 +644,11 @@ def _resume(limit: Limit, row: dict[str, Any], now: float) -> None:
         "WHERE w.partner = %s AND w.go_at IS NULL ORDER BY w.id LIMIT %s",
         [*ACTIVE, limit.partner, RESUME_BATCH],
     )
-    turn = max(now, row["next_turn_at"], row["blocked_until"])
+    shift = row["turn_shift"]
+    turn = max(now, row["next_turn_at"] + shift, row["blocked_until"], row["spent_until"])
     for waiter_id, run_id, seq in waiting:
-        sql.update(WAITERS, {"go_at": turn, "reason": RESUMED}, "id = %s", [waiter_id])
-        _wake(run_id, seq, turn - now)
+        sql.update(WAITERS, {"go_at": turn - shift, "reason": RESUMED}, "id = %s", [waiter_id])
+        _wake(run_id, seq, _early(turn - now))
         if limit.rate_per_second is None:
             turn += limits.UNRATED_RESUME_SPACING_SECONDS
         else:
@@ -481,7 +660,7 @@ def _resume(limit: Limit, row: dict[str, Any], now: float) -> None:
             )
             turn += limits.interval_seconds(limit, share)
     if waiting:
-        _update(limit.partner, {"next_turn_at": turn})
+        _update(limit.partner, {"next_turn_at": turn - shift})
 
 
 def partner_forget(partner: str) -> None:
@@ -553,12 +732,21 @@ def partner_resume(limit: Limit, *, actor: str, reason: str) -> bool:
 
 def partners_tick(configured: dict[str, Limit]) -> int:
     """The sweeper's pass: places freed by a lease that ran out or an owner that died go to
-    the oldest waiters; waiters of steps that moved on are dropped. Returns waiters woken."""
+    the oldest waiters (and their rows go); waiters of steps that moved on are dropped.
+    Returns waiters woken."""
     sql.execute(
         f"DELETE FROM {WAITERS} WHERE NOT EXISTS (SELECT 1 FROM {sql.RUNS} r WHERE "
         f"r.id = {WAITERS}.run_id AND r.current_seq = {WAITERS}.seq AND r.status IN "
         f"({sql.placeholders(ACTIVE)}))",
         list(ACTIVE),
+    )
+    now_row = sql.fetch_one(f"SELECT {epoch_now()}", [])
+    assert now_row is not None
+    # Places nobody will give back (their process died, or their lease ran out): free already,
+    # their rows go.
+    sql.execute(
+        f"DELETE FROM {SLOTS} WHERE id IN (SELECT s.id FROM {SLOTS} s WHERE NOT {_live('s')})",
+        [float(now_row[0])],
     )
     woken = 0
     for limit in configured.values():

@@ -14,7 +14,7 @@ from agentflow.models import RunEvent
 from agentflow.states import RunStatus, StepStatus
 from agentflow.store import sql
 from agentflow.store.events import event_add
-from agentflow.store.partners import WAITERS, epoch_now
+from agentflow.store.partners import CONCURRENCY, PARTNERS, WAITERS, epoch_now
 from agentflow.store.runs import Fenced
 from agentflow.store.steps import ACTIVE, CheckpointRow, Claim
 
@@ -98,9 +98,11 @@ def step_wait_turn(
                 )
             # A turn handed out meanwhile (a freed place) wakes it sooner than it asked.
             given = sql.fetch_one(
-                f"SELECT MIN(go_at) - {epoch_now()} FROM {WAITERS} "
-                "WHERE partner = %s AND run_id = %s AND seq = %s AND go_at IS NOT NULL",
-                [partner, run_id, seq],
+                f"SELECT MIN(w.go_at + CASE WHEN w.reason = %s THEN 0 ELSE COALESCE(("
+                f"SELECT p.turn_shift FROM {PARTNERS} p WHERE p.partner = w.partner), 0) END) "
+                f"- {epoch_now()} FROM {WAITERS} w "
+                "WHERE w.partner = %s AND w.run_id = %s AND w.seq = %s AND w.go_at IS NOT NULL",
+                [CONCURRENCY, partner, run_id, seq],
             )
             if given is not None and given[0] is not None:
                 seconds = max(0.0, min(seconds, float(given[0])))

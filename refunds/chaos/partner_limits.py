@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
+from agentflow import limits, store
 from agentflow.models import PartnerEvent, StepCheckpoint
 from refunds.chaos import evidence as evidence_mod
 from refunds.chaos.processes import Sandbox
@@ -17,6 +19,13 @@ from refunds.sandbox import faults as sandbox_faults
 STRIPE_ENDPOINTS = sorted(
     e for e in sandbox_faults.ENDPOINTS if e.split(".")[0] in ("payment_intents", "refunds")
 )
+
+
+def forget(partner_limits: str) -> None:
+    """Every partner the run limits starts from nothing: no speed learned by an earlier run,
+    no block, no queue (an earlier run's 429s would make this one's look better)."""
+    for partner in limits.parse_limits(partner_limits):
+        store.partner_forget(partner)
 
 
 @contextlib.contextmanager
@@ -67,6 +76,7 @@ def report(
         ).values_list("attempts", flat=True)
     )
     busiest = sorted(per_second.values(), reverse=True)
+    since = datetime.fromtimestamp(t0, tz=UTC)
     refused = sorted(
         e.timestamp() - t0
         for e in PartnerEvent.objects.filter(
@@ -84,7 +94,7 @@ def report(
         "stripe_429_seconds": [round(at, 1) for at in refused[:20]],
         "stripe_requests_per_second_overall": round(stripe.get("requests", 0) / elapsed, 2),
         "partner_events": {
-            kind: PartnerEvent.objects.filter(partner="stripe", kind=kind).count()
+            kind: PartnerEvent.objects.filter(partner="stripe", kind=kind, at__gte=since).count()
             for kind in PartnerEvent.Kind.values
         },
         "charge_attempts_max": max(attempts, default=0),

@@ -197,6 +197,7 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
         beat = Beat(workdir, env)
         stack.callback(beat.kill)
         progress(f"chaos: starting {config.workers} workers, beat, sandbox {sandbox.url}")
+        partner_limits.forget(config.partner_limits)
         pool.start()
         beat.start()
         stack.enter_context(publishing_to(broker.url))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agentflow import durable
+from agentflow import durable, faults
 from tests.support import partner
 
 
@@ -960,3 +960,27 @@ limited.step("charge", kind="effect", retry=durable.RetryPolicy(max_attempts=3, 
     limited_effect
 )
 limited.step("finish", kind="read")(_finish)
+
+
+def place_holder(ctx: durable.StepContext) -> dict[str, Any]:
+    """Takes acme's place in flight and holds it until the test releases the run, makes its
+    effect, and dies there when aimed (`hold_place:in_partner_call`): SIGKILLed between taking
+    its place and giving it back."""
+    with durable.partner_call("acme", "hold"):
+        _record(ctx)  # recorded once its place is taken
+        partner.wait_for_release(ctx.run_id)
+        done = partner.apply(ctx.idempotency_key)
+        faults.crash_point(ctx.step, "in_partner_call", ctx.attempt)
+    return done
+
+
+def next_in_line(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return _acme_call(ctx, "call")
+
+
+#: One limited call holding its place (concurrency 1), and one waiting for that place.
+held_place = durable.Workflow("held_place", version=1)
+held_place.step("hold_place", kind="effect")(place_holder)
+waits_for_place = durable.Workflow("waits_for_place", version=1)
+waits_for_place.step("after_place", kind="effect")(next_in_line)

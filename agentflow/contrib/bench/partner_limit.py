@@ -33,6 +33,11 @@ class PartnerLimitFigure:
     #: Calls per second the limited step made, first call to last.
     calls_per_s: float
     ratio_to_limit: float
+    #: The same runs of the same step on the same worker with the partner unlimited: what the
+    #: machine can do at all (a limit above it cannot be reached, whatever the limiter does).
+    unlimited_calls_per_s: float
+    #: calls_per_s against the lower of the limit and that.
+    ratio_to_reachable: float
     statements_per_unlimited_call: float
     statements_per_limited_call: float
     transactions_per_limited_call: float
@@ -58,8 +63,29 @@ def partner_limit(
     progress(f"partner limit: statements per call ({COUNTED_CALLS} calls each)")
     unlimited = _statements_per_call(limited=False)
     counted_limited, transactions = _statements_per_call_limited()
+    progress(f"partner limit: {runs} runs of the step, unlimited, {concurrency} procs")
+    reachable = _calls_per_second(runs, concurrency, limits="{}", timeout=phase_timeout(runs))
     progress(f"partner limit: {runs} runs of one limited step at {rate:g}/s, {concurrency} procs")
-    limits = json.dumps({PARTNER: {"rate": f"{rate}/s"}})
+    limited_limits = json.dumps({PARTNER: {"rate": f"{rate}/s"}})
+    timeout = phase_timeout(runs) + runs / rate
+    calls_per_s = _calls_per_second(runs, concurrency, limits=limited_limits, timeout=timeout)
+    return PartnerLimitFigure(
+        rate_per_s=rate,
+        runs=runs,
+        concurrency=concurrency,
+        calls_per_s=round(calls_per_s, 2),
+        ratio_to_limit=round(calls_per_s / rate, 3),
+        unlimited_calls_per_s=round(reachable, 2),
+        ratio_to_reachable=round(calls_per_s / min(rate, reachable), 3) if reachable else 0.0,
+        statements_per_unlimited_call=unlimited,
+        statements_per_limited_call=counted_limited,
+        transactions_per_limited_call=transactions,
+    )
+
+
+def _calls_per_second(runs: int, concurrency: int, *, limits: str, timeout: float) -> float:
+    """`runs` runs of the step started at once on a fresh worker with AGENTFLOW_PARTNER_LIMITS
+    `limits`: the calls per second it made, first call to last."""
     worker = bench_worker(concurrency)
     worker.env["AGENTFLOW_PARTNER_LIMITS"] = limits
     worker.start(timeout=120)
@@ -71,7 +97,7 @@ def partner_limit(
         )
         wait_until(
             lambda: None if active.order_by().exists() else True,
-            timeout=phase_timeout(runs) + runs / rate,
+            timeout=timeout,
             what=lambda: f"{active.count()} limited runs",
         )
     finally:
@@ -81,17 +107,7 @@ def partner_limit(
         raise BenchError("a limited bench run did not complete")
     times = sorted(float(o["at"]) for o in done.values_list("output", flat=True) if o)
     _clean()
-    calls_per_s = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
-    return PartnerLimitFigure(
-        rate_per_s=rate,
-        runs=runs,
-        concurrency=concurrency,
-        calls_per_s=round(calls_per_s, 2),
-        ratio_to_limit=round(calls_per_s / rate, 3),
-        statements_per_unlimited_call=unlimited,
-        statements_per_limited_call=counted_limited,
-        transactions_per_limited_call=transactions,
-    )
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
 
 def _statements_per_call(*, limited: bool) -> float:

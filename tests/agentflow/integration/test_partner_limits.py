@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from itertools import pairwise
 
 import pytest
+from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
 
@@ -355,3 +357,123 @@ def test_partner_hold__a_paused_partner__kept_held_by_the_sweeper_with_its_reaso
     store.partner_resume(limit, actor="ops", reason="back")
     assert drive(run_id).status == RunStatus.COMPLETED
     assert WorkflowRun.objects.get(pk=run_id).hold == ""
+
+
+def _reserved(partner_key: str) -> list[float]:
+    """The turns reserved at the partner, in arrival order, as times (the schedule's plus its
+    shift)."""
+    shift = PartnerState.objects.get(partner=partner_key).turn_shift
+    return [
+        go_at + shift
+        for go_at in PartnerWaiter.objects.filter(partner=partner_key)
+        .order_by("id")
+        .values_list("go_at", flat=True)
+    ]
+
+
+def _db_now() -> float:
+    row = store.sql.fetch_one(f"SELECT {store.partners.epoch_now()}", [])
+    assert row is not None
+    return float(row[0])
+
+
+@override_settings(
+    AGENTFLOW_PARTNER_LIMITS=SLOW,
+    AGENTFLOW_PARTNER_RECOVERY_SECONDS=1e9,  # the key does not climb back during the test
+)
+def test_429__the_key_learns_at_once__a_bound_not_a_timing() -> None:
+    """What makes the 429s of a limit set above the partner's stop within seconds: after a
+    429, no turn goes before its Retry-After, and every turn already reserved (the burst's
+    queue, reserved at the old speed) is moved to the slowed speed in its order; a 429 of a
+    call given its turn before the key slowed does not slow it again (it came at the old
+    speed), one given after does. So after k such 429s the key runs at most limit / 2**k
+    (down to the floor), and the 429s of one slowdown are at most the calls given turns
+    before it."""
+    limit = limits.limit_for("acme")
+    assert limit is not None
+    # Calls of the burst already given their turns when the first 429 comes (at a rate that
+    # gives them all at once: only the time they were given counts here).
+    fast = limits.Limit(partner="acme", rate_per_second=1e5)
+    given = [store.turn_take(fast) for _ in range(3)]
+    first = store.turn_take(limit)
+    for n in range(5):  # the burst's queue: steps that reserved turns a minute apart
+        wait = store.turn_take(limit, run_id=f"wf_{n}", seq=1)
+        assert isinstance(wait, store.TurnWait) and wait.reason == "rate limit"
+    before = _reserved("acme")
+    assert [round(b - a, 6) for a, b in pairwise(before)] == [60.0] * 4
+
+    assert isinstance(first, store.Turn)
+    store.turn_return(limit, first, outcome=store.PARTNER_RATE_LIMITED, block_seconds=1.0)
+
+    state = PartnerState.objects.get(partner="acme")
+    assert state.speed_floor == pytest.approx(0.5)
+    after = _reserved("acme")
+    assert min(after) >= state.blocked_until  # Retry-After, for every run
+    assert [round(b - a, 6) for a, b in pairwise(after)] == [120.0] * 4  # half speed
+    assert all(a >= b for a, b in zip(after, before, strict=True))  # none sooner, the order kept
+    late = store.turn_take(limit, run_id="wf_late", seq=1)  # a step that comes after the 429
+    assert isinstance(late, store.TurnWait)
+    assert _reserved("acme")[-1] == pytest.approx(after[-1] + 120.0)  # behind, slowed too
+
+    # The burst's other calls, given their turns before the key slowed, are refused as well:
+    # no further slowing (it already slowed for them), only the block.
+    for stale in given:
+        assert isinstance(stale, store.Turn)
+        store.turn_return(limit, stale, outcome=store.PARTNER_RATE_LIMITED, block_seconds=1.0)
+    state = PartnerState.objects.get(partner="acme")
+    assert state.speed_floor == pytest.approx(0.5)
+    assert state.rate_limited_total == 4
+
+    # Calls given their turns after it and refused still: each halves the key, to the floor.
+    for k in range(2, 6):
+        PartnerWaiter.objects.all().delete()
+        PartnerState.objects.update(next_turn_at=0.0, spent_until=0.0, blocked_until=0.0)
+        fresh = store.turn_take(limit)
+        assert isinstance(fresh, store.Turn)
+        store.turn_return(limit, fresh, outcome=store.PARTNER_RATE_LIMITED, block_seconds=1.0)
+        floor = PartnerState.objects.get(partner="acme").speed_floor
+        assert floor <= max(limits.FLOOR_FACTOR, 0.5**k) + 1e-9
+    assert floor == pytest.approx(limits.FLOOR_FACTOR)
+
+
+@override_settings(AGENTFLOW_PARTNER_LIMITS=SLOW)
+def test_rate__a_reserved_turn_is_kept__one_nobody_came_for_goes_to_whoever_is_there() -> None:
+    """A step that comes for its reserved turn gets that turn, not a later one; a turn whose
+    step has not come (a busy worker, a long broker queue) goes to a step that is there, and
+    every reserved turn moves back: no turn is lost, none given twice, and no two turns
+    closer than an interval."""
+    limit = limits.limit_for("acme")
+    assert limit is not None
+    assert isinstance(store.turn_take(limit), store.Turn)
+    for n in range(5):
+        assert isinstance(store.turn_take(limit, run_id=f"wf_{n}", seq=1), store.TurnWait)
+    reserved = _reserved("acme")
+
+    # A minute on (the test's stand-in for time): the first reserved turn is due, a second
+    # ago, and its step has not come.
+    back = reserved[0] - _db_now() + 1.0
+    PartnerWaiter.objects.update(go_at=F("go_at") - back)
+    PartnerState.objects.update(spent_until=0.0, next_turn_at=F("next_turn_at") - back)
+    due = _reserved("acme")
+    there = store.turn_take(limit, run_id="wf_there", seq=1)  # a newcomer that is there
+    assert isinstance(there, store.Turn) and there.sleep_seconds == 0.0
+    moved = _reserved("acme")
+    assert len(moved) == 5  # the newcomer went; nobody lost a turn
+    assert all(b > a for a, b in zip(due, moved, strict=True))  # everyone moved back, in order
+    assert [round(b - a, 6) for a, b in pairwise(moved)] == [60.0] * 4
+    assert min(moved) >= there.given_at + 60.0 - 1e-6  # an interval after the one given
+
+    # The first in the queue comes for its (moved) turn: that turn, not the key's next.
+    first = PartnerWaiter.objects.order_by("id").first()
+    assert first is not None
+    back = moved[0] - _db_now() - 0.1
+    PartnerWaiter.objects.update(go_at=F("go_at") - back)
+    PartnerState.objects.update(spent_until=0.0, next_turn_at=F("next_turn_at") - back)
+    turn_of_first = _reserved("acme")[0]
+    next_turn = PartnerState.objects.get(partner="acme").next_turn_at
+    mine = store.turn_take(limit, run_id=first.run_id, seq=first.seq)
+    assert isinstance(mine, store.Turn)
+    goes = mine.given_at + mine.sleep_seconds
+    assert goes == pytest.approx(max(mine.given_at, turn_of_first), abs=1e-6)
+    assert PartnerState.objects.get(partner="acme").next_turn_at == next_turn
+    assert not PartnerWaiter.objects.filter(pk=first.pk).exists()

@@ -96,3 +96,20 @@ def test_speed__after_a_429_climbs_to_the_learned_ceiling__and_holds_there_a_whi
     assert limits.speed(floor=0.25, since=0.0, now=299.0, ceiling=ceiling) == pytest.approx(0.45)
     assert limits.speed(floor=0.25, since=0.0, now=315.0, ceiling=ceiling) > 0.45
     assert limits.speed(floor=0.25, since=0.0, now=400.0, ceiling=ceiling) == 1.0
+
+
+def test_a_429__learns_what_the_partner_accepted_in_the_last_second() -> None:
+    """A key set at 10/s against a partner that takes 5: 10 calls given in the last second,
+    5 refused, so it accepted half the limit; the key slows to below that at once, and climbs
+    back no higher (not to 90 % of the 10/s the 429 came at)."""
+    stripe = limits.Limit(partner="stripe", rate_per_second=10.0)
+    accepted = limits.accepted_share(stripe, given=10, refused=5, seconds=1.0)
+    assert accepted == pytest.approx(0.5)
+    assert limits.slowed(1.0, accepted) == pytest.approx(0.45)
+    assert limits.ceiling_after(1.0, accepted) == pytest.approx(0.45)
+    # Too few calls to tell, or no rate: only the speed the 429 came at counts.
+    assert limits.accepted_share(stripe, given=2, refused=1, seconds=1.0) is None
+    unrated = limits.Limit(partner="airline", concurrency=3)
+    assert limits.accepted_share(unrated, given=10, refused=5, seconds=1.0) is None
+    assert limits.slowed(1.0, None) == 0.5 and limits.ceiling_after(1.0, None) == 0.9
+    assert limits.slowed(1.0, 0.0) == limits.FLOOR_FACTOR  # it accepted nothing: the floor
