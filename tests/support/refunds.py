@@ -14,7 +14,7 @@ from agentflow.testing.waiting import wait_for
 from config.celery_app import app
 from refunds import services
 from refunds.sandbox.airline import owner_of
-from tests.support.calendar import new_flight
+from tests.support.airline_days import new_flight
 from tests.support.processes import worker_database_url
 from tests.support.sandbox import SandboxProcess
 

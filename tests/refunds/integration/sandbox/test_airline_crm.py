@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from refunds.sandbox.airline import BOOKED_DAYS_AHEAD, HORIZON_DAYS, operates
-from tests.support.calendar import airline_today, new_flight
+from tests.support.airline_days import airline_today, new_flight
 
 
 def _get(sandbox, reference: str) -> requests.Response:
