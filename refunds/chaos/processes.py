@@ -24,6 +24,7 @@ from typing import Any
 
 from celery import current_app as app
 from django.conf import settings
+from kombu import pools
 
 from agentflow.testing.processes import (
     ProcessStartError,
@@ -195,11 +196,12 @@ def publishing_to(url: str) -> Iterator[None]:
 
 
 def _point_app_at(url: str) -> None:
-    """Cached connection and producer pools still point at the old broker: drop them."""
+    """Cached connection and producer pools still point at the old broker: drop them, from
+    kombu's registry too (`app.pool` is looked up there by URL, so a pool only closed would be
+    handed back on the way home: "Acquire on closed pool" for every run the form starts)."""
     app.conf.broker_url = url
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
+    pools.reset()
+    app._pool = None
     amqp = app.__dict__.get("amqp")
     if amqp is not None:
         amqp._producer_pool = None
