@@ -30,9 +30,10 @@ from agentflow.agent import (
 from agentflow.agent.mcp_tools import StdioServer
 
 SERVER_SCRIPT = Path(__file__).with_name("mcp_server.py")
-#: How the server is started: `-P` keeps the script's folder off `sys.path`, where
-#: `tests/support/calendar.py` would shadow the standard library's `calendar` (which `email`,
-#: so pydantic, imports) and the server would die before it is listed.
+#: How the server is started: `-P` keeps the script's folder off `sys.path`, so that no module
+#: of `tests/support` can shadow one the server imports (a `calendar.py` there once shadowed the
+#: standard library's, which `email`, so pydantic, imports, and the server died before it was
+#: listed; `tests/support/refunds.py` would shadow the project's `refunds`).
 SERVER_ARGS = ["-P", str(SERVER_SCRIPT)]
 
 

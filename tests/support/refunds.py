@@ -14,7 +14,7 @@ from agentflow.testing.waiting import wait_for
 from config.celery_app import app
 from refunds import services
 from refunds.sandbox.airline import owner_of
-from tests.support.calendar import new_flight
+from tests.support.airline_days import new_flight
 from tests.support.processes import worker_database_url
 from tests.support.sandbox import SandboxProcess
 
@@ -56,7 +56,8 @@ def submit(
 
 def refund_worker_env(sandbox: SandboxProcess, **overrides: str) -> dict[str, str]:
     """A refund worker's environment: the test database and broker, the sandbox as every
-    partner, no rate limits; `overrides` last."""
+    partner, its calendar as this process counts it (SANDBOX_TODAY_OFFSET_DAYS, which a test
+    may have moved), no rate limits; `overrides` last."""
     broker = app.conf.broker_write_url or app.conf.broker_url
     return {
         "DATABASE_URL": worker_database_url(),
@@ -71,6 +72,7 @@ def refund_worker_env(sandbox: SandboxProcess, **overrides: str) -> dict[str, st
         "EMAIL_HOST": "127.0.0.1",
         "EMAIL_PORT": str(sandbox.smtp_port),
         "REFUNDS_SUBMIT_LIMIT": "0",
+        "SANDBOX_TODAY_OFFSET_DAYS": str(settings.SANDBOX_TODAY_OFFSET_DAYS),
         **overrides,
     }
 

@@ -22,7 +22,7 @@ Use it from any test:
   every held request go);
 - `restart()`: SIGKILL the process and start it again on the same ports and state file.
 Its airline's today is this site's SANDBOX_TODAY_OFFSET_DAYS after the real date, read at start
-(`tests.support.calendar` counts the days tests ask for from it).
+(`tests.support.airline_days` counts the days tests ask for from it).
 `start_sandbox(directory, ...)` starts a separate one (e.g. with `key_window_seconds=1`); stop it.
 """
 

@@ -30,7 +30,7 @@ from typing import Any
 from agentflow.testing.processes import free_port
 from agentflow.testing.waiting import wait_for
 from refunds.sandbox.airline import owner_of
-from tests.support.calendar import new_flight
+from tests.support.airline_days import new_flight
 
 ROOT = Path(__file__).resolve().parents[2]
 

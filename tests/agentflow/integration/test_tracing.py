@@ -22,7 +22,7 @@ from agentflow.testing.processes import RedisServer
 from config import tracing as site_tracing
 from refunds.gateways import PaymentGateway
 from refunds.sandbox.airline import owner_of
-from tests.support.calendar import new_flight
+from tests.support.airline_days import new_flight
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)

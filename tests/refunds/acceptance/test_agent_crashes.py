@@ -21,7 +21,7 @@ from refunds import engines
 from refunds.agent.planner import plan_refund
 from refunds.agent.prompts import read_first_user_message
 from tests.support.agent_workers import AgentWorker
-from tests.support.calendar import new_flight
+from tests.support.airline_days import new_flight
 from tests.support.engine import stopped
 from tests.support.llm_server import LLMServer, SeenRequest, fail, planned_by, tool_calls
 from tests.support.refunds import finished, holds_left, money_kept, partner_effects, submit

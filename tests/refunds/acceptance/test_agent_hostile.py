@@ -23,7 +23,7 @@ from refunds import engines
 from refunds.agent.prompts import read_first_user_message
 from refunds.models import RefundRequest
 from tests.support.agent_workers import AgentWorker
-from tests.support.calendar import new_flight
+from tests.support.airline_days import new_flight
 from tests.support.llm_server import Answer, LLMServer, SeenRequest, plan, reply, tool_calls
 from tests.support.refunds import (
     finished,

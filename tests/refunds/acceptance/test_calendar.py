@@ -21,7 +21,7 @@ from agentflow import durable
 from agentflow.testing.processes import WorkerProcess
 from refunds.chaos import traffic
 from refunds.sandbox import airline
-from tests.support.calendar import airline_today
+from tests.support.airline_days import airline_today
 from tests.support.refunds import finished, partner_effects, refund_worker_env, submit
 from tests.support.sandbox import SandboxProcess, start_sandbox
 

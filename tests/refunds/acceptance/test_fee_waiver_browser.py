@@ -22,8 +22,8 @@ from refunds import policy
 from refunds.models import RefundRequest
 from refunds.sandbox.airline import owner_of
 from tests.support.admin import LIST_URL
+from tests.support.airline_days import new_flight
 from tests.support.browser import db
-from tests.support.calendar import new_flight
 from tests.support.processes import Workers
 from tests.support.refunds import money_kept
 from tests.support.sandbox import SandboxProcess

@@ -32,7 +32,7 @@ from refunds.agent.planner import MODEL, plan_refund, scripted_refund_model
 from refunds.agent.tools import toolbox
 from refunds.models import RefundRequest
 from refunds.sandbox.airline import owner_of
-from tests.support.calendar import new_flight
+from tests.support.airline_days import new_flight
 from tests.support.llm_server import Answer, LLMServer, SeenRequest, reply, tool_calls
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,7 @@ from agentflow.states import RunStatus
 from refunds.gateways import AirlineGateway
 from refunds.models import RefundRequest
 from refunds.sandbox import airline
-from tests.support.calendar import airline_today, day_off, new_flight
+from tests.support.airline_days import airline_today, day_off, new_flight
 from tests.support.refunds import submit
 from tests.support.sandbox import SandboxProcess
 

@@ -21,7 +21,7 @@ from refunds.gateways import (
     message_id_for,
 )
 from refunds.sandbox.airline import BOOKED_DAYS_AHEAD, HORIZON_DAYS, owner_of
-from tests.support.calendar import airline_today, new_flight
+from tests.support.airline_days import airline_today, new_flight
 from tests.support.sandbox import SandboxProcess
 
 WF = "wf_gatewaytest"

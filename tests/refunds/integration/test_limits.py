@@ -17,7 +17,7 @@ from agentflow.states import RunStatus
 from refunds.models import RefundRequest
 from refunds.ownership import MISMATCH
 from refunds.sandbox.airline import owner_of
-from tests.support.calendar import new_flight
+from tests.support.airline_days import new_flight
 from tests.support.sandbox import SandboxProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]

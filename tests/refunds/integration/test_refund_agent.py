@@ -15,7 +15,7 @@ from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.inprocess import next_batch_member
 from refunds import engines
 from refunds.sandbox.airline import owner_of
-from tests.support.calendar import new_flight
+from tests.support.airline_days import new_flight
 from tests.support.refunds import submit
 from tests.support.sandbox import SandboxProcess
 

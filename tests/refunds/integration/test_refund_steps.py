@@ -23,7 +23,7 @@ from refunds.models import RefundRequest
 from refunds.ownership import MISMATCH
 from refunds.sandbox.airline import owner_of
 from refunds.workflows import refund
-from tests.support.calendar import new_flight
+from tests.support.airline_days import new_flight
 
 SEQ = {name: seq for seq, name in enumerate(refund.forward_steps, start=1)}
 
