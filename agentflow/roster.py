@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 import psycopg
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 from agentflow import builds, leases, routing, store
 from agentflow.conf import settings
@@ -26,6 +26,15 @@ logger = logging.getLogger(__name__)
 #: Seconds between a worker's heartbeats (`store.builds.WORKER_TTL_SECONDS` is three of them
 #: and more: a worker is counted gone after missing several).
 BEAT_SECONDS = 2.0
+
+#: Held by a heartbeat for as long as its SQLite connection is open, and by `os.fork`: a prefork
+#: worker forks its pool children from this very process, and a child forked while this thread
+#: has SQLite open inherits SQLite's record of the file's locks without the locks themselves
+#: (POSIX locks are not inherited). Believing it holds them, the child's own connection then
+#: lets another process checkpoint the WAL and delete it under the child's committed writes: a
+#: read step that killed its worker had its counted attempt vanish, and killed it for ever.
+_sqlite_open = threading.Lock()
+_fork_guarded = False
 
 
 class _Presence:
@@ -61,6 +70,14 @@ class _Presence:
         return self.key
 
     def beat(self) -> None:
+        with _sqlite_open:
+            try:
+                self._beat()
+            finally:
+                if connection.vendor == "sqlite":
+                    connection.close()  # no SQLite connection is open when the pool forks
+
+    def _beat(self) -> None:
         close_old_connections()
         try:
             lock = self._lock()
@@ -127,9 +144,16 @@ _presence: _Presence | None = None
 
 def join(queue: str) -> None:
     """This process is a worker consuming `queue` (its build's): keep it on the roster."""
-    global _presence
+    global _presence, _fork_guarded
     if _presence is not None:
         return
+    if not _fork_guarded:
+        os.register_at_fork(
+            before=_sqlite_open.acquire,
+            after_in_parent=_sqlite_open.release,
+            after_in_child=_sqlite_open.release,
+        )
+        _fork_guarded = True
     _presence = _Presence(queue)
     _presence.thread.start()
 
