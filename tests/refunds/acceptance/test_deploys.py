@@ -250,7 +250,10 @@ def test_agent_refund_under_a_new_prompt__checked_at_its_first_divergence__finis
     # The admin of build D offers the move, with the diff, and refuses it.
     monkeypatch.setattr(prompts, "SYSTEM_PROMPT", f"{PROMPT_LINE}\n{prompts.SYSTEM_PROMPT}")
     settings.AGENTFLOW_BUILD_ID = "D"
-    page = admin_client.get(f"/admin/agentflow/workflowrun/{run_id}/change/").content.decode()
+    response = admin_client.get(f"/admin/agentflow/workflowrun/{run_id}/change/")
+    # Once seen empty after earlier tests in one serial process: say what it was if it recurs.
+    assert response.status_code == 200, (response.status_code, response.get("Location"))
+    page = response.content.decode()
     assert "Move to the current build" in page and "this build (D) cannot take it" in page
     moved = admin_client.post(
         f"/admin/agentflow/workflowrun/{run_id}/move/", {"reason": "deploy D"}, follow=True
