@@ -1,7 +1,8 @@
 """What anyone can send this site's unauthenticated pages, through gunicorn as deployed: raw
 requests with a Host it does not serve, bodies too big or too many fields, bodies and headers it
 cannot read. Each is answered 4xx, and the web log has one WARNING line for it and no
-traceback (Django logs most of these at ERROR with one)."""
+traceback (Django logs most of these at ERROR with one); what is not HTTP at all, gunicorn
+refuses with a 400 and no line."""
 
 from __future__ import annotations
 
@@ -90,6 +91,20 @@ REQUESTS: dict[str, Request] = {
 }
 
 
+#: What is not HTTP at all: gunicorn answers 400 before Django sees it, and logs nothing.
+NOT_HTTP: dict[str, Request] = {
+    "a Content-Length that is no number": (
+        b"POST /refunds/new/ HTTP/1.1\nHost: 127.0.0.1\nContent-Length: \xc2\xb2\n",
+        b"a=b",
+    ),
+    "a Content-Length of 5000 digits": (
+        b"POST /refunds/new/ HTTP/1.1\nHost: 127.0.0.1\nContent-Length: %s\n" % (b"9" * 5000),
+        b"a=b",
+    ),
+    "a control character in a header": get(b"/metrics", b"Authorization: Bearer \x01"),
+}
+
+
 def warnings_and_worse(log: str) -> list[dict[str, object]]:
     """The web log's JSON lines at WARNING and above (gunicorn's own lines are not JSON)."""
     lines = []
@@ -117,6 +132,12 @@ def test_malformed_requests__each_4xx_with_one_warning_line_and_no_traceback(
             or "[ERROR]" in written
             or [(line["level"], "exception" in line) for line in found] != [("warning", False)]
         ):
+            problems[what] = (status, written[-2000:])
+    for what, (head, body) in NOT_HTTP.items():
+        before = len(web.log())
+        status = raw(web, head, body)
+        written = web.log()[before:]
+        if status != 400 or "Traceback" in written or warnings_and_worse(written):
             problems[what] = (status, written[-2000:])
 
     assert problems == {}
