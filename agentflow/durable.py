@@ -42,7 +42,7 @@ from agentflow.registry import END, Workflow
 from agentflow.replies import REPLY_MAX_CHARS, Replies
 from agentflow.retry import RetryPolicy
 from agentflow.sensitive import Sensitive
-from agentflow.serialization import NotJSONError, to_json
+from agentflow.serialization import NotJSONError, storable_text, to_json
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 
 ActionRefused = store.ActionRefused
@@ -110,10 +110,13 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
-        InvalidInputError: `input` cannot be stored as JSON.
+        InvalidInputError: `input` cannot be stored as JSON, or `business_key` is not text
+            of 1-200 characters.
     """
     definition = registry.latest(workflow)
     definition.validate()
+    if business_key is not None and not _stored_text(business_key, 200):
+        raise InvalidInputError("a business key is text of 1-200 characters, without NUL")
     try:
         payload = to_json({} if input is None else input, "workflow input")
     except NotJSONError as exc:
@@ -195,14 +198,17 @@ def signal(run_id: str, name: str, payload: Any = None, *, signal_id: str) -> De
     from there. One no wait ever takes stays on the run's page.
 
     Raises:
-        InvalidInputError: an empty name or signal id, or a payload that is not JSON.
+        InvalidInputError: a run id, name or signal id that is no text the database can
+            hold (empty, too long, with NUL), or a payload that is not JSON.
         ActionRefused: no such run, the run is finished, or it is being cancelled: the reason
             says which.
     """
-    if not isinstance(name, str) or not name or len(name) > 200:
-        raise InvalidInputError("a signal needs a name (1-200 characters)")
-    if not isinstance(signal_id, str) or not signal_id or len(signal_id) > 200:
-        raise InvalidInputError("a signal needs a signal_id (1-200 characters)")
+    if not _stored_text(run_id, None):
+        raise InvalidInputError("a run id is text without NUL")
+    if not _stored_text(name, 200):
+        raise InvalidInputError("a signal needs a name (1-200 characters, without NUL)")
+    if not _stored_text(signal_id, 200):
+        raise InvalidInputError("a signal needs a signal_id (1-200 characters, without NUL)")
     try:
         data = to_json(payload, f"the payload of signal {name!r}")
     except NotJSONError as exc:
@@ -371,4 +377,14 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         build=run.build,
         started_build=run.started_build,
         held=routing.run_reason(run),
+    )
+
+
+def _stored_text(value: object, max_chars: int | None) -> bool:
+    """Text a column can hold: not empty, at most `max_chars`, nothing Postgres refuses."""
+    return (
+        isinstance(value, str)
+        and bool(value)
+        and (max_chars is None or len(value) <= max_chars)
+        and storable_text(value)
     )

@@ -121,6 +121,30 @@ def _filtered_traceback(_: Any, __: str, event: MutableMapping[str, Any]) -> Map
     return event
 
 
+class ClientErrors(logging.Filter):
+    """Django's line for a request it answers 4xx itself is one WARNING line, with no traceback.
+
+    A Host not in ALLOWED_HOSTS, a body over DATA_UPLOAD_MAX_MEMORY_SIZE, too many fields or a
+    body it cannot parse is the client's mistake, answered 400; Django logs it with the
+    exception's traceback, at ERROR for the "suspicious" ones (`django.security.*`). Anyone on
+    the internet can send those, so they would bury the errors that are ours.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        if (
+            record.name.startswith(_DJANGO_REQUEST_LOGGERS)
+            and isinstance(status, int)
+            and 400 <= status < 500
+        ):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_DJANGO_REQUEST_LOGGERS = ("django.request", "django.security.")
+
+
 def logging_config(
     *,
     format: str,
@@ -129,22 +153,24 @@ def logging_config(
     routed: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Django's LOGGING (also applied to Celery's processes by `configure`): one console
-    handler with every filter in `filters` (the project's redaction), and the `routed` loggers
-    (that log nowhere by default, e.g. gunicorn's access log) sent to it."""
+    handler with `ClientErrors` and every filter in `filters` (the project's redaction), and
+    the `routed` loggers (that log nowhere by default, e.g. gunicorn's access log) sent to it."""
     if format not in FORMATS:
         raise ValueError(f"AGENTFLOW_LOG_FORMAT must be json or text, got {format!r}")
     loggers: dict[str, Any] = {name: {"level": "WARNING"} for name in _CHATTY_LOGGERS}
     loggers.update({name: {"handlers": ["console"], "propagate": False} for name in routed})
+    every_filter = {"client_errors": {"()": ClientErrors}, **(filters or {})}
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": dict(filters or {}),
+        "filters": every_filter,
         "formatters": {"structured": {"()": formatter, "format": format}},
         "handlers": {
             "console": {
                 "class": "logging.StreamHandler",
                 "formatter": "structured",
-                "filters": sorted(filters or {}),
+                # First: the redaction then masks what is left of the record.
+                "filters": ["client_errors", *sorted(filters or {})],
             }
         },
         "root": {"handlers": ["console"], "level": level},

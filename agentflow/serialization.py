@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+#: Deeper JSON is refused: no real input, output or signal nests this far, and every reader of
+#: a stored value (the replay, the admin's pages, Python's own json) recurses once per level.
+MAX_DEPTH = 100
+#: What Postgres cannot store in text or jsonb: NUL, and a lone surrogate (it has no UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 class NotJSONError(ValueError):
@@ -11,8 +18,38 @@ class NotJSONError(ValueError):
 
 
 def to_json(value: Any, what: str) -> Any:
-    """Round-trip `value` through JSON, so what is stored is exactly what a replay returns."""
+    """Round-trip `value` through JSON, so what is stored is exactly what a replay returns;
+    refused (NotJSONError) unless every database the engine runs on can store it the same."""
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        found = json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise NotJSONError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:
+        raise NotJSONError(f"{what} is nested deeper than {MAX_DEPTH} levels") from None
+    problem = json_problem(found)
+    if problem:
+        raise NotJSONError(f"{what} {problem}")
+    return found
+
+
+def json_problem(value: Any) -> str:
+    """Why Postgres would refuse `value` (JSON as json.loads makes it), or "" if it would not:
+    nested deeper than MAX_DEPTH, or a text (a key or a value) holding NUL or a lone surrogate.
+    Iterative, so a deep value is measured rather than overflowing the stack."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, str):
+            if not storable_text(item):
+                return "holds a NUL character or a lone surrogate, which cannot be stored"
+        elif isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                return f"is nested deeper than {MAX_DEPTH} levels"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            pending.extend((child, depth + 1) for child in children)
+    return ""
+
+
+def storable_text(text: str) -> bool:
+    """True if Postgres can store `text` as it is (no NUL, no lone surrogate)."""
+    return _UNSTORABLE.search(text) is None

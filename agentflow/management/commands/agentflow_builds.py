@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from agentflow import builds
+from agentflow.management.base import BaseCommand
 from agentflow.roster import build_states
 
 

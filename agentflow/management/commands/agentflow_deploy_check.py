@@ -14,10 +14,10 @@ import json
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand
 from django.db import connection, transaction
 
 from agentflow import builds, routing, store
+from agentflow.management.base import BaseCommand
 from agentflow.models import WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES
 

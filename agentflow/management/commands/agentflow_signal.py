@@ -3,13 +3,13 @@ a run from the shell, as `durable.signal` does (kept until a `wait_for(NAME)` ta
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from agentflow import durable
+from agentflow.management.base import BaseCommand, json_argument
 
 
 class Command(BaseCommand):
@@ -38,10 +38,7 @@ class Command(BaseCommand):
         signal_id: str | None,
         **options: Any,
     ) -> None:
-        try:
-            data = json.loads(payload)
-        except json.JSONDecodeError as exc:
-            raise CommandError(f"--payload is not JSON: {exc}") from None
+        data = json_argument(payload, "--payload")
         chosen = signal_id if signal_id is not None else f"shell-{secrets.token_hex(8)}"
         try:
             delivery = durable.signal(run_id, name, data, signal_id=chosen)

@@ -8,11 +8,10 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from agentflow import store
+from agentflow.management.base import BaseCommand
 
-_AGE = re.compile(r"^\s*(?P<amount>\d+)\s*(?P<unit>[dhms])\s*$")
+_AGE = re.compile(r"^\s*(?P<amount>[0-9]{1,15})\s*(?P<unit>[dhms])\s*$")
 _UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 
 

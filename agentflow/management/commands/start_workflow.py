@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from agentflow import durable
+from agentflow.management.base import BaseCommand, json_argument
 
 
 class Command(BaseCommand):
@@ -21,10 +21,7 @@ class Command(BaseCommand):
     def handle(
         self, *args: Any, workflow: str, input: str, business_key: str | None, **options: Any
     ) -> None:
-        try:
-            payload = json.loads(input)
-        except json.JSONDecodeError as exc:
-            raise CommandError(f"--input is not JSON: {exc}") from None
+        payload = json_argument(input, "--input")
         try:
             run_id = durable.start(workflow, input=payload, business_key=business_key)
         except durable.AgentflowError as exc:

@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from agentflow import sweeper
+from agentflow.management.base import BaseCommand, whole
 
 
 class Command(BaseCommand):
     help = "Re-enqueue active workflow runs that stopped moving (one sweeper pass)."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--limit", type=int, default=None, help="most runs to re-enqueue")
+        parser.add_argument("--limit", type=whole(1), default=None, help="most runs to re-enqueue")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, limit: int | None, json: bool, **options: Any) -> None:

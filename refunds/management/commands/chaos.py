@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -13,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from agentflow import logs
+from agentflow import limits, logs
+from agentflow.management.base import BaseCommand, number, whole
 from agentflow.testing.processes import ProcessStartError
 from refunds.chaos.exploration import DEFAULT_STEPS, explore
 from refunds.chaos.processes import Sandbox
@@ -39,28 +41,31 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         d = ChaosConfig()
-        parser.add_argument("--refunds", type=int, default=d.refunds, help="how many refunds")
+        parser.add_argument("--refunds", type=whole(1), default=d.refunds, help="how many refunds")
         parser.add_argument("--json", action="store_true", help="print only the JSON report")
         parser.add_argument("--seed", type=int, default=None, help="reproduce a run's choices")
         parser.add_argument(
             "--timeout",
-            type=float,
+            type=number(0, inclusive=False),
             default=d.timeout_seconds,
             help="seconds to wait for every run to finish",
         )
-        parser.add_argument("--workers", type=int, default=d.workers)
+        parser.add_argument("--workers", type=whole(1), default=d.workers)
         parser.add_argument(
-            "--concurrency", type=int, default=d.concurrency, help="prefork children per worker"
+            "--concurrency",
+            type=whole(1),
+            default=d.concurrency,
+            help="prefork children per worker",
         )
         parser.add_argument(
             "--child-kills",
-            type=int,
+            type=whole(0),
             default=None,
             help="SIGKILLs of single pool children (default: refunds / 15)",
         )
         parser.add_argument(
             "--worker-kills",
-            type=int,
+            type=whole(0),
             default=d.worker_kills,
             help="SIGKILLs of a whole worker, each replaced by a fresh one",
         )
@@ -69,24 +74,27 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--kill-interval",
-            type=float,
+            type=number(0, inclusive=False),
             default=d.kill_interval_seconds,
             help="mean seconds between kills",
         )
         parser.add_argument(
-            "--rate", type=float, default=d.submit_per_second, help="form submissions per second"
+            "--rate",
+            type=number(0, inclusive=False),
+            default=d.submit_per_second,
+            help="form submissions per second",
         )
         parser.add_argument(
             "--double-submits",
-            type=int,
+            type=whole(0),
             default=None,
             help="forms sent twice (default: refunds / 10)",
         )
-        parser.add_argument("--lease-seconds", type=int, default=d.lease_seconds)
-        parser.add_argument("--sweep-interval", type=int, default=d.sweep_interval_seconds)
+        parser.add_argument("--lease-seconds", type=whole(1), default=d.lease_seconds)
+        parser.add_argument("--sweep-interval", type=whole(1), default=d.sweep_interval_seconds)
         parser.add_argument(
             "--postgres-restarts",
-            type=int,
+            type=whole(0),
             default=d.postgres_restarts,
             help="crash-restarts of a private PostgreSQL the whole run uses (see above)",
         )
@@ -111,7 +119,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--pgbouncer-pool",
-            type=int,
+            type=whole(1),
             default=d.pgbouncer_pool,
             help="PgBouncer's server connections (keep it below the worker processes)",
         )
@@ -123,29 +131,33 @@ class Command(BaseCommand):
             "this process against a sandbox of its own; with --examples, --steps and --seed",
         )
         parser.add_argument(
-            "--examples", type=int, default=200, help="--model: how many examples to explore"
+            "--examples", type=whole(1), default=200, help="--model: how many examples to explore"
         )
         parser.add_argument(
-            "--steps", type=int, default=DEFAULT_STEPS, help="--model: rules per example, at most"
+            "--steps",
+            type=whole(1),
+            default=DEFAULT_STEPS,
+            help="--model: rules per example, at most",
         )
         parser.add_argument(
             "--partner-limits",
+            type=_partner_limits,
             default=d.partner_limits,
             help='AGENTFLOW_PARTNER_LIMITS for the workers, e.g. \'{"stripe": {"rate": "5/s"}}\'',
         )
         parser.add_argument(
             "--stripe-rate",
-            type=int,
+            type=whole(0),
             default=d.stripe_rate,
             help="the sandbox's Stripe answers 429 past N requests a second (0: no limit)",
         )
         parser.add_argument(
             "--stripe-dark",
-            type=float,
+            type=number(0),
             default=d.stripe_dark_seconds,
             help="seconds Stripe answers 503 to everything, from --stripe-dark-after on",
         )
-        parser.add_argument("--stripe-dark-after", type=float, default=d.stripe_dark_after)
+        parser.add_argument("--stripe-dark-after", type=number(0), default=d.stripe_dark_after)
         parser.add_argument(
             "--cleanup",
             action="store_true",
@@ -182,10 +194,6 @@ class Command(BaseCommand):
             stripe_dark_seconds=options["stripe_dark"],
             stripe_dark_after=options["stripe_dark_after"],
         )
-        if config.refunds < 1 or config.workers < 1:
-            raise CommandError("--refunds and --workers must be at least 1")
-        if config.postgres_restarts < 0:
-            raise CommandError("--postgres-restarts must be 0 or more")
         quiet = options["verbosity"] == 0
 
         def progress(line: str) -> None:
@@ -223,8 +231,6 @@ class Command(BaseCommand):
 
     def _explore(self, options: dict[str, Any]) -> None:
         """The model-based test at this budget; JSON figures, non-zero exit on a violation."""
-        if options["examples"] < 1 or options["steps"] < 1:
-            raise CommandError("--examples and --steps must be at least 1")
         # A seed always, so that whatever this exploration finds can be replayed with it.
         seed = options["seed"] if options["seed"] is not None else random.randrange(2**32)
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -258,6 +264,17 @@ class Command(BaseCommand):
         if report["violations"]:
             self.stderr.write("chaos --model: an invariant broke; the steps above replay it")
             sys.exit(1)
+
+
+def _partner_limits(text: str) -> str:
+    """--partner-limits, refused before anything starts if the workers would refuse it."""
+    try:
+        limits.parse_limits(text)
+    except limits.LimitsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError("the JSON is nested too deep") from None
+    return text
 
 
 def _interrupt(signum: int, frame: Any) -> None:

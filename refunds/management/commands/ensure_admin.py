@@ -8,7 +8,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+
+from agentflow.management.base import BaseCommand
 
 
 class Command(BaseCommand):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import CommandError
 
+from agentflow.management.base import BaseCommand, number, whole
 from refunds.sandbox.server import serve
 
 
@@ -20,11 +22,11 @@ class Command(BaseCommand):
         default_port = urlsplit(settings.SANDBOX_URL).port or 8765
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument(
-            "--port", type=int, default=None, help=f"HTTP port (default {default_port})"
+            "--port", type=whole(1, 65535), default=None, help=f"HTTP port (default {default_port})"
         )
         parser.add_argument(
             "--smtp-port",
-            type=int,
+            type=whole(1, 65535),
             default=None,
             help="SMTP port (default: SANDBOX_SMTP_PORT when set, else --port + 1)",
         )
@@ -35,19 +37,19 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--key-window-seconds",
-            type=float,
+            type=number(0, inclusive=False),
             default=86400.0,
             help="how long idempotency keys are kept (Stripe: at least 24 h)",
         )
         parser.add_argument(
             "--authorization-seconds",
-            type=float,
+            type=number(0, inclusive=False),
             default=7 * 86400.0,
             help="how long an uncaptured card hold lasts before it lapses (Stripe: 7 days)",
         )
         parser.add_argument(
             "--today-offset-days",
-            type=int,
+            type=whole(-36500, 36500),
             default=settings.SANDBOX_TODAY_OFFSET_DAYS,
             help="how many days after the real date the airline's today is, its bookings and "
             "schedule with it (default SANDBOX_TODAY_OFFSET_DAYS, else 0)",
@@ -56,14 +58,14 @@ class Command(BaseCommand):
         for partner in ("stripe", "airline"):
             parser.add_argument(
                 f"--{partner}-rate",
-                type=int,
+                type=whole(0),
                 default=0,
                 metavar="N",
                 help=f"play a limited {partner}: 429 beyond N requests a second (0: no limit)",
             )
             parser.add_argument(
                 f"--{partner}-concurrency",
-                type=int,
+                type=whole(0),
                 default=0,
                 metavar="N",
                 help=f"play a limited {partner}: 429 beyond N requests in flight (0: no limit)",
@@ -84,20 +86,25 @@ class Command(BaseCommand):
             self.stdout.write(line)
             self.stdout.flush()
 
-        serve(
-            host=options["host"],
-            port=port,
-            smtp_port=smtp_port,
-            state_path=options["state"],
-            key_window_seconds=options["key_window_seconds"],
-            authorization_seconds=options["authorization_seconds"],
-            today_offset_days=options["today_offset_days"],
-            on_ready=ready,
-            limits={
-                partner: {
-                    "rate": options[f"{partner}_rate"],
-                    "concurrency": options[f"{partner}_concurrency"],
-                }
-                for partner in ("stripe", "airline")
-            },
-        )
+        try:
+            serve(
+                host=options["host"],
+                port=port,
+                smtp_port=smtp_port,
+                state_path=options["state"],
+                key_window_seconds=options["key_window_seconds"],
+                authorization_seconds=options["authorization_seconds"],
+                today_offset_days=options["today_offset_days"],
+                on_ready=ready,
+                limits={
+                    partner: {
+                        "rate": options[f"{partner}_rate"],
+                        "concurrency": options[f"{partner}_concurrency"],
+                    }
+                    for partner in ("stripe", "airline")
+                },
+            )
+        except (OSError, OverflowError, sqlite3.Error) as exc:
+            # A port taken (or past 65535: --port 65535 puts SMTP on the next), a host or a
+            # state file that cannot be used.
+            raise CommandError(f"the sandbox cannot start: {exc}") from None

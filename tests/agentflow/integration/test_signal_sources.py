@@ -94,7 +94,7 @@ def test_agentflow_signal__refused__the_reason_as_a_command_error() -> None:
     ("args", "says"),
     [
         (["reply", "--payload", "{nope"], "--payload is not JSON"),
-        (["reply", "--signal-id", "x" * 201], "a signal needs a signal_id (1-200 characters)"),
+        (["reply", "--signal-id", "x" * 201], "a signal needs a signal_id (1-200 characters,"),
     ],
     ids=["bad-json", "long-id"],
 )

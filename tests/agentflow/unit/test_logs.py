@@ -109,3 +109,51 @@ def test_config__silences_celerys_per_task_and_per_tick_info_lines() -> None:
         "axes.apps",
     ):
         assert loggers[name]["level"] == "WARNING"
+
+
+def _django_record(name: str, level: int, status: int) -> logging.LogRecord:
+    try:
+        raise ValueError("what Django caught")
+    except ValueError:
+        record = logging.LogRecord(
+            name, level, __file__, 1, "Invalid HTTP_HOST header", (), exc_info=sys.exc_info()
+        )
+    record.status_code = status
+    return record
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["django.security.DisallowedHost", "django.security.RequestDataTooBig", "django.request"],
+)
+def test_client_errors__a_request_django_answered_4xx__one_warning_line_without_a_traceback(
+    name: str,
+) -> None:
+    record = _django_record(name, logging.ERROR, 400)
+
+    assert logs.ClientErrors().filter(record)
+    line = json.loads(logs.formatter("json").format(record))
+
+    assert (line["level"], line["event"]) == ("warning", "Invalid HTTP_HOST header")
+    assert "exception" not in line
+
+
+@pytest.mark.parametrize(("name", "status"), [("django.request", 500), ("agentflow.runtime", 400)])
+def test_client_errors__our_own_errors__keep_their_level_and_traceback(
+    name: str, status: int
+) -> None:
+    record = _django_record(name, logging.ERROR, status)
+
+    assert logs.ClientErrors().filter(record)
+    line = json.loads(logs.formatter("json").format(record))
+
+    assert line["level"] == "error" and "ValueError: what Django caught" in line["exception"]
+
+
+def test_config__client_errors_before_the_sites_own_filters() -> None:
+    config = logs.logging_config(
+        format="json", level="INFO", filters={"redact": {"()": RedactPersonalData}}
+    )
+
+    assert config["handlers"]["console"]["filters"] == ["client_errors", "redact"]
+    assert config["filters"]["client_errors"] == {"()": logs.ClientErrors}

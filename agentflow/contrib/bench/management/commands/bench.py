@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
@@ -14,6 +13,7 @@ from agentflow import logs
 from agentflow.contrib.bench.agent_scale import POSITIONS
 from agentflow.contrib.bench.runner import BenchOptions, run_bench
 from agentflow.contrib.bench.throughput import BenchError
+from agentflow.management.base import BaseCommand, number, whole
 
 
 class Command(BaseCommand):
@@ -25,30 +25,30 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--json", action="store_true", help="print one JSON object")
-        parser.add_argument("--runs", type=_positive, default=1000, help="runs and chains")
+        parser.add_argument("--runs", type=whole(1), default=1000, help="runs and chains")
         parser.add_argument(
-            "--commit-runs", type=_positive, default=100, help="runs per commit-counting phase"
+            "--commit-runs", type=whole(1), default=100, help="runs per commit-counting phase"
         )
         parser.add_argument(
-            "--history", type=_positive, default=1_000_000, help="finished runs for the sweeper"
+            "--history", type=whole(1), default=1_000_000, help="finished runs for the sweeper"
         )
-        parser.add_argument("--stale", type=_positive, default=1000, help="due runs to sweep")
+        parser.add_argument("--stale", type=whole(1), default=1000, help="due runs to sweep")
         parser.add_argument("--skip-sweep", action="store_true", help="no sweeper figure")
         parser.add_argument(
             "--purge-runs",
-            type=_count,
+            type=whole(0),
             default=50_000,
             help="aged finished runs to purge, alone and while agentflow runs (0: skip)",
         )
-        parser.add_argument("--concurrency", type=_positive, default=2, help="worker processes")
+        parser.add_argument("--concurrency", type=whole(1), default=2, help="worker processes")
         parser.add_argument(
-            "--rounds", type=_positive, default=5, help="turns the chains and agentflow take"
+            "--rounds", type=whole(1), default=5, help="turns the chains and agentflow take"
         )
         parser.add_argument(
-            "--child-kills", type=_count, default=5, help="pool-child kills (0: skip)"
+            "--child-kills", type=whole(0), default=5, help="pool-child kills (0: skip)"
         )
         parser.add_argument(
-            "--worker-kills", type=_count, default=10, help="whole-worker kills (0: skip)"
+            "--worker-kills", type=whole(0), default=10, help="whole-worker kills (0: skip)"
         )
         parser.add_argument(
             "--agent-positions",
@@ -59,12 +59,12 @@ class Command(BaseCommand):
 
         parser.add_argument(
             "--partner-rate",
-            type=float,
+            type=number(0),
             default=50.0,
             help="the limited step's partner limit in calls/s (0: skip those figures)",
         )
         parser.add_argument(
-            "--partner-runs", type=_positive, default=300, help="runs of the limited step"
+            "--partner-runs", type=whole(1), default=300, help="runs of the limited step"
         )
         parser.add_argument(
             "--partner-only", action="store_true", help="only the partner-limit figures"
@@ -101,25 +101,7 @@ class Command(BaseCommand):
 
 
 def _lengths(text: str) -> tuple[int, ...]:
-    return tuple(_positive(part) for part in text.split(",") if part.strip())
-
-
-def _positive(text: str) -> int:
-    return _whole(text, at_least=1)
-
-
-def _count(text: str) -> int:
-    return _whole(text, at_least=0)
-
-
-def _whole(text: str, *, at_least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = at_least - 1
-    if value < at_least:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {at_least} or more")
-    return value
+    return tuple(whole(1)(part) for part in text.split(",") if part.strip())
 
 
 def _memory(memory: dict[str, Any]) -> str:

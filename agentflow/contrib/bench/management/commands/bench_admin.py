@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import connection
 
 from agentflow.contrib.bench.admin_scale import measure
+from agentflow.management.base import BaseCommand, whole
 
 
 class Command(BaseCommand):
@@ -19,14 +20,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--json", action="store_true", help="print one JSON object")
-        parser.add_argument("--history", type=int, default=1_000_000, help="finished runs")
-        parser.add_argument("--events", type=int, default=1_000_000, help="old events")
+        parser.add_argument("--history", type=whole(1), default=1_000_000, help="finished runs")
+        parser.add_argument("--events", type=whole(0), default=1_000_000, help="old events")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if connection.vendor != "postgresql":
             raise CommandError("bench_admin measures Postgres; set DATABASE_URL to one")
-        if options["history"] < 1 or options["events"] < 0:
-            raise CommandError("--history must be at least 1 and --events at least 0")
         report = measure(
             history=options["history"],
             events=options["events"],
