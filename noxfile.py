@@ -24,38 +24,44 @@ ROOT = Path(__file__).resolve().parent
 nox.options.default_venv_backend = "uv"
 nox.options.download_python = "never"  # the machine's interpreters, or the leg fails
 nox.options.error_on_missing_interpreters = True  # a missing Python fails, never skips
-nox.options.reuse_venv = "yes"  # a leg's venv is made again when its requirements change
+nox.options.reuse_venv = "yes"  # each run's install brings a leg's venv to its requirements
 
-#: (Python, Django, Celery), each a minor: each Django on its newest and oldest Python, each
-#: Celery, the newest of everything and the oldest of each. Django 6.x needs Python >= 3.12.
+#: (Python, Django, Celery, psycopg), each a minor: each Django on its newest Python (6.1 and
+#: 5.2 on their oldest too), each Celery, the newest of everything and the oldest of each
+#: (psycopg's floor there). Django 6.x needs Python >= 3.12.
 LEGS = [
-    ("3.13", "6.1", "5.7"),  # the newest of each
-    ("3.12", "6.1", "5.7"),
-    ("3.13", "6.0", "5.6"),
-    ("3.13", "5.2", "5.7"),
-    ("3.11", "5.2", "5.5"),  # the oldest of each
+    ("3.13", "6.1", "5.7", "3.3"),  # the newest of each
+    ("3.12", "6.1", "5.7", "3.3"),
+    ("3.13", "6.0", "5.6", "3.3"),
+    ("3.13", "5.2", "5.7", "3.3"),
+    ("3.11", "5.2", "5.5", "3.2"),  # the oldest of each
 ]
-IDS = [f"py{py}-django{django}-celery{celery}" for py, django, celery in LEGS]
+IDS = [f"py{py}-django{django}-celery{celery}" for py, django, celery, _ in LEGS]
 
 
-def stack(django: str, celery: str) -> list[str]:
-    """The leg's framework: a minor each, at its newest release, and Celery's own kombu."""
-    return [f"django~={django}.0", f"celery~={celery}.0", f"kombu~={celery}.0"]
+def stack(django: str, celery: str, psycopg: str) -> list[str]:
+    """The leg's framework, a minor each at its newest release: Django, Celery and the kombu
+    minor Celery was released with (Celery 5.6 alone would take kombu 5.7), psycopg."""
+    return [
+        f"django~={django}.0", f"celery~={celery}.0", f"kombu~={celery}.0",
+        f"psycopg[binary]~={psycopg}.0",
+    ]  # fmt: skip
 
 
 @nox.session(tags=["engine"])
-@nox.parametrize("python,django,celery", LEGS, ids=IDS)
-def engine(session: nox.Session, django: str, celery: str) -> None:
+@nox.parametrize("python,django,celery,psycopg", LEGS, ids=IDS)
+def engine(session: nox.Session, django: str, celery: str, psycopg: str) -> None:
     """tests/agentflow on the leg's stack."""
     extras = ",".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ])  # fmt: skip
-    # The site's group asks for kombu 5.7 (`make run`'s broker); the leg's kombu overrides it.
+    # The site's group asks for kombu 5.7 (`make run`'s broker): the leg's kombu overrides it,
+    # with the redis extra that celery[redis] asks for (an override replaces every request).
     overrides = Path(session.create_tmp()) / "overrides.txt"
-    overrides.write_text("\n".join(stack(django, celery)[2:]) + "\n")
+    overrides.write_text(f"kombu[redis]~={celery}.0\n")
     session.install(
         "--group", "test", "--override", str(overrides), "-e", f".[{extras}]",
-        *stack(django, celery),
+        *stack(django, celery, psycopg),
     )  # fmt: skip
     session.run("python", "-c", VERSIONS)
     var = ROOT / "var" / "test" / "matrix" / session.name.replace("(", "-").rstrip(")")
@@ -67,15 +73,15 @@ def engine(session: nox.Session, django: str, celery: str) -> None:
 
 
 @nox.session(python=False, tags=["host"])
-@nox.parametrize("py,django,celery", LEGS, ids=IDS)
-def host(session: nox.Session, py: str, django: str, celery: str) -> None:
+@nox.parametrize("py,django,celery,psycopg", LEGS, ids=IDS)
+def host(session: nox.Session, py: str, django: str, celery: str, psycopg: str) -> None:
     """tests/host, run from .venv: the project it builds is the leg's."""
     interpreter = shutil.which(f"python{py}")
     if interpreter is None:
         session.error(f"no python{py} on PATH (make test-matrix puts pyenv's there)")
     session.run(
         "pytest", "-p", "tests.support.shards", "tests/host",
-        env={"HOST_PYTHON": interpreter, "HOST_STACK": " ".join(stack(django, celery))},
+        env={"HOST_PYTHON": interpreter, "HOST_STACK": " ".join(stack(django, celery, psycopg))},
     )  # fmt: skip
 
 

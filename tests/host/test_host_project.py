@@ -10,7 +10,11 @@ then the host adds its test tools and its own suite uses `agentflow.testing`.
 
 Every command runs in the fresh venv with a clean environment (none of this repository's
 settings, broker or database variables), in a database and Redis database of its own. Each
-phase's time is printed at the end of the session.
+phase's time, and the versions the host ended up with, are printed at the end of the session.
+
+`make test-matrix` (noxfile.py) runs this once per supported stack: HOST_PYTHON makes the venv,
+and HOST_STACK is the Django, Celery, kombu and psycopg the host already runs, installed before
+the docs' line (which must keep them).
 """
 
 from __future__ import annotations
