@@ -483,9 +483,11 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
             )  # fmt: skip
             started.append(beat)
             worker.wait_for_log(" ready.")
-            # Celery masks the (empty) password: "Connected to redis://:**@127.0.0.1:6379/3".
-            connected = f"Connected to redis://:**@{host.broker.removeprefix('redis://')}"
-            assert connected in worker.text(), worker.text()[-4000:]
+            # kombu 5.7 masks the (empty) password ("Connected to redis://:**@127.0.0.1:6379/3"),
+            # 5.5 and 5.6 print none.
+            address = re.escape(host.broker.removeprefix("redis://"))
+            connected = rf"Connected to redis://(:\*\*@)?{address}$"
+            assert re.search(connected, worker.text(), re.M), worker.text()[-4000:]
             beat.wait_for_log("beat: Starting...")
 
         with phase("start a run; the worker crashes after the effect; the run completes"):
