@@ -59,8 +59,8 @@ EXTRAS = "redis"
 TEST_TOOLS_EXTRAS = "testing"
 TEST_TOOLS = ("pytest", "pytest-django")
 #: The leg of `make test-matrix` (noxfile.py) this run is: the host's interpreter, and the
-#: Django, Celery and kombu it already runs (requirement strings), installed before the docs'
-#: line as a project made with `django-admin startproject` has its Django already. By default
+#: Django, Celery, kombu and psycopg it already runs (requirement strings), installed before the
+#: docs' line as a project made with `django-admin startproject` has its Django already. By default
 #: this suite's own Python, and whatever the docs' line alone resolves.
 HOST_PYTHON = os.environ.get("HOST_PYTHON") or sys.executable
 HOST_STACK = os.environ.get("HOST_STACK", "").split()
@@ -216,7 +216,7 @@ print(json.dumps({"python": sys.version.split()[0], **{n: version(n) for n in na
 
 
 def _check_stack(host: Host) -> None:
-    """The host kept the Django, Celery and kombu it ran before the docs' line."""
+    """The venv is the leg's Python, and pip kept the stack the host ran before the docs' line."""
     done = host.run(host.python, "-c", VERSIONS, cwd=host.workdir)
     STACK.update(json.loads(done.stdout))
     version = "import sys; print(sys.version.split()[0])"
