@@ -10,7 +10,7 @@ from importlib.metadata import version
 import pytest
 from packaging.version import Version
 
-#: Marks a test whose workers consume from the embedded default's broker.
+#: Marks a test that consumes from the embedded default's broker.
 needs_embedded_broker = pytest.mark.skipif(
     Version(version("kombu")) < Version("5.7"),
     reason=f"the embedded default's broker (config.broker) needs kombu 5.7, not {version('kombu')}",
