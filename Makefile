@@ -37,7 +37,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 TEST_SHARDS ?= 3
 SHARD_ARGS := $(if $(filter 0,$(TEST_SHARDS)),,-n $(TEST_SHARDS))
 
-.PHONY: run test docs screenshots lock lint typecheck clean
+.PHONY: run test test-matrix docs screenshots lock lint typecheck clean
 
 $(INSTALLED): $(DEV_LOCK) pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,13 +68,27 @@ run: $(INSTALLED) $(DEV_KEY)
 	umask 077 && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(WITH_KEY) \
 	  exec $(VENV)/bin/honcho --no-colour -f Procfile start
 
+# What the suite's processes read, in `make test` and in every leg of `make test-matrix`.
+TEST_ENV = DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+	  REDIS_URL=$(TEST_BROKER_URL) AGENTFLOW_VAR_DIR=$(CURDIR)/var/test PYTHONPATH=$(CURDIR) \
+	  DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')}"
+
 test: $(INSTALLED)
 	bash .ci/services
 	rm -rf var/test/metrics var/test/shard*/metrics  # metric files of earlier runs' processes
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-	  REDIS_URL=$(TEST_BROKER_URL) AGENTFLOW_VAR_DIR=$(CURDIR)/var/test PYTHONPATH=$(CURDIR) \
-	  DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')}" \
-	  $(VENV)/bin/pytest -p tests.support.shards $(SHARD_ARGS) $(PYTEST_ARGS)
+	$(TEST_ENV) $(VENV)/bin/pytest -p tests.support.shards $(SHARD_ARGS) $(PYTEST_ARGS)
+
+# The supported matrix (noxfile.py): tests/agentflow and tests/host on each supported Python,
+# Django and Celery, on the machine's pyenv interpreters (PYENV_ROOT), never downloaded ones.
+# `make test-matrix NOX_ARGS="-t host"` runs the host legs alone (as CI does), `NOX_ARGS="-s
+# 'engine(py3.12-django6.1-celery5.7)'"` one leg, `NOX_ARGS=-l` lists them.
+PYENV_ROOT ?= $(HOME)/.pyenv
+MATRIX_PATH := $(subst $(eval) ,:,$(wildcard $(PYENV_ROOT)/versions/3.1[123].*/bin))
+NOX_ARGS ?=
+test-matrix: $(INSTALLED) $(UV)
+	bash .ci/services
+	$(TEST_ENV) PATH="$(CURDIR)/$(VENV)/bin:$(MATRIX_PATH):$$PATH" UV_PYTHON_DOWNLOADS=never \
+	  $(VENV)/bin/nox --no-color $(NOX_ARGS) -- $(SHARD_ARGS) $(PYTEST_ARGS)
 
 # The manual (docs/): Sphinx with MyST pages and autodoc, built as the suite builds it
 # (tests/config/unit/test_docs.py: warnings are errors, internal links and references checked),
@@ -95,9 +109,11 @@ $(UV):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "uv==$(UV_VERSION)"
 
+# Both with every extra: the site uses them all. The groups (pyproject.toml's
+# [dependency-groups]) are this repository's own needs, never the wheel's.
 lock: $(UV)
-	$(COMPILE) --extra dev -o $(DEV_LOCK)
-	$(COMPILE) --extra site --constraint $(DEV_LOCK) -o $(LOCK)
+	$(COMPILE) --all-extras --group dev -o $(DEV_LOCK)
+	$(COMPILE) --all-extras --group site --constraint $(DEV_LOCK) -o $(LOCK)
 
 # The import contracts (pyproject.toml's [tool.importlinter]) beside ruff; --no-cache: a graph
 # cached before a package appeared would miss imports of it, and it writes nothing here.

@@ -47,7 +47,9 @@ def status_counts() -> tuple[dict[str, int], bool]:
     counts = dict.fromkeys(RunStatus.values, 0)
     active = by_status(runs.filter(status__in=ACTIVE_RUN_STATUSES))
     parked = by_status(runs.filter(status=RunStatus.NEEDS_ATTENTION))
-    counts.update(dict(active.union(parked, all=True)))
+    # Unordered: from Django 6.1 a union takes the model's Meta.ordering, whose column
+    # (created_at) is not among the counts' and Postgres refuses to order by it.
+    counts.update(dict(active.union(parked, all=True).order_by()))
     total = planner_estimate(runs)
     if total is None or total <= counting.EXACT_COUNT_LIMIT:
         counts.update(dict(by_status(runs.filter(status__in=TERMINAL_RUN_STATUSES))))

@@ -17,6 +17,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not phases:
         return
     terminalreporter.section("tests/host phases")
+    stack: dict[str, str] = getattr(module, "STACK", {})
+    if stack:
+        terminalreporter.write_line(", ".join(f"{name} {v}" for name, v in stack.items()))
     for name, seconds in phases.items():
         terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
     # A phase run beside another ("... (beside ...)") is not added twice.

@@ -10,11 +10,16 @@ then the host adds its test tools and its own suite uses `agentflow.testing`.
 
 Every command runs in the fresh venv with a clean environment (none of this repository's
 settings, broker or database variables), in a database and Redis database of its own. Each
-phase's time is printed at the end of the session.
+phase's time, and the versions the host ended up with, are printed at the end of the session.
+
+`make test-matrix` (noxfile.py) runs this once per supported stack: HOST_PYTHON makes the venv,
+and HOST_STACK is the Django, Celery, kombu and psycopg the host already runs, installed before
+the docs' line (which must keep them).
 """
 
 from __future__ import annotations
 
+import email.parser
 import json
 import os
 import re
@@ -35,6 +40,7 @@ import dj_database_url
 import psycopg
 import pytest
 import redis
+from packaging.requirements import Requirement
 
 from agentflow.testing.waiting import wait_for
 
@@ -52,6 +58,14 @@ EXTRAS = "redis"
 #: without `[redis]` lacks, so installed first they would hide a missing `[redis]`.
 TEST_TOOLS_EXTRAS = "testing"
 TEST_TOOLS = ("pytest", "pytest-django")
+#: The leg of `make test-matrix` (noxfile.py) this run is: the host's interpreter, and the
+#: Django, Celery, kombu and psycopg it already runs (requirement strings), installed before the
+#: docs' line as a project made with `django-admin startproject` has its Django already. By default
+#: this suite's own Python, and whatever the docs' line alone resolves.
+HOST_PYTHON = os.environ.get("HOST_PYTHON") or sys.executable
+HOST_STACK = os.environ.get("HOST_STACK", "").split()
+#: What the host ended up with, printed at the end of the session (tests/host/conftest.py).
+STACK: dict[str, str] = {}
 SCHEDULER = "agentflow.beat:Scheduler"
 CRASH_AT = "ship:after_effect"
 ADMIN = ("admin", secrets.token_urlsafe(16))
@@ -164,7 +178,7 @@ def _build_wheel(workdir: Path) -> Path:
     build/ there), with pip's build isolation, as `pip install <checkout>` builds it."""
     source = workdir / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, source / name)
     shutil.copytree(
         ROOT / "agentflow",
@@ -182,15 +196,35 @@ def _build_wheel(workdir: Path) -> Path:
 
 
 def _pip(host: Host, *args: str) -> subprocess.CompletedProcess[str]:
-    """This suite's pip, into the venv (`--python`: the venv needs no pip of its own), with the
-    machine's cache and index settings."""
+    """The venv's own pip, as the host runs it, with the machine's cache and index settings."""
     # Not this suite's PYTHONPATH (make test puts the checkout on it): pip would take the
     # checkout's metadata for an installed agentflow and skip the wheel.
     env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     return host.run(
-        sys.executable, "-m", "pip", "--python", host.python, *args,
+        host.python, "-m", "pip", "--disable-pip-version-check", *args,
         cwd=host.workdir, env=env, timeout=600,
     )  # fmt: skip
+
+
+#: The versions the host ended up with, read in its venv.
+VERSIONS = """
+import json, sys
+from importlib.metadata import version
+names = ("django", "celery", "kombu", "redis", "psycopg")
+print(json.dumps({"python": sys.version.split()[0], **{n: version(n) for n in names}}))
+"""
+
+
+def _check_stack(host: Host) -> None:
+    """The venv is the leg's Python, and pip kept the stack the host ran before the docs' line."""
+    done = host.run(host.python, "-c", VERSIONS, cwd=host.workdir)
+    STACK.update(json.loads(done.stdout))
+    version = "import sys; print(sys.version.split()[0])"
+    asked = host.run(HOST_PYTHON, "-c", version, cwd=host.workdir).stdout
+    assert STACK["python"] == asked.strip(), (HOST_PYTHON, STACK)
+    for line in HOST_STACK:
+        requirement = Requirement(line)
+        assert requirement.specifier.contains(STACK[requirement.name]), (line, STACK)
 
 
 SETTINGS_ADDED = """
@@ -295,19 +329,23 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     try:
         venv = workdir / "venv"
         with phase("create the venv"):
-            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+            subprocess.run([HOST_PYTHON, "-m", "venv", str(venv)], check=True)
         with phase("build the wheel"):
             wheel = _build_wheel(workdir)
         host = Host(
             workdir=workdir, venv=venv, project=workdir / "shop", wheel=wheel, server=server,
             database=database, broker=broker, env=_clean_env(venv),
         )  # fmt: skip
+        if HOST_STACK:
+            with phase(f"the host's own stack: pip install {' '.join(HOST_STACK)}"):
+                _pip(host, "install", "-q", "--no-compile", *HOST_STACK)
         with phase(f"pip install 'django-agentflow[{EXTRAS}]' (the wheel; the rest: the index)"):
             # The docs' line, with the wheel's path for the name: pip resolves every
             # dependency from the wheel's own metadata and the index (no lock, no pins), and
             # `pip check` proves the set consistent.
             _pip(host, "install", "-q", "--no-compile", f"{wheel}[{EXTRAS}]")
             _pip(host, "check")
+        _check_stack(host)
         with phase("startproject and the orders app"):
             _make_project(host)
         yield host
@@ -345,6 +383,33 @@ def test_wheel__ships_the_engine_alone_with_its_admin_templates(host: Host) -> N
     site = [n for n in names if n.rsplit("/", 1)[-1] in ("settings.py", "wsgi.py", "asgi.py")]
     assert not site, f"site modules in the wheel: {site}"
     assert not [n for n in names if n.startswith(("refunds/", "config/", "tests/"))]
+
+
+def test_wheel__metadata_is_what_a_package_index_shows(host: Host) -> None:
+    """The project's page on an index: the README, the licence, the supported Pythons and
+    Djangos; and only the extras an adopter may install (the repository's own needs are
+    dependency groups, which no wheel carries)."""
+    wheel = zipfile.ZipFile(host.wheel)
+    [metadata_name] = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    metadata = email.parser.Parser().parsestr(wheel.read(metadata_name).decode())
+    assert metadata["Name"] == "django-agentflow"
+    assert metadata["Description-Content-Type"] == "text/markdown"
+    assert metadata.get_payload().strip() == (ROOT / "README.md").read_text().strip()
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert metadata_name.replace("METADATA", "licenses/LICENSE") in wheel.namelist()
+    assert metadata["Requires-Python"] == ">=3.11"
+    classifiers = metadata.get_all("Classifier")
+    for minor in ("3.11", "3.12", "3.13"):
+        assert f"Programming Language :: Python :: {minor}" in classifiers
+    for minor in ("5.2", "6.0", "6.1"):
+        assert f"Framework :: Django :: {minor}" in classifiers
+    assert "Framework :: Celery" in classifiers
+    assert set(metadata.get_all("Provides-Extra")) == {
+        "agent", "mcp", "prometheus", "otel", "redis", "testing",
+    }  # fmt: skip
+    requires = " ".join(metadata.get_all("Requires-Dist"))
+    for ours in ("stripe", "gunicorn", "dbos", "pytest", "kombu"):
+        assert ours not in requires, requires
 
 
 # --- 3. the settings the contract names are enough ---------------------------------------------
@@ -418,9 +483,11 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
             )  # fmt: skip
             started.append(beat)
             worker.wait_for_log(" ready.")
-            # Celery masks the (empty) password: "Connected to redis://:**@127.0.0.1:6379/3".
-            connected = f"Connected to redis://:**@{host.broker.removeprefix('redis://')}"
-            assert connected in worker.text(), worker.text()[-4000:]
+            # kombu 5.7 masks the (empty) password ("Connected to redis://:**@127.0.0.1:6379/3"),
+            # 5.5 and 5.6 print none.
+            address = re.escape(host.broker.removeprefix("redis://"))
+            connected = rf"Connected to redis://(:\*\*@)?{address}$"
+            assert re.search(connected, worker.text(), re.M), worker.text()[-4000:]
             beat.wait_for_log("beat: Starting...")
 
         with phase("start a run; the worker crashes after the effect; the run completes"):

@@ -28,6 +28,7 @@ from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatu
 from agentflow.testing.processes import ProcessStartError, RabbitMQServer, publishing_to
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
+from tests.support.embedded import needs_embedded_broker
 from tests.support.processes import INFRA, Workers, log_has
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -345,6 +346,7 @@ def test_worker_deployed_with_v2__takes_the_v1_run_that_recorded_nothing_it_lack
 
 
 # --- (g) the embedded default: SQLite and the filesystem broker ---------------------------------
+@needs_embedded_broker
 def test_embedded_default__whole_worker_killed__only_the_sweeper_saves_the_run(
     workers: Workers, worker_env: Any, tmp_path: Path
 ) -> None:

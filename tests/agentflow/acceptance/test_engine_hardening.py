@@ -29,6 +29,7 @@ from tests.agentflow.acceptance.test_engine_crashes import (
     wait_finished,
 )
 from tests.support import partner, workflows
+from tests.support.embedded import needs_embedded_broker
 from tests.support.processes import Workers, log_has
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -172,6 +173,7 @@ def test_liveness__same_hostname_separate_pid_namespaces__no_steal_and_takeover_
 
 
 # --- the embedded broker's redeliveries (finding 5) ---------------------------------------------
+@needs_embedded_broker
 def test_embedded_broker__a_read_step_that_kills_its_worker__parked_at_the_attempt_bound(
     workers: Workers, worker_env: Any, tmp_path: Path
 ) -> None:

@@ -8,6 +8,9 @@ from pathlib import Path
 from kombu import Connection
 
 from config import broker
+from tests.support.embedded import needs_embedded_broker
+
+pytestmark = needs_embedded_broker
 
 
 def _connection(folder: Path) -> Connection:

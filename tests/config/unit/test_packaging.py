@@ -6,13 +6,16 @@ proven installable by `make test` itself, which installs from it (see docs/devel
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -56,6 +59,7 @@ def excluded(path: str) -> bool:
         "var/admin-password.txt",
         "var/test/logs/worker.log",
         ".venv/bin/python",
+        ".nox/engine-py3-13-django6-1-celery5-7/bin/python",
         ".git/HEAD",
         "agentflow/__pycache__/settings.cpython-311.pyc",
         "db.sqlite3",
@@ -158,31 +162,89 @@ def test_lock__every_pin_is_hashed() -> None:
             assert "--hash=sha256:" in entry, f"{lock}: {entry.splitlines()[0]}"
 
 
+def _group(groups: dict[str, list], name: str) -> list[str]:
+    """A dependency group's requirements, its `include-group`s expanded (PEP 735)."""
+    found: list[str] = []
+    for entry in groups[name]:
+        found += _group(groups, entry["include-group"]) if isinstance(entry, dict) else [entry]
+    return found
+
+
 def test_lock__pins_every_declared_dependency_within_its_range() -> None:
     """Fails when pyproject.toml gains or changes a dependency and `make lock` was not run."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project, groups = pyproject["project"], pyproject["dependency-groups"]
     runtime, dev = pins("requirements.lock"), pins("requirements-dev.lock")
-    extras = project["optional-dependencies"]
-    # The runtime lock is the site extra's (what the image installs) and the extras it names;
-    # the others (bench's DBOS, the dev tools) are the dev lock's alone.
-    shipped = {"site"} | {
-        name.strip()
-        for line in extras["site"]
-        if Requirement(line).name == project["name"]
-        for name in Requirement(line).extras
-    }
-    declared = [(d, runtime) for d in project["dependencies"]]
-    declared += [
-        (d, runtime if extra in shipped else dev) for extra in extras for d in extras[extra]
+    # The runtime lock is the engine with every extra and the site's group (what the image
+    # installs); the dev lock adds the other groups (the bench's DBOS, the test and lint tools).
+    engine = project["dependencies"] + [
+        line for extra in project["optional-dependencies"].values() for line in extra
     ]
+    declared = [(line, runtime) for line in engine + _group(groups, "site")]
+    declared += [(line, dev) for line in _group(groups, "dev")]
     for line, locked in declared:
         requirement = Requirement(line)
         name = canonicalize_name(requirement.name)
-        if name == project["name"]:
-            continue  # one extra naming others (site: django-agentflow[agent,...]), not a package
         assert name in locked, f"{name} is not in the lock: run `make lock`"
         assert requirement.specifier.contains(locked[name], prereleases=True), (name, line)
     assert all(dev[name] == version for name, version in runtime.items())
+
+
+def test_wheel_metadata__publishes_only_what_an_adopter_may_install() -> None:
+    """The repository's own needs are dependency groups, which no wheel carries: an extra
+    named for them (site, bench, dev) would be offered to every adopter."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = set(pyproject["project"]["optional-dependencies"])
+    assert extras == {"agent", "mcp", "prometheus", "otel", "redis", "testing"}
+    assert {"site", "bench", "test", "dev"} <= set(pyproject["dependency-groups"])
+
+
+# --- the supported matrix -------------------------------------------------------------------
+def _legs() -> list[tuple[str, str, str, str]]:
+    """noxfile.py's LEGS, read without importing nox."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    [legs] = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and [getattr(target, "id", None) for target in node.targets] == ["LEGS"]
+    ]
+    return legs
+
+
+def _minors(classifiers: list[str], prefix: str) -> set[str]:
+    return {c.removeprefix(prefix) for c in classifiers if re.fullmatch(rf"{prefix}\d+\.\d+", c)}
+
+
+def test_matrix__ranges_and_classifiers_say_exactly_what_make_test_matrix_tests() -> None:
+    """Each Python and Django the classifiers name is a leg of the matrix, and the ranges of
+    Django and Celery end where the legs do: the minor past the newest and the one before the
+    oldest are refused."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    legs = _legs()
+    pythons, djangos, celeries, psycopgs = ({leg[i] for leg in legs} for i in range(4))
+    classifiers = project["classifiers"]
+    assert _minors(classifiers, "Programming Language :: Python :: ") == pythons
+    assert _minors(classifiers, "Framework :: Django :: ") == djangos
+    assert SpecifierSet(project["requires-python"]).contains(min(pythons, key=Version) + ".0")
+    requirements = {Requirement(line).name: Requirement(line) for line in project["dependencies"]}
+    for name, minors in (("django", djangos), ("celery", celeries), ("psycopg", psycopgs)):
+        specifier = requirements[name].specifier
+        assert all(specifier.contains(f"{minor}.99") for minor in minors), (name, specifier)
+        major, minor = map(int, min(minors, key=Version).split("."))
+        assert not specifier.contains(f"{major}.{minor - 1}.99"), (name, specifier)
+        if name != "psycopg":  # its newer minors are Django's to refuse
+            major, minor = map(int, max(minors, key=Version).split("."))
+            assert not specifier.contains(f"{major}.{minor + 1}.0"), (name, specifier)
+    # Django 6 needs Python 3.12: no leg asks for what pip would refuse.
+    assert all(Version(leg[0]) >= Version("3.12") for leg in legs if leg[1] >= "6")
+    # The newest of each, and the oldest of each, are legs.
+    assert (
+        tuple(max(minors, key=Version) for minors in (pythons, djangos, celeries, psycopgs)) in legs
+    )
+    assert (
+        tuple(min(minors, key=Version) for minors in (pythons, djangos, celeries, psycopgs)) in legs
+    )
 
 
 def test_install__make_installs_from_the_hashed_lock_then_the_project_alone() -> None:
