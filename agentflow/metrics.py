@@ -141,6 +141,14 @@ SWEEPS = _Metric("Counter", "agentflow_sweeps", "Sweeper passes.")
 SWEEP_REQUEUED = _Metric(
     "Counter", "agentflow_sweep_requeued_runs", "Runs the sweeper re-published."
 )
+STRAY_STEP_MESSAGES = _Metric(
+    "Counter",
+    "agentflow_stray_step_messages",
+    "Step messages for runs this database does not know, by who published them: "
+    "another_deployment (stamped with another database: two deployments share the broker's "
+    "queue) or unstamped (a publisher that does not say).",
+    ["published_by"],
+)
 PARTNER_ERRORS = _Metric(
     "Counter",
     "agentflow_partner_errors",
