@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from django.db import connection, transaction
@@ -25,8 +26,12 @@ _POSTGRES_SQL = (
     "SELECT current_database() || '@' || (SELECT system_identifier FROM pg_control_system())"
 )
 
+#: A name that could not be read is asked for again after this long, not at every publish.
+RETRY_SECONDS = 60.0
+
 #: By the connection settings it was read through (tests switch databases).
 _known: dict[tuple[Any, ...], str] = {}
+_failed_at: dict[tuple[Any, ...], float] = {}
 
 
 def database() -> str:
@@ -35,10 +40,16 @@ def database() -> str:
     db = connection.settings_dict
     source = (connection.vendor, db.get("NAME"), db.get("HOST"), db.get("PORT"))
     found = _known.get(source)
-    if found is None:
-        found = _read()
-        if found:
-            _known[source] = found
+    if found is not None:
+        return found
+    failed = _failed_at.get(source)
+    if failed is not None and time.monotonic() - failed < RETRY_SECONDS:
+        return ""
+    found = _read()
+    if found:
+        _known[source] = found
+    else:
+        _failed_at[source] = time.monotonic()
     return found
 
 

@@ -21,8 +21,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 @pytest.fixture(autouse=True)
 def _nothing_told_yet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rate limit is per process: each test starts as a process that said nothing yet."""
+    """The rate limit is per process: each test starts as a process that said nothing yet,
+    and has not failed to read its database's name (a test without database access did)."""
     monkeypatch.setattr(telemetry, "_strays", telemetry._Strays())
+    monkeypatch.setattr(origin, "_failed_at", {})
 
 
 def _counted(published_by: str) -> float:
