@@ -20,7 +20,16 @@ class AgentflowConfig(AppConfig):
         from django.core.signals import setting_changed
         from django.db.backends.signals import connection_created
 
-        from agentflow import checks, faults, pooler, registry, store, tasks, tracing  # noqa: F401
+        from agentflow import (  # noqa: F401
+            checks,
+            faults,
+            outage,
+            pooler,
+            registry,
+            store,
+            tasks,
+            tracing,
+        )
         from agentflow.conf import settings
 
         # Every process (web, worker, beat) must know every definition before it touches a run.
@@ -35,4 +44,6 @@ class AgentflowConfig(AppConfig):
         # Prepared statements as AGENTFLOW_DB_PREPARED_STATEMENTS says (a pooler may lose them).
         pooler.mode()  # a bad value fails at start, not at the first connection
         connection_created.connect(pooler.connection_created, weak=False)
+        # A connection that opens ends the outage this process saw (said once, in its log).
+        connection_created.connect(outage.connected, weak=False)
         setting_changed.connect(store.databases_changed, weak=False)

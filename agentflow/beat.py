@@ -21,7 +21,7 @@ from typing import Any
 
 from celery.beat import PersistentScheduler
 
-from agentflow import sweeper
+from agentflow import outage, sweeper
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,10 @@ class SweeperMixin:
     def _sweep(self, interval: float) -> None:
         try:
             sweeper.sweep()
-        except Exception:  # the database is away, say: the next tick tries again
+        except Exception as exc:  # the next tick tries again
+            if outage.unreachable(exc):
+                outage.noticed(exc, "sweeping")  # once per outage, not once per tick
+                return
             logger.exception("sweep failed; the next one is due in %s s", interval)
 
     def _send_retention(self) -> None:

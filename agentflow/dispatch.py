@@ -10,6 +10,7 @@ from celery import current_app
 from celery.utils import uuid
 from django.db import transaction
 
+from agentflow import origin
 from agentflow.registry import Workflow
 from agentflow.states import CLAIMED_KINDS
 
@@ -95,6 +96,9 @@ def _publish(
         kwargsrepr=repr(kwargs),
         ignore_result=True,
     )
+    stamp = origin.database()
+    if stamp:  # so a worker of another deployment can tell it is not its own
+        message.headers[origin.HEADER] = stamp
     route = _route(app, queue)
     with app.producer_or_acquire() as producer:
         if _declared(producer, route):

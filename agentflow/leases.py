@@ -29,6 +29,7 @@ import dj_database_url
 import psycopg
 from django.db import close_old_connections, connection
 
+from agentflow import outage
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ class _Process:
         self.conn, self.connected_to = conn, conninfo
         self.last_ok = time.monotonic()
         self.held.set()
+        outage.connected()
 
     def _drop(self) -> None:
         self.held.clear()
@@ -187,7 +189,10 @@ class _Process:
                 self.conn.execute("SELECT 1")
                 self.last_ok = time.monotonic()
         except Exception as exc:
-            logger.warning("liveness connection lost (%s); reconnecting", exc)
+            if outage.unreachable(exc):
+                outage.noticed(exc, "keeping this process's liveness lock")
+            else:
+                logger.warning("liveness connection lost (%s); reconnecting", exc)
             self._drop()
         finally:
             self.first_attempt.set()
@@ -199,8 +204,11 @@ class _Process:
         while True:
             try:
                 self._turn()
-            except Exception:
-                logger.exception("lease renewer turn failed; trying again")
+            except Exception as exc:
+                if outage.unreachable(exc):
+                    outage.noticed(exc, "renewing leases")
+                else:
+                    logger.exception("lease renewer turn failed; trying again")
                 self._drop()
             self.wake.wait(min(interval(), 0.5))
             self.wake.clear()
@@ -218,8 +226,11 @@ class _Process:
             try:
                 kept = renew(self.conn)
                 self.last_ok = time.monotonic()
-            except Exception:
-                logger.exception("lease renewal failed; will try again")
+            except Exception as exc:
+                if outage.unreachable(exc):
+                    outage.noticed(exc, "renewing leases")
+                else:
+                    logger.exception("lease renewal failed; will try again")
                 if self.conn is not None:
                     self._drop()
                 else:

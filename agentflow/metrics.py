@@ -30,7 +30,7 @@ from django.db import DatabaseError
 from django.db.models import Count, F, Min, Q, QuerySet
 from django.db.models.functions import Now
 
-from agentflow import registry
+from agentflow import outage, registry
 from agentflow.conf import settings
 from agentflow.models import Build, RunWait, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, WaitKind
@@ -140,6 +140,14 @@ RUN_EVENTS = _Metric(
 SWEEPS = _Metric("Counter", "agentflow_sweeps", "Sweeper passes.")
 SWEEP_REQUEUED = _Metric(
     "Counter", "agentflow_sweep_requeued_runs", "Runs the sweeper re-published."
+)
+STRAY_STEP_MESSAGES = _Metric(
+    "Counter",
+    "agentflow_stray_step_messages",
+    "Step messages for runs this database does not know, by who published them: "
+    "another_deployment (stamped with another database: two deployments share the broker's "
+    "queue) or unstamped (a publisher that does not say).",
+    ["published_by"],
 )
 PARTNER_ERRORS = _Metric(
     "Counter",
@@ -253,6 +261,40 @@ def parked_runs_query() -> QuerySet[WorkflowRun, tuple[str, int]]:
     )
 
 
+#: The gauges read from the database at scrape time: name, help, labels.
+GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("agentflow_runs_active", "Runs not finished, by workflow and status.",
+     ("workflow", "status")),
+    ("agentflow_runs_overdue", "Active runs past their wake-up time (the sweeper's backlog).",
+     ("workflow",)),
+    ("agentflow_runs_needs_attention", "Runs parked for an operator (NEEDS_ATTENTION).",
+     ("workflow",)),
+    ("agentflow_runs_waiting_for_approval",
+     "Runs waiting for an operator to approve or reject a call (SPEC 4 C).", ("workflow",)),
+    ("agentflow_sweeper_seconds_since_last_sweep",
+     "Seconds since the recovery sweeper last finished a pass, by the database's clock "
+     "(+Inf if it never ran against this database).", ()),
+    ("agentflow_runs_by_build",
+     "Runs not finished, by the build whose code runs them (SPEC 3.9): a build whose count is "
+     "0 has drained.", ("build",)),
+)  # fmt: skip
+PARTNER_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("agentflow_partner_in_flight", "Calls to the partner in flight now.", ("partner",)),
+    ("agentflow_partner_waiting_runs",
+     "Steps waiting for their turn at the partner, by what they wait for.",
+     ("partner", "reason")),
+    ("agentflow_partner_breaker_state",
+     "The partner's breaker: 0 closed, 1 half open (a probe is out), 2 open; 3 paused by an "
+     "operator.", ("partner",)),
+)  # fmt: skip
+#: A gauge's series: its label values -> its value.
+Series = dict[tuple[str, ...], float]
+
+#: The series of this process's last scrape that could read the database: while it cannot, each
+#: is served as NaN (unknown) rather than left out, which would read as a scrape gap or as 0.
+_last_read: dict[str, Series] = {}
+
+
 class _StateFromDatabase:
     """Gauges read at scrape time, in four statements that touch no finished run."""
 
@@ -267,112 +309,105 @@ class _StateFromDatabase:
 
         up = GaugeMetricFamily(
             "agentflow_database_up",
-            "1 when the scrape could read the state gauges from the database.",
+            "1 when this scrape read the gauges below from the database; 0 when it could not, "
+            "and each of them is NaN (unknown).",
         )
+        gauges = GAUGES + (PARTNER_GAUGES if self._partners is not None else ())
         try:
-            gauges = list(self._gauges())
+            values = self._read()
         except DatabaseError as exc:
-            # The counters still go out: a scrape that fails whole would hide them too.
-            logger.warning("metrics: the database gauges are missing this scrape: %s", exc)
+            # The counters still go out, and every gauge says it is unknown.
+            if outage.unreachable(exc):
+                outage.noticed(exc, "reading the gauges for /metrics")
+            else:
+                logger.warning("metrics: the database gauges are unknown this scrape: %s", exc)
             up.add_metric([], 0)
-            yield up
-            return
-        up.add_metric([], 1)
+            values = {name: _unknown(name) for name, _, _ in gauges}
+        else:
+            up.add_metric([], 1)
+            global _last_read
+            _last_read = values
         yield up
-        yield from gauges
+        for name, documentation, labels in gauges:
+            family = GaugeMetricFamily(name, documentation, labels=list(labels))
+            for label_values, value in sorted(values.get(name, {}).items()):
+                family.add_metric(list(label_values), value)
+            yield family
 
-    def _gauges(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily  # optional
-
-        active = GaugeMetricFamily(
-            "agentflow_runs_active", "Runs not finished, by workflow and status.",
-            labels=["workflow", "status"],
-        )  # fmt: skip
-        overdue = GaugeMetricFamily(
-            "agentflow_runs_overdue",
-            "Active runs past their wake-up time (the sweeper's backlog).",
-            labels=["workflow"],
-        )
-        parked = GaugeMetricFamily(
-            "agentflow_runs_needs_attention",
-            "Runs parked for an operator (NEEDS_ATTENTION).",
-            labels=["workflow"],
-        )
+    def _read(self) -> dict[str, Series]:
         known = sorted(registry.names())
-        counts = {(name, str(status)): 0 for name in known for status in ACTIVE_RUN_STATUSES}
-        late = dict.fromkeys(known, 0)
+        active: Series = {
+            (name, str(status)): 0 for name in known for status in ACTIVE_RUN_STATUSES
+        }
+        late: Series = {(name,): 0 for name in known}
         # The newest builds stay listed at 0 once drained (a series that vanished would read as
         # a scrape gap, not as "safe to stop").
-        per_build = dict.fromkeys(Build.objects.values_list("pk", flat=True)[:RECENT_BUILDS], 0)
+        per_build: Series = {
+            (build or "(none)",): 0
+            for build in Build.objects.values_list("pk", flat=True)[:RECENT_BUILDS]
+        }
         for workflow, status, build, n, n_late in active_runs_query():
-            counts[workflow, status] = counts.get((workflow, status), 0) + n
-            late[workflow] = late.get(workflow, 0) + n_late
-            per_build[build] = per_build.get(build, 0) + n
-        for (workflow, status), n in sorted(counts.items()):
-            active.add_metric([workflow, str(status)], n)
-        for workflow, n in sorted(late.items()):
-            overdue.add_metric([workflow], n)
-        waiting = dict.fromkeys(known, 0)
-        waiting.update(parked_runs_query())
-        for workflow, n in sorted(waiting.items()):
-            parked.add_metric([workflow], n)
+            key = (workflow, str(status))
+            active[key] = active.get(key, 0) + n
+            late[(workflow,)] = late.get((workflow,), 0) + n_late
+            per_build[(build or "(none)",)] = per_build.get((build or "(none)",), 0) + n
+        parked: Series = {(name,): 0 for name in known}
+        parked.update(((workflow,), n) for workflow, n in parked_runs_query())
+        deciding: Series = {(name,): 0 for name in known}
+        deciding.update(((workflow,), n) for workflow, n, _ in waiting_for_approval_query())
         beat = self._heartbeat()
-        sweeper = GaugeMetricFamily(
-            "agentflow_sweeper_seconds_since_last_sweep",
-            "Seconds since the recovery sweeper last finished a pass, by the database's clock "
-            "(+Inf if it never ran against this database).",
-            value=math.inf if beat is None else max(beat.age_seconds, 0.0),
-        )
-        approvals = GaugeMetricFamily(
-            "agentflow_runs_waiting_for_approval",
-            "Runs waiting for an operator to approve or reject a call (SPEC 4 C).",
-            labels=["workflow"],
-        )
-        deciding = dict.fromkeys(known, 0)
-        deciding.update((workflow, n) for workflow, n, _ in waiting_for_approval_query())
-        for workflow, n in sorted(deciding.items()):
-            approvals.add_metric([workflow], n)
-        by_build = GaugeMetricFamily(
-            "agentflow_runs_by_build",
-            "Runs not finished, by the build whose code runs them (SPEC 3.9): a build whose "
-            "count is 0 has drained.",
-            labels=["build"],
-        )
-        for build, n in sorted(per_build.items()):
-            by_build.add_metric([build or "(none)"], n)
-        yield from (active, overdue, parked, approvals, sweeper, by_build)
+        sweeper: Series = {(): math.inf if beat is None else max(beat.age_seconds, 0.0)}
+        values: dict[str, Series] = {
+            "agentflow_runs_active": active,
+            "agentflow_runs_overdue": late,
+            "agentflow_runs_needs_attention": parked,
+            "agentflow_runs_waiting_for_approval": deciding,
+            "agentflow_sweeper_seconds_since_last_sweep": sweeper,
+            "agentflow_runs_by_build": per_build,
+        }
         if self._partners is not None:
-            yield from _partner_gauges(self._partners())
+            values.update(_partner_series(self._partners()))
+        return values
+
+
+def _unknown(name: str) -> Series:
+    """NaN for every series of gauge `name` this process served before, and for those it can
+    name without the database (every registered workflow; the sweeper's one)."""
+    series = dict.fromkeys(_last_read.get(name, {}), math.nan)
+    known = sorted(registry.names())
+    if name == "agentflow_runs_active":
+        series.update(
+            ((workflow, str(status)), math.nan)
+            for workflow in known
+            for status in ACTIVE_RUN_STATUSES
+        )
+    elif name in ("agentflow_runs_overdue", "agentflow_runs_needs_attention",
+                  "agentflow_runs_waiting_for_approval"):  # fmt: skip
+        series.update(((workflow,), math.nan) for workflow in known)
+    elif name == "agentflow_sweeper_seconds_since_last_sweep":
+        series[()] = math.nan
+    return series
 
 
 #: The breaker's states as a gauge's value.
 BREAKER_VALUES = {"closed": 0, "half_open": 1, "open": 2}
 
 
-def _partner_gauges(partners: list[Any]) -> Iterator[Any]:
+def _partner_series(partners: list[Any]) -> dict[str, Series]:
     """Per limited partner (SPEC 3.10): calls in flight, runs waiting for a turn, the breaker."""
-    from prometheus_client.core import GaugeMetricFamily  # optional
-
-    flight = GaugeMetricFamily(
-        "agentflow_partner_in_flight", "Calls to the partner in flight now.", labels=["partner"]
-    )
-    waiting = GaugeMetricFamily(
-        "agentflow_partner_waiting_runs",
-        "Steps waiting for their turn at the partner, by what they wait for.",
-        labels=["partner", "reason"],
-    )
-    breaker = GaugeMetricFamily(
-        "agentflow_partner_breaker_state",
-        "The partner's breaker: 0 closed, 1 half open (a probe is out), 2 open; 3 paused by "
-        "an operator.",
-        labels=["partner"],
-    )
+    flight: Series = {}
+    waiting: Series = {}
+    breaker: Series = {}
     for view in partners:
-        flight.add_metric([view.partner], view.in_flight)
-        for reason, n in sorted(view.waiting_by_reason.items()):
-            waiting.add_metric([view.partner, reason], n)
-        breaker.add_metric([view.partner], 3 if view.paused else BREAKER_VALUES[view.breaker])
-    yield from (flight, waiting, breaker)
+        flight[(view.partner,)] = view.in_flight
+        for reason, n in view.waiting_by_reason.items():
+            waiting[(view.partner, reason)] = n
+        breaker[(view.partner,)] = 3 if view.paused else BREAKER_VALUES[view.breaker]
+    return {
+        "agentflow_partner_in_flight": flight,
+        "agentflow_partner_waiting_runs": waiting,
+        "agentflow_partner_breaker_state": breaker,
+    }
 
 
 class _Counted:

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from django.db import close_old_connections, connection
 
-from agentflow import builds, leases, routing, store
+from agentflow import builds, leases, outage, routing, store
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class _Presence:
         self.key = leases.lock_key("worker:" + self.name)
         self.conn: psycopg.Connection[Any] | None = None
         self.server = ""
+        self.lock_lost = False
         self.stopped = threading.Event()
         self.released = False
         self.thread = threading.Thread(target=self._loop, name="agentflow-roster", daemon=True)
@@ -82,10 +83,16 @@ class _Presence:
         try:
             lock = self._lock()
         except Exception as exc:
-            logger.warning("worker liveness connection lost (%s); heartbeat only", exc)
+            if not self.lock_lost:  # once until it is back, not once per heartbeat
+                logger.warning("worker liveness connection lost (%s); heartbeat only", exc)
+            self.lock_lost = True
             if self.conn is not None:
                 self.conn.close()
             self.conn, lock = None, None
+        else:
+            if self.lock_lost and lock is not None:
+                logger.info("worker liveness connection back; this worker's lock is held")
+                self.lock_lost = False
         store.build_known(self.build)
         store.worker_beat(
             name=self.name, build=self.build, queue=self.queue, lock=lock, server=self.server
@@ -101,8 +108,11 @@ class _Presence:
         while not self.stopped.is_set():
             try:
                 self.beat()
-            except Exception:
-                logger.exception("worker heartbeat failed; trying again")
+            except Exception as exc:
+                if outage.unreachable(exc):
+                    outage.noticed(exc, "keeping this worker on the roster")
+                else:
+                    logger.exception("worker heartbeat failed; trying again")
             self.stopped.wait(BEAT_SECONDS)
 
     def stop(self) -> None:

@@ -67,7 +67,7 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
     _drop_broken_connection()
     run, claim = _load(run_id, seq, fresh)
     if run is None:
-        logger.warning("run %s does not exist; dropping its message", run_id)
+        telemetry.unknown_run(run_id)  # deleted here, or another deployment's message
         return
     if run.status not in ACTIVE_RUN_STATUSES:
         return  # terminal, cancelled or parked: nothing to do

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, close_old_connections, transaction
 
-from agentflow import dispatch, limits, routing, store, telemetry
+from agentflow import dispatch, limits, outage, routing, store, telemetry
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -82,5 +82,7 @@ def _partner_places() -> None:
         return
     try:
         store.partners_tick(configured)
-    except DatabaseError:
+    except DatabaseError as exc:
+        if outage.unreachable(exc):
+            raise  # the whole pass failed: its caller says so, once per outage
         logger.exception("sweeper: the partner places could not be handed on this pass")

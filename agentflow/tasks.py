@@ -12,7 +12,7 @@ from celery import shared_task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from agentflow import beat, builds, dispatch, pooler, roster, runtime, store, telemetry
+from agentflow import beat, builds, dispatch, outage, pooler, roster, runtime, store, telemetry
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -43,28 +43,43 @@ STEP_TIME_LIMIT = 300
 def run_step_task(self: Any, run_id: str, seq: int, fresh: dispatch.Fresh | None = None) -> None:
     # Redelivered: the process that had this message died, maybe just after completing the step.
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    with telemetry.step_message(run_id, seq, self.request):  # logs, metrics, trace of the step
-        try:
-            runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
-        except (OperationalError, InterfaceError):
-            # The connection this process keeps between steps died under it (the database
-            # server restarted or failed over; nothing tells a pooled connection until it is
-            # used), or the server went away mid-step. Raised, the message would be acked as
-            # failed and the run left to the sweeper (lease + sweep interval). On a new
-            # connection, once: run_step is safe to repeat, and if the server is still down
-            # this raises as before.
-            if connection.connection is not None and connection.is_usable():
-                raise  # the connection is fine: a lock or statement timeout, not a lost server
-            connection.close()
-            runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
-        except DatabaseError as exc:
-            if not (pooler.lost_prepared_statement(exc) and pooler.mode() == "auto"):
-                raise
-            # A pooler lost a prepared statement inside a transaction: the statement never ran
-            # and the server rolled the transaction back. This process prepares no more, so
-            # the message once more goes through (run_step is safe to repeat).
-            pooler.forget_prepared_statements(connection)
-            runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
+    try:
+        with telemetry.step_message(run_id, seq, self.request):  # logs, metrics, its trace
+            _run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
+    except DatabaseError as exc:
+        if not outage.unreachable(exc):
+            raise
+        # The database does not answer: whatever this message did not commit is undone, so
+        # the run waits where its last commit left it, and the sweeper publishes it again
+        # once the database answers and its wake-up time (or its step's lease) has passed.
+        # Acked as a failure would be, without a traceback per message: the outage is said
+        # once.
+        outage.noticed(exc, "running steps")
+        connection.close()
+
+
+def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh | None) -> None:
+    try:
+        runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
+    except (OperationalError, InterfaceError):
+        # The connection this process keeps between steps died under it (the database
+        # server restarted or failed over; nothing tells a pooled connection until it is
+        # used), or the server went away mid-step. Raised, the message would be acked as
+        # failed and the run left to the sweeper (lease + sweep interval). On a new
+        # connection, once: run_step is safe to repeat, and if the server is still down
+        # this raises as before.
+        if connection.connection is not None and connection.is_usable():
+            raise  # the connection is fine: a lock or statement timeout, not a lost server
+        connection.close()
+        runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
+    except DatabaseError as exc:
+        if not (pooler.lost_prepared_statement(exc) and pooler.mode() == "auto"):
+            raise
+        # A pooler lost a prepared statement inside a transaction: the statement never ran
+        # and the server rolled the transaction back. This process prepares no more, so
+        # the message once more goes through (run_step is safe to repeat).
+        pooler.forget_prepared_statements(connection)
+        runtime.run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
 
 
 @shared_task(name=beat.PURGE_TASK, acks_late=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,10 +19,11 @@ from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
+from celery import current_app
 from celery.signals import beat_init, worker_process_init
 from django.db import transaction
 
-from agentflow import leases, logs, metrics, tracing
+from agentflow import dispatch, leases, logs, metrics, origin, tracing
 from agentflow.agent import pricing
 from agentflow.agent.conversation import OPENAI_PROVIDER, ModelResponse
 from agentflow.agent.fingerprint import CallKind
@@ -32,6 +34,7 @@ from agentflow.models import WorkflowRun
 from agentflow.registry import StepDef
 
 logger = logging.getLogger("agentflow.steps")
+broker_logger = logging.getLogger("agentflow.broker")
 run_logger = logging.getLogger("agentflow.runs")
 sweep_logger = logging.getLogger("agentflow.sweeper")
 
@@ -53,13 +56,15 @@ class _Message:
     """What the worker learned while handling one step message."""
 
     __slots__ = (
-        "events", "key", "kind", "log_tokens", "parent", "replayed", "run_id", "span", "started",
-        "step", "workflow",
+        "events", "key", "kind", "log_tokens", "origin", "parent", "replayed", "run_id", "span",
+        "started", "step", "workflow",
     )  # fmt: skip
 
-    def __init__(self, run_id: str, parent: Any) -> None:
+    def __init__(self, run_id: str, parent: Any, origin: str | None = None) -> None:
         self.run_id = run_id
         self.parent = parent
+        #: The database its publisher stamped on it (`agentflow.origin`), if any.
+        self.origin = origin
         self.started: float | None = None
         self.workflow = self.step = self.kind = self.key = ""
         self.span: tracing.StepSpan | None = None
@@ -78,7 +83,7 @@ def step_message(run_id: str, seq: int, request: Any = None) -> Iterator[None]:
     """Around one `run_step` message in the worker: binds the run to every line logged while
     it is handled and, if a step ran (`step_started`), times it, logs it and ends its span."""
     parent = tracing.message_context(request) if tracing.enabled() else None
-    message = _Message(run_id, parent)
+    message = _Message(run_id, parent, origin.of(request))
     tokens = logs.bind(run_id=run_id, seq=seq)
     token = _message.set(message)
     error: BaseException | None = None
@@ -163,6 +168,60 @@ def _step_finished(message: _Message, error: BaseException | None) -> None:
 
 def _if_any(**fields: Any) -> dict[str, Any]:
     return {key: value for key, value in fields.items() if value}
+
+
+# --- step messages of another deployment -----------------------------------------------------
+#: A process tells of step messages for runs its database does not know at most once in this
+#: long: two deployments sharing a queue swap hundreds of them, and the line counts them all.
+STRAY_WARNING_SECONDS = 300.0
+
+
+class _Strays:
+    """What this process took since it last said so."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.publishers: set[str] = set()
+        self.told_at: float | None = None
+
+
+_strays = _Strays()
+
+
+def unknown_run(run_id: str) -> None:
+    """The step message being handled names a run this database does not know. Stamped with
+    this very database, the run was deleted here after its message went out (retention, a
+    delete). Otherwise another deployment most likely consumes the same broker database and
+    queue: each takes the other's step messages, finds no such run and drops them, and their
+    runs move only when their own sweeper publishes them again. Counted by who published it,
+    and told at WARNING at most once every `STRAY_WARNING_SECONDS` (docs/operating.md, "Two
+    deployments on one broker")."""
+    message = _message.get()
+    own = origin.database()
+    if message is None or (message.origin is not None and message.origin == own):
+        logger.warning("run %s does not exist; dropping its message", run_id)
+        return
+    publisher = message.origin
+    metrics.STRAY_STEP_MESSAGES.labels("another_deployment" if publisher else "unstamped").inc()
+    now = time.monotonic()
+    with _strays.lock:
+        _strays.count += 1
+        _strays.publishers.add(f"database {publisher}" if publisher else "an unstamped publisher")
+        if _strays.told_at is not None and now - _strays.told_at < STRAY_WARNING_SECONDS:
+            return
+        count, publishers, told_at = _strays.count, sorted(_strays.publishers), _strays.told_at
+        _strays.count, _strays.publishers, _strays.told_at = 0, set(), now
+    since = "" if told_at is None else f" in the last {now - told_at:.0f} s"
+    broker_logger.warning(
+        "%d step message%s for runs this database (%s) does not know reached this worker%s "
+        "(run %s; published by %s): another deployment most likely consumes the same broker "
+        "database and queue (%r). Each takes the other's step messages and drops them, so their "
+        "runs move only when their own sweeper publishes them again. Give each deployment a "
+        "broker database or vhost, or a queue, of its own",
+        count, "" if count == 1 else "s", own or "unnamed", since, run_id,
+        " and ".join(publishers), dispatch.shared_queue(current_app._get_current_object()),
+    )  # fmt: skip
 
 
 # --- runs -----------------------------------------------------------------------------------

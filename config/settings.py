@@ -55,6 +55,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # A page that finds the database down answers 503 ("the database is unreachable" in the
+    # admin), logged once per outage, not the 500 page with a traceback per request.
+    "agentflow.middleware.DatabaseOutageMiddleware",
     "axes.middleware.AxesMiddleware",  # last, as axes asks: turns a lockout into its page
 ]
 

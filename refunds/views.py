@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from django.contrib import messages
+from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
@@ -14,7 +15,7 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_safe
 
-from agentflow import durable
+from agentflow import durable, outage
 from refunds import engines, policy, progress, proxies, services, waivers
 from refunds.forms import RefundRequestForm, new_submission_token, unsign_submission_token
 from refunds.models import RefundRequest
@@ -43,6 +44,17 @@ def refund_new(request: HttpRequest) -> HttpResponse:
     nonce = unsign_submission_token(signed)
     if nonce is None:
         return _stale_form_page(request)
+    try:
+        return _take(request, form, nonce)
+    except DatabaseError as exc:
+        if not outage.unreachable(exc):
+            raise
+        outage.noticed(exc, "taking a refund request")
+        return _unavailable_form_page(request)
+
+
+def _take(request: HttpRequest, form: RefundRequestForm, nonce: str) -> HttpResponse:
+    """The request a genuine form's token names: the one it made before, or a new one."""
     earlier = services.refund_request_by_token(nonce)
     if earlier is not None:
         # Double click, back button or replay: the one refund this form rendering made.
@@ -148,6 +160,15 @@ def _too_many(request: HttpRequest, retry_after: int, *, per_booking: bool) -> H
     )
     response["Retry-After"] = str(retry_after)
     return response
+
+
+def _unavailable_form_page(request: HttpRequest) -> HttpResponse:
+    """The database did not answer: 503 with `Retry-After`, and the form as they sent it, token
+    and all. Sent again once the database is back, that token finds the request if this one
+    was made after all (its answer lost with the connection), or makes it: never two."""
+    form = RefundRequestForm(request.POST)
+    response = render(request, "refunds/new.html", {"form": form, "unavailable": True}, status=503)
+    return outage.retry_later(response)
 
 
 def _stale_form_page(request: HttpRequest) -> HttpResponse:

@@ -11,4 +11,5 @@ pytest_plugins: list[str] = [
     "tests.support.agent_workers",
     "tests.support.admin",
     "tests.support.browser",
+    "tests.support.outage",
 ]

@@ -22,6 +22,10 @@ class Heartbeat:
     query_ms: float
     #: Seconds since the sweep, by the database's clock.
     age_seconds: float
+    #: Seconds since the database server last ended every session (a restart, or a crash of one
+    #: of its processes): a sweep older than that was missed while the database was down, not
+    #: by beat. None where it cannot tell (SQLite).
+    database_seconds: float | None = None
 
 
 def heartbeat_record(*, requeued: int, query_ms: float, name: str = DEFAULT_SWEEPER) -> None:
@@ -40,15 +44,20 @@ def heartbeat_record(*, requeued: int, query_ms: float, name: str = DEFAULT_SWEE
 
 def heartbeat_read(name: str = DEFAULT_SWEEPER) -> Heartbeat | None:
     """The sweeper's last record, or None if it never ran against this database."""
+    restarted = sql.seconds_since(leases.LOCKS_SINCE_SQL) if sql.postgres() else "NULL"
     row = sql.fetch_one(
-        f"SELECT requeued, query_ms, {sql.seconds_since('swept_at')} FROM {sql.HEARTBEATS} "
-        "WHERE name = %s",
+        f"SELECT requeued, query_ms, {sql.seconds_since('swept_at')}, {restarted} "
+        f"FROM {sql.HEARTBEATS} WHERE name = %s",
         [name],
     )
     if row is None:
         return None
     return Heartbeat(
-        name=name, requeued=int(row[0]), query_ms=float(row[1]), age_seconds=float(row[2])
+        name=name,
+        requeued=int(row[0]),
+        query_ms=float(row[1]),
+        age_seconds=float(row[2]),
+        database_seconds=None if row[3] is None else float(row[3]),
     )
 
 

@@ -1,5 +1,5 @@
-"""The processes a chaos run owns: a private broker (Redis or RabbitMQ), the partner sandbox and
-Celery beat.
+"""The processes a chaos run owns: a private broker (Redis or RabbitMQ), the partner sandbox,
+Celery beat and, to be asked what people see during a database outage, a web process.
 
 Each is started in its own process group with its log in the run's directory, and can be killed
 with SIGKILL exactly as an OOM killer would. Workers come from `agentflow.testing.processes`.
@@ -176,6 +176,41 @@ class Beat:
                 "-s", str(self.workdir / "celerybeat-schedule")]  # fmt: skip
         self.proc = _spawn(args, self.workdir / "beat.log", self.env)
         return self
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
+        self.proc = None
+
+
+class Web:
+    """`gunicorn config.wsgi` on a free port: what operators and customers reach during a
+    database outage (the run's own traffic goes through the form in-process)."""
+
+    def __init__(self, workdir: Path, env: dict[str, str], *, workers: int = 2) -> None:
+        self.workdir, self.env, self.workers = workdir, env, workers
+        self.port = free_port()
+        self.log_path = workdir / "web.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Web:
+        args = [sys.executable, "-m", "gunicorn", "config.wsgi", "--no-control-socket",
+                "--bind", f"127.0.0.1:{self.port}", "--workers", str(self.workers)]  # fmt: skip
+        self.proc = _spawn(args, self.log_path, self.env)
+        _wait(self._answers, timeout=60, what=f"gunicorn on port {self.port}")
+        return self
+
+    def _answers(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ProcessStartError(f"gunicorn exited: see {self.log_path}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/refunds/new/", timeout=5) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
 
     def kill(self) -> None:
         _kill_group(self.proc)

@@ -36,13 +36,16 @@ from agentflow.testing.processes import (
     publishing_to,
 )
 from refunds.chaos import evidence as evidence_mod
+from refunds.chaos import outage as outage_mod
 from refunds.chaos import partner_limits, report, traffic
 from refunds.chaos.kills import Monkey, WorkerPool
+from refunds.chaos.outage import DatabaseOutage
 from refunds.chaos.processes import (
     Beat,
     RabbitBroker,
     RedisBroker,
     Sandbox,
+    Web,
     airline_today,
 )
 from refunds.models import RefundRequest
@@ -93,6 +96,9 @@ class ChaosConfig:
     #: workers) uses a private PostgreSQL that is crashed and restarted, never the configured
     #: one, which other users of the machine share.
     postgres_restarts: int = 0
+    #: Seconds that private PostgreSQL is stopped for, once, while steps are in flight (0: no
+    #: outage); a web process is started to be asked what operators and customers see.
+    postgres_outage_seconds: float = 0.0
     #: Which engine handles the refunds: the graph workflow, or the same refund as an agent run
     #: whose model is the sandbox's (the scripted planner over HTTP, counted).
     engine: str = "graph"
@@ -131,13 +137,14 @@ def database_url() -> str:
 def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Run the whole experiment and return the report (see `refunds.chaos.report`)."""
     db_url = database_url()
-    if not config.postgres_restarts:
+    private = bool(config.postgres_restarts or config.postgres_outage_seconds)
+    if not private:
         _refuse_leftovers()
     seed = config.seed if config.seed is not None else random.randrange(2**31)
     customers = traffic.customers(
         random.Random(f"{seed}-traffic"), config.refunds, today=airline_today()
     )
-    if not config.postgres_restarts:
+    if not private:
         _refuse_repeated_words(customers, seed)
     workdir = Path(settings.VAR_DIR) / "chaos" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     workdir.mkdir(parents=True)
@@ -146,15 +153,18 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
     submissions: list[traffic.Submission] = []
     planned = _planned_kills(config)
     postgres: PostgresServer | None = None
+    outage: DatabaseOutage | None = None
+    # The customer whose form a database outage keeps, sent through the web process.
+    kept = customers.pop() if config.postgres_outage_seconds and len(customers) > 1 else None
     with contextlib.ExitStack() as stack:
-        if config.postgres_restarts:
+        if private:
             postgres = PostgresServer(workdir, dbname="chaos")
             stack.callback(postgres.stop)
             progress(f"chaos: private PostgreSQL on port {postgres.port} (log: postgres.log)")
             postgres.start()
             stack.enter_context(postgres.serving_django())
-            # While it is down, pages fail with a logged 500 and the customer sends again;
-            # the report counts those (submission_database_retries) instead.
+            # While it is down, the form answers 503 (or a query of this process fails) and the
+            # customer sends again; the report counts those (submission_database_retries).
             stack.enter_context(logs.quieted("django.request", logging.CRITICAL))
             call_command("migrate", verbosity=0, interactive=False)
             db_url = postgres.url
@@ -202,6 +212,20 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
         beat.start()
         stack.enter_context(publishing_to(broker.url))
         stack.enter_context(_settings_for(config, sandbox))
+        if postgres is not None and kept is not None:
+            web = Web(workdir, {**env, "AGENTFLOW_METRICS_PUBLIC": "1"})
+            stack.callback(web.kill)
+            progress("chaos: starting a web process for the outage's pages")
+            web.start()
+            outage = DatabaseOutage(
+                postgres=postgres,
+                web=web,
+                seconds=config.postgres_outage_seconds,
+                after_runs=max(1, len(customers) // 2),
+                customer=kept,
+                progress=progress,
+            )
+            outage.prepare()
         if config.faults:
             sandbox.arm(FAULTS + (MODEL_FAULTS if config.engine == "agent" else []))
         if config.stripe_rate:
@@ -226,7 +250,12 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
             postgres_restarts=planned["postgres_restarts"],
         )
         t0 = time.time()
+        if outage is not None:
+            outage.start()
         finished = _drive(config, customers, doubles, submissions, monkey, plan, t0, progress)
+        if outage is not None:
+            deadline = t0 + config.timeout_seconds
+            finished = _kept_form_finished(outage, submissions, deadline=deadline)
         progress("chaos: reading the sandbox ledger and the database")
         found = evidence_mod.gather(
             [s.workflow_id for s in submissions if s.workflow_id], sandbox.ledger()
@@ -244,6 +273,8 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
     )
     if config.partner_limits or config.stripe_rate or config.stripe_dark_seconds:
         result["partner_limits"] = partner_limits.report(found, seen_by_partners, t0, finished)
+    if outage is not None:
+        result["database_outage"] = outage_mod.report(outage.observed, found, workdir)
     if config.cleanup and postgres is None:  # a private server's rows went with it
         _delete(submissions)
     return result
@@ -351,6 +382,7 @@ def _worker_env(
         "AGENTFLOW_CRASH_AT": "",
         "AGENTFLOW_WORKFLOW_MODULES": "",
         "LOG_LEVEL": "INFO",
+        "AGENTFLOW_LOG_FORMAT": "json",  # the report counts each process's ERROR lines
         "REFUNDS_ENGINE": config.engine,
         "AGENTFLOW_PARTNER_LIMITS": config.partner_limits,
         **(_model_env(sandbox) if config.engine == "agent" else {}),
@@ -407,7 +439,13 @@ def _drive(
             config.submit_per_second, 0.001
         ):
             index = len(submissions)
-            submissions.append(traffic.submit(customers[index], double=doubles.get(index, "")))
+            submissions.append(
+                traffic.submit(
+                    customers[index],
+                    double=doubles.get(index, ""),
+                    outage_seconds=config.postgres_outage_seconds,
+                )
+            )
             now = time.time()
         sending = len(submissions) < len(customers)
         if now >= next_poll:
@@ -435,6 +473,20 @@ def _drive(
             )
             next_report = now + PROGRESS_SECONDS
         time.sleep(0.02 if sending else 0.1)
+
+
+def _kept_form_finished(
+    outage: DatabaseOutage, submissions: list[traffic.Submission], *, deadline: float
+) -> float:
+    """The outage is over (its thread ends once the kept form is sent again); that form's run
+    joins the others and is waited for like them. Returns when it ended."""
+    observed = outage.finish(timeout=max(deadline - time.time(), 1.0))
+    if observed.submission is not None:
+        submissions.append(observed.submission)
+        ids = [observed.submission.workflow_id] if observed.submission.workflow_id else []
+        while ids and _active(ids) != 0 and time.time() < deadline:
+            time.sleep(POLL_SECONDS)
+    return time.time()
 
 
 def _active(workflow_ids: list[str]) -> int | None:

@@ -3,8 +3,8 @@
 Each customer GETs `/refunds/new/` (CSRF cookie and one-time submission token), then POSTs it
 back and follows nothing: the 303's Location names the refund. Some customers double-submit the
 same rendered form, one click after the other or both at once, which must yield one refund.
-While the database is down (a chaos run restarts it) a page fails, and the customer loads it
-again or sends the same form again, token and all, until it goes through.
+While the database is down (a chaos run restarts or stops it) a page answers 503 (or fails), and
+the customer loads it again or sends the same form again, token and all, until it goes through.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _STATUS_URL = re.compile(r"/refunds/(?P<public_id>rf_[A-Za-z0-9_-]+)/$")
 _FIRST = [c for c in string.ascii_uppercase if c not in "FBD"]  # F flex, B basic, DEC declines
 _REST = string.ascii_uppercase + string.digits
 T = TypeVar("T")
-#: How long a customer keeps trying while the database is down.
+#: How long a customer keeps trying while the database is down, beyond the outage itself.
 DATABASE_PATIENCE_SECONDS = 60.0
 _MESSAGES = (
     "Hi, something came up at work. Could you move me to flight {flight} on {day}? Thanks!",
@@ -93,7 +93,7 @@ def customers(rng: random.Random, count: int, *, today: date) -> list[Customer]:
     return result
 
 
-class _HiddenInputs(HTMLParser):
+class HiddenInputs(HTMLParser):
     """Every hidden input of the page (CSRF token, submission token): posted back untouched."""
 
     def __init__(self) -> None:
@@ -106,14 +106,15 @@ class _HiddenInputs(HTMLParser):
             self.values[str(found["name"])] = found.get("value") or ""
 
 
-def submit(customer: Customer, *, double: str = "") -> Submission:
-    """One customer's visit; `double` is "", "sequential" or "concurrent"."""
+def submit(customer: Customer, *, double: str = "", outage_seconds: float = 0.0) -> Submission:
+    """One customer's visit; `double` is "", "sequential" or "concurrent"; `outage_seconds`:
+    how long the database may be down, which the customer waits out."""
     client = Client(enforce_csrf_checks=True)
-    patiently = _Patience()
+    patiently = _Patience(DATABASE_PATIENCE_SECONDS + outage_seconds)
     page = patiently(lambda: client.get(FORM_URL))
     if page.status_code != 200:
         return _failed(customer, f"GET {FORM_URL} answered {page.status_code}")
-    hidden = _HiddenInputs()
+    hidden = HiddenInputs()
     hidden.feed(page.content.decode())
     data = {
         **hidden.values,
@@ -191,23 +192,31 @@ def _post_concurrently(client: Client, data: dict[str, str], patiently: _Patienc
 
 
 class _Patience:
-    """Runs an action again while the database does not answer, as a customer would reload
-    the page or send the form again; counts how often it had to."""
+    """Runs an action again while the database does not answer (a 503 page, or this process's
+    own query failing), as a customer would reload the page or send the form again; counts how
+    often it had to."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
         self.retries = 0
 
     def __call__(self, action: Callable[[], T]) -> T:
-        deadline = time.monotonic() + DATABASE_PATIENCE_SECONDS
+        deadline = time.monotonic() + self.seconds
         while True:
             try:
-                return action()
+                result = action()
             except (OperationalError, InterfaceError):
                 connections.close_all()  # this thread's dead connection; the next try opens one
                 if time.monotonic() > deadline:
                     raise
-                self.retries += 1
-                time.sleep(0.2)  # a customer's reload, not a wait for an event
+            else:
+                if getattr(result, "status_code", None) != 503 or time.monotonic() > deadline:
+                    return result
+                # A server closes a connection its request found broken once the request ends;
+                # the test client leaves that to its caller.
+                connections.close_all()
+            self.retries += 1
+            time.sleep(0.2)  # a customer's reload, not a wait for an event
 
 
 def _public_id(location: str) -> str | None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentflow import sweeper
+from django.core.management.base import CommandError
+from django.db import DatabaseError
+
+from agentflow import outage, sweeper
 from agentflow.management.base import BaseCommand, whole
 
 
@@ -17,7 +20,15 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, limit: int | None, json: bool, **options: Any) -> None:
-        report = sweeper.sweep(limit=limit)
+        try:
+            report = sweeper.sweep(limit=limit)
+        except DatabaseError as exc:
+            if not outage.unreachable(exc):
+                raise
+            # One line and a non-zero exit, as beat's sweeper says it once in its log.
+            raise CommandError(
+                f"the database is unreachable ({outage.describe(exc)}); nothing was swept"
+            ) from None
         if json:
             self.stdout.write(_dumps(report))
             return

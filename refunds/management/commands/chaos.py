@@ -34,9 +34,13 @@ class Command(BaseCommand):
         "port; as the postgres user when run as root) and runs everything on it: migrate, the "
         "form traffic of this process, workers and beat. It crashes that server N times "
         "mid-run (SIGKILL of the postmaster and every backend at once), keeps it down 2 s, and "
-        "starts it again on the same port and data directory (crash recovery). The configured "
-        "database, which others may share, is never restarted; the private one is removed at "
-        "the end (its log stays with the run's logs)."
+        "starts it again on the same port and data directory (crash recovery). With "
+        "--postgres-outage SECONDS it stops that server (as an administrator does) once steps "
+        "are in flight, keeps it down that long while a web process (gunicorn) is asked what "
+        "operators and customers see, then starts it again; the report's database_outage "
+        "section says what the pages answered, how soon the runs moved, and each process's "
+        "ERROR lines and tracebacks. The configured database, which others may share, is never "
+        "restarted; the private one is removed at the end (its log stays with the run's logs)."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -97,6 +101,13 @@ class Command(BaseCommand):
             type=whole(0),
             default=d.postgres_restarts,
             help="crash-restarts of a private PostgreSQL the whole run uses (see above)",
+        )
+        parser.add_argument(
+            "--postgres-outage",
+            type=number(0),
+            default=d.postgres_outage_seconds,
+            metavar="SECONDS",
+            help="stop a private PostgreSQL for this long, once, mid-run (see above)",
         )
         parser.add_argument(
             "--engine",
@@ -185,6 +196,7 @@ class Command(BaseCommand):
             faults=not options["no_faults"],
             cleanup=options["cleanup"],
             postgres_restarts=options["postgres_restarts"],
+            postgres_outage_seconds=options["postgres_outage"],
             engine=options["engine"],
             broker=options["broker"],
             pgbouncer=options["pgbouncer"] or "",
@@ -194,6 +206,8 @@ class Command(BaseCommand):
             stripe_dark_seconds=options["stripe_dark"],
             stripe_dark_after=options["stripe_dark_after"],
         )
+        if config.postgres_outage_seconds and config.refunds < 2:
+            raise CommandError("--postgres-outage needs 2 refunds or more")
         quiet = options["verbosity"] == 0
 
         def progress(line: str) -> None:
@@ -304,10 +318,25 @@ def summary(report: dict[str, Any]) -> str:
             f"double submits: {report['double_submits']['same_refund']}"
             f"/{report['double_submits']['sent']} kept one refund",
             *_model_line(report),
+            *_outage_line(report),
             f"invariants: {held}",
             "",
         ]
     )
+
+
+def _outage_line(report: dict[str, Any]) -> list[str]:
+    found = report.get("database_outage")
+    if not found:
+        return []
+    pages = found["while_down"]
+    errors = ", ".join(f"{name} {n['errors']}" for name, n in found["log_lines"].items())
+    return [
+        f"database outage of {found['stopped_for_seconds']} s: admin "
+        f"{pages.get('admin', {}).get('status')}, form {pages.get('form', {}).get('status')}; "
+        f"runs moved {found['first_run_moved_after_seconds']} s after it answered; "
+        f"ERROR lines: {errors}"
+    ]
 
 
 def _model_line(report: dict[str, Any]) -> list[str]:

@@ -1,0 +1,71 @@
+"""Pages while the database does not answer: 503 with `Retry-After`, never the 500 page with a
+traceback per request (docs/operating.md, "When the database is down").
+
+With `agentflow.middleware.DatabaseOutageMiddleware` in MIDDLEWARE, a view (or the template it
+renders) that finds the database unreachable answers an operator on an admin page that the
+database is unreachable, and anyone else with the host's `503.html` (JSON to a client that asks
+for JSON; plain text without the template). The process says so once in its log
+(`agentflow.outage`), not once per request. Any other error is left to Django.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template import TemplateDoesNotExist
+from django.template.loader import render_to_string
+from django.urls import Resolver404, resolve
+
+from agentflow import outage
+
+OPERATOR_TEMPLATE = "agentflow/database_unreachable.html"
+CUSTOMER_TEMPLATE = "503.html"
+
+
+class DatabaseOutageMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not outage.unreachable(exception):
+            return None
+        outage.noticed(exception, "answering a page")
+        return unavailable(request)
+
+
+def unavailable(request: HttpRequest) -> HttpResponse:
+    """The 503 for a page that needs the database while it does not answer. Rendered without
+    the request: context processors would read the session, which lives in that database."""
+    response: HttpResponse
+    if _operator(request):
+        body = render_to_string(OPERATOR_TEMPLATE, {"retry_after": outage.RETRY_AFTER_SECONDS})
+        response = HttpResponse(body, status=503)
+    elif request.accepts("application/json") and not request.accepts("text/html"):
+        response = JsonResponse(
+            {"error": "unavailable", "retry_after": outage.RETRY_AFTER_SECONDS}, status=503
+        )
+    else:
+        try:
+            response = HttpResponse(render_to_string(CUSTOMER_TEMPLATE), status=503)
+        except TemplateDoesNotExist:
+            response = HttpResponse(
+                "Briefly unavailable: please try again in a minute.\n",
+                status=503,
+                content_type="text/plain; charset=utf-8",
+            )
+    return outage.retry_later(response)
+
+
+def _operator(request: HttpRequest) -> bool:
+    """Is this an admin page? Its URL is in the admin's namespace (any AdminSite's)."""
+    match = getattr(request, "resolver_match", None)
+    if match is None:
+        try:
+            match = resolve(request.path_info)
+        except Resolver404:
+            return False
+    return "admin" in match.app_names
