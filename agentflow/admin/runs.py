@@ -129,10 +129,10 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         """The build it is on, why it waits if a build holds it, and, when it is not on this
         build, whether this build could take it: the first difference as a diff (SPEC 3.9)."""
         own = builds.current()
-        parts = [format_html("<code>{}</code> (started on <code>{}</code>)", run.build or "—",
-                             run.started_build or "—")]  # fmt: skip
+        parts: list[str] = [format_html("<code>{}</code> (started on <code>{}</code>)",
+                                        run.build or "—", run.started_build or "—")]  # fmt: skip
         if run.pinned:
-            parts.append(format_html(" · pinned: it finishes on its build"))
+            parts.append(" · pinned: it finishes on its build")
         held = routing.run_reason(run)
         if held:
             parts.append(format_html(' · <span class="af-overdue">{}</span>', held))
