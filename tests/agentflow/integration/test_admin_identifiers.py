@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.test import Client
 from django.utils.http import urlencode
@@ -30,7 +29,7 @@ from agentflow.models import PartnerEvent, PartnerState, WorkflowRun
 from agentflow.states import RunStatus
 from agentflow.testing import run_to_end
 from tests.support import workflows
-from tests.support.admin import LIST_URL, detail_url
+from tests.support.admin import CONSOLE_ROLES, LIST_URL, as_role, detail_url, first_status, holds
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
 
@@ -46,37 +45,11 @@ LIMITS = {
 #: The build this process runs, and an older one a run stays pinned to.
 BUILD = "release/2026.12:rc 1 ü"
 OLD_BUILD = "registry.test/app:2026.11 rc2 東京"
-#: Each role the console defines (docs/console.md, "Who sees what"), by its permissions.
-ROLES: dict[str, tuple[str, ...]] = {
-    "superuser": (),
-    "viewer": ("view_workflowrun",),
-    "operator": ("change_workflowrun",),
-    "approver": ("view_workflowrun", "approve_workflowrun"),
-    "approver_only": ("approve_workflowrun",),
-    "partners_viewer": ("view_partnerstate",),
-    "partner_operator": ("pause_partnerstate",),
-}
-
-
-def as_role(role: str) -> Client:
-    if role == "superuser":
-        user = User.objects.create_superuser(role, password="x")
-    else:
-        user = User.objects.create_user(role, password="x", is_staff=True)
-        for codename in ROLES[role]:
-            user.user_permissions.add(Permission.objects.get(codename=codename))
-    client = Client()
-    client.force_login(user)
-    return client
+ROLES = CONSOLE_ROLES
 
 
 def may(role: str, *codenames: str) -> bool:
-    return role == "superuser" or any(c in ROLES[role] for c in codenames)
-
-
-def answered(response: Any) -> int:
-    """The first status of a request whose redirects were followed."""
-    return response.redirect_chain[0][1] if response.redirect_chain else response.status_code
+    return holds(role, ROLES, *(f"agentflow.{codename}" for codename in codenames))
 
 
 class _Forms(HTMLParser):
@@ -138,7 +111,7 @@ def test_partners__every_page_and_action_for_each_odd_key_and_role(role: str) ->
         assert f'data-partner="{key}"' in text, key
         for url in (f"{PARTNERS_URL}{quote(key)}/change/", f"{PARTNERS_URL}{quote(key)}/history/"):
             shown = client.get(url, follow=True)
-            assert answered(shown) == 200 and shown.status_code == 200, (key, url)
+            assert first_status(shown) == 200 and shown.status_code == 200, (key, url)
             assert key in shown.content.decode(), (key, url)
     if not pauses:
         assert forms == {}  # viewing is not pausing
@@ -147,12 +120,12 @@ def test_partners__every_page_and_action_for_each_odd_key_and_role(role: str) ->
     for key in KEYS:
         [pause] = forms[key]  # no breaker open yet for a key that erred once: Pause is offered
         done = client.post(pause, {"reason": f"their maintenance of {key}"}, follow=True)
-        assert answered(done) == 302 and done.status_code == 200, key
+        assert first_status(done) == 302 and done.status_code == 200, key
         assert capfirst(f"{key}: paused.") in html.unescape(done.content.decode()), key
         assert PartnerState.objects.get(partner=key).paused, key
         [_, resume] = pause_forms(done.content.decode())[key]  # Pause's form, Resume's button
         back = client.post(resume, {"reason": "back"}, follow=True)
-        assert answered(back) == 302 and back.status_code == 200, key
+        assert first_status(back) == 302 and back.status_code == 200, key
         assert not PartnerState.objects.get(partner=key).paused, key
     paused = PartnerEvent.objects.filter(kind="paused").values_list("partner", "actor")
     assert sorted(paused) == sorted((key, role) for key in KEYS)
@@ -165,7 +138,8 @@ def test_partners__an_unknown_or_forged_key_is_said_so_not_a_500(settings: Any) 
     for forged in ("nobody_2Fhere", "a%00b", "_ZZ", quote("openai/gpt-5")):
         done = client.post(f"{PARTNERS_URL}{forged}/pause/", {"reason": "x"}, follow=True)
         assert (
-            answered(done) == 302 and "is not in AGENTFLOW_PARTNER_LIMITS" in done.content.decode()
+            first_status(done) == 302
+            and "is not in AGENTFLOW_PARTNER_LIMITS" in done.content.decode()
         )
 
 
@@ -253,7 +227,7 @@ def test_runs__every_page_and_action_with_odd_workflow_step_signal_and_build_nam
             allowed = views if needs == "view" else operates
             response = client.get(url_of(run), follow=True)
             where = (role, which, name)
-            assert answered(response) in ((200, 302) if allowed else (403,)), where
+            assert first_status(response) in ((200, 302) if allowed else (403,)), where
             if not allowed:
                 continue
             assert response.status_code == 200, where
@@ -267,7 +241,7 @@ def test_runs__every_page_and_action_with_odd_workflow_step_signal_and_build_nam
                 acted = client.post(
                     detail_url(WorkflowRun.objects.get(pk=run), verb), {"reason": "x"}, follow=True
                 )
-                assert answered(acted) == 302 and acted.status_code == 200, (role, which, verb)
+                assert first_status(acted) == 302 and acted.status_code == 200, (role, which, verb)
 
 
 def test_runs__metrics_and_commands_carry_the_names_exactly(
