@@ -180,6 +180,10 @@ class Workflow:
     #: "auto": a run moves to a newer build when that build can take it by rule (SPEC 3.9);
     #: "pinned": every run finishes on the build it started on.
     versioning: str = "auto"
+    #: Keys of a run's input only deciders and the named readers may read in the admin
+    #: (agentflow.sensitive), wherever their values appear in the run: a value that opens what
+    #: they may not read (the key to a customer's own page) is as sensitive as what it opens.
+    sensitive_input: Sensitive | None = None
 
     def __post_init__(self) -> None:
         refused = identifiers.problem("workflow name", self.name, max_chars=NAME_MAX_CHARS)
@@ -189,6 +193,11 @@ class Workflow:
             raise DefinitionError(
                 f"workflow {self.name!r}: versioning is one of {VERSIONING}, "
                 f"not {self.versioning!r}"
+            )
+        if self.sensitive_input is not None and not isinstance(self.sensitive_input, Sensitive):
+            raise DefinitionError(
+                f"workflow {self.name!r}: sensitive_input is a durable.Sensitive(...) naming "
+                f"keys of the input, not {self.sensitive_input!r}"
             )
         register(self)
 
@@ -317,6 +326,10 @@ class Workflow:
     def sensitive_calls(self) -> dict[str, Sensitive]:
         """The calls (steps, or a code-first run's tools) declaring sensitive arguments."""
         return {n: s.sensitive for n, s in self.steps.items() if s.sensitive is not None}
+
+    def declares_sensitive(self) -> bool:
+        """Does anything of its runs need masking: a call's arguments or the input's keys?"""
+        return self.sensitive_input is not None or bool(self.sensitive_calls())
 
     def replies_of(self, call: str) -> Replies | None:
         """What a decision on `call` may tell the customer (None: the call declares nothing)."""

@@ -116,6 +116,7 @@ def test_names__slashes_colons_dots_spaces_and_any_script__accepted(define: Any)
     [
         (lambda: Workflow("unit_odd\nname"), "workflow name is 1-100 characters"),
         (lambda: Workflow("unit_" + "w" * 100), "has 105"),
+        (lambda: Workflow("unit_bad_sensitive", sensitive_input="refund_id"), "sensitive_input"),
         (
             lambda: Workflow("unit_odd_signal").wait_for("w", signal="bank\tanswer"),
             "signal name is 1-200 characters.*U\\+0009",
