@@ -431,7 +431,7 @@ def log_raised(
     log: logging.Logger, run_id: str, workflow: Workflow, message: str, *args: Any
 ) -> None:
     """`log.exception(message, *args)`, its traceback masked like `masked`."""
-    if not workflow.sensitive_calls():
+    if not workflow.declares_sensitive():
         log.exception(message, *args)
         return
     log.error(f"{message}\n%s", *args, masked(run_id, workflow, traceback.format_exc()))

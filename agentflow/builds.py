@@ -17,22 +17,30 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Iterator
+from functools import cache
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
+from agentflow import identifiers
 from agentflow.conf import settings
 from agentflow.registry import StepDef, Workflow, definitions, generation
 
 #: Every worker consumes the shared step queue and this one, of its own build.
 QUEUE_PREFIX = "agentflow.build."
+#: The runs' and steps' build columns hold this many characters.
+BUILD_ID_MAX_CHARS = 100
 
 _digests: dict[int, str] = {}
 
 
 def current() -> str:
-    """This process's build: a dict lookup once computed (every step message asks)."""
+    """This process's build: a dict lookup once computed (every step message asks).
+    ImproperlyConfigured: AGENTFLOW_BUILD_ID is no name a build column can hold (the system
+    check says so at deploy time; a worker refuses to start on it)."""
     named = settings.AGENTFLOW_BUILD_ID
     if named:
-        return str(named)
+        return _named(str(named))
     key = generation()
     found = _digests.get(key)
     if found is None:
@@ -40,8 +48,24 @@ def current() -> str:
     return found
 
 
+def named_problem(value: Any) -> str:
+    """Why AGENTFLOW_BUILD_ID's `value` cannot name a build (empty: it can)."""
+    return identifiers.problem("build id", str(value), max_chars=BUILD_ID_MAX_CHARS)
+
+
+@cache
+def _named(build: str) -> str:
+    refused = named_problem(build)
+    if refused:
+        raise ImproperlyConfigured(f"AGENTFLOW_BUILD_ID: {refused}")
+    return build
+
+
 def queue(build: str) -> str:
-    """The Celery queue only workers of `build` consume (any broker takes the name)."""
+    """The Celery queue only workers of `build` consume (any broker takes the name). Two ids
+    that differ only in other characters (`release/1`, `release:1`) share one: a pinned run's
+    step taken by the other build's worker is forwarded again (`routing.admit`), never run
+    there."""
     return QUEUE_PREFIX + re.sub(r"[^A-Za-z0-9._-]", "_", build)
 
 

@@ -4,6 +4,7 @@ empty dashboard."""
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -11,7 +12,7 @@ from celery import current_app
 from django.core import checks
 from django.db import DatabaseError
 
-from agentflow import dispatch, limits, metrics, store
+from agentflow import builds, dispatch, limits, metrics, store
 from agentflow.agent.fallbacks import fallback_servers
 from agentflow.conf import DEFAULTS, settings
 from agentflow.tasks import STEP_TIME_LIMIT
@@ -157,6 +158,56 @@ def partner_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         ]
     return []
+
+
+@checks.register()
+def build_id(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """An AGENTFLOW_BUILD_ID no build column can hold would stop every worker at its start."""
+    named = settings.AGENTFLOW_BUILD_ID
+    refused = builds.named_problem(named) if named else ""
+    if not refused:
+        return []
+    return [
+        checks.Error(
+            f"AGENTFLOW_BUILD_ID: {refused}.",
+            hint="A release's git sha or image tag; '/', ':', '.', inner spaces and any "
+            "script are fine.",
+            id="agentflow.E005",
+        )
+    ]
+
+
+#: A webhook partner's name: what the URL the docs mount (`hooks/<slug:partner>/`) takes, and
+#: no ":", which parts it from the partner's own id in a signal id (`<partner>:<id>`).
+_WEBHOOK_PARTNER = re.compile(r"[-a-zA-Z0-9_]{1,100}")
+
+
+@checks.register()
+def webhook_secrets(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A webhook partner no URL reaches, or whose secrets are no secrets, would answer its
+    partner's deliveries 404 or 500 from the first one on."""
+    configured = settings.AGENTFLOW_WEBHOOK_SECRETS
+    if not isinstance(configured, dict):
+        problems = [f"is a dict of partner -> secret(s), not {type(configured).__name__}"]
+    else:
+        problems = []
+        for partner, found in configured.items():
+            if not isinstance(partner, str) or not _WEBHOOK_PARTNER.fullmatch(partner):
+                problems.append(
+                    f"partner {partner!r} is no slug of 1-100 letters, digits, '-' or '_' (the "
+                    "webhook's URL takes <slug:partner>; its signal ids are '<partner>:<id>')"
+                )
+            secrets = [found] if isinstance(found, str) else found
+            if (
+                not isinstance(secrets, list)
+                or not secrets
+                or not all(isinstance(one, str) and one for one in secrets)
+            ):
+                problems.append(f"[{partner!r}] is a secret, or a list of them")
+    return [
+        checks.Error(f"AGENTFLOW_WEBHOOK_SECRETS {problem}.", id="agentflow.E006")
+        for problem in problems
+    ]
 
 
 @checks.register(checks.Tags.database)

@@ -129,8 +129,13 @@ def _take(limit: limits.Limit) -> store.Turn:
 def _give_back(
     limit: limits.Limit, turn: store.Turn, outcome: str, detail: str, block: float, reason: str
 ) -> None:
-    """A database that fails here costs the place its lease, never the call's result."""
+    """A database that fails here costs the place its lease, never the call's result. What the
+    partner said is kept on the Partners page, which anyone who may see partners reads: a
+    value of the run's sensitive arguments it repeats is masked, as in a log line."""
+    step = _step.get()
     try:
+        if detail and step is not None:
+            detail = store.masked(step[0], detail)
         store.turn_return(
             limit, turn, outcome=outcome, detail=detail, block_seconds=block, rate_reason=reason
         )

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from agentflow import identifiers
 from agentflow.conf import settings
 
 #: After a 429 the key runs at half what it ran at, never below this share of its limit: slow
@@ -35,6 +36,9 @@ SLEEP_IN_PROCESS_SECONDS = 0.25
 ARRIVE_EARLY_SECONDS = 0.1
 #: Spacing of runs resumed after a breaker or a pause on a partner without a rate.
 UNRATED_RESUME_SPACING_SECONDS = 0.05
+
+#: The partner tables' key column holds this many characters.
+PARTNER_KEY_MAX_CHARS = 100
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _PERIOD_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
@@ -82,8 +86,9 @@ def parse_limits(value: Any) -> dict[str, Limit]:
         raise LimitsError("AGENTFLOW_PARTNER_LIMITS maps partner keys to their limits")
     limits = {}
     for partner, spec in value.items():
-        if not isinstance(partner, str) or not partner or len(partner) > 100:
-            raise LimitsError(f"a partner key is a name of 1-100 characters, not {partner!r}")
+        refused = identifiers.problem("partner key", partner, max_chars=PARTNER_KEY_MAX_CHARS)
+        if refused:
+            raise LimitsError(f"AGENTFLOW_PARTNER_LIMITS: {refused}")
         if not isinstance(spec, dict) or set(spec) - {"rate", "concurrency"}:
             raise LimitsError(
                 f'{partner}: give {{"rate": "N/s"}} and/or {{"concurrency": N}}, not {spec!r}'

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from agentflow import identifiers
 from agentflow.context import Decision, StepContext
 from agentflow.exceptions import DefinitionError, UnknownWorkflowError
 from agentflow.replies import Replies
@@ -19,6 +20,12 @@ StepFn = Callable[[StepContext], Any]
 
 #: Returned by a branch function to end the workflow after this step.
 END = "__end__"
+#: Workflow and step names: the columns that hold them (a run's, a checkpoint's) take this many.
+NAME_MAX_CHARS = 100
+#: A planned compensation is named `refund_fee@b<branch>.<seq>`: room kept for the suffix.
+UNDO_SUFFIX_CHARS = 12
+#: A signal's name: the column that holds it (a wait's, a signal's) takes this many.
+SIGNAL_MAX_CHARS = 200
 #: A planned compensation names the call it undoes: `refund_fee@7` undoes the call at 7 of
 #: the run's current branch, `refund_fee@b0.7` the call at 7 of branch 0, set aside by a fork.
 _UNDO = re.compile(r"^(?P<undo>[^@]+)@(?:b(?P<branch>\d+)\.)?(?P<seq>\d+)$")
@@ -173,12 +180,24 @@ class Workflow:
     #: "auto": a run moves to a newer build when that build can take it by rule (SPEC 3.9);
     #: "pinned": every run finishes on the build it started on.
     versioning: str = "auto"
+    #: Keys of a run's input only deciders and the named readers may read in the admin
+    #: (agentflow.sensitive), wherever their values appear in the run: a value that opens what
+    #: they may not read (the key to a customer's own page) is as sensitive as what it opens.
+    sensitive_input: Sensitive | None = None
 
     def __post_init__(self) -> None:
+        refused = identifiers.problem("workflow name", self.name, max_chars=NAME_MAX_CHARS)
+        if refused:
+            raise DefinitionError(refused)
         if self.versioning not in VERSIONING:
             raise DefinitionError(
                 f"workflow {self.name!r}: versioning is one of {VERSIONING}, "
                 f"not {self.versioning!r}"
+            )
+        if self.sensitive_input is not None and not isinstance(self.sensitive_input, Sensitive):
+            raise DefinitionError(
+                f"workflow {self.name!r}: sensitive_input is a durable.Sensitive(...) naming "
+                f"keys of the input, not {self.sensitive_input!r}"
             )
         register(self)
 
@@ -257,8 +276,9 @@ class Workflow:
         output is `{"payload": payload}`, or `{"timed_out": True}` once `timeout` seconds have
         passed without one (None: it waits until one comes). A signal sent before the run got
         here was kept: the step takes the oldest one kept and does not wait."""
-        if not signal:
-            raise DefinitionError(f"{self.name}: wait_for {name!r} needs a signal name")
+        refused = identifiers.problem("signal name", signal, max_chars=SIGNAL_MAX_CHARS)
+        if refused:
+            raise DefinitionError(f"{self.name}: wait_for {name!r}: {refused}")
         if timeout is not None and not timeout > 0:
             raise DefinitionError(f"{self.name}: wait_for {name!r}: timeout must be above 0")
         spec = WaitSpec(kind=WaitKind.SIGNAL, name=signal, seconds=timeout)
@@ -288,8 +308,11 @@ class Workflow:
         )
 
     def _add(self, name: str, **options: Any) -> Callable[[StepFn], StepFn]:
-        if not name or name == END:
-            raise DefinitionError(f"{self.name}: invalid step name {name!r}")
+        longest = NAME_MAX_CHARS - (UNDO_SUFFIX_CHARS if options["compensation_only"] else 0)
+        refused = identifiers.problem("step name", name, max_chars=longest)
+        if refused or name == END or undo_target(name) is not None:
+            reserved = f"{END!r} and names like 'undo@7' are the engine's"
+            raise DefinitionError(f"{self.name}: invalid step name {name!r}: {refused or reserved}")
         if name in self.steps:
             raise DefinitionError(f"{self.name} v{self.version}: step {name!r} declared twice")
 
@@ -303,6 +326,10 @@ class Workflow:
     def sensitive_calls(self) -> dict[str, Sensitive]:
         """The calls (steps, or a code-first run's tools) declaring sensitive arguments."""
         return {n: s.sensitive for n, s in self.steps.items() if s.sensitive is not None}
+
+    def declares_sensitive(self) -> bool:
+        """Does anything of its runs need masking: a call's arguments or the input's keys?"""
+        return self.sensitive_input is not None or bool(self.sensitive_calls())
 
     def replies_of(self, call: str) -> Replies | None:
         """What a decision on `call` may tell the customer (None: the call declares nothing)."""

@@ -11,7 +11,8 @@ out, the normal fee is held and taken, and the customer is told so.
 What the customer tells us about it (`details`) is shown to whoever decides, in both engines
 (the agent's call carries it beside the model's arguments: `tool_approval_arguments`), and is
 declared sensitive: in the admin only those who decide waivers and those who may read refund
-requests read it (`DETAILS`). What the operator
+requests read it (`DETAILS`), and the status-page id that opens the customer's page, where the
+customer reads it back, likewise (`STATUS_PAGE_KEY`). What the operator
 tells the customer is apart from their reason: one of the policy's sentences, or words they
 wrote in the admin's field for the customer and saw in a preview (`REPLIES`, the decision's
 `reply`). Their reason and their name stay internal: nothing here reads them.
@@ -47,6 +48,10 @@ STEP = "request_fee_waiver"
 NOT_REQUESTED: dict[str, Any] = {"requested": False}
 #: The customer's own words about the waiver: read by deciders and by refund request readers.
 DETAILS = durable.Sensitive("details", readers=["refunds.view_refundrequest"])
+#: The refund's status-page id (a run's `refund_id` input, and its business key) opens the
+#: customer's own page, which shows those words to whoever holds it, with no login: in the
+#: admin it is read by the same people, and a link that carries it is shown to them alone.
+STATUS_PAGE_KEY = durable.Sensitive("refund_id", readers=DETAILS.readers)
 #: What a decision on it may tell the customer (the policy's sentences, or the operator's own).
 REPLIES = durable.Replies(
     approve=policy.WAIVER_REPLIES["approve"], reject=policy.WAIVER_REPLIES["reject"]

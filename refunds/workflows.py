@@ -26,7 +26,9 @@ from refunds.gateways import (
 #: its own build's workers. So add steps rather than rename or reorder the ones runs have
 #: passed, bump `version`, and run `manage.py agentflow_deploy_check` with the new code first
 #: (tests/refunds/acceptance/test_deploys.py deploys a read step just before the fee this way).
-refund = durable.Workflow("refund", version=4, on_failure="notify_failure")
+#: (Its first line stays as it is: test_deploys.py writes the next release by editing it.)
+refund = durable.Workflow("refund", version=4, on_failure="notify_failure",
+                          sensitive_input=waivers.STATUS_PAGE_KEY)  # fmt: skip
 
 refund.step("load_request", kind="read")(steps.load_request)
 refund.step("parse_flight_details", kind="read")(steps.parse_flight_details)

@@ -157,13 +157,14 @@ def perform(
         try:
             next_step = verb.act(run["pk"], actor=actor, reason=reason, **extra)
         except store.ActionRefused as exc:
-            refused.append((run["pk"], str(exc)))
+            # A refusal may quote the run (a move's difference, a partner's answer): masked.
+            refused.append((run["pk"], privacy.said(request, run, str(exc))))
         except DatabaseError:
             logger.exception("operator %s of %s failed", verb.name, run["pk"])
             refused.append((run["pk"], "the database did not accept the change; try again"))
         else:
             if next_step:
-                pending.append((run["pk"], next_step))
+                pending.append((run["pk"], privacy.said(request, run, next_step)))
             else:
                 done.append(run)
     for run_id, what in pending[:MAX_REFUSAL_MESSAGES]:

@@ -103,7 +103,7 @@ class StepInline(ReadOnlyInline):
         step = links.StepRef(
             seq=cp.seq, name=cp.name, kind=cp.kind, status=cp.status, output=cp.output
         )
-        found = links.step_links(self.run_ref, step)
+        found = self.privacy.links(links.step_links(self.run_ref, step))
         if not found:
             return ""
         anchors = format_html_join(

@@ -3,6 +3,9 @@
 (`agentflow.pause_partnerstate`), each recorded with the operator and the reason.
 
 The rows are the limiter's and are never edited here: the two actions go through the store.
+A partner key is any name AGENTFLOW_PARTNER_LIMITS gives (a model's `openai/gpt-4o-mini`, a
+`crm:eu` region, spaces, any script): in the actions' URLs it is quoted the admin's way, as
+object ids are, so it never breaks a URL or its reverse.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -39,6 +43,10 @@ class PartnerStateAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Whoever may pause a partner may see the page that pauses it."""
+        return super().has_view_permission(request, obj) or request.user.has_perm(PAUSE_PERMISSION)
+
     def get_urls(self) -> list[Any]:
         wrap = self.admin_site.admin_view
         own = [
@@ -53,7 +61,7 @@ class PartnerStateAdmin(admin.ModelAdmin):
         return own + super().get_urls()
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        if not self.has_view_or_change_permission(request):
+        if not self.has_view_permission(request):
             raise PermissionDenied
         context = {
             **self.admin_site.each_context(request),
@@ -71,6 +79,7 @@ class PartnerStateAdmin(admin.ModelAdmin):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         back = HttpResponseRedirect(reverse("admin:agentflow_partnerstate_changelist"))
+        partner = unquote(partner)
         limit = limits.limit_for(partner)
         form = ReasonForm(request.POST)
         if limit is None:
@@ -98,6 +107,7 @@ def _row(view: store.PartnerView) -> dict[str, Any]:
     if limit is not None and limit.concurrency is not None:
         parts.append(f"{limit.concurrency} in flight")
     recent = PartnerEvent.objects.filter(partner=view.partner).order_by("-at", "-id")
+    key = quote(view.partner)  # "/" and the like escaped, as the admin escapes object ids
     return {
         "view": view,
         "limit": ", ".join(parts) or ("breaker only" if limit is not None else "not configured"),
@@ -111,6 +121,8 @@ def _row(view: store.PartnerView) -> dict[str, Any]:
         "last_error": _at(view.last_error_at),
         "events": list(recent[:RECENT_EVENTS]),
         "configured": limit is not None,
+        "pause_url": reverse("admin:agentflow_partnerstate_pause", args=[key]),
+        "resume_url": reverse("admin:agentflow_partnerstate_resume", args=[key]),
     }
 
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
+from urllib.parse import unquote, unquote_plus
 
 from django.http import HttpRequest
 
-from agentflow import registry, store
+from agentflow import links, registry, store
 from agentflow.models import RunEvent, RunWait, StepCheckpoint, SupersededStep, WorkflowRun
 from agentflow.sensitive import Redactor, Sensitive
 
@@ -70,6 +71,21 @@ class Privacy:
     def rows(self, rows: Iterable[Row]) -> list[Row]:
         return [self.row(row) for row in rows]
 
+    def links(self, found: Iterable[links.Link]) -> list[links.Link]:
+        """The domain's links as this viewer may follow them: a link whose address carries a
+        value they may not read is a key to what it opens (a customer's page, found by its
+        id) and is left out; the others keep their address, their words masked."""
+        if not self.redactor:
+            return list(found)
+        shown = []
+        for link in found:
+            if any(
+                self.text(a) != a for a in (link.url, unquote(link.url), unquote_plus(link.url))
+            ):
+                continue
+            shown.append(replace(link, label=self.text(link.label), title=self.text(link.title)))
+        return shown
+
 
 OPEN = Privacy(Redactor())
 
@@ -86,10 +102,20 @@ def may_read(user: Any, sensitive: Sensitive | None) -> bool:
 
 def for_run(request: HttpRequest, run: WorkflowRun) -> Privacy:
     """What `request`'s user may read of `run` (worked out once per request and run)."""
+    return _memo(request, run.pk, run.workflow, run.version)
+
+
+def said(request: HttpRequest, run: Mapping[str, Any], text: str) -> str:
+    """`text` about `run` (a summary with its pk, workflow and version) as `request`'s user may
+    read it: what an operator action answered may quote a call (a refusal's difference)."""
+    return _memo(request, run["pk"], run["workflow"], run["version"]).text(text)
+
+
+def _memo(request: HttpRequest, run_id: str, workflow: str, version: int) -> Privacy:
     memo: dict[str, Privacy] = request.__dict__.setdefault(_ATTACHED, {})
-    found = memo.get(run.pk)
+    found = memo.get(run_id)
     if found is None:
-        found = memo[run.pk] = _privacy(request.user, run)
+        found = memo[run_id] = _privacy(request.user, run_id, workflow, version)
     return found
 
 
@@ -104,20 +130,25 @@ def attached(run: WorkflowRun) -> Privacy:
     """The privacy `attach` kept on this run object; without one, what a viewer with no
     permission may read (nothing sensitive)."""
     found = getattr(run, _ATTACHED, None)
-    return found if isinstance(found, Privacy) else _privacy(None, run)
+    if isinstance(found, Privacy):
+        return found
+    return _privacy(None, run.pk, run.workflow, run.version)
 
 
-def _privacy(user: Any, run: WorkflowRun) -> Privacy:
-    definition = registry.lookup(run.workflow, run.version)
-    declared = definition.sensitive_calls() if definition is not None else None
-    if declared is not None and not declared:
+def _privacy(user: Any, run_id: str, workflow: str, version: int) -> Privacy:
+    definition = registry.lookup(workflow, version)
+    if definition is not None and not definition.declares_sensitive():
         return OPEN  # nothing in this workflow is sensitive: no query
-    if declared is None:
-        hidden: Mapping[str, Sensitive] | None = None
-    else:
+    hidden: Mapping[str, Sensitive] | None = None
+    hidden_input: Sensitive | None = None
+    if definition is not None:
+        declared = definition.sensitive_calls()
         hidden = {n: s for n, s in declared.items() if user is None or not may_read(user, s)}
-        if not hidden:
+        found = definition.sensitive_input
+        if found is not None and (user is None or not may_read(user, found)):
+            hidden_input = found
+        if not hidden and hidden_input is None:
             return OPEN
-    if hidden is None and user is not None and may_read(user, None):
+    elif user is not None and may_read(user, None):
         return OPEN
-    return Privacy(Redactor(store.sensitive_values(run.pk, hidden)))
+    return Privacy(Redactor(store.sensitive_values(run_id, hidden, input_declared=hidden_input)))

@@ -47,6 +47,7 @@ class RunRows:
             steps=privacy.rows(self.steps),
             events=privacy.rows(self.events),
             superseded=privacy.rows(self.superseded),
+            waits=privacy.rows(self.waits),
         )
 
     @classmethod

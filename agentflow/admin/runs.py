@@ -33,7 +33,7 @@ from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
 
 RUN_FIELDS = (
-    "id", "definition", "status_badge", "current", "current_attempts", "business_key",
+    "id", "definition", "status_badge", "current", "current_attempts", "business_key_block",
     "related", "wake_up", "created", "updated", "build_block",
 )  # fmt: skip
 PAYLOAD_FIELDS = ("error_block", "output_block", "input_block", "compensations_block")
@@ -129,10 +129,11 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         """The build it is on, why it waits if a build holds it, and, when it is not on this
         build, whether this build could take it: the first difference as a diff (SPEC 3.9)."""
         own = builds.current()
-        parts = [format_html("<code>{}</code> (started on <code>{}</code>)", run.build or "—",
-                             run.started_build or "—")]  # fmt: skip
+        shown = privacy.attached(run)  # a difference quotes the calls: their arguments masked
+        parts: list[str] = [format_html("<code>{}</code> (started on <code>{}</code>)",
+                                        run.build or "—", run.started_build or "—")]  # fmt: skip
         if run.pinned:
-            parts.append(format_html(" · pinned: it finishes on its build"))
+            parts.append(" · pinned: it finishes on its build")
         held = routing.run_reason(run)
         if held:
             parts.append(format_html(' · <span class="af-overdue">{}</span>', held))
@@ -147,15 +148,19 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                         format_html(
                             "<div>this build ({}) cannot take it: {}</div><pre>{}</pre>",
                             own,
-                            check.reason,
-                            check.diff(),
+                            shown.text(check.reason),
+                            shown.text(check.diff()),
                         )
                     )
         return format_html_join("", "{}", ((part,) for part in parts))
 
+    @admin.display(description="business key")
+    def business_key_block(self, run: WorkflowRun) -> str:
+        return privacy.attached(run).text(run.business_key or "") or "—"
+
     @admin.display(description="related")
     def related(self, run: WorkflowRun) -> str:
-        found = links.run_links(run_ref(run))
+        found = privacy.attached(run).links(links.run_links(run_ref(run)))
         if not found:
             return "—"
         return format_html_join(
@@ -222,7 +227,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="signals")
     def signals_block(self, run: WorkflowRun) -> str:
-        return signals.signals_block(run)
+        return signals.signals_block(run, privacy.attached(run))
 
     @admin.display(description="compensations still to run")
     def compensations_block(self, run: WorkflowRun) -> str:

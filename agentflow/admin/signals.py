@@ -7,14 +7,16 @@ from __future__ import annotations
 from django.utils.html import format_html, format_html_join
 
 from agentflow.admin.display import pretty, when
+from agentflow.admin.privacy import Privacy
 from agentflow.models import RunSignal, WorkflowRun
 
 #: The newest signals shown; a run is sent a handful, a runaway partner could send thousands.
 SHOWN = 50
 
 
-def signals_block(run: WorkflowRun) -> str:
-    """The run's signals, newest first: id, name, when it came, and what took it."""
+def signals_block(run: WorkflowRun, shown: Privacy) -> str:
+    """The run's signals, newest first: id, name, when it came, and what took it (`shown`: the
+    viewer's privacy, which masks a sensitive value a partner's payload repeats)."""
     rows = list(RunSignal.objects.filter(run=run).order_by("-id")[:SHOWN])
     if not rows:
         return "—"
@@ -22,11 +24,11 @@ def signals_block(run: WorkflowRun) -> str:
         '<table class="af-waits af-signals"><thead><tr><th>signal id</th><th>name</th>'
         "<th>received</th><th>taken by</th><th>payload</th></tr></thead><tbody>{}</tbody>"
         "</table>",
-        format_html_join("", "<tr>{}</tr>", ((_row(run, signal),) for signal in rows)),
+        format_html_join("", "<tr>{}</tr>", ((_row(run, signal, shown),) for signal in rows)),
     )
 
 
-def _row(run: WorkflowRun, signal: RunSignal) -> str:
+def _row(run: WorkflowRun, signal: RunSignal, shown: Privacy) -> str:
     if signal.consumed_at is None:
         taken = format_html(
             '<span class="af-parked">kept: no wait_for({}) has taken it</span>', signal.name
@@ -40,5 +42,5 @@ def _row(run: WorkflowRun, signal: RunSignal) -> str:
         signal.name,
         when(signal.received_at),
         taken,
-        pretty(signal.payload),
+        pretty(shown.value(signal.payload)),
     )

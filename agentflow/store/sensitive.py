@@ -3,7 +3,8 @@ for those who may not read them, and what the engine masks in the lines it logs 
 
 Read from where the engine records a call's arguments: the run's approval waits (every branch),
 its tool calls' checkpoints, current and superseded, and the events that keep a call a wait was
-recorded, replaced or decided for.
+recorded, replaced or decided for; and from the run's input, for the keys its workflow declares
+`sensitive_input`.
 """
 
 from __future__ import annotations
@@ -26,10 +27,21 @@ _CALL_EVENTS = (
 )
 
 
-def sensitive_values(run_id: str, declared: Mapping[str, Sensitive] | None) -> list[str]:
+def sensitive_values(
+    run_id: str,
+    declared: Mapping[str, Sensitive] | None,
+    *,
+    input_declared: Sensitive | None = None,
+) -> list[str]:
     """The run's values of the sensitive arguments `declared` by call name; None (a definition
-    this code does not have, which cannot say) takes every approval and tool argument's text."""
-    return list(_values(run_id, declared))
+    this code does not have, which cannot say) takes every approval and tool argument's text.
+    `input_declared`: the keys of the run's input to take too (its workflow's
+    `sensitive_input`)."""
+    found = list(_values(run_id, declared))
+    if input_declared is not None:
+        given = WorkflowRun.objects.filter(pk=run_id).values_list("input", flat=True).first()
+        found.extend(input_declared.values(given))
+    return found
 
 
 def masked(run_id: str, text: str, *, workflow: registry.Workflow | None = None) -> str:
@@ -37,7 +49,7 @@ def masked(run_id: str, text: str, *, workflow: registry.Workflow | None = None)
     run's sensitive arguments masked, so no log line carries them whatever a step raised.
     `workflow`: the run's definition, when the caller has it (else it is looked up; one this
     code does not have masks every approval and tool argument)."""
-    if not text or (workflow is not None and not workflow.sensitive_calls()):
+    if not text or (workflow is not None and not workflow.declares_sensitive()):
         return text  # nothing to mask: no query
     try:
         with transaction.atomic():  # a savepoint: a failed read leaves the caller's intact
@@ -45,10 +57,11 @@ def masked(run_id: str, text: str, *, workflow: registry.Workflow | None = None)
                 found = WorkflowRun.objects.filter(pk=run_id).values_list("workflow", "version")
                 row = found.first()
                 workflow = registry.lookup(*row) if row is not None else None
-            declared = workflow.sensitive_calls() if workflow is not None else None
-            if declared is not None and not declared:
+            if workflow is not None and not workflow.declares_sensitive():
                 return text  # nothing in this workflow is sensitive
-            values = sensitive_values(run_id, declared)
+            declared = workflow.sensitive_calls() if workflow is not None else None
+            of_input = workflow.sensitive_input if workflow is not None else None
+            values = sensitive_values(run_id, declared, input_declared=of_input)
     except DatabaseError:
         return "(not logged: the run's sensitive values, to mask in it, could not be read)"
     return Redactor(values).text(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -100,6 +101,50 @@ def viewer(client: Client) -> Client:
     user.user_permissions.add(Permission.objects.get(codename="view_workflowrun"))
     client.force_login(user)
     return client
+
+
+#: The console's roles (docs/console.md, "Who sees what"), by their permissions. A reader
+#: holds the view permission and the one a declaration names: a test adds its own.
+CONSOLE_ROLES: dict[str, tuple[str, ...]] = {
+    "superuser": (),
+    "viewer": ("agentflow.view_workflowrun",),
+    "operator": ("agentflow.change_workflowrun",),
+    "approver": ("agentflow.view_workflowrun", "agentflow.approve_workflowrun"),
+    "approver_only": ("agentflow.approve_workflowrun",),
+    "partners_viewer": ("agentflow.view_partnerstate",),
+    "partner_operator": ("agentflow.pause_partnerstate",),
+}
+
+
+def as_role(role: str, roles: Mapping[str, tuple[str, ...]] = CONSOLE_ROLES) -> Client:
+    """A client logged in as `role` of `roles`, its username the role's name."""
+    return as_user(role, roles[role], superuser=role == "superuser")
+
+
+def holds(role: str, roles: Mapping[str, tuple[str, ...]], *permissions: str) -> bool:
+    """Does `role` hold any of `permissions` ("app.codename"; a superuser holds all)?"""
+    return role == "superuser" or any(p in roles[role] for p in permissions)
+
+
+def as_user(username: str, permissions: Iterable[str] = (), *, superuser: bool = False) -> Client:
+    """A client logged in as a staff user holding `permissions` ("app.codename", or a codename
+    only one app has), or as a superuser: one role of the console's."""
+    if superuser:
+        user = User.objects.create_superuser(username, password="x")
+    else:
+        user = User.objects.create_user(username, password="x", is_staff=True)
+    for permission in permissions:
+        app, _, codename = permission.rpartition(".")
+        found = Permission.objects.filter(codename=codename)
+        user.user_permissions.add(found.get(content_type__app_label=app) if app else found.get())
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def first_status(response: Any) -> int:
+    """The status a request was first answered with, when its redirects were followed."""
+    return response.redirect_chain[0][1] if response.redirect_chain else response.status_code
 
 
 def published_steps(run_id: str) -> list[list[Any]]:

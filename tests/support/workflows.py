@@ -984,3 +984,22 @@ held_place = durable.Workflow("held_place", version=1)
 held_place.step("hold_place", kind="effect")(place_holder)
 waits_for_place = durable.Workflow("waits_for_place", version=1)
 waits_for_place.step("after_place", kind="effect")(next_in_line)
+
+
+# --- names an operator reads, with any character a real system uses (issue 37) ------------------
+#: A partner key (a model's name), a workflow, its steps and the signal it waits for, named with
+#: "/", ":", ".", spaces and non-ASCII letters.
+ODD_PARTNER = "openai/gpt-4o-mini"
+ODD_SIGNAL = "bank/ü: settled.v2"
+
+
+def odd_partner_call(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    with durable.partner_call(ODD_PARTNER, "ask"):
+        return {"asked": ODD_PARTNER}
+
+
+odd_names = durable.Workflow("billing/eu:refunds ü", version=1)
+odd_names.step("charge card/eu: ü", kind="read")(odd_partner_call)
+odd_names.wait_for("await the bank: 東京", signal=ODD_SIGNAL, timeout=None)
+odd_names.step("done.ok", kind="read")(_finish)

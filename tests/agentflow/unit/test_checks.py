@@ -8,11 +8,13 @@ from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from celery import Celery, current_app
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from kombu import Queue
 
-from agentflow import checks, dispatch
+from agentflow import builds, checks, dispatch
 
 
 @contextmanager
@@ -94,3 +96,38 @@ def test_numeric_settings__the_defaults_pass__a_bad_value_is_an_error_naming_it(
     ):  # fmt: skip
         with override_settings(**{name: good}):
             assert checks.numeric_settings() == [], (name, good)
+
+
+@pytest.mark.parametrize("build", ["release/2026.12:rc 1 ü", "registry.test/app:2026.11 rc2 東京"])
+def test_build_id__any_character_a_release_uses__passes(build: str) -> None:
+    with override_settings(AGENTFLOW_BUILD_ID=build):
+        assert checks.build_id() == []
+        assert builds.current() == build
+
+
+@pytest.mark.parametrize(
+    ("build", "says"), [("v1\n", "U+000A"), ("b" * 101, "has 101"), ("v1 ", "space at an end")]
+)
+def test_build_id__one_no_column_holds__an_error_and_no_worker_starts(
+    build: str, says: str
+) -> None:
+    with override_settings(AGENTFLOW_BUILD_ID=build):
+        [error] = checks.build_id()
+        assert error.id == "agentflow.E005" and says in error.msg
+        with pytest.raises(ImproperlyConfigured, match="AGENTFLOW_BUILD_ID: a build id"):
+            builds.current()
+
+
+def test_webhook_secrets__slug_partners_with_secrets_pass__others_are_errors_saying_why() -> None:
+    good = {"airline": ["whsec_new", "whsec_old"], "crm-eu_1": "whsec_c"}
+    bad = {"crm:eu": "whsec", "openai/gpt-4o-mini": "whsec", "ok": [], "also_ok": 3}
+
+    with override_settings(AGENTFLOW_WEBHOOK_SECRETS=good):
+        assert checks.webhook_secrets() == []
+    with override_settings(AGENTFLOW_WEBHOOK_SECRETS=bad):
+        said = [(m.id, m.msg) for m in checks.webhook_secrets()]
+
+    assert {id_ for id_, _ in said} == {"agentflow.E006"} and len(said) == 4
+    assert "partner 'crm:eu' is no slug" in said[0][1]
+    assert "partner 'openai/gpt-4o-mini' is no slug" in said[1][1]
+    assert "['ok'] is a secret, or a list of them" in said[2][1]

@@ -3,6 +3,8 @@ in its headers, the key's speed after a 429 or a closed breaker, the breaker's c
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.test import override_settings
 
@@ -20,6 +22,14 @@ def test_parse_limits__rates_and_concurrency() -> None:
     assert limits.parse_rate("1000/h") == pytest.approx(1000 / 3600)
 
 
+def test_parse_limits__keys_as_real_systems_name_them() -> None:
+    keys = ("openai/gpt-4o-mini", "crm:eu-west.1", "legacy airline", "zahlungsdienst/ü:naïve 東京")
+
+    parsed = limits.parse_limits(json.dumps({key: {"concurrency": 1} for key in keys}))
+
+    assert [parsed[key].partner for key in keys] == list(keys)
+
+
 @pytest.mark.parametrize(
     ("value", "says"),
     [
@@ -29,6 +39,9 @@ def test_parse_limits__rates_and_concurrency() -> None:
         ('{"airline": {"concurrency": 0}}', "whole number from 1"),
         ('{"airline": {"burst": 3}}', "and/or"),
         ("[1]", "maps partner keys"),
+        ('{"stripe\\n": {"rate": "1/s"}}', "partner key is 1-100 characters.*U\\+000A"),
+        ('{" stripe": {"rate": "1/s"}}', "has a space at an end"),
+        (json.dumps({"k" * 101: {"rate": "1/s"}}), "has 101"),
     ],
 )
 def test_parse_limits__says_what_is_wrong(value: str, says: str) -> None:

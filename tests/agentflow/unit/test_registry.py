@@ -93,6 +93,42 @@ def test_invalid_step_name__refused(define: Any, name: str) -> None:
         define(f"invalid_{len(name)}").step(name)
 
 
+@pytest.mark.parametrize("name", ["undo@7", "undo@b0.7", "a\x00b", " padded", "x" * 101])
+def test_step_name__the_engines_undo_form_a_control_character_or_too_long__refused(
+    define: Any, name: str
+) -> None:
+    with pytest.raises(DefinitionError, match="invalid step name"):
+        define(f"invalid_{abs(hash(name))}").step(name)
+
+
+def test_names__slashes_colons_dots_spaces_and_any_script__accepted(define: Any) -> None:
+    """Names as real systems write them: a workflow, its steps, the signal it waits for."""
+    flow = define("billing/eu:refunds ü 東京")
+    flow.step("charge card/eu: ü")(noop)
+    flow.wait_for("await the bank: 東京", signal="bank/ü: settled.v2")
+    flow.compensation("refund card/eu.v2")(noop)
+
+    assert flow.forward_steps == ["charge card/eu: ü", "await the bank: 東京"]
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: Workflow("unit_odd\nname"), "workflow name is 1-100 characters"),
+        (lambda: Workflow("unit_" + "w" * 100), "has 105"),
+        (lambda: Workflow("unit_bad_sensitive", sensitive_input="refund_id"), "sensitive_input"),
+        (
+            lambda: Workflow("unit_odd_signal").wait_for("w", signal="bank\tanswer"),
+            "signal name is 1-200 characters.*U\\+0009",
+        ),
+        (lambda: Workflow("unit_odd_compensation").compensation("u" * 89), "1-88 characters"),
+    ],
+)
+def test_names__refused_at_definition_with_what_is_wrong(make: Any, says: str) -> None:
+    with pytest.raises(DefinitionError, match=says):
+        make()
+
+
 def test_duplicate_workflow_version__refused(define: Any) -> None:
     define("twice", version=1)
     with pytest.raises(DefinitionError, match="registered twice"):

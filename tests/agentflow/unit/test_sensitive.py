@@ -138,6 +138,30 @@ def test_redactor__whole_words_only_and_nothing_without_values() -> None:
     assert not Redactor([" ", ""])
 
 
+NOTE = "The ward nurse, Ingrid-Q5, told me on Monday to stay in bed for a week."
+
+
+@pytest.mark.parametrize(
+    ("shown", "expected"),
+    [
+        # a divergence's excerpt around its first difference, cut on both sides
+        (
+            f"messages[1].content: …{NOTE[10:70]}… → …",
+            f"messages[1].content: …{redacted(NOTE)}… → …",
+        ),
+        # cut with a preview's ellipsis, as JSON writes it
+        (f'{{"note": "{NOTE[:30]}…"}}', f'{{"note": "{redacted(NOTE)}…"}}'),
+        # an error cut at its column's size: the copy ends the text
+        (f"partner refused: {NOTE[:40]}", f"partner refused: {redacted(NOTE)}"),
+        # fewer than MIN_CUT_CHARS beside a cut say nothing, and are left alone
+        (f"to stay… {NOTE[:5]}", f"to stay… {NOTE[:5]}"),
+        ("nothing of it … here", "nothing of it … here"),
+    ],
+)
+def test_redactor__a_copy_cut_before_it_was_kept_is_masked_too(shown: str, expected: str) -> None:
+    assert Redactor([NOTE]).text(shown) == expected
+
+
 # --- the decision form --------------------------------------------------------------------------
 def form(data: dict[str, Any] | None = None, **kwargs: Any) -> DecisionForm:
     return DecisionForm(data, replies=kwargs.pop("replies", REPLIES), approved=False, **kwargs)

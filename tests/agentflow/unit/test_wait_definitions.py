@@ -40,7 +40,7 @@ def test_step__requires_approval_is_true_false_or_a_predicate(flow: durable.Work
 
 
 def test_wait_for__needs_a_signal_and_a_positive_timeout(flow: durable.Workflow) -> None:
-    with pytest.raises(DefinitionError, match="needs a signal name"):
+    with pytest.raises(DefinitionError, match="a signal name is 1-200 characters"):
         flow.wait_for("reply", signal="")
     with pytest.raises(DefinitionError, match="timeout must be above 0"):
         flow.wait_for("reply", signal="reply", timeout=0)
