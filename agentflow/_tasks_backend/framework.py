@@ -7,9 +7,15 @@ Everything in the package takes the framework's names from here, so one import d
 from __future__ import annotations
 
 try:  # Django >= 6.0
-    from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+    from django.tasks import (
+        DEFAULT_TASK_QUEUE_NAME,
+        TaskContext,
+        TaskResult,
+        TaskResultStatus,
+        task_backends,
+    )
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import DEFAULT_TASK_QUEUE_NAME, Task, TaskError
+    from django.tasks.base import Task, TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
@@ -17,10 +23,16 @@ try:  # Django >= 6.0
     FRAMEWORK = "django.tasks"
 except ImportError:  # Django 5.2 LTS: the backport
     try:
-        from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+        from django_tasks import (
+            DEFAULT_TASK_QUEUE_NAME,
+            TaskContext,
+            TaskResult,
+            TaskResultStatus,
+            task_backends,
+        )
         from django_tasks import exceptions as _exceptions
         from django_tasks.backends.base import BaseTaskBackend
-        from django_tasks.base import DEFAULT_TASK_QUEUE_NAME, Task, TaskError
+        from django_tasks.base import Task, TaskError
         from django_tasks.exceptions import TaskResultDoesNotExist
         from django_tasks.signals import task_enqueued, task_finished, task_started
         from django_tasks.utils import normalize_json
