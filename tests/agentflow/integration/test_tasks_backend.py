@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.core import checks
 from django.db import transaction
+from django.test import Client
 from django.utils import timezone
 
 from agentflow import durable
@@ -21,6 +22,7 @@ from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.tasks_backend import DurableTaskBackend
 from agentflow.testing import crash_at, run_to_end
 from tests.support import durable_tasks, partner, workflows
+from tests.support.admin import LIST_URL, detail_url, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -101,6 +103,21 @@ def test_enqueue__committed__runs_once_with_its_key(partner_db: Any, signals: li
         ("task_started", RUNNING),
         ("task_finished", SUCCESSFUL),
     ]
+
+
+def test_task_run__is_an_ordinary_run__the_admin_shows_it(
+    partner_db: Any, admin_client: Client
+) -> None:
+    result = durable_tasks.charge.enqueue("o-admin")
+    run_to_end(result.id)
+
+    listed = admin_client.get(LIST_URL)
+    page = admin_client.get(detail_url(WorkflowRun.objects.get(pk=result.id)))
+
+    assert listed.status_code == 200 and result.id in text(listed)
+    assert page.status_code == 200
+    assert "task:tests.support.durable_tasks.charge" in text(page)
+    assert StepCheckpoint.objects.get(run_id=result.id).idempotency_key in text(page)
 
 
 def test_crash_after_the_effect__retry_uses_the_same_key__effect_once(partner_db: Any) -> None:

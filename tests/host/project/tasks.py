@@ -1,13 +1,17 @@
 """The shop's background work as Django's own `@task` functions, run by agentflow's tasks
-backend (copied to orders/tasks.py on Django 6 legs, where `django.tasks` exists)."""
+backend (copied to orders/tasks.py once TASKS names it)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from django.tasks import task
 from orders.models import PartnerCall, Release, Shipment
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
 
 
 @task(takes_context=True)

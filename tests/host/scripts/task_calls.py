@@ -23,7 +23,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
 django.setup()
 
 from django.db import transaction  # noqa: E402
-from django.tasks.exceptions import TaskResultDoesNotExist  # noqa: E402
+
+try:
+    from django.tasks.exceptions import TaskResultDoesNotExist
+except ImportError:  # Django 5.2: the backport
+    from django_tasks.exceptions import TaskResultDoesNotExist
 from orders.tasks import ship_order  # noqa: E402
 
 
