@@ -30,6 +30,7 @@ class AgentflowConfig(AppConfig):
             tasks,
             tracing,
         )
+        from agentflow._tasks_backend import resolver
         from agentflow.conf import settings
 
         # Every process (web, worker, beat) must know every definition before it touches a run.
@@ -37,6 +38,8 @@ class AgentflowConfig(AppConfig):
         for module in settings.AGENTFLOW_WORKFLOW_MODULES:
             importlib.import_module(module)
         registry.validate_all()
+        # A worker handed a `@task`'s run imports the task's module if nothing did yet.
+        registry.add_importer(resolver.import_task)
         faults.install_clock_offset(settings.AGENTFLOW_CLOCK_OFFSET_SECONDS)
         faults.warn_if_crash_at_cannot_fire()
         # Step messages carry the run's trace context once the host installs an SDK.

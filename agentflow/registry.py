@@ -444,7 +444,22 @@ def latest(name: str) -> Workflow:
 
 
 def lookup(name: str, version: int) -> Workflow | None:
-    return _definitions.get((name, version))
+    found = _definitions.get((name, version))
+    if found is None and _importers:
+        for importer in _importers:  # a definition its module's import makes (a `@task`'s)
+            importer(name)
+        found = _definitions.get((name, version))
+    return found
+
+
+#: Given a workflow name this process has no definition of, import what defines it, if
+#: anything does (`agentflow._tasks_backend.resolver`: a `@task`'s module).
+_importers: list[Callable[[str], None]] = []
+
+
+def add_importer(importer: Callable[[str], None]) -> None:
+    if importer not in _importers:
+        _importers.append(importer)
 
 
 def validate_all() -> None:

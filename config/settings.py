@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
+import django
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
@@ -43,6 +44,12 @@ INSTALLED_APPS = [
     "agentflow.contrib.bench",  # `manage.py bench` and its workflows (opt-in, as any host's)
     "refunds.apps.RefundsConfig",
 ]
+# Django's own `@task` functions run as durable runs on this site's workers
+# (docs/tasks-backend.md); on Django 5.2 through the backport, whose app brings the
+# framework's checks and logging.
+TASKS = {"default": {"BACKEND": "agentflow.tasks_backend.DurableTaskBackend"}}
+if django.VERSION < (6, 0):
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "agentflow.tracing.RequestSpanMiddleware",  # first, so the span covers the whole request

@@ -405,7 +405,7 @@ def test_wheel__metadata_is_what_a_package_index_shows(host: Host) -> None:
         assert f"Framework :: Django :: {minor}" in classifiers
     assert "Framework :: Celery" in classifiers
     assert set(metadata.get_all("Provides-Extra")) == {
-        "agent", "mcp", "prometheus", "otel", "redis", "testing",
+        "agent", "mcp", "prometheus", "otel", "redis", "tasks", "testing",
     }  # fmt: skip
     requires = " ".join(metadata.get_all("Requires-Dist"))
     for ours in ("stripe", "gunicorn", "dbos", "pytest", "kombu"):
@@ -541,6 +541,98 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
     assert all(pages[url]["status"] == 200 for url in actions), json.dumps(pages, indent=2)
     health = pages["GET /agentflow/healthz"]
     assert health["status"] == 200 and health["body"]["status"] == "ok", health
+
+
+# --- 8. Django's own @task, durable: agentflow as the tasks backend (issue 38) -------------------
+TASKS_SETTING = """
+# --- agentflow as Django's tasks backend (docs/tasks-backend.md) ---
+TASKS = {"default": {"BACKEND": "agentflow.tasks_backend.DurableTaskBackend"}}
+"""
+TASK_CRASH_AT = "task:after_effect"
+
+
+def test_django_tasks__transactional_durable_and_readable_from_another_process(
+    migrated: Host,
+) -> None:
+    """With the README's settings and TASKS naming the backend (on Django 5.2 the backport
+    too, as docs/tasks-backend.md says): a rolled-back enqueue never
+    runs; a committed one runs exactly once though its worker is SIGKILLed mid-task (the
+    partner asked twice under one key, the shipment made once); `get_result` from yet another
+    process says RUNNING while it runs and SUCCESSFUL with its value after; an unknown id
+    raises TaskResultDoesNotExist."""
+    host = migrated
+    settings = host.project / "shop" / "settings.py"
+    text = settings.read_text() + TASKS_SETTING
+    if int(STACK["django"].split(".")[0]) < 6:
+        # Django 5.2: the framework is the backport, as docs/tasks-backend.md says to add it.
+        with phase("tasks: pip install 'django-agentflow[tasks]' (the backport)"):
+            _pip(host, "install", "-q", "--no-compile", f"{host.wheel}[{EXTRAS},tasks]")
+            _pip(host, "check")
+        text += 'INSTALLED_APPS += ["django_tasks"]\n'
+    settings.write_text(text)
+    shutil.copy2(HERE / "project" / "tasks.py", host.project / "orders" / "tasks.py")
+    checked = host.manage("check")
+    assert "System check identified no issues" in checked.stdout, checked.stdout + checked.stderr
+
+    def calls(*args: str) -> dict[str, Any]:
+        done = host.run(host.python, str(HERE / "scripts" / "task_calls.py"), *args, timeout=150)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    celery = str(host.venv / "bin" / "celery")
+    started: list[Process] = []
+    try:
+        with phase("tasks: start worker and beat"):
+            worker = Process(
+                host, "tasks-worker",
+                [celery, "-A", "shop", "worker", "-l", "info", "-c", "1",
+                 "-n", f"tasks{os.getpid()}@%h", "--without-mingle", "--without-gossip"],
+                {"AGENTFLOW_FAULTS": "1", "AGENTFLOW_CRASH_AT": TASK_CRASH_AT},
+            )  # fmt: skip
+            started.append(worker)
+            beat = Process(
+                host, "tasks-beat",
+                [celery, "-A", "shop", "beat", "-l", "info",
+                 "-s", str(host.workdir / "tasks-celerybeat-schedule")],
+                {},
+            )  # fmt: skip
+            started.append(beat)
+            worker.wait_for_log(" ready.")
+            beat.wait_for_log("beat: Starting...")
+
+        with phase("tasks: rollback, enqueue, RUNNING, SIGKILL mid-task, SUCCESSFUL"):
+            rolled_back = calls("rollback", "1")["id"]
+            enqueued = calls("enqueue", "2", "hold")
+            result_id = enqueued["id"]
+            running = calls("wait", result_id, "RUNNING")
+            assert running["status"] == "RUNNING", (running, worker.text()[-4000:])
+            assert running["started_at"] and running["last_attempted_at"], running
+            assert running["finished_at"] is None and len(running["worker_ids"]) == 1, running
+            assert running["pid"] not in (enqueued["pid"], worker.proc.pid)
+            with _admin_connect(host.server, host.database) as conn:
+                conn.execute("INSERT INTO orders_release (result_id) VALUES (%s)", [result_id])
+            done = calls("wait", result_id, "SUCCESSFUL")
+        log = worker.text()
+        assert done["status"] == "SUCCESSFUL", (done, log[-4000:])
+        assert f"fault injection: SIGKILL at {TASK_CRASH_AT}" in log, log[-4000:]
+        key = done["return_value"]["key"]
+        assert key == f"{result_id}_step_1" and done["attempts"] == 2, done
+        # The partner's own rows: asked twice under one key (before and after the kill),
+        # shipped once.
+        assert host.query("SELECT count(*) FROM orders_partnercall WHERE key = %s", [key]) == [(2,)]
+        assert host.query("SELECT count(*) FROM orders_shipment WHERE key = %s", [key]) == [(1,)]
+
+        # The rolled-back enqueue: no run, nothing at the partner, unknown to get_result.
+        assert calls("get", rolled_back) == {"error": "TaskResultDoesNotExist"}
+        assert host.query(
+            "SELECT count(*) FROM agentflow_workflowrun WHERE id = %s", [rolled_back]
+        ) == [(0,)]
+        assert host.query(
+            "SELECT count(*) FROM orders_partnercall WHERE key LIKE %s", [f"{rolled_back}_%"]
+        ) == [(0,)]
+        assert calls("get", "no-such-result") == {"error": "TaskResultDoesNotExist"}
+    finally:
+        for process in started:
+            process.stop()
 
 
 # --- the host's test tools, once the docs' line alone has run a workflow -------------------------

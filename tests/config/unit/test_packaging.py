@@ -195,7 +195,7 @@ def test_wheel_metadata__publishes_only_what_an_adopter_may_install() -> None:
     named for them (site, bench, dev) would be offered to every adopter."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extras = set(pyproject["project"]["optional-dependencies"])
-    assert extras == {"agent", "mcp", "prometheus", "otel", "redis", "testing"}
+    assert extras == {"agent", "mcp", "prometheus", "otel", "redis", "tasks", "testing"}
     assert {"site", "bench", "test", "dev"} <= set(pyproject["dependency-groups"])
 
 
