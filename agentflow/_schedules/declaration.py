@@ -8,6 +8,7 @@ schedule's row (`ScheduleState`), read on every tick, so none needs a restart.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -94,9 +95,14 @@ def forget(name: str) -> None:
 
 
 def from_settings() -> dict[str, Schedule]:
-    """AGENTFLOW_SCHEDULES: name -> {"workflow", "cron", "time_zone", "input",
-    "catch_up_seconds", "overlap"}."""
+    """AGENTFLOW_SCHEDULES (a dict, or the same as JSON): name -> {"workflow", "cron",
+    "time_zone", "input", "catch_up_seconds", "overlap"}."""
     raw = settings.AGENTFLOW_SCHEDULES
+    if isinstance(raw, str):  # from the environment, as JSON ("" for none)
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except ValueError as exc:
+            raise ScheduleError(f"AGENTFLOW_SCHEDULES is not JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ScheduleError("AGENTFLOW_SCHEDULES is a dict: name -> {workflow, cron, ...}")
     found: dict[str, Schedule] = {}
