@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from agentflow._schedules.declaration import OVERLAPS, Schedule, declare, declared, forget
 from agentflow._schedules.slots import ScheduleError, business_key
-from agentflow._schedules.tick import TickReport, tick
+from agentflow._schedules.tick import TickReport, gauges, tick
 
 __all__ = [
     "OVERLAPS",
@@ -18,5 +18,6 @@ __all__ = [
     "declare",
     "declared",
     "forget",
+    "gauges",
     "tick",
 ]

@@ -216,11 +216,10 @@ def schedule_resume(name: str, *, now: datetime, actor: str, reason: str) -> boo
     )
 
 
-def schedule_change(
-    name: str, *, now: datetime, cron: str | None = None, input: Any = None
-) -> None:
-    """Set (or with "" / None, clear) the cron and input overrides: the next tick reads them."""
+def schedule_change(name: str, *, now: datetime, cron: str, input: dict[str, Any] | None) -> None:
+    """Set (or with "" / None, clear) the cron and input overrides: the next tick reads them.
+    The new cron's slots count from now: none before the change is caught up."""
     if cron:
         slots.check_cron(cron)
     state_ensure(name, now)
-    ScheduleState.objects.filter(name=name).update(cron=cron or "", input=input)
+    ScheduleState.objects.filter(name=name).update(cron=cron, input=input, last_slot=now)

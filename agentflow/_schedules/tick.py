@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 
 from agentflow import outage, store, telemetry
-from agentflow._schedules import clock
+from agentflow._schedules import clock, overview
 from agentflow._schedules.declaration import declared
 from agentflow._schedules.slots import ScheduleError, iso
 from agentflow._schedules.store import slots_act
@@ -38,8 +38,7 @@ def tick() -> TickReport:
         return report
     if not schedules:
         return report
-    close_old_connections()
-    now = clock.now()
+    now = clock.now()  # the sweep that calls this closed stale connections first
     for schedule in schedules.values():
         try:
             acted = slots_act(schedule, now=now)
@@ -65,3 +64,13 @@ def tick() -> TickReport:
                            schedule.name, len(acted.skipped))  # fmt: skip
         report.skipped += len(acted.skipped)
     return report
+
+
+def gauges() -> dict[str, dict[tuple[str, ...], float]]:
+    """/metrics' schedule gauges, by the schedules' clock (`overview.gauges`); none while no
+    schedule is declared, or while AGENTFLOW_SCHEDULES cannot be read (the tick says why)."""
+    try:
+        schedules = declared()
+    except ScheduleError:
+        return {}
+    return overview.gauges(schedules, now=clock.now()) if schedules else {}
