@@ -333,6 +333,8 @@ REFUNDS_OWNER_LIMIT = env_int("REFUNDS_OWNER_LIMIT", 10)
 REFUNDS_ENGINE = env_str("REFUNDS_ENGINE", "graph").strip().lower()
 if REFUNDS_ENGINE not in ("graph", "agent"):
     raise ImproperlyConfigured(f"REFUNDS_ENGINE must be graph or agent, got {REFUNDS_ENGINE!r}")
+# Where the nightly reconciliation (docs/refunds.md, "Reconciliation") says how each day went.
+REFUNDS_FINANCE_EMAIL = env_str("REFUNDS_FINANCE_EMAIL", "finance@agentflow.test")
 REFUNDS_PARTNER_MAX_ATTEMPTS = env_int("REFUNDS_PARTNER_MAX_ATTEMPTS", 8, minimum=1)
 REFUNDS_PARTNER_RETRY_BASE_SECONDS = env_float("REFUNDS_PARTNER_RETRY_BASE_SECONDS", 1.0)
 
