@@ -161,8 +161,8 @@ def test_missed_slots__skipped_and_counted_on_the_gauges(declare, clock) -> None
     assert [outcome(k)[1] for k in (1, 2, 3, 4, 5)] == ["missed"] * 4 + ["cron"]
     clock(slot(5) + timedelta(seconds=42))
     gauges = _schedules.gauges()
-    assert gauges["agentflow_schedule_missed_slots"] == {(NAME,): 4.0}
-    assert gauges["agentflow_schedule_seconds_since_last_slot"] == {(NAME,): 12.0}
+    assert gauges["agentflow_schedule_missed_slots"][(NAME,)] == 4.0
+    assert gauges["agentflow_schedule_seconds_since_last_slot"][(NAME,)] == 12.0
 
 
 def test_page__lists_schedules_and_acts_under_its_own_permissions(declare, clock) -> None:
@@ -203,3 +203,21 @@ def test_bad_settings__said_on_the_tick_and_the_page_never_a_traceback(clock) ->
     ]
     page = as_user("root", superuser=True).get(PAGE)
     assert page.status_code == 200 and "five fields" in page.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ('{"nightly": {"workflow": "schedule_probe", "cron": "0 2 * *"}}', "five fields"),
+        ('{"nightly": {"workflow": "no_such_flow", "cron": "0 2 * * *"}}', "which no module"),
+        ('{"nightly": {"workflow": "schedule_probe", "cron": "0 2 * * *", "when": 1}}',
+         "unknown keys when"),
+        ("{not json", "not JSON"),
+    ],
+)  # fmt: skip
+def test_system_check__a_schedule_that_cannot_run_fails_at_deploy(value: str, problem: str) -> None:
+    from agentflow import checks
+
+    with override_settings(AGENTFLOW_SCHEDULES=value):
+        [error] = checks.schedules()
+    assert error.id == "agentflow.E041" and problem in error.msg
