@@ -12,7 +12,18 @@ from celery import shared_task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from agentflow import beat, builds, dispatch, outage, pooler, roster, runtime, store, telemetry
+from agentflow import (
+    _schedules,
+    beat,
+    builds,
+    dispatch,
+    outage,
+    pooler,
+    roster,
+    runtime,
+    store,
+    telemetry,
+)
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -93,6 +104,9 @@ def purge_task() -> None:
     )
     if deleted.runs:
         logger.info("retention: deleted %s (older than %d days)", deleted.describe(), days)
+    slots = _schedules.slots_purge(older_than=timedelta(days=days))
+    if slots:
+        logger.info("retention: deleted %d schedule slots (older than %d days)", slots, days)
 
 
 @celeryd_after_setup.connect

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from agentflow._schedules.declaration import OVERLAPS, Schedule, declare, declared, forget
 from agentflow._schedules.slots import ScheduleError, business_key
+from agentflow._schedules.store import slots_purge
 from agentflow._schedules.tick import TickReport, gauges, tick
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "declared",
     "forget",
     "gauges",
+    "slots_purge",
     "tick",
 ]

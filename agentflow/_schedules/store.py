@@ -11,10 +11,11 @@ killed before its commit leaves the slot due for the next one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
 
 from agentflow import faults, registry, store
 from agentflow._schedules import slots
@@ -223,3 +224,12 @@ def schedule_change(name: str, *, now: datetime, cron: str, input: dict[str, Any
         slots.check_cron(cron)
     state_ensure(name, now)
     ScheduleState.objects.filter(name=name).update(cron=cron, input=input, last_slot=now)
+
+
+def slots_purge(*, older_than: timedelta) -> int:
+    """Forget slots recorded longer ago than `older_than` (retention, as for finished runs);
+    each schedule's own row keeps its last slot, so none is ever acted on again."""
+    deleted, _ = ScheduleSlot.objects.filter(
+        recorded_at__lt=Now() - older_than, outcome__in=[Outcome.STARTED, Outcome.SKIPPED]
+    ).delete()
+    return deleted

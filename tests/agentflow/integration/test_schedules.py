@@ -221,3 +221,15 @@ def test_system_check__a_schedule_that_cannot_run_fails_at_deploy(value: str, pr
     with override_settings(AGENTFLOW_SCHEDULES=value):
         [error] = checks.schedules()
     assert error.id == "agentflow.E041" and problem in error.msg
+
+
+def test_retention__old_slots_are_forgotten_and_the_schedule_goes_on(declare, clock) -> None:
+    declare(overlap="run_beside")
+    at(1, clock)
+    at(2, clock)
+    ScheduleSlot.objects.filter(slot=slot(1)).update(recorded_at=BASE - timedelta(days=40))
+
+    assert _schedules.slots_purge(older_than=timedelta(days=30)) == 1
+
+    at(3, clock)  # the schedule's row still knows its last slot: nothing is acted on twice
+    assert sorted(ScheduleSlot.objects.values_list("slot", flat=True)) == [slot(2), slot(3)]
