@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 from agentflow import _schedules, durable
 from agentflow._schedules import operator
@@ -227,7 +228,9 @@ def test_retention__old_slots_are_forgotten_and_the_schedule_goes_on(declare, cl
     declare(overlap="run_beside")
     at(1, clock)
     at(2, clock)
-    ScheduleSlot.objects.filter(slot=slot(1)).update(recorded_at=BASE - timedelta(days=40))
+    # Recorded by the database's clock (retention's), not the schedules' test clock.
+    old = timezone.now() - timedelta(days=40)
+    ScheduleSlot.objects.filter(slot=slot(1)).update(recorded_at=old)
 
     assert _schedules.slots_purge(older_than=timedelta(days=30)) == 1
 
