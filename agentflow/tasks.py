@@ -133,6 +133,18 @@ def _join_the_roster(sender: Any, **kwargs: Any) -> None:
         roster.join(queue)
 
 
+@worker_ready.connect
+def _start_due_slots(sender: Any, **kwargs: Any) -> None:
+    """A worker that starts acts on the schedules' due slots once (docs/schedules.md): after
+    an outage, the missed slots within their window start as soon as any process is back, even
+    before a beat is. Beat's sweeps act on them from then on; a slot is one run whoever sees it."""
+    try:
+        _schedules.tick()
+    except DatabaseError as exc:  # the database is away: beat's sweeps try again
+        if not outage.unreachable(exc):
+            logger.exception("schedules: the due slots could not be acted on at start")
+
+
 @worker_shutdown.connect
 def _leave_the_roster(**kwargs: Any) -> None:
     roster.leave()

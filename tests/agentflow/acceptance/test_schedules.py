@@ -166,3 +166,18 @@ def test_beat_sigkilled_when_a_slot_is_due__the_slot_still_runs_once(
 
     assert slot_recorded(slot(1)).outcome == ScheduleSlot.Outcome.STARTED
     assert_one_run_per_slot(all_finished(1), [slot(1)])
+
+
+def test_a_worker_back_before_any_beat__starts_the_missed_slots_once(
+    workers: Workers, clock: Callable[[datetime], None]
+) -> None:
+    env = schedule_env(clock.path)  # type: ignore[attr-defined]
+    first = workers.start(beat=True, **env)
+    seen_by_a_beat()
+    first.kill()
+    clock(slot(2) + timedelta(seconds=30))
+
+    workers.start(beat=False, **env)  # no beat anywhere: the worker acts on them as it starts
+
+    assert slot_recorded(slot(2)).outcome == ScheduleSlot.Outcome.STARTED
+    assert_one_run_per_slot(all_finished(2), [slot(1), slot(2)])
