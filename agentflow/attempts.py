@@ -24,6 +24,7 @@ from agentflow.conf import settings
 from agentflow.context import StepContext
 from agentflow.exceptions import (
     AnswerLost,
+    NeedsAttention,
     OutcomeUnknown,
     PartnerWait,
     PermanentStepError,
@@ -277,6 +278,10 @@ class ClaimedAttempt:
 
     def _after_error(self, exc: Exception) -> None:
         attempt = self.claim.attempt
+        if isinstance(exc, NeedsAttention):
+            self._park(f"{self.step.name}: {exc}", kind=RunEvent.Kind.NEEDS_ATTENTION,
+                       error=str(exc))  # fmt: skip
+            return
         if isinstance(exc, PermanentStepError):
             # The partner refused: the effect did not happen, so the run may fail and undo.
             self._fail(str(exc), retry_in_seconds=None)

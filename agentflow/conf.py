@@ -115,6 +115,12 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         5.0,
         "Seconds from a breaker opening to its first probe (doubled per refused probe, up to 60).",
     ),
+    "AGENTFLOW_SCHEDULES": (
+        {},
+        'Schedules kept in the host\'s settings, beside those declared in code: {"name": '
+        '{"workflow": ..., "cron": "0 2 * * *", "time_zone": "UTC", "input": {...}, '
+        '"catch_up_seconds": 3600, "overlap": "skip"}} (docs/schedules.md).',
+    ),
     "AGENTFLOW_METRICS_TOKEN": ("", "Bearer token the metrics view requires when set."),
     "AGENTFLOW_METRICS_PUBLIC": (
         False,

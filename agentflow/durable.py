@@ -10,6 +10,9 @@ Domain apps import only this module::
     def charge_customer(ctx: durable.StepContext) -> dict: ...
 
     run_id = durable.start("rebooking", input={...}, business_key="request-42")
+
+    # A run at each slot, exactly once per slot (docs/schedules.md).
+    durable.Schedule(name="nightly_rebookings", workflow="rebooking", cron="0 2 * * *")
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from agentflow import forks, limiter, outcomes, registry, routing, store, telemetry
+from agentflow._schedules import Schedule, ScheduleError
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
 from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
@@ -28,6 +32,7 @@ from agentflow.exceptions import (
     AgentflowError,
     AnswerLost,
     InvalidInputError,
+    NeedsAttention,
     OutcomeUnknown,
     PartnerRateLimited,
     PartnerUnavailable,
@@ -63,6 +68,7 @@ __all__ = [
     "Delivery",
     "InvalidInputError",
     "Link",
+    "NeedsAttention",
     "OutcomeUnknown",
     "PartnerRateLimited",
     "PartnerUnavailable",
@@ -73,6 +79,8 @@ __all__ = [
     "RunRef",
     "RunSnapshot",
     "RunStatus",
+    "Schedule",
+    "ScheduleError",
     "Sensitive",
     "StepContext",
     "StepKind",

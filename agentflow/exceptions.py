@@ -48,6 +48,12 @@ class PermanentStepError(AgentflowError):
     """A failure that retrying cannot fix: the run fails (and compensates)."""
 
 
+class NeedsAttention(AgentflowError):
+    """Raised by a step whose run a person must look at before it goes on (a reconciliation
+    that found a mismatch): the run parks NEEDS_ATTENTION with this message as its reason; an
+    operator's Retry runs the step again, Cancel ends the run."""
+
+
 class OutcomeUnknown(AgentflowError):
     """A reconcile could not tell whether the effect happened."""
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from datetime import timedelta
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.utils import timezone
@@ -15,6 +16,11 @@ logger = logging.getLogger(__name__)
 #: Where a step can be made to crash (SPEC §3.6): its claim committed; its partner call
 #: made, before the outcome is recorded; its completion committed, before the next message.
 CRASH_POINTS = ("after_claim", "after_effect", "after_complete")
+
+
+#: Where a schedule's tick can be made to crash (`AGENTFLOW_CRASH_AT=schedule:slot_due`): the
+#: slots due found and about to be recorded, nothing committed (docs/schedules.md).
+SCHEDULE_CRASH_POINTS = ("slot_due",)
 
 
 def enabled() -> bool:
@@ -42,6 +48,8 @@ def crash_at_problem(value: str) -> str | None:
     if not value:
         return None
     step, _, point = value.rpartition(":")
+    if step == "schedule" and point in SCHEDULE_CRASH_POINTS:
+        return None
     if not step or point not in CRASH_POINTS:
         points = ", ".join(CRASH_POINTS)
         return f"AGENTFLOW_CRASH_AT={value!r} is not STEP:POINT with POINT one of {points}"
@@ -66,3 +74,26 @@ def crash_point(step: str, point: str, attempt: int) -> None:
         return
     logger.warning("fault injection: SIGKILL at %s:%s (pid %s)", step, point, os.getpid())
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def schedule_crash_point(point: str) -> None:
+    """SIGKILL this process at `schedule:<point>` of a schedule's tick (a beat killed at the
+    moment a slot becomes due), read from the environment as `crash_point` is."""
+    if enabled() and os.environ.get("AGENTFLOW_CRASH_AT", "") == f"schedule:{point}":
+        logger.warning("fault injection: SIGKILL at schedule:%s (pid %s)", point, os.getpid())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def schedule_clock() -> datetime | None:
+    """Tests only: the instant written in the file AGENTFLOW_SCHEDULE_CLOCK_FILE names, read on
+    every tick, as the schedules' "now" (None: the database's clock). A test moves every
+    process's schedules from slot to slot by rewriting it, rather than waiting for the minutes
+    to pass; nothing else reads it (leases, the sweeper and runs keep the database's clock)."""
+    path = os.environ.get("AGENTFLOW_SCHEDULE_CLOCK_FILE", "")
+    if not path or not enabled():
+        return None
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return datetime.fromisoformat(text) if text else None

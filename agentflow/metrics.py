@@ -287,6 +287,14 @@ PARTNER_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "The partner's breaker: 0 closed, 1 half open (a probe is out), 2 open; 3 paused by an "
      "operator.", ("partner",)),
 )  # fmt: skip
+SCHEDULE_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("agentflow_schedule_seconds_since_last_slot",
+     "Seconds since the run of the schedule's latest slot was started, by the schedules' clock "
+     "(+Inf if none ever was): above its period plus a sweep, a slot is late.", ("schedule",)),
+    ("agentflow_schedule_missed_slots",
+     "Slots of the schedule skipped as missed: older than its catch-up window when a beat or "
+     "sweeper first saw them.", ("schedule",)),
+)  # fmt: skip
 #: A gauge's series: its label values -> its value.
 Series = dict[tuple[str, ...], float]
 
@@ -299,10 +307,14 @@ class _StateFromDatabase:
     """Gauges read at scrape time, in four statements that touch no finished run."""
 
     def __init__(
-        self, heartbeat: Callable[[], Any], partners: Callable[[], list[Any]] | None = None
+        self,
+        heartbeat: Callable[[], Any],
+        partners: Callable[[], list[Any]] | None = None,
+        schedules: Callable[[], dict[str, Series]] | None = None,
     ) -> None:
         self._heartbeat = heartbeat
         self._partners = partners
+        self._schedules = schedules
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily  # optional
@@ -313,6 +325,7 @@ class _StateFromDatabase:
             "and each of them is NaN (unknown).",
         )
         gauges = GAUGES + (PARTNER_GAUGES if self._partners is not None else ())
+        gauges += SCHEDULE_GAUGES if self._schedules is not None else ()
         try:
             values = self._read()
         except DatabaseError as exc:
@@ -367,6 +380,8 @@ class _StateFromDatabase:
         }
         if self._partners is not None:
             values.update(_partner_series(self._partners()))
+        if self._schedules is not None:
+            values.update(self._schedules())
         return values
 
 
@@ -427,19 +442,23 @@ class _Counted:
 
 
 def exposition(
-    *, heartbeat: Callable[[], Any], partners: Callable[[], list[Any]] | None = None
+    *,
+    heartbeat: Callable[[], Any],
+    partners: Callable[[], list[Any]] | None = None,
+    schedules: Callable[[], dict[str, Series]] | None = None,
 ) -> bytes:
     """The text a scrape returns: the counters, then the database's gauges. `heartbeat`: the
     store's read of the sweeper's last pass (`store.heartbeat_read`), handed in by the view,
     since the store counts its events through this module and so cannot be imported here;
-    `partners` likewise (`store.partners_view` of the limits in force)."""
+    `partners` likewise (`store.partners_view` of the limits in force), and `schedules` (the
+    schedules' gauges, `agentflow._schedules.gauges`)."""
     if not _prepared():
         raise ImproperlyConfigured(MISSING)
     from prometheus_client import CollectorRegistry, generate_latest  # optional
 
     scrape = CollectorRegistry(auto_describe=False)
     scrape.register(_Counted())  # type: ignore[arg-type]
-    scrape.register(_StateFromDatabase(heartbeat, partners))  # type: ignore[arg-type]
+    scrape.register(_StateFromDatabase(heartbeat, partners, schedules))  # type: ignore[arg-type]
     return generate_latest(scrape)
 
 

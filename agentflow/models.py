@@ -589,3 +589,81 @@ class PartnerEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.partner} {self.kind} at {self.at}"
+
+
+class ScheduleState(models.Model):
+    """What operators change about a schedule declared in code, without a deploy
+    (docs/schedules.md): paused or not, its cron and input overrides; and how far its slots have
+    been acted on. One row per declared schedule, made by the first tick that sees it."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    #: Slots after this (by the schedule's clock) are its own: a schedule never backfills the
+    #: time before it was first seen.
+    since = models.DateTimeField()
+    #: The latest slot acted on (started, queued or skipped); the next tick goes on from there.
+    last_slot = models.DateTimeField(null=True, blank=True)
+    #: When the run of the latest started slot was started (the schedule's clock).
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    pause_reason = models.TextField(blank=True)
+    paused_by = models.CharField(max_length=150, blank=True)
+    #: Overrides of the declaration (empty / null: as declared in code or settings).
+    cron = models.CharField(max_length=200, blank=True)
+    input = models.JSONField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [
+            ("pause_schedulestate", "Can pause and resume a schedule"),
+            ("trigger_schedulestate", "Can start one slot of a schedule by hand"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScheduleSlot(models.Model):
+    """What became of one slot of a schedule (docs/schedules.md): the run it started, queued
+    behind the previous one, or skipped and why. Unique per (schedule, slot): a slot is acted
+    on once, whichever process saw it first."""
+
+    class Outcome(models.TextChoices):
+        STARTED = "started", "Started"
+        QUEUED = "queued", "Queued behind the previous slot's run"
+        SKIPPED = "skipped", "Skipped"
+
+    class Why(models.TextChoices):
+        CRON = "cron", "Its time came"
+        BY_HAND = "by_hand", "Started by hand"
+        MISSED = "missed", "Missed, older than the catch-up window"
+        OVERLAP = "overlap", "The previous slot's run had not finished"
+        PAUSED = "paused", "The schedule was paused"
+
+    id = models.BigAutoField(primary_key=True)
+    schedule = models.CharField(max_length=200)
+    slot = models.DateTimeField()
+    outcome = models.CharField(max_length=10, choices=Outcome.choices)
+    why = models.CharField(max_length=10, choices=Why.choices)
+    run_id = models.CharField(max_length=40, blank=True)
+    reason = models.TextField(blank=True)
+    actor = models.CharField(max_length=150, blank=True)
+    recorded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-slot"]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "slot"], name="schedule_slot_once"),
+            models.CheckConstraint(
+                condition=Q(outcome__in=["started", "queued", "skipped"]),
+                name="schedule_slot_outcome_valid",
+            ),
+            models.CheckConstraint(
+                condition=~Q(outcome="started") | ~Q(run_id=""),
+                name="schedule_slot_started_has_run",
+            ),
+        ]
+        indexes = [models.Index(fields=["schedule", "-slot"], name="schedule_slot_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.schedule} {self.slot:%Y-%m-%d %H:%M} {self.outcome}"

@@ -42,7 +42,12 @@ from agentflow.attempts import (
 )
 from agentflow.conf import settings
 from agentflow.context import StepContext, idempotency_key
-from agentflow.exceptions import PartnerWait, PermanentStepError, partner_wait_reason
+from agentflow.exceptions import (
+    NeedsAttention,
+    PartnerWait,
+    PermanentStepError,
+    partner_wait_reason,
+)
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
@@ -611,6 +616,9 @@ def _record_unclaimed_failure(
     exc: Exception,
 ) -> None:
     delay: float | None
+    if isinstance(exc, NeedsAttention):  # the step asks for a person: park, with its reason
+        store.run_park(run.id, seq, f"{step.name}: {exc}", fence=seen.fence if seen else None)
+        return
     if isinstance(exc, PermanentStepError | NotJSONError):
         delay, message = None, str(exc)
     elif transient(exc):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, close_old_connections, transaction
 
-from agentflow import dispatch, limits, outage, routing, store, telemetry
+from agentflow import _schedules, dispatch, limits, outage, routing, store, telemetry
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ def sweep(*, limit: int | None = None) -> SweepReport:
             dispatch.send_step(route.run.id, route.run.seq, queue=route.queue)
         report.requeued.append(route.run.id)
     _partner_places()
+    _schedule_slots()
     store.heartbeat_record(requeued=len(report.requeued), query_ms=report.query_ms)
     telemetry.sweep_finished(  # counts the pass; logs which runs, and nothing when idle
         requeued=report.requeued, parked=report.parked, query_ms=report.query_ms
@@ -86,3 +87,14 @@ def _partner_places() -> None:
         if outage.unreachable(exc):
             raise  # the whole pass failed: its caller says so, once per outage
         logger.exception("sweeper: the partner places could not be handed on this pass")
+
+
+def _schedule_slots() -> None:
+    """Due slots of the declared schedules become runs (docs/schedules.md): every sweep ticks
+    them, so a slot needs no process of its own and any beat or sweeper may start it."""
+    try:
+        _schedules.tick()
+    except DatabaseError as exc:
+        if outage.unreachable(exc):
+            raise  # the whole pass failed: its caller says so, once per outage
+        logger.exception("sweeper: the schedules could not be ticked this pass")

@@ -7,7 +7,7 @@ from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from agentflow import limits, outage, store
+from agentflow import _schedules, limits, outage, store
 from agentflow import metrics as run_metrics
 from agentflow.conf import settings
 
@@ -107,6 +107,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         run_metrics.exposition(
             heartbeat=store.heartbeat_read,
             partners=lambda: store.partners_view(limits.configured()),
+            schedules=_schedules.gauges,
         ),
         content_type=run_metrics.CONTENT_TYPE,
     )

@@ -278,6 +278,9 @@ AGENTFLOW_RETENTION_DAYS = env_int("AGENTFLOW_RETENTION_DAYS", 30)
 # Partner limits for the whole fleet (SPEC 3.10, docs/partner-limits.md): JSON such as
 # {"stripe": {"rate": "25/s"}}; the engine parses it (check E004 says what is wrong).
 AGENTFLOW_PARTNER_LIMITS = env_str("AGENTFLOW_PARTNER_LIMITS", "")
+# Schedules kept in settings beside those declared in code (docs/schedules.md): JSON such as
+# {"nightly": {"workflow": "reconcile_payments", "cron": "0 2 * * *"}}; the engine parses it.
+AGENTFLOW_SCHEDULES = env_str("AGENTFLOW_SCHEDULES", "")
 AGENTFLOW_PARTNER_RECOVERY_SECONDS = env_float("AGENTFLOW_PARTNER_RECOVERY_SECONDS", 30.0)
 AGENTFLOW_PARTNER_SLOT_SECONDS = env_float("AGENTFLOW_PARTNER_SLOT_SECONDS", 60.0, minimum=1.0)
 AGENTFLOW_BREAKER_FAILURES = env_int("AGENTFLOW_BREAKER_FAILURES", 5)
@@ -337,6 +340,8 @@ REFUNDS_OWNER_LIMIT = env_int("REFUNDS_OWNER_LIMIT", 10)
 REFUNDS_ENGINE = env_str("REFUNDS_ENGINE", "graph").strip().lower()
 if REFUNDS_ENGINE not in ("graph", "agent"):
     raise ImproperlyConfigured(f"REFUNDS_ENGINE must be graph or agent, got {REFUNDS_ENGINE!r}")
+# Where the nightly reconciliation (docs/refunds.md, "Reconciliation") says how each day went.
+REFUNDS_FINANCE_EMAIL = env_str("REFUNDS_FINANCE_EMAIL", "finance@agentflow.test")
 REFUNDS_PARTNER_MAX_ATTEMPTS = env_int("REFUNDS_PARTNER_MAX_ATTEMPTS", 8, minimum=1)
 REFUNDS_PARTNER_RETRY_BASE_SECONDS = env_float("REFUNDS_PARTNER_RETRY_BASE_SECONDS", 1.0)
 

@@ -52,6 +52,7 @@ nitpick_ignore = [
         "collections.abc.Sequence",
         "contextlib.AbstractContextManager",
         "datetime.datetime",
+        "datetime.timedelta",
         "decimal.Decimal",
         "pathlib.Path",
         "random.Random",

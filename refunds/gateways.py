@@ -62,6 +62,10 @@ STRIPE_RETRY_BASE_SECONDS = 0.5
 STRIPE_RETRY_MAX_SECONDS = 5.0
 
 
+#: Objects per page of a Stripe list (its maximum): a day's payments in as few requests as can be.
+LIST_PAGE_SIZE = 100
+
+
 # --- values ---------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Payment:
@@ -285,6 +289,56 @@ class PaymentGateway:
             lambda: self._client.v1.refunds.create(params, options={"idempotency_key": key}),
         )
         return _refund(refund, payment_intent_id)
+
+    def payments_created(
+        self, start: int, end: int, *, page_size: int = LIST_PAGE_SIZE
+    ) -> list[dict[str, Any]]:
+        """Every payment intent created in [start, end) (seconds since the epoch), page by
+        page: `{"id", "amount_cents", "amount_received_cents", "status", "created",
+        "workflow_id"}`. A read: each page one request, retried like any other."""
+        intents = self._list(self._client.v1.payment_intents.list, start, end, page_size)
+        return [
+            {
+                "id": intent["id"],
+                "amount_cents": intent["amount"],
+                "amount_received_cents": intent.get("amount_received") or 0,
+                "status": intent["status"],
+                "created": intent["created"],
+                "workflow_id": (intent.get("metadata") or {}).get("workflow_id", ""),
+            }
+            for intent in intents
+        ]
+
+    def refunds_created(
+        self, start: int, end: int, *, page_size: int = LIST_PAGE_SIZE
+    ) -> list[dict[str, Any]]:
+        """Every refund created in [start, end): `{"id", "payment_intent_id", "amount_cents",
+        "status", "created", "workflow_id"}`."""
+        refunds = self._list(self._client.v1.refunds.list, start, end, page_size)
+        return [
+            {
+                "id": refund["id"],
+                "payment_intent_id": refund.get("payment_intent") or "",
+                "amount_cents": refund["amount"],
+                "status": refund.get("status") or "",
+                "created": refund["created"],
+                "workflow_id": (refund.get("metadata") or {}).get("workflow_id", ""),
+            }
+            for refund in refunds
+        ]
+
+    def _list(
+        self, lister: Callable[..., Any], start: int, end: int, page_size: int
+    ) -> list[dict[str, Any]]:
+        """Stripe's list pages, newest first, followed by `starting_after` to the last."""
+        found: list[dict[str, Any]] = []
+        params: Any = {"created": {"gte": start, "lt": end}, "limit": page_size}
+        while True:
+            page = _stripe("list", "list", lambda params=params: lister(params))
+            found += [item.to_dict() for item in page.data]
+            if not page.has_more or not page.data:
+                return found
+            params = {**params, "starting_after": page.data[-1].id}
 
 
 class HoldLapsed(PermanentStepError):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from agentflow import durable
-from refunds import steps, waivers
+from refunds import reconciliation, steps, waivers
 from refunds.gateways import (
     COMPENSATION_RETRY,
     PARTNER_RETRY,
@@ -87,6 +89,26 @@ refund.compensation(
     "reinstate_seat", retry=COMPENSATION_RETRY, reconcile=steps.find_seat_reinstatement
 )(steps.reinstate_seat)
 refund.compensation("notify_failure", retry=COMPENSATION_RETRY)(steps.notify_failure)
+
+# Each UTC day's money at Stripe against the refund runs, read only (refunds.reconciliation):
+# at 02:00 for the day before; a beat down at 02:00 starts it once when it is back, that day.
+reconcile_payments = durable.Workflow("reconcile_payments", version=1)
+reconcile_payments.step("list_day_at_stripe", kind="read", retry=PARTNER_RETRY)(
+    reconciliation.list_day_at_stripe
+)
+reconcile_payments.step("match_runs", kind="read")(reconciliation.match_runs)
+reconcile_payments.step("email_finance", kind="effect", retry=PARTNER_RETRY)(
+    reconciliation.email_finance
+)
+reconcile_payments.step("settle", kind="read")(reconciliation.settle)
+durable.Schedule(
+    name="reconcile_payments_nightly",
+    workflow="reconcile_payments",
+    cron="0 2 * * *",
+    time_zone="UTC",
+    catch_up=timedelta(hours=22),
+    overlap="run_beside",
+)
 
 # The same refund as an agent run (REFUNDS_ENGINE=agent), registered with this one.
 from refunds.agent.workflow import refund_agent  # noqa: E402, F401

@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from agentflow.admin.partners import PartnerStateAdmin
 from agentflow.admin.runs import WorkflowRunAdmin
+from agentflow.admin.schedules import ScheduleStateAdmin
 
-__all__ = ["PartnerStateAdmin", "WorkflowRunAdmin"]
+__all__ = ["PartnerStateAdmin", "ScheduleStateAdmin", "WorkflowRunAdmin"]

@@ -27,23 +27,3 @@ def effects_by_key(store: Store, kind: str, request: Request) -> Response:
         (kind, key),
     )
     return Response(status=200, body={"data": [json.loads(row["body"]) for row in rows]})
-
-
-def list_refunds(store: Store, request: Request) -> Response:
-    """Stripe's `GET /v1/refunds?payment_intent=`: a list object, newest first, consistent
-    (unlike search, a list shows a refund the moment it exists)."""
-    intent = request.query.get("payment_intent")
-    query = "SELECT body FROM effects WHERE kind = 'refund'"
-    params: tuple[str, ...] = ()
-    if intent:
-        query, params = f"{query} AND subject = ?", (intent,)
-    rows = store.select(f"{query} ORDER BY seq DESC LIMIT 100", params)
-    return Response(
-        status=200,
-        body={
-            "object": "list",
-            "data": [json.loads(row["body"]) for row in rows],
-            "has_more": False,
-            "url": "/v1/refunds",
-        },
-    )

@@ -23,6 +23,7 @@ from refunds.sandbox import (
     model,
     stripe_api,
     stripe_holds,
+    stripe_lists,
     throttle,
 )
 from refunds.sandbox.idempotency import Effect, run_effect
@@ -141,7 +142,13 @@ class Sandbox:
             return self._read(
                 "refunds.list",
                 stripe_api.injected,
-                lambda: lookups.list_refunds(self.store, request),
+                lambda: stripe_lists.list_refunds(self.store, request),
+            )
+        if method == "GET" and path == "/v1/payment_intents":
+            return self._read(
+                "payment_intents.list",
+                stripe_api.injected,
+                lambda: stripe_lists.list_intents(self.store, request),
             )
         if method == "GET" and path == "/v1/payment_intents/search":
             return self._read(
@@ -202,6 +209,8 @@ class Sandbox:
                 except ValueError as exc:
                     return partner_error(400, "invalid_limits", str(exc))
             return Response(status=200, body=self.throttle.report())
+        if method == "POST" and path == "/_sandbox/forget":
+            return stripe_lists.forget(self.store, request.json())
         if method == "POST" and path == "/_sandbox/reset":
             self.store.reset()
             self.barriers.release()

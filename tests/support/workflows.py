@@ -1003,3 +1003,14 @@ odd_names = durable.Workflow("billing/eu:refunds ü", version=1)
 odd_names.step("charge card/eu: ü", kind="read")(odd_partner_call)
 odd_names.wait_for("await the bank: 東京", signal=ODD_SIGNAL, timeout=None)
 odd_names.step("done.ok", kind="read")(_finish)
+
+
+#: What a schedule starts in the schedules' acceptance tests (tests/agentflow/acceptance/
+#: test_schedules.py): one read, counted at the partner stand-in, with the slot it was given.
+def _scheduled(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return {"scheduled_at": ctx.input["scheduled_at"]}
+
+
+schedule_probe = durable.Workflow("schedule_probe", version=1)
+schedule_probe.step("slot", kind="read")(_scheduled)
