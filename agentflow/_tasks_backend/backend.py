@@ -25,7 +25,7 @@ from .resolver import PREFIX
 
 #: Task problems: one for a task whose definition this backend refuses, one for QUEUES.
 CHECK_TASK = "agentflow.E040"
-CHECK_QUEUES = "agentflow.E041"
+CHECK_QUEUES = "agentflow.E042"
 
 
 class DurableTaskBackend(framework.BaseTaskBackend):  # type: ignore[misc]

@@ -199,7 +199,7 @@ def test_durable_options__refused_at_definition_and_by_check() -> None:
         _decorate(replay=True)
 
     refused = DurableTaskBackend("odd", {"QUEUES": ["default", "emails"]})
-    assert [m.id for m in refused.check() if m.level >= checks.ERROR] == ["agentflow.E041"]
+    assert [m.id for m in refused.check() if m.level >= checks.ERROR] == ["agentflow.E042"]
     assert list(backend().check()) == []
 
 
