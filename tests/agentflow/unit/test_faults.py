@@ -35,4 +35,4 @@ def test_every_point_the_engine_crashes_at_is_a_known_one() -> None:
         for point in re.findall(r"crash_point\([^)]*?\"(\w+)\"", path.read_text())
     }
 
-    assert used == set(faults.CRASH_POINTS)
+    assert used == {*faults.CRASH_POINTS, *faults.SCHEDULE_CRASH_POINTS}
