@@ -20,7 +20,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
+
 from agentflow import forks, limiter, outcomes, registry, routing, store, telemetry
+from agentflow._privacy import scope as privacy
+from agentflow._privacy.fields import PersonalTextField
+from agentflow._privacy.personal import Personal
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
 from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
@@ -67,6 +72,8 @@ __all__ = [
     "PartnerRateLimited",
     "PartnerUnavailable",
     "PermanentStepError",
+    "Personal",
+    "PersonalTextField",
     "Replies",
     "RetryPolicy",
     "RetryableStepError",
@@ -121,9 +128,18 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
         payload = to_json({} if input is None else input, "workflow input")
     except NotJSONError as exc:
         raise InvalidInputError(str(exc)) from None
-    run_id, created = store.run_create(
-        workflow=definition, input=payload, business_key=business_key
-    )
+    if definition.personal is None:
+        run_id, created = store.run_create(
+            workflow=definition, input=payload, business_key=business_key
+        )
+    else:  # sealed under its subject's key, bound to the run in the run's own commit
+        sealing = privacy.sealing_for(definition.personal, payload)
+        with transaction.atomic(), sealing as (sealed, bind):
+            run_id, created = store.run_create(
+                workflow=definition, input=sealed, business_key=business_key
+            )
+            if created:
+                bind(run_id)
     if created:
         telemetry.run_started(run_id, definition.name, keep_trace=store.trace_parent_record)
     return run_id
@@ -213,7 +229,8 @@ def signal(run_id: str, name: str, payload: Any = None, *, signal_id: str) -> De
         data = to_json(payload, f"the payload of signal {name!r}")
     except NotJSONError as exc:
         raise InvalidInputError(str(exc)) from None
-    return store.signal_deliver(run_id, name, data, signal_id=signal_id)
+    with privacy.run_scope(run_id, personal=True):  # sealed as the run's own fields are
+        return store.signal_deliver(run_id, name, data, signal_id=signal_id)
 
 
 def approve(

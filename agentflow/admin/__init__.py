@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
+from agentflow.admin.erasure import SubjectKeyAdmin
 from agentflow.admin.partners import PartnerStateAdmin
 from agentflow.admin.runs import WorkflowRunAdmin
 
-__all__ = ["PartnerStateAdmin", "WorkflowRunAdmin"]
+__all__ = ["PartnerStateAdmin", "SubjectKeyAdmin", "WorkflowRunAdmin"]
