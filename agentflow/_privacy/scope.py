@@ -9,7 +9,7 @@ opens one per step message (`run_scope`) and names its run once it knows the wor
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +39,14 @@ def run_scope(run_id: str | None = None, *, personal: bool = False) -> Iterator[
         yield
     finally:
         _current.reset(token)
+
+
+def run_scope_for(run_id: Any) -> AbstractContextManager[None]:
+    """`run_scope(run_id)` unless a scope is open already (a worker's, a start's): for a row
+    of one run written outside them."""
+    if run_id is None or _current.get() is not None:
+        return nullcontext()
+    return run_scope(str(run_id), personal=True)
 
 
 def enter_run(run_id: str, personal: Personal | None) -> None:

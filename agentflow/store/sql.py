@@ -270,7 +270,10 @@ def update(table: str, changes: Mapping[str, Any], where: str, params: Sequence[
 
 
 def insert(table: str, values: Mapping[str, Any]) -> None:
-    columns, exprs, params = _insert_parts(values)
+    # A row of one run written outside its worker (an operator's decision, a signal): sealed
+    # as that run's fields are (docs/privacy.md).
+    with scope.run_scope_for(values.get("run_id")):
+        columns, exprs, params = _insert_parts(values)
     execute(f"INSERT INTO {table} ({columns}) VALUES ({exprs})", params)
 
 
