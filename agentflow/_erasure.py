@@ -60,7 +60,7 @@ def erase(subject: str, *, actor: str, reason: str, cancel_in_flight: bool = Fal
             "need the data to finish or be undone. Cancel them (--cancel-in-flight) or wait "
             "for them to end, then erase again"
         ))  # fmt: skip
-    found = keystore.erase(subject, actor=actor, reason=reason)
+    found = store.subject_erase(subject, actor=actor, reason=reason)
     return Erasure(keys=found.keys, runs=found.runs)
 
 

@@ -63,12 +63,9 @@ def _aad(key_id: str) -> bytes:
     return f"agentflow-envelope-{VERSION}:{key_id}".encode()
 
 
-def seal_text(subject: str, text: str) -> str:
-    """`text` sealed under `subject`'s key, as the JSON text of its envelope (for a text
-    column); unchanged when no master key is configured, or empty."""
-    if not text or not keystore.enabled():
-        return text
-    return json.dumps(seal_value(keystore.key_for_subject(subject), text))
+def seal_text(key_id: str, text: str) -> str:
+    """`text` sealed under key `key_id`, as the JSON text of its envelope (a text column)."""
+    return json.dumps(seal_value(key_id, text))
 
 
 def is_sealed_text(text: str) -> bool:

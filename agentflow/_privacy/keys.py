@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 from dataclasses import dataclass
+from functools import lru_cache
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -83,10 +84,20 @@ def master_named(key_id: str) -> MasterKey:
     )
 
 
+@lru_cache(maxsize=1024)
+def _cipher(key: bytes) -> AESGCM:
+    """One cipher object per key: building it costs more than sealing a short field."""
+    return AESGCM(key)
+
+
+def forget_ciphers() -> None:
+    _cipher.cache_clear()
+
+
 def seal(key: bytes, plaintext: bytes, aad: bytes) -> tuple[str, str]:
     """(nonce, ciphertext) as URL-safe base64; `aad` binds the ciphertext to where it is kept."""
     nonce = os.urandom(NONCE_BYTES)
-    return b64encode(nonce), b64encode(AESGCM(key).encrypt(nonce, plaintext, aad))
+    return b64encode(nonce), b64encode(_cipher(key).encrypt(nonce, plaintext, aad))
 
 
 def unseal(key: bytes, nonce: str, ciphertext: str, aad: bytes) -> bytes:
@@ -94,7 +105,7 @@ def unseal(key: bytes, nonce: str, ciphertext: str, aad: bytes) -> bytes:
     if n is None or c is None:
         raise MasterKeyError("a sealed value is damaged (not base64)")
     try:
-        return AESGCM(key).decrypt(n, c, aad)
+        return _cipher(key).decrypt(n, c, aad)
     except InvalidTag:
         raise MasterKeyError(
             "a sealed value does not open with its key (damaged or moved)"

@@ -8,7 +8,7 @@ opens one per step message (`run_scope`) and names its run once it knows the wor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -57,22 +57,12 @@ def enter_run(run_id: str, personal: Personal | None) -> None:
 
 
 @contextmanager
-def sealing_for(
-    personal: Personal | None, input: Any
-) -> Iterator[tuple[Any, Callable[[str], None]]]:
-    """For a run about to start: (its input sealed, a function binding the new run's id).
-
-    Inside, every JSON value written is sealed with the subject's key, so the run's first rows
-    are; nothing changes when the workflow declares nothing personal or no master key is set.
-    """
-    if personal is None or not keystore.enabled():
-        yield input, lambda run_id: None
-        return
-    key_id = keystore.key_for_subject(personal.subject_of(input))
-    token = _current.set(_Scope(personal=True, known=(key_id, personal.fields)))
+def sealing(key_id: str, paths: tuple[tuple[str, ...], ...]) -> Iterator[None]:
+    """Inside, every JSON value written has `paths` sealed under `key_id`: a run's first rows,
+    written before the run exists to be looked up (`durable.start`)."""
+    token = _current.set(_Scope(personal=True, known=(key_id, paths)))
     try:
-        sealed = seal_stored(input)
-        yield sealed, lambda run_id: keystore.bind_run(run_id, key_id, personal.names())
+        yield
     finally:
         _current.reset(token)
 

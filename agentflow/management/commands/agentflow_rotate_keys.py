@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from agentflow import store
 from agentflow._privacy import keys, keystore
 from agentflow.management.base import BaseCommand, whole
 
@@ -41,7 +42,7 @@ class Command(BaseCommand):
                 raise CommandError("no master key is configured (AGENTFLOW_MASTER_KEYS)")
             total = done = 0
             while True:
-                moved, left = keystore.rewrap_batch(batch)
+                moved, left = store.subject_keys_rewrap(batch)
                 done += moved
                 total = total or done + left  # the count when it (re)started
                 self.stdout.write(f"re-wrapped {done} of {total} under {master.id}; {left} left")

@@ -8,12 +8,13 @@ import json
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
-from django.test import override_settings
+from django.test import Client, override_settings
 
-from agentflow import durable, testing
+from agentflow import durable, store, testing
 from agentflow._privacy import keys, keystore
 from agentflow.models import RunSubject, StepCheckpoint, SubjectKey, WorkflowRun
 
@@ -139,7 +140,7 @@ def test_rotate__in_batches_with_progress__resumes__then_the_old_key_can_go(caps
 
     with override_settings(AGENTFLOW_MASTER_KEYS=[NEW, OLD]):
         keystore.forget_cached()
-        assert keystore.rewrap_batch(2) == (2, 4)  # stopped here: 4 of 6 (the hmac key too)
+        assert store.subject_keys_rewrap(2) == (2, 4)  # stopped here: 4 of 6 (the hmac key too)
         call_command("agentflow_rotate_keys", batch=3)
     said = capsys.readouterr().out
     assert "re-wrapped 3 of 4 under new; 1 left" in said
@@ -172,6 +173,70 @@ def test_signal_payload__its_personal_fields_are_sealed() -> None:
 
 
 def test_master_keys__a_bad_entry_is_refused_by_check() -> None:
-    with override_settings(AGENTFLOW_MASTER_KEYS=["nocolon"]):
-        with pytest.raises(Exception, match="agentflow.E011"):
-            call_command("check")
+    with override_settings(AGENTFLOW_MASTER_KEYS=["nocolon"]), pytest.raises(Exception) as bad:
+        call_command("check")
+    assert "agentflow.E011" in str(bad.value)
+
+
+# --- the admin's erasure page ------------------------------------------------------------------
+ERASE_URL = "/admin/agentflow/subjectkey/"
+
+
+def staff(*codenames: str) -> Client:
+    user = User.objects.create_user("-".join(codenames) or "plain", password="x", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_erase_page__only_with_its_own_permission__recorded_and_never_showing_the_subject() -> None:
+    run_id = start()
+    testing.run_to_end(run_id)
+    reader = staff("view_workflowrun", "approve_workflowrun")
+    assert reader.get(ERASE_URL).status_code == 403
+    assert reader.post(ERASE_URL, {"subject": EMAIL, "reason": "x"}).status_code == 403
+    eraser = staff("erase_subjectkey")
+
+    refused = eraser.post(ERASE_URL, {"subject": EMAIL, "reason": ""})
+    assert (
+        refused.status_code == 200
+        and SubjectKey.objects.filter(erased_at__isnull=False).count() == 0
+    )
+    done = eraser.post(ERASE_URL, {"subject": EMAIL, "reason": "GDPR #9"}, follow=True)
+
+    page = done.content.decode()
+    assert "Erased: 1 key(s) destroyed; 1 run(s) kept." in page
+    assert EMAIL not in page and NAME not in page and "GDPR #9" in page
+    [tombstone] = SubjectKey.objects.filter(erased_at__isnull=False)
+    assert tombstone.erased_by == "erase_subjectkey" and tombstone.id in page
+    assert WorkflowRun.objects.get(id=run_id).input["name"] == "erased"
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "says"),
+    [
+        (
+            "agentflow_erase",
+            ["--reason=x"],
+            "Error: the following arguments are required: --subject",
+        ),
+        ("agentflow_erase", ["--subject= ", "--reason=x"], "not erased: name the subject"),
+        (
+            "agentflow_erase",
+            ["--subject=a@b.c", "--reason= "],
+            "not erased: an erasure is recorded",
+        ),
+        (
+            "agentflow_rotate_keys",
+            ["--batch=0"],
+            "Error: argument --batch: '0' is not a whole number",
+        ),
+    ],
+)
+def test_commands__bad_input__one_line(command: str, args: list[str], says: str) -> None:
+    with pytest.raises(CommandError) as refused:
+        call_command(command, *args)
+    assert str(refused.value).startswith(says), refused.value
+    assert "\n" not in str(refused.value)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import html
 import re
 import subprocess
+from collections.abc import Iterator
 from datetime import date
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -117,7 +117,7 @@ def test_waiver_refunds__pg_dump_holds_no_customer_details__erasure_keeps_the_mo
 ) -> None:
     references = ["PRV001", "PRV002"]
     runs = {ref: through_the_form(ref) for ref in references}
-    for ref, run_id in runs.items():
+    for run_id in runs.values():
         run = approved_to_the_end(run_id, worker)
         assert run.status == durable.RunStatus.COMPLETED, run.error
 
@@ -169,15 +169,13 @@ def test_erase__refused_while_the_customers_run_waits_for_approval(
     worker: WorkerProcess,
 ) -> None:
     run_id = through_the_form("PRV003")
-    wait_for(
-        lambda: (durable.snapshot(run_id) or None) and durable.snapshot(run_id).waiting_for,  # type: ignore[union-attr]
-        timeout=90,
-        what="the run to wait for approval",
-    )
+
+    def waiting() -> str | None:
+        run = durable.snapshot(run_id)
+        return run.waiting_for if run is not None else None
+
+    wait_for(waiting, timeout=90, what="the run to wait for approval")
 
     with pytest.raises(CommandError, match=f"still in flight \\({run_id}\\)"):
         call_command("agentflow_erase", subject=owner_of("PRV003").email, reason="x", actor="a")
     assert RefundRequest.objects.get(workflow_id=run_id).waiver_details == DETAILS
-
-
-StartWorker = Callable[..., WorkerProcess]
