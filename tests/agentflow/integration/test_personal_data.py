@@ -15,7 +15,7 @@ from django.db import connection
 from django.test import Client, override_settings
 
 from agentflow import durable, store, testing
-from agentflow._privacy import keys, keystore
+from agentflow._privacy import keys, keystore, scope
 from agentflow.models import RunSubject, StepCheckpoint, SubjectKey, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -113,6 +113,12 @@ def test_erase__personal_fields_read_erased__the_run_and_its_amounts_stay() -> N
     assert (tombstone.erased_by, tombstone.erase_reason, tombstone.wrapped) == (
         "dpo", "GDPR request #77", "",
     )  # fmt: skip
+    # A copy written later (a fork keeps its copies) holds nothing left to seal.
+    with scope.sealing(tombstone.id, (("name",),)):
+        assert scope.seal_stored({"name": NAME, "amount_cents": 5}) == {
+            "name": "erased",
+            "amount_cents": 5,
+        }
 
 
 def test_erase__a_run_in_flight__refused_with_the_reason_until_cancelled() -> None:
