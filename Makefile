@@ -71,6 +71,7 @@ run: $(INSTALLED) $(DEV_KEY)
 # What the suite's processes read, in `make test` and in every leg of `make test-matrix`.
 TEST_ENV = DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 	  REDIS_URL=$(TEST_BROKER_URL) AGENTFLOW_VAR_DIR=$(CURDIR)/var/test PYTHONPATH=$(CURDIR) \
+	  AGENTFLOW_LOCAL_MASTER_KEY=1 \
 	  DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')}"
 
 test: $(INSTALLED)

@@ -13,6 +13,7 @@ from django.core import checks
 from django.db import DatabaseError
 
 from agentflow import _schedules, builds, dispatch, limits, metrics, registry, store
+from agentflow._privacy import keys as privacy_keys
 from agentflow.agent.fallbacks import fallback_servers
 from agentflow.conf import DEFAULTS, settings
 from agentflow.tasks import STEP_TIME_LIMIT
@@ -30,6 +31,26 @@ def metrics_access(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             hint="Set AGENTFLOW_METRICS_TOKEN and give the scraper the bearer token, or "
             "AGENTFLOW_METRICS_PUBLIC=1 where only a private network reaches /metrics.",
             id="agentflow.W001",
+        )
+    ]
+
+
+@checks.register(checks.Tags.security)
+def master_keys(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Personal fields are sealed only with a master key (docs/privacy.md): in production,
+    running without one stores them in clear, in every backup."""
+    try:
+        found = privacy_keys.master_keys()
+    except privacy_keys.MasterKeyError as exc:
+        return [checks.Error(str(exc), id="agentflow.E011")]
+    if found or settings.DEBUG or not any(w.personal for w in registry.definitions()):
+        return []  # (with nothing declared personal, there is nothing to seal)
+    return [
+        checks.Warning(
+            "AGENTFLOW_MASTER_KEYS is empty: workflows' personal fields are stored in clear.",
+            hint="Set AGENTFLOW_MASTER_KEYS (`manage.py agentflow_rotate_keys --new-key` "
+            "makes one) from your secret store; see docs/privacy.md.",
+            id="agentflow.W008",
         )
     ]
 

@@ -51,6 +51,12 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         0.0,
         "Tests only, with AGENTFLOW_FAULTS=1 in the environment: this process's clock skew.",
     ),
+    "AGENTFLOW_MASTER_KEYS": (
+        [],
+        'Master keys that wrap each person\'s data key ("id:key", 32 bytes URL-safe base64): '
+        "the first wraps, every one unwraps (docs/privacy.md). Empty: personal fields are "
+        "stored in clear (and `check` warns with DEBUG off).",
+    ),
     "AGENTFLOW_RETENTION_DAYS": (30, "Finished runs older than this are deleted; 0 keeps all."),
     "AGENTFLOW_LLM_BASE_URL": (
         "",

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
+
 from agentflow import forks, limiter, outcomes, registry, routing, store, telemetry
+from agentflow._personal_fields import PersonalTextField
+from agentflow._privacy import keystore
+from agentflow._privacy import scope as privacy
+from agentflow._privacy.personal import Personal
 from agentflow._schedules import Schedule, ScheduleError
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
@@ -31,6 +37,7 @@ from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,
     AnswerLost,
+    DefinitionError,
     InvalidInputError,
     NeedsAttention,
     OutcomeUnknown,
@@ -73,6 +80,8 @@ __all__ = [
     "PartnerRateLimited",
     "PartnerUnavailable",
     "PermanentStepError",
+    "Personal",
+    "PersonalTextField",
     "Replies",
     "RetryPolicy",
     "RetryableStepError",
@@ -129,12 +138,39 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
         payload = to_json({} if input is None else input, "workflow input")
     except NotJSONError as exc:
         raise InvalidInputError(str(exc)) from None
-    run_id, created = store.run_create(
-        workflow=definition, input=payload, business_key=business_key
-    )
+    if definition.personal is None:
+        run_id, created = store.run_create(
+            workflow=definition, input=payload, business_key=business_key
+        )
+    else:
+        run_id, created = _start_personal(definition, payload, business_key)
     if created:
         telemetry.run_started(run_id, definition.name, keep_trace=store.trace_parent_record)
     return run_id
+
+
+def _start_personal(
+    definition: Workflow, payload: Any, business_key: str | None
+) -> tuple[str, bool]:
+    """A run whose workflow declares personal fields (docs/privacy.md): its rows sealed under
+    its subject's key from the first, and bound to that key in the run's own commit."""
+    personal = definition.personal
+    assert personal is not None
+    if not keystore.enabled():
+        return store.run_create(workflow=definition, input=payload, business_key=business_key)
+    try:
+        subject = personal.subject_of(payload)
+    except DefinitionError as exc:
+        raise InvalidInputError(str(exc)) from None
+    with transaction.atomic():
+        key_id = store.subject_key_for(subject)
+        with privacy.sealing(key_id, personal.fields):
+            run_id, created = store.run_create(
+                workflow=definition, input=payload, business_key=business_key
+            )
+            if created:
+                store.run_subject_bind(run_id, key_id, personal.names())
+    return run_id, created
 
 
 def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:
@@ -221,7 +257,8 @@ def signal(run_id: str, name: str, payload: Any = None, *, signal_id: str) -> De
         data = to_json(payload, f"the payload of signal {name!r}")
     except NotJSONError as exc:
         raise InvalidInputError(str(exc)) from None
-    return store.signal_deliver(run_id, name, data, signal_id=signal_id)
+    with privacy.run_scope(run_id, personal=True):  # sealed as the run's own fields are
+        return store.signal_deliver(run_id, name, data, signal_id=signal_id)
 
 
 def approve(

@@ -10,6 +10,7 @@ import logging
 from functools import partial
 
 from agentflow import outcomes, registry, store
+from agentflow._privacy import scope as privacy
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.models import WorkflowRun
 
@@ -18,13 +19,9 @@ logger = logging.getLogger(__name__)
 
 def fork(run_id: str, *, position: int, actor: str, reason: str) -> None:
     """Fork `run_id` from `position` (see `store.run_fork`), asking partners first."""
-    store.run_fork(
-        run_id,
-        position=position,
-        actor=actor,
-        reason=reason,
-        settled=_ask_partners(run_id, position),
-    )
+    settled = _ask_partners(run_id, position)
+    with privacy.run_scope(run_id, personal=True):  # the copies it keeps stay sealed
+        store.run_fork(run_id, position=position, actor=actor, reason=reason, settled=settled)
 
 
 def _ask_partners(run_id: str, position: int) -> dict[int, store.Settled]:

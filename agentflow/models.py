@@ -7,6 +7,10 @@ import secrets
 from django.db import models
 from django.db.models import Q
 
+from agentflow._privacy.fields import SealedJSONField
+
+# The keystore's tables (agentflow._privacy), registered with the engine's.
+from agentflow._privacy.models import RunSubject, SubjectKey  # noqa: F401
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 
 
@@ -19,11 +23,11 @@ class WorkflowRun(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_run_id, editable=False)
     workflow = models.CharField(max_length=100)
     version = models.PositiveIntegerField()
-    input = models.JSONField(default=dict, blank=True)
+    input = SealedJSONField(default=dict, blank=True)
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PENDING)
     current_step = models.CharField(max_length=100, blank=True)
     current_seq = models.PositiveIntegerField(default=1)
-    output = models.JSONField(null=True, blank=True)
+    output = SealedJSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     business_key = models.CharField(max_length=200, null=True, blank=True)
     #: Compensation steps still to run, in order, once a permanent failure started undoing.
@@ -119,14 +123,14 @@ class StepCheckpoint(models.Model):
     #: never reset: every write of a worker is fenced on the number its claim got (SPEC 3.3).
     fence = models.PositiveBigIntegerField(default=1, db_default=1)
     idempotency_key = models.CharField(max_length=120)
-    arguments = models.JSONField(null=True, blank=True)
+    arguments = SealedJSONField(null=True, blank=True)
     #: An agent call's fingerprint digest (also in `arguments`), in a column of its own: the one
     #: value of the call a replay reads, so it never loads the call's arguments (a model turn's
     #: messages). Empty for graph steps and for calls recorded before the column.
     digest = models.CharField(max_length=64, blank=True, db_default="")
     #: The build whose code ran (claimed or completed) it last (SPEC 3.9).
     build = models.CharField(max_length=100, blank=True, db_default="")
-    output = models.JSONField(null=True, blank=True)
+    output = SealedJSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     #: For FAILED: may another attempt run under the same key?
     retryable = models.BooleanField(default=False)
@@ -221,7 +225,7 @@ class RunEvent(models.Model):
     #: The step the event is about, if any.
     seq = models.PositiveIntegerField(null=True, blank=True)
     #: Structured facts (attempt, fence, times, owner, output) for the timeline and audits.
-    data = models.JSONField(null=True, blank=True)
+    data = SealedJSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["run_id", "at", "id"]
@@ -247,8 +251,8 @@ class SupersededStep(models.Model):
     status = models.CharField(max_length=20, choices=StepStatus.choices)
     attempts = models.PositiveIntegerField()
     idempotency_key = models.CharField(max_length=120)
-    arguments = models.JSONField(null=True, blank=True)
-    output = models.JSONField(null=True, blank=True)
+    arguments = SealedJSONField(null=True, blank=True)
+    output = SealedJSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -280,7 +284,7 @@ class RunWait(models.Model):
     #: The signal's name; the call's name (step or tool) for an approval; a timer's step.
     name = models.CharField(max_length=200)
     #: An approval: the call's canonical arguments (what the operator sees and decides on).
-    arguments = models.JSONField(null=True, blank=True)
+    arguments = SealedJSONField(null=True, blank=True)
     #: An approval: SHA-256 of the canonical (name, arguments); a decision is reused only for
     #: a call with the same digest.
     digest = models.CharField(max_length=64, blank=True)
@@ -290,7 +294,7 @@ class RunWait(models.Model):
     resolved_at = models.DateTimeField(null=True, blank=True)
     #: What the waiting step reads: `{"woke_at"}`, `{"payload"}` / `{"timed_out": true}`, or
     #: the decision (`{"approved", "actor", "reason", "timed_out"}`).
-    outcome = models.JSONField(null=True, blank=True)
+    outcome = SealedJSONField(null=True, blank=True)
     #: Who resolved it ("engine" for a timer or a timeout) and why.
     actor = models.CharField(max_length=150, blank=True)
     reason = models.TextField(blank=True)
@@ -331,7 +335,7 @@ class RunSignal(models.Model):
     )
     signal_id = models.CharField(max_length=200)
     name = models.CharField(max_length=200)
-    payload = models.JSONField(null=True, blank=True)
+    payload = SealedJSONField(null=True, blank=True)
     #: The wait that consumed it (NULL while it is kept, waiting for one).
     branch = models.PositiveIntegerField(null=True, blank=True)
     seq = models.PositiveIntegerField(null=True, blank=True)

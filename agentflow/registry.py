@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from agentflow import identifiers
+from agentflow._privacy.personal import Personal
 from agentflow.context import Decision, StepContext
 from agentflow.exceptions import DefinitionError, UnknownWorkflowError
 from agentflow.replies import Replies
@@ -184,6 +185,9 @@ class Workflow:
     #: (agentflow.sensitive), wherever their values appear in the run: a value that opens what
     #: they may not read (the key to a customer's own page) is as sensitive as what it opens.
     sensitive_input: Sensitive | None = None
+    #: Which fields of what its runs store are personal, and whose (agentflow._privacy):
+    #: sealed at rest under that person's key, erasable with it (docs/privacy.md).
+    personal: Personal | None = None
 
     def __post_init__(self) -> None:
         refused = identifiers.problem("workflow name", self.name, max_chars=NAME_MAX_CHARS)
@@ -198,6 +202,11 @@ class Workflow:
             raise DefinitionError(
                 f"workflow {self.name!r}: sensitive_input is a durable.Sensitive(...) naming "
                 f"keys of the input, not {self.sensitive_input!r}"
+            )
+        if self.personal is not None and not isinstance(self.personal, Personal):
+            raise DefinitionError(
+                f"workflow {self.name!r}: personal is a durable.Personal(subject=..., "
+                f"fields=[...]), not {self.personal!r}"
             )
         register(self)
 

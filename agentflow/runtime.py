@@ -27,6 +27,7 @@ from agentflow import (
     telemetry,
     waits,
 )
+from agentflow._privacy import scope as privacy
 from agentflow.agent import loop as agent_loop
 from agentflow.agent.batches import batch_span
 from agentflow.agent.errors import ToolServerUnavailable
@@ -64,7 +65,8 @@ def run_step(
     `redelivered`: the broker gave this message back because its consumer died.
     `fresh`: the publisher's hint that the run was just moved onto this (claimed) step.
     """
-    with limiter.step_calls(run_id, seq):  # its partner calls wait in this step's place
+    # Its partner calls wait in this step's place; what it stores is sealed as its run's.
+    with limiter.step_calls(run_id, seq), privacy.run_scope(run_id):
         _run_step(run_id, seq, redelivered=redelivered, fresh=fresh)
 
 
@@ -100,6 +102,7 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
     if workflow is None:
         _park_for_version(run, seq, seen)
         return
+    privacy.enter_run(run.id, workflow.personal)
     if span is not None and isinstance(workflow, CodeWorkflow):
         own = fresh is not None and len(fresh) == 3 and fresh[2] == run.current_step
         _run_batch_member(run, workflow, seq, seen, span, redelivered=redelivered, own=own)

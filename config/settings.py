@@ -19,7 +19,7 @@ from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from agentflow import logs
-from config import deployment
+from config import deployment, keys
 from config.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -273,6 +273,15 @@ AGENTFLOW_KEY_WINDOW_SECONDS = env_float("AGENTFLOW_KEY_WINDOW_SECONDS", 24 * 36
 AGENTFLOW_APPROVAL_TIMEOUT = env_float("AGENTFLOW_APPROVAL_TIMEOUT", 48 * 3600.0, minimum=1.0)
 # Tests only (ignored unless AGENTFLOW_FAULTS=1): this process's clock runs this far ahead.
 AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0, minimum=None)
+# The master keys that wrap each customer's key (docs/privacy.md): "id:key" entries, newest
+# first. Unset on the embedded default (or with AGENTFLOW_LOCAL_MASTER_KEY=1, as the suite
+# runs), a key made in var/ seals the demo's data too; unset in production, `check` warns.
+AGENTFLOW_MASTER_KEYS = env_list("AGENTFLOW_MASTER_KEYS", [])
+if not AGENTFLOW_MASTER_KEYS and (
+    DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+    or env_bool("AGENTFLOW_LOCAL_MASTER_KEY", False)
+):
+    AGENTFLOW_MASTER_KEYS = [keys.local_master_key(VAR_DIR)]
 #: Finished runs older than this are deleted by the beat task (SPEC §3.8); 0 keeps everything.
 AGENTFLOW_RETENTION_DAYS = env_int("AGENTFLOW_RETENTION_DAYS", 30)
 # Partner limits for the whole fleet (SPEC 3.10, docs/partner-limits.md): JSON such as

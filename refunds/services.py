@@ -10,12 +10,11 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, QuerySet
-from django.db.models.functions import Lower
 from django.utils import timezone
 
 from agentflow import durable
 from agentflow.models import StepCheckpoint
-from refunds import engines, ownership
+from refunds import engines, ownership, privacy
 from refunds.gateways import AirlineGateway
 from refunds.models import RefundRequest, new_public_id
 
@@ -61,12 +60,16 @@ def refund_request_create(
         with transaction.atomic():
             # The run's first step is published only when this transaction commits, so the
             # worker always finds the request it is told about.
+            # `customer` names whose run it is (refunds.privacy): sealed, as the request is.
             workflow_id = durable.start(
-                engines.workflow_name(), input={"refund_id": public_id}, business_key=public_id
+                engines.workflow_name(),
+                input={"refund_id": public_id, "customer": email.strip().lower()},
+                business_key=public_id,
             )
             return RefundRequest.objects.create(
                 public_id=public_id,
                 email=email,
+                email_digest=privacy.email_digest(email),
                 booking_reference=booking_reference,
                 last_name=last_name,
                 message=message,
@@ -98,20 +101,17 @@ def _same_request_recently(
 ) -> RefundRequest | None:
     """The same words within RESUBMIT_WINDOW. The name counts too: a corrected last name
     after a mismatch is a new request, not the failed one again; and so does the waiver, so a
-    request sent again with a waiver asked for is not taken for the one without."""
-    return (
-        RefundRequest.objects.annotate(email_ci=Lower("email"))
-        .filter(
-            email_ci=email.lower(),
-            booking_reference=booking_reference,
-            last_name=last_name,
-            message=message,
-            waiver_reason=waiver_reason,
-            waiver_details=waiver_details,
-            created_at__gt=timezone.now() - RESUBMIT_WINDOW,
-        )
-        .order_by("created_at")
-        .first()
+    request sent again with a waiver asked for is not taken for the one without. The words are
+    sealed in their columns (refunds.privacy), so they are compared once read."""
+    candidates = RefundRequest.objects.filter(
+        email_digest=privacy.email_digest(email),
+        booking_reference=booking_reference,
+        waiver_reason=waiver_reason,
+        created_at__gt=timezone.now() - RESUBMIT_WINDOW,
+    ).order_by("created_at")
+    wanted = (last_name, message, waiver_details)
+    return next(
+        (r for r in candidates if (r.last_name, r.message, r.waiver_details) == wanted), None
     )
 
 
@@ -158,9 +158,7 @@ def refusal(
     )
     if owner_wait:
         return Refusal(retry_after=owner_wait, per_booking=True)
-    by_email = RefundRequest.objects.annotate(email_ci=Lower("email")).filter(
-        email_ci=email.lower()
-    )
+    by_email = RefundRequest.objects.filter(email_digest=privacy.email_digest(email))
     email_wait = _seconds_until_a_slot(
         _verified(by_email, False), settings.REFUNDS_SUBMIT_LIMIT, now, LIMIT_WINDOW
     )

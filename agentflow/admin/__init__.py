@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from agentflow.admin.erasure import SubjectKeyAdmin
 from agentflow.admin.partners import PartnerStateAdmin
 from agentflow.admin.runs import WorkflowRunAdmin
 from agentflow.admin.schedules import ScheduleStateAdmin
 
-__all__ = ["PartnerStateAdmin", "ScheduleStateAdmin", "WorkflowRunAdmin"]
+__all__ = ["PartnerStateAdmin", "ScheduleStateAdmin", "SubjectKeyAdmin", "WorkflowRunAdmin"]

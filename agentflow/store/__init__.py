@@ -105,6 +105,13 @@ from agentflow.store.steps import (
     step_complete,
     unclaimed_complete,
 )
+from agentflow.store.subject_keys import (
+    SubjectErased,
+    run_subject_bind,
+    subject_erase,
+    subject_key_for,
+    subject_keys_rewrap,
+)
 from agentflow.store.sweeps import (
     DueRun,
     Heartbeat,
@@ -148,6 +155,7 @@ __all__ = [
     "ReplayedCall",
     "Settled",
     "StepState",
+    "SubjectErased",
     "Turn",
     "TurnWait",
     "attempt_lost",
@@ -203,6 +211,7 @@ __all__ = [
     "run_resume",
     "run_retry",
     "run_steps_recorded",
+    "run_subject_bind",
     "runs_delete",
     "runs_per_build",
     "runs_purge",
@@ -215,6 +224,9 @@ __all__ = [
     "step_complete",
     "step_fail",
     "step_wait_turn",
+    "subject_erase",
+    "subject_key_for",
+    "subject_keys_rewrap",
     "superseded_reusable",
     "sweep_due",
     "sweep_keep_held",

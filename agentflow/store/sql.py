@@ -21,6 +21,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from agentflow import leases, pooler
+from agentflow._privacy import envelope, scope
 from agentflow.models import (
     Build,
     BuildWorker,
@@ -207,14 +208,16 @@ def adapt(column: str, value: Any) -> Any:
     if value is None:
         return None
     if column in JSON_COLUMNS:
-        return connection.ops.adapt_json_value(value, None)
+        # A run's personal fields are sealed here, as they become a column (docs/privacy.md).
+        return connection.ops.adapt_json_value(scope.seal_stored(value), None)
     if isinstance(value, datetime):
         return connection.ops.adapt_datetimefield_value(value)
     return value
 
 
 def read_json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str | bytes) else value
+    found = json.loads(value) if isinstance(value, str | bytes) else value
+    return _opened(found) if _sealed(value) else found
 
 
 def read_json_many(values: Sequence[Any]) -> list[Any]:
@@ -222,8 +225,20 @@ def read_json_many(values: Sequence[Any]) -> list[Any]:
     parse of a row's small values costs more in the call than in the parse."""
     texts = ["null" if value is None else value for value in values]
     if all(type(text) is str for text in texts):
-        return json.loads(f"[{','.join(texts)}]")  # type: ignore[no-any-return]
+        found = json.loads(f"[{','.join(texts)}]")
+        return _opened(found) if any(map(_sealed, texts)) else found  # type: ignore[no-any-return]
     return [read_json(value) for value in values]
+
+
+def _sealed(value: Any) -> bool:
+    """Whether a stored JSON value may hold a sealed personal field (docs/privacy.md)."""
+    if isinstance(value, str | bytes):
+        return envelope.maybe_sealed(value)
+    return value is not None and not isinstance(value, int | float | bool)
+
+
+def _opened(value: Any) -> Any:
+    return envelope.open_value(value)
 
 
 def read_datetime(value: Any) -> datetime | None:
@@ -255,7 +270,10 @@ def update(table: str, changes: Mapping[str, Any], where: str, params: Sequence[
 
 
 def insert(table: str, values: Mapping[str, Any]) -> None:
-    columns, exprs, params = _insert_parts(values)
+    # A row of one run written outside its worker (an operator's decision, a signal): sealed
+    # as that run's fields are (docs/privacy.md).
+    with scope.run_scope_for(values.get("run_id")):
+        columns, exprs, params = _insert_parts(values)
     execute(f"INSERT INTO {table} ({columns}) VALUES ({exprs})", params)
 
 

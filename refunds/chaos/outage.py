@@ -37,6 +37,7 @@ from refunds.chaos.evidence import Evidence
 from refunds.chaos.processes import Web
 from refunds.chaos.traffic import Customer, HiddenInputs, Submission
 from refunds.models import RefundRequest
+from refunds.privacy import email_digest
 
 #: An admin page an operator keeps open: the run list.
 ADMIN_PAGE = "/admin/agentflow/workflowrun/"
@@ -245,9 +246,9 @@ class DatabaseOutage:
         location = answer.headers.get("Location", "")
         public_id = location.rstrip("/").rsplit("/", 1)[-1] if answer.status == 303 else ""
         made = list(
-            RefundRequest.objects.filter(email=self.customer.email).values_list(
-                "public_id", "workflow_id"
-            )
+            RefundRequest.objects.filter(
+                email_digest=email_digest(self.customer.email)
+            ).values_list("public_id", "workflow_id")
         )
         submission = Submission(
             customer=self.customer,

@@ -24,6 +24,7 @@ from django.db import InterfaceError, OperationalError, connections
 from django.test import Client
 
 from refunds.models import RefundRequest
+from refunds.privacy import email_digest
 from refunds.sandbox.airline import next_operating_day, owner_of
 
 FORM_URL = "/refunds/new/"
@@ -156,7 +157,9 @@ def submit(customer: Customer, *, double: str = "", outage_seconds: float = 0.0)
 def _requests_of(customer: Customer) -> dict[str, str | None]:
     """The customer's refund requests: public id -> workflow id."""
     return dict(
-        RefundRequest.objects.filter(email=customer.email).values_list("public_id", "workflow_id")
+        RefundRequest.objects.filter(email_digest=email_digest(customer.email)).values_list(
+            "public_id", "workflow_id"
+        )
     )
 
 

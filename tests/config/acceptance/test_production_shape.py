@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agentflow._privacy.keys import new_master_key
 from agentflow.testing.processes import free_port
 from config.deployment import DEBUG_SECRET_KEY
 
@@ -105,9 +106,10 @@ def production_variables() -> dict[str, str]:
     block = re.search(r"<!-- production-variables -->\s*```sh\n(.*?)```", page, re.S)
     assert block, "docs/production.md documents the production variables in a marked block"
     values = dict(re.findall(r"^([A-Z_]+)=(\S*)", block.group(1), re.M))
-    for secret in ("DJANGO_SECRET_KEY", "AGENTFLOW_METRICS_TOKEN"):
+    for secret in ("DJANGO_SECRET_KEY", "AGENTFLOW_METRICS_TOKEN", "AGENTFLOW_MASTER_KEYS"):
         assert values[secret].startswith("$(")  # generated, never written down
         values[secret] = secrets.token_urlsafe(50)
+    values["AGENTFLOW_MASTER_KEYS"] = new_master_key()
     return values
 
 

@@ -39,7 +39,7 @@ def test_create__starts_the_refund_run_and_enqueues_it_on_commit(
     assert refund.workflow_id == run.id
     assert run.workflow == "refund"
     assert run.business_key == refund.public_id
-    assert run.input == {"refund_id": refund.public_id}
+    assert run.input == {"refund_id": refund.public_id, "customer": refund.email.lower()}
     # The first step's message, published only after commit (beside the metrics' callbacks).
     assert len([c for c in callbacks if c.__qualname__.startswith("send_step")]) == 1
     assert refund.public_id.startswith("rf_") and len(refund.public_id) >= 22

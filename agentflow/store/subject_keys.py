@@ -1,0 +1,99 @@
+"""The only writer of the keystore's rows (docs/privacy.md): a subject's key made, a run bound
+to it, a subject erased, keys re-wrapped under the newest master key."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from agentflow._privacy import keys, keystore
+from agentflow._privacy.models import RunSubject, SubjectKey
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubjectErased:
+    keys: int
+    runs: int
+
+
+def subject_key_for(subject: str) -> str:
+    """The id of the subject's live key, made now if they have none (or were erased)."""
+    digest = keystore.subject_digest(subject, _hmac_key())
+    row = SubjectKey.objects.filter(subject_digest=digest, erased_at__isnull=True).first()
+    if row is not None:
+        return row.id
+    key_id = f"sk_{secrets.token_hex(12)}"
+    try:
+        with transaction.atomic():
+            _create(key_id, digest, os.urandom(keys.KEY_BYTES))
+    except IntegrityError:  # the same person's first two runs, at once
+        return SubjectKey.objects.get(subject_digest=digest, erased_at__isnull=True).id
+    return key_id
+
+
+def _hmac_key() -> bytes:
+    found = keystore.hmac_key()
+    if found is not None:
+        return found
+    try:
+        with transaction.atomic():
+            _create(keystore.HMAC_ROW, keystore.HMAC_ROW, os.urandom(keys.KEY_BYTES))
+    except IntegrityError:  # another process made it first
+        pass
+    keystore.forget_cached()
+    made = keystore.hmac_key()
+    assert made is not None
+    return made
+
+
+def _create(key_id: str, digest: str, secret: bytes) -> None:
+    master = keys.current_master()
+    if master is None:
+        raise keys.MasterKeyError("no master key is configured (AGENTFLOW_MASTER_KEYS)")
+    nonce, wrapped = keys.seal(master.secret, secret, keystore.aad(key_id))
+    SubjectKey.objects.create(
+        id=key_id, subject_digest=digest, master_key_id=master.id, wrapped_nonce=nonce,
+        wrapped=wrapped,
+    )  # fmt: skip
+
+
+def run_subject_bind(run_id: str, key_id: str, fields: list[str]) -> None:
+    """Record whose key seals run `run_id`'s personal fields (in the run's own transaction)."""
+    RunSubject.objects.get_or_create(run_id=run_id, defaults={"key_id": key_id, "fields": fields})
+
+
+def subject_erase(subject: str, *, actor: str, reason: str) -> SubjectErased:
+    """Destroy the subject's live keys: their sealed fields, in every copy, open to nothing."""
+    ids = keystore.key_ids_of(subject)
+    with transaction.atomic():
+        live = SubjectKey.objects.select_for_update().filter(id__in=ids, erased_at__isnull=True)
+        erased = list(live.values_list("id", flat=True))
+        SubjectKey.objects.filter(id__in=erased).update(
+            wrapped="", wrapped_nonce="", master_key_id="", erased_at=timezone.now(),
+            erased_by=actor[:150], erase_reason=reason,
+        )  # fmt: skip
+        runs = RunSubject.objects.filter(key_id__in=erased).count()
+    keystore.forget_cached()
+    return SubjectErased(keys=len(erased), runs=runs)
+
+
+def subject_keys_rewrap(size: int) -> tuple[int, int]:
+    """Re-wrap up to `size` keys a master key other than the newest wrapped; (done, left)."""
+    master = keys.current_master()
+    if master is None:
+        raise keys.MasterKeyError("no master key is configured (AGENTFLOW_MASTER_KEYS)")
+    stale = SubjectKey.objects.filter(erased_at__isnull=True).exclude(master_key_id=master.id)
+    with transaction.atomic():
+        rows = list(stale.select_for_update(skip_locked=True).order_by("id")[:size])
+        for row in rows:
+            secret = keystore.unwrap(row)
+            assert secret is not None
+            nonce, wrapped = keys.seal(master.secret, secret, keystore.aad(row.id))
+            SubjectKey.objects.filter(id=row.id, master_key_id=row.master_key_id).update(
+                master_key_id=master.id, wrapped_nonce=nonce, wrapped=wrapped
+            )
+    return len(rows), stale.count()
