@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agentflow import forks, limiter, outcomes, registry, routing, store, telemetry
+from agentflow import _children, forks, limiter, outcomes, registry, routing, store, telemetry
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
 from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
@@ -86,6 +86,7 @@ __all__ = [
     "Workflow",
     "approve",
     "cancel",
+    "cancel_children",
     "delete_runs",
     "fork",
     "idempotency_key",
@@ -97,6 +98,10 @@ __all__ = [
     "signal",
     "snapshot",
     "start",
+    "start_children",
+    "start_many",
+    "started_children",
+    "wait_for_children",
     "workflow_steps",
 ]
 
@@ -127,6 +132,31 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
     if created:
         telemetry.run_started(run_id, definition.name, keep_trace=store.trace_parent_record)
     return run_id
+
+
+#: From a step: start child runs at its position, once (see `agentflow._children`).
+start_children = _children.start_children
+#: The children the current step started: what its reconcile adopts.
+started_children = _children.started_children
+#: Declare a step that waits for the children an earlier step started ("all" or "first").
+wait_for_children = _children.wait_for_children
+#: A compensation that cancels the run's unfinished children, each undoing what it did.
+cancel_children = _children.cancel_children
+
+
+def start_many(runs: Iterable[tuple[str, Any, str | None]]) -> list[str]:
+    """Start a run for each (workflow, input, business key) and return their ids in order.
+
+    One INSERT per thousand runs (plus one read of the keyed ones' ids), in the caller's
+    transaction like `start`; each first step is published when that transaction commits.
+    Idempotent on business keys: a key seen before returns its run and starts nothing.
+
+    Raises:
+        UnknownWorkflowError: a workflow name that is not registered.
+        InvalidInputError: an entry that is not a triple, an input that cannot be stored as
+            JSON, or a business key that is not text of 1-200 characters. Nothing is started.
+    """
+    return _children.start_many(runs)
 
 
 def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:
@@ -324,6 +354,10 @@ class RunSnapshot:
     #: hold (SPEC 3.9), e.g. "waiting for a worker of build X", or, while it waits for its turn
     #: at a partner (a `partner:<key>` hold), "waiting for stripe: rate limit".
     held: str = ""
+    #: The run whose step started it (None: started by `start` or `start_many`).
+    parent: str | None = None
+    #: The runs it started, counted by status (empty: none).
+    children: dict[str, int] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -377,6 +411,8 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         build=run.build,
         started_build=run.started_build,
         held=routing.run_reason(run),
+        parent=run.parent_id,
+        children=store.children_counts(run.id),
     )
 
 
