@@ -40,10 +40,13 @@ def run_children(parent_id: str) -> None:
 # --- many runs at once --------------------------------------------------------------------------
 def test_start_many__a_thousand_runs_in_a_handful_of_statements__published_after_commit() -> None:
     runs = [(workflows.chain.name, {"i": i}, f"bulk-{i}") for i in range(1000)]
-    with capture_messages() as outbox, CaptureQueriesContext(connection) as queries:
-        with transaction.atomic():
-            ids = durable.start_many(runs)
-            assert len(outbox) == 0  # nothing is published before the commit
+    with (
+        capture_messages() as outbox,
+        CaptureQueriesContext(connection) as queries,
+        transaction.atomic(),
+    ):
+        ids = durable.start_many(runs)
+        assert len(outbox) == 0  # nothing is published before the commit
 
     assert len(ids) == len(set(ids)) == 1000
     writes = [
@@ -82,10 +85,9 @@ def test_start_many__bad_input__refused_and_nothing_started() -> None:
 
 
 def test_start_many__rolled_back_with_the_callers_transaction() -> None:
-    with capture_messages() as outbox:
-        with pytest.raises(RuntimeError), transaction.atomic():
-            durable.start_many([(workflows.chain.name, {}, None)] * 3)
-            raise RuntimeError("the caller's own write failed")
+    with capture_messages() as outbox, pytest.raises(RuntimeError), transaction.atomic():
+        durable.start_many([(workflows.chain.name, {}, None)] * 3)
+        raise RuntimeError("the caller's own write failed")
     assert not WorkflowRun.objects.exists()
     assert len(outbox) == 0
 
