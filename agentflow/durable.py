@@ -134,13 +134,39 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
     return run_id
 
 
-#: From a step: start child runs at its position, once (see `agentflow._children`).
-start_children = _children.start_children
-#: The children the current step started: what its reconcile adopts.
-started_children = _children.started_children
-#: Declare a step that waits for the children an earlier step started ("all" or "first").
-wait_for_children = _children.wait_for_children
-#: A compensation that cancels the run's unfinished children, each undoing what it did.
+def start_children(ctx: StepContext, children: Iterable[tuple[str, Any, str | None]]) -> list[str]:
+    """From a step: start a child run for each (workflow, input, key) and return their ids in
+    order (docs/workflows.md, "Runs that start runs").
+
+    Each child's business key is `<this run>:<this step's position>:<key>` (its index when
+    `key` is None): the step run again starts none twice and gets the same ids. In the caller's
+    transaction if there is one; published once it commits.
+
+    Raises:
+        UnknownWorkflowError, InvalidInputError: as `start_many`; nothing is started.
+    """
+    return _children.start_children(ctx, children)
+
+
+def started_children(ctx: StepContext) -> list[str]:
+    """The children the current step started (empty: none yet), in order: what the step's
+    reconcile adopts when its worker died after starting them."""
+    return _children.started_children(ctx)
+
+
+def wait_for_children(
+    workflow: Workflow, name: str, *, wait: str = "all", next: Any = None
+) -> None:
+    """Declare step `name` of `workflow`: wait for the children the latest earlier step
+    started, "all" of them or the "first" to end, WAITING meanwhile and holding no worker. Its
+    output is `{"payload": {"wait", "counts", "children"}}`: the counts by status and each child
+    that ended (`run_id`, `workflow`, `business_key`, `status`, `error`; for "first", its
+    `output` too). A failed child does not fail the parent: the report says so."""
+    _children.wait_for_children(workflow, name, wait=wait, next=next)
+
+
+#: A compensation to declare for the step that starts children (docs/workflows.md, "Runs
+#: that start runs"): the parent failed for good or cancelled cancels each unfinished child.
 cancel_children = _children.cancel_children
 
 
@@ -198,12 +224,13 @@ def workflow_steps(workflow: str) -> list[str]:
 def cancel(run_id: str, *, actor: str, reason: str) -> str | None:
     """Stop an unfinished run without keeping any money: its effects are undone by their
     compensations, then it ends CANCELLED; a step in flight finishes first. Recorded as an event
-    with `actor` and `reason`. Returns None if it ended at once, else what happens next.
+    with `actor` and `reason`. Returns None if it ended at once, else what happens next. A run
+    whose workflow declares `cancel_children` cancels its unfinished children at once too.
 
     Raises:
         ActionRefused: the run is finished, already undoing, or an outcome is unknown.
     """
-    return store.run_cancel(run_id, actor=actor, reason=reason)
+    return _children.cancel(run_id, actor=actor, reason=reason)
 
 
 def retry(run_id: str, *, actor: str, reason: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from agentflow import registry, store, telemetry
 from agentflow.context import StepContext
 from agentflow.exceptions import InvalidInputError, PermanentStepError
+from agentflow.models import WorkflowRun
 from agentflow.registry import DefinitionError, WaitSpec, Workflow
 from agentflow.serialization import NotJSONError, storable_text, to_json
 from agentflow.states import TERMINAL_RUN_STATUSES, StepKind, WaitKind
@@ -151,17 +152,19 @@ def _ending(child: ChildEnd, *, output: bool) -> dict[str, Any]:
 
 
 def cancel_children(ctx: StepContext) -> dict[str, Any]:
-    """A compensation: cancel every child of this run still running, each undoing what it did
-    (`durable.cancel`). Declare it to undo the step that started them; without it, a parent
-    that fails or is cancelled leaves its children to finish."""
+    """A compensation to declare for the step that starts children: a parent that fails for
+    good or is cancelled cancels every child still unfinished (each undoes what it did, as
+    `durable.cancel`), and returns `{"cancelled": [ids], "refused": {id: reason}}` (refused:
+    finished or cancelling already). Without it, a parent that stops leaves its children to
+    finish."""
+    return _cancel_active(ctx.run_id, "its parent run failed or was cancelled")
+
+
+def _cancel_active(parent_id: str, reason: str) -> dict[str, Any]:
     cancelled, refused = [], {}
-    for child in store.children_active(ctx.run_id):
+    for child in store.children_active(parent_id):
         try:
-            store.run_cancel(
-                child,
-                actor=f"parent {ctx.run_id}"[:150],
-                reason="its parent run failed or was cancelled",
-            )
+            store.run_cancel(child, actor=f"parent {parent_id}"[:150], reason=reason)
         except store.ActionRefused as exc:
             refused[child] = str(exc)
         else:
@@ -169,7 +172,24 @@ def cancel_children(ctx: StepContext) -> dict[str, Any]:
     return {"cancelled": cancelled, "refused": refused}
 
 
+def cancel(run_id: str, *, actor: str, reason: str) -> str | None:
+    """An operator's cancel (`durable.cancel`, the console's Cancel): the run is cancelled, and
+    if its workflow declares `cancel_children` its unfinished children are too, at once, in
+    the operator's request, rather than when the parent's compensation gets its turn behind
+    the children's own steps (the compensation then finds them cancelling, and changes
+    nothing)."""
+    outcome = store.run_cancel(run_id, actor=actor, reason=reason)
+    run = WorkflowRun.objects.filter(pk=run_id).values("workflow", "version").first()
+    workflow = registry.lookup(run["workflow"], run["version"]) if run is not None else None
+    if workflow is not None and any(
+        step.compensation_only and step.fn is cancel_children for step in workflow.steps.values()
+    ):
+        _cancel_active(run_id, f"its parent run was cancelled by {actor}: {reason}")
+    return outcome
+
+
 __all__: Sequence[str] = (
+    "cancel",
     "cancel_children",
     "report",
     "start_children",

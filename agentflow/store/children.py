@@ -147,7 +147,8 @@ def children_ids(parent_id: str, seq: int) -> list[str]:
 
 def children_counts(parent_id: str, seq: int | None = None) -> dict[str, int]:
     """How many of its children (those the step at `seq` started, or all) are in each status."""
-    where, params = "parent_id = %s", [parent_id]
+    where = "parent_id = %s"
+    params: list[Any] = [parent_id]
     if seq is not None:
         where += " AND parent_seq = %s"
         params.append(seq)
