@@ -114,24 +114,17 @@ def _publish_on_commit(
     runs: Sequence[NewRun], ids: Sequence[str | None], created: set[str], build: str
 ) -> None:
     """Each created run's first message, after the commit, in the order given."""
-    messages = []
+    messages: list[tuple[str, int, dispatch.Fresh | None, str | None]] = []
     for item, run_id in zip(runs, ids, strict=True):
         if run_id in created:
             created.discard(run_id)  # a key given twice is one run, published once
             workflow = item.workflow
             hint = dispatch.fresh_hint(workflow, workflow.first_step())
             queue = builds.route(build, workflow.versioning == "pinned")
-            messages.append((run_id, hint, queue))
-
-    def publish() -> None:
-        for run_id, hint, queue in messages:
-            if queue is None:
-                dispatch.send_step(run_id, 1, fresh=hint)
-            else:
-                dispatch.send_step(run_id, 1, fresh=hint, queue=queue)
+            messages.append((run_id, 1, hint, queue))
 
     if messages:
-        transaction.on_commit(publish)
+        transaction.on_commit(lambda: dispatch.send_steps(messages))
 
 
 # --- a parent and its children -------------------------------------------------------------
