@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agentflow import forks, limiter, outcomes, registry, routing, store, telemetry
+from agentflow import _children, forks, limiter, outcomes, registry, routing, store, telemetry
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
 from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
@@ -86,6 +86,7 @@ __all__ = [
     "Workflow",
     "approve",
     "cancel",
+    "cancel_children",
     "delete_runs",
     "fork",
     "idempotency_key",
@@ -97,6 +98,10 @@ __all__ = [
     "signal",
     "snapshot",
     "start",
+    "start_children",
+    "start_many",
+    "started_children",
+    "wait_for_children",
     "workflow_steps",
 ]
 
@@ -127,6 +132,57 @@ def start(workflow: str, *, input: Any = None, business_key: str | None = None) 
     if created:
         telemetry.run_started(run_id, definition.name, keep_trace=store.trace_parent_record)
     return run_id
+
+
+def start_children(ctx: StepContext, children: Iterable[tuple[str, Any, str | None]]) -> list[str]:
+    """From a step: start a child run for each (workflow, input, key) and return their ids in
+    order (docs/workflows.md, "Runs that start runs").
+
+    Each child's business key is `<this run>:<this step's position>:<key>` (its index when
+    `key` is None): the step run again starts none twice and gets the same ids. In the caller's
+    transaction if there is one; published once it commits.
+
+    Raises:
+        UnknownWorkflowError, InvalidInputError: as `start_many`; nothing is started.
+    """
+    return _children.start_children(ctx, children)
+
+
+def started_children(ctx: StepContext) -> list[str]:
+    """The children the current step started (empty: none yet), in order: what the step's
+    reconcile adopts when its worker died after starting them."""
+    return _children.started_children(ctx)
+
+
+def wait_for_children(
+    workflow: Workflow, name: str, *, wait: str = "all", next: Any = None
+) -> None:
+    """Declare step `name` of `workflow`: wait for the children the latest earlier step
+    started, "all" of them or the "first" to end, WAITING meanwhile and holding no worker. Its
+    output is `{"payload": {"wait", "counts", "children"}}`: the counts by status and each child
+    that ended (`run_id`, `workflow`, `business_key`, `status`, `error`; for "first", its
+    `output` too). A failed child does not fail the parent: the report says so."""
+    _children.wait_for_children(workflow, name, wait=wait, next=next)
+
+
+#: A compensation to declare for the step that starts children (docs/workflows.md, "Runs
+#: that start runs"): the parent failed for good or cancelled cancels each unfinished child.
+cancel_children = _children.cancel_children
+
+
+def start_many(runs: Iterable[tuple[str, Any, str | None]]) -> list[str]:
+    """Start a run for each (workflow, input, business key) and return their ids in order.
+
+    One INSERT per thousand runs (plus one read of the keyed ones' ids), in the caller's
+    transaction like `start`; each first step is published when that transaction commits.
+    Idempotent on business keys: a key seen before returns its run and starts nothing.
+
+    Raises:
+        UnknownWorkflowError: a workflow name that is not registered.
+        InvalidInputError: an entry that is not a triple, an input that cannot be stored as
+            JSON, or a business key that is not text of 1-200 characters. Nothing is started.
+    """
+    return _children.start_many(runs)
 
 
 def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:
@@ -168,12 +224,13 @@ def workflow_steps(workflow: str) -> list[str]:
 def cancel(run_id: str, *, actor: str, reason: str) -> str | None:
     """Stop an unfinished run without keeping any money: its effects are undone by their
     compensations, then it ends CANCELLED; a step in flight finishes first. Recorded as an event
-    with `actor` and `reason`. Returns None if it ended at once, else what happens next.
+    with `actor` and `reason`. Returns None if it ended at once, else what happens next. A run
+    whose workflow declares `cancel_children` cancels its unfinished children at once too.
 
     Raises:
         ActionRefused: the run is finished, already undoing, or an outcome is unknown.
     """
-    return store.run_cancel(run_id, actor=actor, reason=reason)
+    return _children.cancel(run_id, actor=actor, reason=reason)
 
 
 def retry(run_id: str, *, actor: str, reason: str) -> None:
@@ -324,6 +381,10 @@ class RunSnapshot:
     #: hold (SPEC 3.9), e.g. "waiting for a worker of build X", or, while it waits for its turn
     #: at a partner (a `partner:<key>` hold), "waiting for stripe: rate limit".
     held: str = ""
+    #: The run whose step started it (None: started by `start` or `start_many`).
+    parent: str | None = None
+    #: The runs it started, counted by status (empty: none).
+    children: dict[str, int] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -377,6 +438,8 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         build=run.build,
         started_build=run.started_build,
         held=routing.run_reason(run),
+        parent=run.parent_id,
+        children=store.children_counts(run.id),
     )
 
 

@@ -55,6 +55,19 @@ class WorkflowRun(models.Model):
     #: Why its step may not start now, as `kind:key` (`build:<id>`: no live worker of the
     #: build it is pinned to); WAITING meanwhile, re-published when it may go. Empty: nothing.
     hold = models.CharField(max_length=200, blank=True, db_default="")
+    #: The run whose step started it (a child run, docs/workflows.md "Runs that start runs"),
+    #: and that step's position. No database constraint: retention deletes finished runs by
+    #: id, and a parent may go before a child it left running.
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="children",
+    )
+    parent_seq = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -98,6 +111,12 @@ class WorkflowRun(models.Model):
             models.Index(fields=["-created_at"], name="run_created"),
             # Held runs, by what holds them: a release reads exactly these.
             models.Index(fields=["hold"], condition=~Q(hold=""), name="run_held"),
+            # A parent's children, by the step that started them: what its wait counts.
+            models.Index(
+                fields=["parent", "parent_seq", "status"],
+                condition=Q(parent__isnull=False),
+                name="run_children",
+            ),
         ]
 
     def __str__(self) -> str:

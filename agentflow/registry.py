@@ -74,6 +74,10 @@ class WaitSpec:
     #: An approval that was rejected or timed out: the step's recorded output, from the
     #: decision's JSON (`Decision.as_json()`); the step's function does not run.
     rejected: Callable[[dict[str, Any]], Any] | None = None
+    #: A signal wait without a timeout: how often the run looks again while it waits (None:
+    #: once a day). A wait whose signal its own step may send (a parent's wait for its
+    #: children) looks often: a signal lost in a crash then costs a recheck's delay, never the run.
+    recheck_seconds: float | None = None
 
 
 #: Given the step's context, what it waits for (None: nothing, it runs at once).

@@ -330,6 +330,15 @@ REFUNDS_OWNER_LIMIT = env_int("REFUNDS_OWNER_LIMIT", 10)
 REFUNDS_ENGINE = env_str("REFUNDS_ENGINE", "graph").strip().lower()
 if REFUNDS_ENGINE not in ("graph", "agent"):
     raise ImproperlyConfigured(f"REFUNDS_ENGINE must be graph or agent, got {REFUNDS_ENGINE!r}")
+# The airline's flight notices (refunds.views.airline_notice): the secret it signs them with
+# (unset: the endpoint answers 404), where `manage.py sandbox cancel-flight` tells the sandbox
+# airline to send them, and who is mailed each cancelled flight's outcome.
+REFUNDS_AIRLINE_SECRET = env_str("REFUNDS_AIRLINE_SECRET", "")
+REFUNDS_AIRLINE_NOTICES_URL = env_str(
+    "REFUNDS_AIRLINE_NOTICES_URL",
+    f"http://127.0.0.1:{os.environ.get('AGENTFLOW_WEB_PORT', '8000')}/refunds/airline/notices/",
+)
+REFUNDS_OPERATIONS_EMAIL = env_str("REFUNDS_OPERATIONS_EMAIL", "operations@agentflow.test")
 REFUNDS_PARTNER_MAX_ATTEMPTS = env_int("REFUNDS_PARTNER_MAX_ATTEMPTS", 8, minimum=1)
 REFUNDS_PARTNER_RETRY_BASE_SECONDS = env_float("REFUNDS_PARTNER_RETRY_BASE_SECONDS", 1.0)
 

@@ -550,6 +550,26 @@ class AirlineGateway:
             last_bookable_date=str(data.get("last_bookable_date", "")),
         )
 
+    def manifest(self, flight: str, date: str) -> dict[str, Any]:
+        """A cancelled flight's passengers (`reference`, `last_name`, `email`) and the flight
+        and date they were moved to (`rebooked_to`); PermanentStepError if it was not
+        cancelled."""
+        data = self._http.call(
+            "GET",
+            "/manifest",
+            query={"flight": flight, "date": date},
+            not_found=PermanentStepError(f"the airline did not cancel {flight} on {date}"),
+        )
+        return {
+            "flight": data["flight"],
+            "date": data["date"],
+            "rebooked_to": dict(data["rebooked_to"]),
+            "passengers": [
+                {"reference": p["reference"], "last_name": p["last_name"], "email": p["email"]}
+                for p in data["passengers"]
+            ],
+        }
+
     def cancel_seat(self, reference: str, *, key: str, workflow_id: str) -> SeatCancellation:
         data = self._http.call(
             "POST",

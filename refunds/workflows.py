@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentflow import durable
-from refunds import steps, waivers
+from refunds import flights, steps, waivers
 from refunds.gateways import (
     COMPENSATION_RETRY,
     PARTNER_RETRY,
@@ -87,6 +87,25 @@ refund.compensation(
     "reinstate_seat", retry=COMPENSATION_RETRY, reconcile=steps.find_seat_reinstatement
 )(steps.reinstate_seat)
 refund.compensation("notify_failure", retry=COMPENSATION_RETRY)(steps.notify_failure)
+
+#: A cancelled flight (refunds.flights): one run per airline notice, one refund per passenger
+#: started as its children, waited for all together; cancelled or failed, it cancels the
+#: refunds still running, each undoing what it did (its fee refunded, its seat given back).
+#: PRIORITY (issue 40, branch flight-queues): the batch priority of its refunds goes on
+#: `start_refunds` (refunds.flights); the lead wires it at merge.
+flight_cancelled = durable.Workflow("flight_cancelled", version=1)
+flight_cancelled.step("read_manifest", kind="read", retry=PARTNER_RETRY)(flights.read_manifest)
+flight_cancelled.step(
+    "start_refunds",
+    kind="effect",
+    reconcile=flights.started_refunds,
+    compensate="cancel_refunds",
+)(flights.start_refunds)
+durable.wait_for_children(flight_cancelled, "wait_for_refunds", wait="all")
+flight_cancelled.step("email_operations", kind="effect", retry=PARTNER_RETRY)(
+    flights.email_operations
+)
+flight_cancelled.compensation("cancel_refunds", retry=COMPENSATION_RETRY)(durable.cancel_children)
 
 # The same refund as an agent run (REFUNDS_ENGINE=agent), registered with this one.
 from refunds.agent.workflow import refund_agent  # noqa: E402, F401

@@ -27,6 +27,7 @@ from agentflow.states import RunStatus, StepStatus
 from agentflow.store import sql
 from agentflow.store.builds import build_known
 from agentflow.store.events import event_add, event_time
+from agentflow.store.parents import run_ended
 from agentflow.store.sensitive import masked
 from agentflow.store.steps import ACTIVE, CheckpointRow, Claim, state_load
 
@@ -389,6 +390,7 @@ def begin_undo(
         raise Fenced
     if not plan:
         telemetry.run_finished(run.id, workflow.name, final)
+        run_ended(run.id)
         return plan
     undo = [name for name in plan if name != workflow.on_failure]
     event_add(

@@ -26,6 +26,7 @@ from agentflow.registry import StepDef, Workflow
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow.store import sql
 from agentflow.store.events import event_add, event_time
+from agentflow.store.parents import run_ended
 
 ACTIVE: list[str] = [str(status) for status in ACTIVE_RUN_STATUSES]
 
@@ -438,6 +439,7 @@ def step_complete(
     transaction.on_commit(partial(_after_complete, run, step.name, claim.attempt, next_seq, hint))
     if next_seq is None:
         telemetry.run_finished(run.id, workflow.name, changes["status"])
+        run_ended(run.id)
     return True
 
 
@@ -494,6 +496,7 @@ def unclaimed_complete(
         transaction.on_commit(partial(_after_complete, run, step.name, attempt, next_seq, hint))
         if next_seq is None:
             telemetry.run_finished(run.id, workflow.name, changes["status"])
+            run_ended(run.id)
     return done is not None
 
 

@@ -14,7 +14,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,7 +82,7 @@ def capture_messages() -> Iterator[Outbox]:
     """
     global _outbox
     with _lock:
-        outer, saved = _outbox, dispatch.send_step
+        outer, saved, saved_many = _outbox, dispatch.send_step, dispatch.send_steps
         if outer is not None:
             owner, outbox = False, outer
         else:
@@ -100,13 +100,20 @@ def capture_messages() -> Iterator[Outbox]:
                 outbox.messages.append(Message(run_id=run_id, seq=seq, countdown=countdown))
                 return True
 
+            def keep_many(steps: Sequence[tuple[str, int, Any, str | None]]) -> bool:
+                for run_id, seq, _, _ in steps:
+                    outbox.messages.append(Message(run_id=run_id, seq=seq))
+                return True
+
             dispatch.send_step = keep  # type: ignore[assignment]
+            dispatch.send_steps = keep_many  # type: ignore[assignment]
     try:
         yield outbox
     finally:
         if owner:
             with _lock:
                 dispatch.send_step = saved  # type: ignore[assignment]
+                dispatch.send_steps = saved_many  # type: ignore[assignment]
                 _outbox = None
 
 

@@ -19,6 +19,7 @@ from refunds.sandbox import (
     airline,
     crm,
     faults,
+    flights,
     lookups,
     model,
     stripe_api,
@@ -107,6 +108,12 @@ class Sandbox:
                 "airline.schedule",
                 airline.injected,
                 lambda: airline.get_schedule(request, today=self.today()),
+            )
+        if method == "GET" and path == "/airline/manifest":
+            return self._read(
+                "airline.manifest",
+                airline.injected,
+                lambda: flights.get_manifest(self.store, request),
             )
         if method == "POST" and (match := CANCEL_SEAT.fullmatch(path)):
             return self._effect(airline.cancel_seat(self.store, match.group(1)), request)
@@ -202,6 +209,8 @@ class Sandbox:
                 except ValueError as exc:
                     return partner_error(400, "invalid_limits", str(exc))
             return Response(status=200, body=self.throttle.report())
+        if method == "POST" and path == "/_sandbox/airline/cancel-flight":
+            return flights.cancel_flight(self.store, request, today=self.today())
         if method == "POST" and path == "/_sandbox/reset":
             self.store.reset()
             self.barriers.release()
