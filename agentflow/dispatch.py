@@ -10,7 +10,8 @@ from celery import current_app
 from celery.utils import uuid
 from django.db import transaction
 
-from agentflow import origin
+from agentflow import _priority, origin
+from agentflow.models import WorkflowRun
 from agentflow.registry import Workflow
 from agentflow.states import CLAIMED_KINDS
 
@@ -56,24 +57,37 @@ def send_step(
     countdown: float | None = None,
     fresh: Fresh | None = None,
     queue: str | None = None,
+    priority: _priority.Priority = _priority.OF_RUN,
 ) -> bool:
     """Publish now. A broker error is logged, not raised: the run's `wake_at` lets the sweeper
     publish it again, so a lost doorbell costs latency, never the run. `fresh` is only a hint:
     a stale or wrong one costs the worker nothing but the round trip it was meant to save.
     `queue`: a build's own queue (`builds.queue`), as `agentflow.routing` decided; None, the
-    shared one that `run_step` is routed to."""
+    shared one that `run_step` is routed to. `priority`: the run's (None: it has none), read
+    from its row when not given, so every message of a run carries it."""
     args = [run_id, seq]
     kwargs = {"fresh": fresh} if fresh is not None else {}
     try:
-        _publish(args, kwargs, countdown, queue)
+        if priority is _priority.OF_RUN:
+            priority = _run_priority(run_id)
+        _publish(args, kwargs, countdown, queue, priority)
     except Exception as exc:  # kombu raises OperationalError and friends
         logger.warning("could not enqueue %s step %s (%s); the sweeper will", run_id, seq, exc)
         return False
     return True
 
 
+def _run_priority(run_id: str) -> int | None:
+    """The run's priority, for a publisher that did not load it (off the step's own path)."""
+    return WorkflowRun.objects.filter(pk=run_id).values_list("priority", flat=True).first()
+
+
 def _publish(
-    args: list[Any], kwargs: dict[str, Any], countdown: float | None, queue: str | None = None
+    args: list[Any],
+    kwargs: dict[str, Any],
+    countdown: float | None,
+    queue: str | None = None,
+    priority: int | None = None,
 ) -> None:
     """`app.send_task` for a step message, without the per-call work it cannot skip.
 
@@ -105,6 +119,8 @@ def _publish(
             # kombu would bind a copy of the queue to the channel only to find it in this same
             # cache: a tenth of a publish's time.
             route = {**route, "declare": []}
+        if priority is not None:
+            route = {**route, "priority": _priority.on_message(app, priority)}
         app.amqp.send_task_message(producer, RUN_STEP_TASK, message, **route)
 
 
@@ -143,10 +159,10 @@ def send_step_on_commit(
     countdown: float | None = None,
     fresh: Fresh | None = None,
     queue: str | None = None,
+    priority: _priority.Priority = _priority.OF_RUN,
 ) -> None:
-    if queue is None:
-        transaction.on_commit(lambda: send_step(run_id, seq, countdown=countdown, fresh=fresh))
-    else:
-        transaction.on_commit(
-            lambda: send_step(run_id, seq, countdown=countdown, fresh=fresh, queue=queue)
+    transaction.on_commit(
+        lambda: send_step(
+            run_id, seq, countdown=countdown, fresh=fresh, queue=queue, priority=priority
         )
+    )

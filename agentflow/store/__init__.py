@@ -49,6 +49,11 @@ from agentflow.store.calls import (
     superseded_reusable,
     undone_call,
 )
+from agentflow.store.concurrency import (
+    concurrency_release,
+    concurrency_sweep,
+    concurrency_waiting,
+)
 from agentflow.store.events import event_add
 from agentflow.store.forks import Settled, fork_preview, live_calls, run_fork
 from agentflow.store.operator import cancel_begin, run_cancel, run_resume, run_retry
@@ -169,6 +174,9 @@ __all__ = [
     "cancel_begin",
     "claim_blocker",
     "compensation_plan",
+    "concurrency_release",
+    "concurrency_sweep",
+    "concurrency_waiting",
     "databases_changed",
     "enqueue_grace",
     "event_add",
