@@ -12,7 +12,6 @@ priority goes without one, exactly as before priorities existed.
 from __future__ import annotations
 
 import enum
-from functools import cache
 from typing import Any
 
 from agentflow.exceptions import DefinitionError, InvalidInputError
@@ -68,19 +67,11 @@ def transport(app: Any) -> str:
     return scheme or "amqp"
 
 
-@cache
-def _reversed(app: Any) -> bool:
-    return transport(app) in REVERSED_TRANSPORTS
-
-
-def on_message(app: Any, priority: int) -> int:
-    """The value of the message's `priority` property for this app's broker."""
-    return HIGHEST - priority if _reversed(app) else priority
-
-
-def of_message(app: Any, value: int) -> int:
-    """The run's priority from a message's `priority` property (tests read queues with it)."""
-    return HIGHEST - value if _reversed(app) else value
+def on_message(connection: Any, priority: int) -> int:
+    """The value of the message's `priority` property on this kombu connection's broker: the
+    connection the message goes out on says which, whatever the settings said at start."""
+    driver = getattr(getattr(connection, "transport", None), "driver_type", "")
+    return HIGHEST - priority if driver == "redis" else priority
 
 
 # --- what the host's Celery settings must say -----------------------------------------------------
@@ -115,5 +106,5 @@ def config_problems(app: Any) -> list[str]:
             ]
         return []
     # The filesystem and memory transports (a development default, one machine) have no
-    # priorities: steps go in arrival order, as docs/operations.md says; nothing to configure.
+    # priorities: steps go in arrival order, as docs/operating.md says; nothing to configure.
     return []

@@ -307,7 +307,7 @@ def celery_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
 @checks.register()
 def priority_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """A priority the broker cannot honour is a promise nobody keeps: the customer's step
-    waits behind the batch it was meant to pass (docs/operations.md, "Priorities")."""
+    waits behind the batch it was meant to pass (docs/operating.md, "Priorities")."""
     problem = _priority.problem(settings.AGENTFLOW_DEFAULT_PRIORITY)
     if problem:
         return [
@@ -325,7 +325,7 @@ def priority_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     return [
         checks.Warning(
             f"A workflow declares a priority, but {problem}.",
-            hint="docs/operations.md, Priorities, says what each broker needs and gives.",
+            hint="docs/operating.md, Priorities, says what each broker needs and gives.",
             id="agentflow.W007",
         )
         for problem in _priority.config_problems(current_app._get_current_object())

@@ -120,7 +120,7 @@ def _publish(
             # cache: a tenth of a publish's time.
             route = {**route, "declare": []}
         if priority is not None:
-            route = {**route, "priority": _priority.on_message(app, priority)}
+            route = {**route, "priority": _priority.on_message(producer.connection, priority)}
         app.amqp.send_task_message(producer, RUN_STEP_TASK, message, **route)
 
 

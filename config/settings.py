@@ -226,10 +226,6 @@ elif CELERY_BROKER_URL.startswith(("amqp", "pyamqp")):
     # A publish returns once RabbitMQ has the message (publisher confirms). Its consumer_timeout
     # (1800 s by default) stays above the step's hard time limit: check agentflow.W005.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
-    # Step messages carry their run's priority (docs/operations.md, Priorities): RabbitMQ orders
-    # them only in a queue declared with x-max-priority, which a queue declared before keeps
-    # without (a new vhost, or delete the queue once it is drained).
-    CELERY_TASK_QUEUE_MAX_PRIORITY = 9
     # "quorum" for a RabbitMQ cluster (a queue's type is fixed once declared: a new name or vhost).
     CELERY_TASK_DEFAULT_QUEUE_TYPE = env_str("CELERY_TASK_DEFAULT_QUEUE_TYPE", "classic")
 else:
@@ -239,11 +235,16 @@ else:
         "visibility_timeout": 1200,
         "unacked_restore_interval": 10,
         "unacked_restore_throttle": 1,
-        # One list per priority (docs/operations.md, Priorities), named `celery:<n>` beside
+        # One list per priority (docs/operating.md, Priorities), named `celery:<n>` beside
         # `celery` (priority 9, which kombu reads first): kombu's default keeps 4.
         "priority_steps": list(range(10)),
         "sep": ":",
     }
+# Step messages carry their run's priority (docs/operating.md, Priorities). RabbitMQ orders them
+# only in a queue declared with x-max-priority, and a queue declared before keeps its arguments
+# (use a new vhost, or delete the drained queue). Set whatever the broker, so every process
+# declares the queue alike; Redis and the filesystem transport ignore queue arguments.
+CELERY_TASK_QUEUE_MAX_PRIORITY = 9
 # Beat runs the recovery sweeper and retention itself (agentflow.beat), so no sweep ever
 # queues behind steps.
 CELERY_BEAT_SCHEDULER = "agentflow.beat:Scheduler"

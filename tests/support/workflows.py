@@ -1003,3 +1003,23 @@ odd_names = durable.Workflow("billing/eu:refunds ü", version=1)
 odd_names.step("charge card/eu: ü", kind="read")(odd_partner_call)
 odd_names.wait_for("await the bank: 東京", signal=ODD_SIGNAL, timeout=None)
 odd_names.step("done.ok", kind="read")(_finish)
+
+
+# --- priorities and concurrency keys (docs/workflows.md) ----------------------------------------
+#: One read step: a backlog of these is what a run of higher priority must pass.
+one_read = durable.Workflow("queue_one_read", version=1)
+one_read.step("only", kind="read")(read)
+
+
+def _key(input: dict[str, Any]) -> str:
+    return str(input["key"])
+
+
+#: One run per key at a time; `hold` blocks until the test releases the run.
+keyed = durable.Workflow("queue_keyed", version=1, concurrency_key=_key, concurrency_limit=1)
+keyed.step("hold", kind="read")(held_read)
+keyed.step("finish", kind="read")(_finish)
+
+#: One run per key at a time, one quick step: many keys' runs taking turns.
+keyed_quick = durable.Workflow("queue_keyed_quick", version=1, concurrency_key=_key)
+keyed_quick.step("only", kind="read")(read)
