@@ -20,9 +20,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agentflow import _children, forks, limiter, outcomes, registry, routing, store, telemetry
+from agentflow import (
+    _children,
+    _concurrency,
+    _priority,
+    forks,
+    limiter,
+    outcomes,
+    registry,
+    routing,
+    store,
+    telemetry,
+)
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
+from agentflow.conf import settings
 from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,
@@ -106,28 +118,50 @@ __all__ = [
 ]
 
 
-def start(workflow: str, *, input: Any = None, business_key: str | None = None) -> str:
+def start(
+    workflow: str,
+    *,
+    input: Any = None,
+    business_key: str | None = None,
+    priority: int | None = None,
+) -> str:
     """Start a run of the latest version of `workflow` and return its id.
 
     Idempotent on `business_key`: the same key returns the same run. Call it inside your own
     transaction to create the run atomically with your rows; the first step is published only
-    when that transaction commits.
+    when that transaction commits. `priority` (0-9, higher first): this run's, instead of the
+    workflow's (docs/workflows.md, "Priorities"). A workflow with a `concurrency_key` over its
+    cap for the run's key creates the run WAITING; it starts when its turn comes.
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
-        InvalidInputError: `input` cannot be stored as JSON, or `business_key` is not text
-            of 1-200 characters.
+        InvalidInputError: `input` cannot be stored as JSON, `business_key` is not text
+            of 1-200 characters, `priority` is not 0-9, or the workflow's concurrency key
+            cannot be read from `input`.
     """
     definition = registry.latest(workflow)
     definition.validate()
     if business_key is not None and not _stored_text(business_key, 200):
         raise InvalidInputError("a business key is text of 1-200 characters, without NUL")
+    chosen = _priority.given(priority)
+    if chosen is None:
+        chosen = definition.priority
+    if chosen is None:
+        chosen = settings.AGENTFLOW_DEFAULT_PRIORITY
     try:
         payload = to_json({} if input is None else input, "workflow input")
     except NotJSONError as exc:
         raise InvalidInputError(str(exc)) from None
+    digest = ""
+    if definition.concurrency_key is not None:
+        key = _concurrency.key_of(definition.name, definition.concurrency_key, payload)
+        digest = _concurrency.digest(definition.name, key)
     run_id, created = store.run_create(
-        workflow=definition, input=payload, business_key=business_key
+        workflow=definition,
+        input=payload,
+        business_key=business_key,
+        priority=chosen,
+        concurrency_key=digest,
     )
     if created:
         telemetry.run_started(run_id, definition.name, keep_trace=store.trace_parent_record)

@@ -68,6 +68,12 @@ class WorkflowRun(models.Model):
         related_name="children",
     )
     parent_seq = models.PositiveIntegerField(null=True, blank=True)
+    #: 0-9, higher first: put on each of its step messages (agentflow._priority). Null: none.
+    priority = models.PositiveSmallIntegerField(null=True, blank=True)
+    #: The HMAC of its concurrency key (agentflow._concurrency), empty without one; with it,
+    #: the cap it was started under.
+    concurrency_key = models.CharField(max_length=64, blank=True, db_default="")
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -117,10 +123,28 @@ class WorkflowRun(models.Model):
                 condition=Q(parent__isnull=False),
                 name="run_children",
             ),
+            # A key's runs, oldest first: what its admission counts and whom it admits next.
+            models.Index(
+                fields=["concurrency_key", "created_at"],
+                condition=~Q(concurrency_key=""),
+                name="run_concurrency_key",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.workflow} {self.id}"
+
+
+class ConcurrencyKey(models.Model):
+    """A concurrency key with runs not yet finished: the row its admissions lock, so that
+    counting the key's admitted runs and admitting one more is one decision on every host.
+    Deleted with its last run's end."""
+
+    digest = models.CharField(primary_key=True, max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"concurrency key {self.digest[:12]}"
 
 
 class StepCheckpoint(models.Model):

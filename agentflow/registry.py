@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from agentflow import identifiers
+from agentflow import _concurrency, _priority, identifiers
 from agentflow.context import Decision, StepContext
 from agentflow.exceptions import DefinitionError, UnknownWorkflowError
 from agentflow.replies import Replies
@@ -188,11 +188,23 @@ class Workflow:
     #: (agentflow.sensitive), wherever their values appear in the run: a value that opens what
     #: they may not read (the key to a customer's own page) is as sensitive as what it opens.
     sensitive_input: Sensitive | None = None
+    #: 0-9, higher taken first by every worker (docs/workflows.md, "Priorities"); a start may
+    #: give its own. None: AGENTFLOW_DEFAULT_PRIORITY.
+    priority: int | None = None
+    #: The run's concurrency key, from its input (e.g. `lambda input: input["booking"]`): at
+    #: most `concurrency_limit` runs of this workflow with one key run at once; the others wait
+    #: in arrival order (docs/workflows.md, "Concurrency keys"). Stored hashed, never in clear.
+    concurrency_key: Callable[[Any], str] | None = None
+    concurrency_limit: int | None = None
 
     def __post_init__(self) -> None:
         refused = identifiers.problem("workflow name", self.name, max_chars=NAME_MAX_CHARS)
         if refused:
             raise DefinitionError(refused)
+        _priority.declared(self.name, self.priority)
+        self.concurrency_limit = _concurrency.declared(
+            self.name, self.concurrency_key, self.concurrency_limit
+        )
         if self.versioning not in VERSIONING:
             raise DefinitionError(
                 f"workflow {self.name!r}: versioning is one of {VERSIONING}, "

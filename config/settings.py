@@ -235,7 +235,16 @@ else:
         "visibility_timeout": 1200,
         "unacked_restore_interval": 10,
         "unacked_restore_throttle": 1,
+        # One list per priority (docs/operating.md, Priorities), named `celery:<n>` beside
+        # `celery` (priority 9, which kombu reads first): kombu's default keeps 4.
+        "priority_steps": list(range(10)),
+        "sep": ":",
     }
+# Step messages carry their run's priority (docs/operating.md, Priorities). RabbitMQ orders them
+# only in a queue declared with x-max-priority, and a queue declared before keeps its arguments
+# (use a new vhost, or delete the drained queue). Set whatever the broker, so every process
+# declares the queue alike; Redis and the filesystem transport ignore queue arguments.
+CELERY_TASK_QUEUE_MAX_PRIORITY = 9
 # Beat runs the recovery sweeper and retention itself (agentflow.beat), so no sweep ever
 # queues behind steps.
 CELERY_BEAT_SCHEDULER = "agentflow.beat:Scheduler"

@@ -94,6 +94,8 @@ class Booking:
     fare_class: str
     payment_method: str
     status: str
+    #: The original seat is still the booking's: no cancellation of it stands.
+    seat_held: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -536,6 +538,7 @@ class AirlineGateway:
         return Booking(
             passenger_name=passenger["name"],
             passenger_last_name=passenger["last_name"],
+            seat_held=bool(data.get("seat_held", True)),
             **fields,
         )
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from agentflow import durable
 from agentflow.models import StepCheckpoint
-from refunds import engines, ownership
+from refunds import engines, ownership, priorities
 from refunds.gateways import AirlineGateway
 from refunds.models import RefundRequest, new_public_id
 
@@ -60,11 +60,9 @@ def refund_request_create(
     try:
         with transaction.atomic():
             # The run's first step is published only when this transaction commits, so the
-            # worker always finds the request it is told about.
-            workflow_id = durable.start(
-                engines.workflow_name(), input={"refund_id": public_id}, business_key=public_id
-            )
-            return RefundRequest.objects.create(
+            # worker always finds the request it is told about. The request comes first: the
+            # run's concurrency key is its booking (refunds.priorities).
+            request = RefundRequest.objects.create(
                 public_id=public_id,
                 email=email,
                 booking_reference=booking_reference,
@@ -74,8 +72,15 @@ def refund_request_create(
                 waiver_details=waiver_details,
                 submission_token=submission_token,
                 client_ip=client_ip,
-                workflow_id=workflow_id,
             )
+            request.workflow_id = durable.start(
+                engines.workflow_name(),
+                input={"refund_id": public_id},
+                business_key=public_id,
+                priority=priorities.CUSTOMER,
+            )
+            request.save(update_fields=["workflow_id"])
+            return request
     except IntegrityError:
         existing = refund_request_by_token(submission_token)
         if existing is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
-from refunds import emails, fee, ownership, policy, timetable, waivers, wording
+from refunds import emails, fee, ownership, policy, priorities, timetable, waivers, wording
 from refunds.gateways import (
     AirlineGateway,
     BookingNotFound,
@@ -64,6 +64,9 @@ def fetch_booking(ctx: StepContext) -> dict[str, Any]:
         contact_email=booking.contact_email,
     ):
         raise PermanentStepError(ownership.MISMATCH)
+    changed = priorities.already_changed(request, seat_held=booking.seat_held)
+    if changed:
+        raise PermanentStepError(changed)
     return asdict(booking)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentflow import durable
-from refunds import flights, steps, waivers
+from refunds import flights, priorities, steps, waivers
 from refunds.gateways import (
     COMPENSATION_RETRY,
     PARTNER_RETRY,
@@ -28,7 +28,9 @@ from refunds.gateways import (
 #: (tests/refunds/acceptance/test_deploys.py deploys a read step just before the fee this way).
 #: (Its first line stays as it is: test_deploys.py writes the next release by editing it.)
 refund = durable.Workflow("refund", version=4, on_failure="notify_failure",
-                          sensitive_input=waivers.STATUS_PAGE_KEY)  # fmt: skip
+                          sensitive_input=waivers.STATUS_PAGE_KEY,
+                          priority=priorities.CUSTOMER, concurrency_key=priorities.booking_of,
+                          concurrency_limit=priorities.PER_BOOKING)  # fmt: skip
 
 refund.step("load_request", kind="read")(steps.load_request)
 refund.step("parse_flight_details", kind="read")(steps.parse_flight_details)

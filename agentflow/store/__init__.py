@@ -60,6 +60,11 @@ from agentflow.store.children import (
     runs_create_many,
     signal_keep,
 )
+from agentflow.store.concurrency import (
+    concurrency_release,
+    concurrency_sweep,
+    concurrency_waiting,
+)
 from agentflow.store.events import event_add
 from agentflow.store.forks import Settled, fork_preview, live_calls, run_fork
 from agentflow.store.operator import cancel_begin, run_cancel, run_resume, run_retry
@@ -187,6 +192,9 @@ __all__ = [
     "children_started_at",
     "claim_blocker",
     "compensation_plan",
+    "concurrency_release",
+    "concurrency_sweep",
+    "concurrency_waiting",
     "databases_changed",
     "enqueue_grace",
     "event_add",

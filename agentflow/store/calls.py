@@ -13,6 +13,7 @@ from agentflow.models import RunEvent, StepCheckpoint, SupersededStep
 from agentflow.registry import Workflow
 from agentflow.states import RunStatus, StepKind, StepStatus
 from agentflow.store import sql
+from agentflow.store.concurrency import concurrency_run_ended_id
 from agentflow.store.parents import run_ended
 from agentflow.store.runs import Fenced, begin_undo, run_park
 from agentflow.store.steps import ACTIVE, CheckpointRow, state_load
@@ -197,6 +198,7 @@ def run_finish(run_id: str, seq: int, output: Any) -> bool:
     )
     if finished:
         run_ended(run_id)
+        concurrency_run_ended_id(run_id)
     return finished
 
 

@@ -96,6 +96,7 @@ def capture_messages() -> Iterator[Outbox]:
                 countdown: float | None = None,
                 fresh: dispatch.Fresh | None = None,
                 queue: str | None = None,
+                priority: Any = None,
             ) -> bool:
                 outbox.messages.append(Message(run_id=run_id, seq=seq, countdown=countdown))
                 return True

@@ -21,7 +21,7 @@ from typing import Any
 
 from agentflow import durable
 from agentflow.agent import ToolRecord, tool_result_message
-from refunds import ownership, steps, timetable, waivers
+from refunds import ownership, priorities, steps, timetable, waivers
 from refunds.agent import prompts
 from refunds.agent.planner import scripted_refund_model
 from refunds.agent.tools import toolbox
@@ -83,6 +83,9 @@ refund_agent = durable.CodeWorkflow(
     on_failure="notify_failure",
     done=rebooked,
     sensitive_input=waivers.STATUS_PAGE_KEY,
+    priority=priorities.CUSTOMER,
+    concurrency_key=priorities.booking_of,
+    concurrency_limit=priorities.PER_BOOKING,
 )
 refund_agent.compensation("notify_failure", retry=COMPENSATION_RETRY)(steps.notify_failure)
 

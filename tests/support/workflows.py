@@ -1069,3 +1069,23 @@ first_of = durable.Workflow("family_first", version=1)
 first_of.step("start_kids", kind="effect", reconcile=started_kids)(start_kids)
 durable.wait_for_children(first_of, "wait_kids", wait="first")
 first_of.step("finish", kind="read")(_finish)
+
+
+# --- priorities and concurrency keys (docs/workflows.md) ----------------------------------------
+#: One read step: a backlog of these is what a run of higher priority must pass.
+one_read = durable.Workflow("queue_one_read", version=1)
+one_read.step("only", kind="read")(read)
+
+
+def _key(input: dict[str, Any]) -> str:
+    return str(input["key"])
+
+
+#: One run per key at a time; `hold` blocks until the test releases the run.
+keyed = durable.Workflow("queue_keyed", version=1, concurrency_key=_key, concurrency_limit=1)
+keyed.step("hold", kind="read")(held_read)
+keyed.step("finish", kind="read")(_finish)
+
+#: One run per key at a time, one quick step: many keys' runs taking turns.
+keyed_quick = durable.Workflow("queue_keyed_quick", version=1, concurrency_key=_key)
+keyed_quick.step("only", kind="read")(read)
