@@ -168,18 +168,24 @@ def start(
     return run_id
 
 
-def start_children(ctx: StepContext, children: Iterable[tuple[str, Any, str | None]]) -> list[str]:
+def start_children(
+    ctx: StepContext,
+    children: Iterable[tuple[str, Any, str | None]],
+    *,
+    priority: int | None = None,
+) -> list[str]:
     """From a step: start a child run for each (workflow, input, key) and return their ids in
     order (docs/workflows.md, "Runs that start runs").
 
     Each child's business key is `<this run>:<this step's position>:<key>` (its index when
     `key` is None): the step run again starts none twice and gets the same ids. In the caller's
-    transaction if there is one; published once it commits.
+    transaction if there is one; published once it commits. `priority` and concurrency keys:
+    as `start_many`.
 
     Raises:
         UnknownWorkflowError, InvalidInputError: as `start_many`; nothing is started.
     """
-    return _children.start_children(ctx, children)
+    return _children.start_children(ctx, children, priority=priority)
 
 
 def started_children(ctx: StepContext) -> list[str]:
@@ -204,19 +210,26 @@ def wait_for_children(
 cancel_children = _children.cancel_children
 
 
-def start_many(runs: Iterable[tuple[str, Any, str | None]]) -> list[str]:
+def start_many(
+    runs: Iterable[tuple[str, Any, str | None]], *, priority: int | None = None
+) -> list[str]:
     """Start a run for each (workflow, input, business key) and return their ids in order.
 
     One INSERT per thousand runs (plus one read of the keyed ones' ids), in the caller's
     transaction like `start`; each first step is published when that transaction commits.
     Idempotent on business keys: a key seen before returns its run and starts nothing.
+    `priority` (0-9, higher first): every one of these runs', instead of its workflow's. A
+    workflow with a `concurrency_key` admits its runs as `start` does, all of them together
+    (two more statements per thousand): those over the cap are created WAITING, behind the
+    ones before them.
 
     Raises:
         UnknownWorkflowError: a workflow name that is not registered.
         InvalidInputError: an entry that is not a triple, an input that cannot be stored as
-            JSON, or a business key that is not text of 1-200 characters. Nothing is started.
+            JSON, a business key that is not text of 1-200 characters, `priority` is not 0-9,
+            or a workflow's concurrency key cannot be read from an input. Nothing is started.
     """
-    return _children.start_many(runs)
+    return _children.start_many(runs, priority=priority)
 
 
 def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:

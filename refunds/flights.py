@@ -22,7 +22,7 @@ from django.db import transaction
 
 from agentflow import durable
 from agentflow.models import StepCheckpoint
-from refunds import engines, policy
+from refunds import engines, policy, priorities
 from refunds.gateways import AirlineGateway, Mailer
 from refunds.models import RefundRequest
 
@@ -64,14 +64,20 @@ def start_refunds(ctx: durable.StepContext) -> dict[str, Any]:
             ],
             ignore_conflicts=True,
         )
-        # PRIORITY (issue 40, branch flight-queues): these starts run at batch priority, below
-        # a customer's form; the lead wires `priority=` here at merge.
+        # At batch priority, below a customer's form (refunds.priorities). The booking is in
+        # each input, so its concurrency key is read without a query per passenger: a refund
+        # the passenger sends for the same booking meanwhile waits for this one, or it for it.
         runs = durable.start_children(
             ctx,
             [
-                (engines.workflow_name(), {"refund_id": ids[p["reference"]]}, p["reference"])
+                (
+                    engines.workflow_name(),
+                    {"refund_id": ids[p["reference"]], "booking_reference": p["reference"]},
+                    p["reference"],
+                )
                 for p in passengers
             ],
+            priority=priorities.BATCH,
         )
         requests = list(RefundRequest.objects.filter(public_id__in=ids.values()))
         by_public_id = {ids[p["reference"]]: run for p, run in zip(passengers, runs, strict=True)}

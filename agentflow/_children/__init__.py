@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from agentflow import registry, store, telemetry
+from agentflow import _concurrency, _priority, registry, store, telemetry
+from agentflow.conf import settings
 from agentflow.context import StepContext
 from agentflow.exceptions import InvalidInputError, PermanentStepError
 from agentflow.models import WorkflowRun
@@ -38,12 +39,18 @@ KEY_MAX_CHARS = 200
 
 
 def start_many(
-    runs: Iterable[tuple[str, Any, str | None]], *, parent: tuple[str, int] | None = None
+    runs: Iterable[tuple[str, Any, str | None]],
+    *,
+    parent: tuple[str, int] | None = None,
+    priority: int | None = None,
 ) -> list[str]:
     """Start a run for each (workflow, input, business key) and return their ids, in order:
     a few statements per thousand runs, in the caller's transaction (or one of its own), each
-    first step published once it commits. Idempotent on business keys, as `start` is."""
-    items = [_new_run(entry) for entry in runs]
+    first step published once it commits. Idempotent on business keys, as `start` is. Each
+    run's priority and concurrency key are what `start` would give it (`priority`, else its
+    workflow's, else AGENTFLOW_DEFAULT_PRIORITY): a run over its key's cap is created WAITING."""
+    chosen = _priority.given(priority)
+    items = [_new_run(entry, chosen) for entry in runs]
     if not items:
         return []
     ids, created = store.runs_create_many(items, parent=parent)
@@ -53,7 +60,7 @@ def start_many(
     return ids
 
 
-def _new_run(entry: tuple[str, Any, str | None]) -> NewRun:
+def _new_run(entry: tuple[str, Any, str | None], priority: int | None) -> NewRun:
     try:
         workflow, given, business_key = entry
     except (TypeError, ValueError):
@@ -72,14 +79,34 @@ def _new_run(entry: tuple[str, Any, str | None]) -> NewRun:
         payload = to_json({} if given is None else given, "workflow input")
     except NotJSONError as exc:
         raise InvalidInputError(str(exc)) from None
-    return NewRun(workflow=definition, input=payload, business_key=business_key)
+    if priority is None:
+        priority = definition.priority
+    if priority is None:
+        priority = settings.AGENTFLOW_DEFAULT_PRIORITY
+    digest = ""
+    if definition.concurrency_key is not None:
+        key = _concurrency.key_of(definition.name, definition.concurrency_key, payload)
+        digest = _concurrency.digest(definition.name, key)
+    return NewRun(
+        workflow=definition,
+        input=payload,
+        business_key=business_key,
+        priority=priority,
+        concurrency_key=digest,
+    )
 
 
-def start_children(ctx: StepContext, children: Iterable[tuple[str, Any, str | None]]) -> list[str]:
+def start_children(
+    ctx: StepContext,
+    children: Iterable[tuple[str, Any, str | None]],
+    *,
+    priority: int | None = None,
+) -> list[str]:
     """From a step: start its child runs, each (workflow, input, key), and return their ids.
 
     Each child's business key is `<this run>:<this step's position>:<key>` (the child's index
-    when `key` is None), so the step run again starts none twice and returns the same ids."""
+    when `key` is None), so the step run again starts none twice and returns the same ids.
+    `priority`: the children's, as `start_many`'s."""
     prefix = f"{ctx.run_id}:{ctx.seq}:"
     keyed = []
     for index, entry in enumerate(children):
@@ -90,7 +117,7 @@ def start_children(ctx: StepContext, children: Iterable[tuple[str, Any, str | No
                 f"each child is (workflow, input, key), not {entry!r}"
             ) from None
         keyed.append((workflow, given, prefix + (str(index) if key is None else str(key))))
-    return start_many(keyed, parent=(ctx.run_id, ctx.seq))
+    return start_many(keyed, parent=(ctx.run_id, ctx.seq), priority=priority)
 
 
 def started_children(ctx: StepContext) -> list[str]:

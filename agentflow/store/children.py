@@ -4,7 +4,10 @@
 Runs are inserted a batch at a time with `ON CONFLICT DO NOTHING` on the business-key index,
 so a batch sent again (a replay, a redelivered step, a caller's retry) creates none twice and
 reads back the ids of the ones that exist. Their first steps are published after the commit,
-as `run_create` publishes one run's. A child that ends rings its parent (`store.parents`).
+with each run's priority, as `run_create` publishes one run's. Runs with a concurrency key go
+through the same admission as one started alone (`store.concurrency`), decided for the whole
+list at once: those over their key's cap are created WAITING and publish nothing. A child that
+ends rings its parent (`store.parents`).
 """
 
 from __future__ import annotations
@@ -15,15 +18,21 @@ from typing import Any
 
 from django.db import transaction
 
-from agentflow import builds, dispatch
+from agentflow import _concurrency, builds, dispatch
 from agentflow.conf import settings
 from agentflow.models import new_run_id
 from agentflow.registry import Workflow
 from agentflow.states import ACTIVE_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
 from agentflow.store import sql
 from agentflow.store.builds import build_known
+from agentflow.store.concurrency import (
+    WAIT_WAKE_SECONDS,
+    concurrency_admit_many,
+    concurrency_held_many,
+    concurrency_release_on_commit,
+)
 
-#: Rows per INSERT: a statement's parameters stay far below Postgres' 65,535 (18 a row).
+#: Rows per INSERT: a statement's parameters stay far below Postgres' 65,535 (23 a row).
 BATCH_ROWS = 1000
 
 
@@ -32,6 +41,15 @@ class NewRun:
     workflow: Workflow
     input: Any
     business_key: str | None
+    #: 0-9, higher first (agentflow._priority); None: its messages go without one.
+    priority: int | None = None
+    #: The digest of its concurrency key (agentflow._concurrency), empty without one.
+    concurrency_key: str = ""
+
+    @property
+    def limit(self) -> int | None:
+        """The cap it is started under (None without a key)."""
+        return (self.workflow.concurrency_limit or 1) if self.concurrency_key else None
 
 
 def runs_create_many(
@@ -49,9 +67,16 @@ def runs_create_many(
     grace = float(settings.AGENTFLOW_LEASE_SECONDS)
     with transaction.atomic():
         build_known(build)
+        admitted = _admit(runs)
         for start in range(0, len(runs), BATCH_ROWS):
             batch = runs[start : start + BATCH_ROWS]
-            made = _insert(batch, build=build, parent=parent, grace=grace)
+            made = _insert(
+                batch,
+                admitted[start : start + BATCH_ROWS],
+                build=build,
+                parent=parent,
+                grace=grace,
+            )
             created += made.values()
             for offset, item in enumerate(batch):
                 if item.business_key is None:
@@ -61,32 +86,60 @@ def runs_create_many(
                 found = _ids_by_key([r for _, r in keyed])
                 for index, item in keyed:
                     ids[index] = found[(item.workflow.name, item.business_key)]
-        _publish_on_commit(runs, ids, set(created), build)
+        _held(runs, ids, admitted, set(created))
+        _publish_on_commit(runs, ids, admitted, set(created), build)
     return [i for i in ids if i is not None], created
 
 
+def _admit(runs: Sequence[NewRun]) -> list[bool]:
+    """Which runs may start now: True for each without a concurrency key, the key's admission
+    for the others (all of them decided together, in the order given)."""
+    keyed = [(i, item) for i, item in enumerate(runs) if item.concurrency_key]
+    admitted = [True] * len(runs)
+    if keyed:
+        decided = concurrency_admit_many([(r.concurrency_key, r.limit or 1) for _, r in keyed])
+        for (index, _), admit in zip(keyed, decided, strict=True):
+            admitted[index] = admit
+    return admitted
+
+
 def _insert(
-    batch: Sequence[NewRun], *, build: str, parent: tuple[str, int] | None, grace: float
+    batch: Sequence[NewRun],
+    admitted: Sequence[bool],
+    *,
+    build: str,
+    parent: tuple[str, int] | None,
+    grace: float,
 ) -> dict[int, str]:
-    """One INSERT for the batch; returns {position in batch: id} of the rows it created."""
+    """One INSERT for the batch; returns {position in batch: id} of the rows it created. A run
+    not admitted by its key is created WAITING, held by it, with a wake-up time the due-runs
+    sweep never reaches (as `run_create` creates one)."""
     proposed = [new_run_id() for _ in batch]
+    # Postgres' now() is the transaction's start, the same for every row: each row's own clock
+    # keeps the order given, which is the order a key's waiters are admitted in.
+    created_at = "clock_timestamp()" if sql.postgres() else sql.now()
     rows, params = [], []
-    for run_id, item in zip(proposed, batch, strict=True):
+    for run_id, item, admit in zip(proposed, batch, admitted, strict=True):
         rows.append(
             f"(%s, %s, %s, %s, %s, %s, 1, '', %s, '[]', false, 0, 0, {sql.now_plus()}, '', "
-            f"%s, %s, %s, '', {sql.now()}, {sql.now()}, %s, %s)"
+            f"%s, %s, %s, %s, {created_at}, {sql.now()}, %s, %s, %s, %s, %s)"
         )
         params += [
             run_id, item.workflow.name, item.workflow.version,
-            sql.adapt("input", item.input), RunStatus.PENDING, item.workflow.first_step(),
-            item.business_key, grace, build, build, item.workflow.versioning == "pinned",
+            sql.adapt("input", item.input), RunStatus.PENDING if admit else RunStatus.WAITING,
+            item.workflow.first_step(), item.business_key,
+            grace if admit else WAIT_WAKE_SECONDS, build, build,
+            item.workflow.versioning == "pinned",
+            "" if admit else _concurrency.token(item.concurrency_key),
             parent[0] if parent else None, parent[1] if parent else None,
+            item.priority, item.concurrency_key, item.limit,
         ]  # fmt: skip
     returned = sql.fetch_all(
         f"""INSERT INTO {sql.RUNS} (id, workflow, version, input, status, current_step,
             current_seq, error, business_key, compensations, cancel_requested, branch,
             fence_floor, wake_at, trace_parent, build, started_build, pinned, hold,
-            created_at, updated_at, parent_id, parent_seq)
+            created_at, updated_at, parent_id, parent_seq, priority, concurrency_key,
+            concurrency_limit)
         VALUES {", ".join(rows)}
         ON CONFLICT (workflow, business_key) WHERE business_key IS NOT NULL DO NOTHING
         RETURNING id""",
@@ -94,6 +147,29 @@ def _insert(
     )
     made = {row[0] for row in returned}
     return {i: run_id for i, run_id in enumerate(proposed) if run_id in made}
+
+
+def _held(
+    runs: Sequence[NewRun], ids: Sequence[str | None], admitted: Sequence[bool], created: set[str]
+) -> None:
+    """The events of the runs created waiting for their key; and where a run that took a
+    key's place was not created after all (its business key had a run), that key's waiters
+    are looked at again once this commits, so none waits behind a place nobody holds."""
+    held, unused = [], set()
+    for item, run_id, admit in zip(runs, ids, admitted, strict=True):
+        # A key given twice is one run, created by its first entry.
+        made_here = run_id in created
+        created.discard(run_id)
+        if not item.concurrency_key or run_id is None:
+            continue
+        if made_here and not admit:
+            why = _concurrency.reason(item.workflow.name, item.limit or 1)
+            held.append((run_id, why, item.concurrency_key))
+        elif admit and not made_here:
+            unused.add(item.concurrency_key)
+    concurrency_held_many(held)
+    if unused:
+        concurrency_release_on_commit(unused)
 
 
 def _ids_by_key(keyed: Sequence[NewRun]) -> dict[tuple[str, str | None], str]:
@@ -111,17 +187,24 @@ def _ids_by_key(keyed: Sequence[NewRun]) -> dict[tuple[str, str | None], str]:
 
 
 def _publish_on_commit(
-    runs: Sequence[NewRun], ids: Sequence[str | None], created: set[str], build: str
+    runs: Sequence[NewRun],
+    ids: Sequence[str | None],
+    admitted: Sequence[bool],
+    created: set[str],
+    build: str,
 ) -> None:
-    """Each created run's first message, after the commit, in the order given."""
-    messages: list[tuple[str, int, dispatch.Fresh | None, str | None]] = []
-    for item, run_id in zip(runs, ids, strict=True):
+    """Each created and admitted run's first message, with its priority, after the commit, in
+    the order given (a run waiting for its key is published when the key admits it)."""
+    messages: list[tuple[str, int, dispatch.Fresh | None, str | None, int | None]] = []
+    for item, run_id, admit in zip(runs, ids, admitted, strict=True):
         if run_id in created:
             created.discard(run_id)  # a key given twice is one run, published once
+            if not admit:
+                continue
             workflow = item.workflow
             hint = dispatch.fresh_hint(workflow, workflow.first_step())
             queue = builds.route(build, workflow.versioning == "pinned")
-            messages.append((run_id, 1, hint, queue))
+            messages.append((run_id, 1, hint, queue, item.priority))
 
     if messages:
         transaction.on_commit(lambda: dispatch.send_steps(messages))

@@ -16,12 +16,14 @@ arrival order; the sweeper takes the keys whose oldest waiter is oldest first.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from agentflow import _concurrency, dispatch
+from agentflow import _concurrency, dispatch, telemetry
 from agentflow.conf import settings
 from agentflow.models import ConcurrencyKey, RunEvent
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
@@ -88,6 +90,83 @@ def concurrency_admit_new(digest: str, limit: int) -> bool:
 def concurrency_held(run_id: str, reason: str, digest: str) -> None:
     """The event of a run created waiting for its key (its hold is its row's)."""
     event_add(run_id, RunEvent.Kind.HELD, reason, seq=1, data={"hold": _concurrency.token(digest)})
+
+
+# --- many runs at once (`store.children.runs_create_many`) ---------------------------------------
+#: Keys per statement when many runs are started together: a few statements per thousand.
+MANY_KEYS = 1000
+
+
+def concurrency_admit_many(wanted: Sequence[tuple[str, int]]) -> list[bool]:
+    """For runs about to be created together, each (digest, cap) in arrival order: which may
+    start now (True) and which wait for their key. The same decision as `concurrency_admit_new`
+    for each, and part of the caller's transaction in the same way, in a few statements
+    whatever the count: every key is locked (in digest order, so two bulk starts never wait on
+    each other in a circle) and its admitted runs counted once, then the runs take the free
+    places in the order given."""
+    digests = sorted({digest for digest, _ in wanted})
+    admitted: dict[str, int] = {}
+    for first in range(0, len(digests), MANY_KEYS):
+        chunk = digests[first : first + MANY_KEYS]
+        _lock_many(chunk)
+        admitted.update(_admitted_many(chunk))
+    decided = []
+    for digest, limit in wanted:
+        taken = admitted.get(digest, 0)
+        decided.append(taken < limit)
+        if taken < limit:
+            admitted[digest] = taken + 1
+    return decided
+
+
+def _lock_many(digests: Sequence[str]) -> None:
+    """`_lock` for each key, in one statement (a row is updated once: keys are distinct)."""
+    rows = ", ".join(f"(%s, {sql.now()})" for _ in digests)
+    conflict = "DO UPDATE SET digest = excluded.digest" if sql.postgres() else "DO NOTHING"
+    sql.execute(
+        f"INSERT INTO {KEYS} (digest, created_at) VALUES {rows} ON CONFLICT (digest) {conflict}",
+        list(digests),
+    )
+
+
+def _admitted_many(digests: Sequence[str]) -> dict[str, int]:
+    """`_admitted` of each key (a keyed run's only concurrency hold is its own key's)."""
+    rows = sql.fetch_all(
+        f"SELECT concurrency_key, count(*) FROM {sql.RUNS} "
+        f"WHERE concurrency_key IN ({sql.placeholders(digests)}) "
+        f"AND status IN ({sql.placeholders(_HOLDING)}) AND hold NOT LIKE %s "
+        "GROUP BY concurrency_key",
+        [*digests, *_HOLDING, f"{_concurrency.HOLD}:%"],
+    )
+    return {str(digest): int(n) for digest, n in rows}
+
+
+def concurrency_held_many(held: Sequence[tuple[str, str, str]]) -> None:
+    """`concurrency_held` for runs created together, each (run id, reason, digest): one INSERT
+    of their events."""
+    if not held:
+        return
+    rows, params = [], []
+    for run_id, why, digest in held:
+        rows.append(f"(%s, {sql.now()}, %s, 'engine', %s, 1, %s)")
+        params += [
+            run_id, RunEvent.Kind.HELD, why,
+            sql.adapt("data", {"hold": _concurrency.token(digest)}),
+        ]  # fmt: skip
+    sql.execute(
+        f"INSERT INTO {sql.EVENTS} (run_id, at, kind, actor, detail, seq, data) "
+        f"VALUES {', '.join(rows)}",
+        params,
+    )
+    for run_id, _, _ in held:
+        telemetry.event_recorded(run_id, RunEvent.Kind.HELD)
+
+
+def concurrency_release_on_commit(digests: Iterable[str]) -> None:
+    """Look at these keys' waiters once the caller commits: runs created waiting behind a run
+    that, as it turned out, was not created (its business key had a run already)."""
+    for digest in sorted(set(digests)):
+        transaction.on_commit(partial(_release_quietly, digest))
 
 
 def concurrency_release(digest: str, *, skip_locked: bool = False) -> list[Admitted]:

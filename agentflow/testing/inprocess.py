@@ -51,6 +51,9 @@ class Message:
     seq: int
     #: Seconds the broker would hold it back (a short retry back-off), or None.
     countdown: float | None = None
+    #: The priority the publisher gave it (0-9), or None: none given, or the run's own left
+    #: for the publisher to read (docs/workflows.md, "Priorities").
+    priority: int | None = None
 
 
 @dataclass
@@ -98,12 +101,15 @@ def capture_messages() -> Iterator[Outbox]:
                 queue: str | None = None,
                 priority: Any = None,
             ) -> bool:
-                outbox.messages.append(Message(run_id=run_id, seq=seq, countdown=countdown))
+                given = priority if isinstance(priority, int) else None
+                outbox.messages.append(
+                    Message(run_id=run_id, seq=seq, countdown=countdown, priority=given)
+                )
                 return True
 
-            def keep_many(steps: Sequence[tuple[str, int, Any, str | None]]) -> bool:
-                for run_id, seq, _, _ in steps:
-                    outbox.messages.append(Message(run_id=run_id, seq=seq))
+            def keep_many(steps: Sequence[tuple[str, int, Any, str | None, int | None]]) -> bool:
+                for run_id, seq, _, _, priority in steps:
+                    outbox.messages.append(Message(run_id=run_id, seq=seq, priority=priority))
                 return True
 
             dispatch.send_step = keep  # type: ignore[assignment]
