@@ -93,8 +93,9 @@ refund.compensation("notify_failure", retry=COMPENSATION_RETRY)(steps.notify_fai
 #: A cancelled flight (refunds.flights): one run per airline notice, one refund per passenger
 #: started as its children, waited for all together; cancelled or failed, it cancels the
 #: refunds still running, each undoing what it did (its fee refunded, its seat given back).
-#: Its refunds run at batch priority, one booking at a time (refunds.priorities).
-flight_cancelled = durable.Workflow("flight_cancelled", version=1)
+#: It and its refunds run at batch priority, each refund one booking at a time
+#: (refunds.priorities): a customer who writes in meanwhile goes first.
+flight_cancelled = durable.Workflow("flight_cancelled", version=1, priority=priorities.BATCH)
 flight_cancelled.step("read_manifest", kind="read", retry=PARTNER_RETRY)(flights.read_manifest)
 flight_cancelled.step(
     "start_refunds",
