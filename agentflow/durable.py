@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -430,8 +430,8 @@ class RunSnapshot:
     held: str = ""
     #: The run whose step started it (None: started by `start` or `start_many`).
     parent: str | None = None
-    #: The runs it started, counted by status (empty: none).
-    children: dict[str, int] = field(default_factory=dict)
+    #: The runs it started, counted by status (`snapshot` gives {} for none).
+    children: dict[str, int] | None = None
 
     @property
     def finished(self) -> bool:

@@ -147,6 +147,7 @@ def wait_for_children(
             )
         return WaitSpec(kind=WaitKind.SIGNAL, name=signal, recheck_seconds=RECHECK_SECONDS)
 
+    waits_for.counts_children = True  # type: ignore[attr-defined]  # `store.parents` rings it
     workflow._add(  # a wait step, as `Workflow.wait_for` declares one
         name, kind=StepKind.READ, next=next, compensation_only=False, waits_for=waits_for
     )(_waited)
