@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agentflow import durable, store, sweeper, testing
+from agentflow import durable, runtime, store, sweeper, testing
 from agentflow.models import ConcurrencyKey, RunEvent, WorkflowRun
 from agentflow.states import RunStatus
 
@@ -106,8 +106,7 @@ def test_sweeper__admits_the_next_when_the_hand_off_was_lost() -> None:
 
 def test_a_stray_message_for_a_waiting_run_does_nothing() -> None:
     with testing.capture_messages():
-        first, second = (start(one_at_a_time, "ABC123") for _ in range(2))
-    from agentflow import runtime
+        _, second = (start(one_at_a_time, "ABC123") for _ in range(2))
 
     runtime.run_step(second, 1)
     assert status(second) == RunStatus.WAITING and not durable.snapshot(second).steps  # type: ignore[union-attr]
