@@ -357,6 +357,8 @@ class RunSnapshot:
     #: hold (SPEC 3.9), e.g. "waiting for a worker of build X", or, while it waits for its turn
     #: at a partner (a `partner:<key>` hold), "waiting for stripe: rate limit".
     held: str = ""
+    #: 0-9, higher taken first (docs/workflows.md, "Priorities"); None: it has none.
+    priority: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -410,6 +412,7 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         build=run.build,
         started_build=run.started_build,
         held=routing.run_reason(run),
+        priority=run.priority,
     )
 
 

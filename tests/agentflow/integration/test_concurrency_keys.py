@@ -129,6 +129,7 @@ def test_priority__the_start_s_else_the_workflow_s(
     with testing.capture_messages():
         run_id = start(one_at_a_time, "P1", priority=given)
     assert WorkflowRun.objects.get(pk=run_id).priority == stored
+    assert durable.snapshot(run_id).priority == stored  # type: ignore[union-attr]
 
 
 def test_priority__the_default_setting_for_a_workflow_without_one(settings: Any) -> None:
