@@ -432,6 +432,8 @@ class RunSnapshot:
     parent: str | None = None
     #: The runs it started, counted by status (`snapshot` gives {} for none).
     children: dict[str, int] | None = None
+    #: 0-9, higher taken first (docs/workflows.md, "Priorities"); None: it has none.
+    priority: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -487,6 +489,7 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         held=routing.run_reason(run),
         parent=run.parent_id,
         children=store.children_counts(run.id),
+        priority=run.priority,
     )
 
 

@@ -73,13 +73,14 @@ def refund_request_create(
                 submission_token=submission_token,
                 client_ip=client_ip,
             )
-            request.workflow_id = durable.start(
+            workflow_id = durable.start(
                 engines.workflow_name(),
                 input={"refund_id": public_id},
                 business_key=public_id,
                 priority=priorities.CUSTOMER,
             )
-            request.save(update_fields=["workflow_id"])
+            RefundRequest.objects.filter(pk=request.pk).update(workflow_id=workflow_id)
+            request.workflow_id = workflow_id
             return request
     except IntegrityError:
         existing = refund_request_by_token(submission_token)

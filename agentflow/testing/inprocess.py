@@ -24,7 +24,7 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test import TestCase
 
-from agentflow import dispatch, durable, faults, leases, runtime
+from agentflow import _concurrency, dispatch, durable, faults, leases, runtime
 from agentflow.agent.batches import batch_span
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
@@ -312,7 +312,13 @@ def _let_the_wait_pass(run_id: str) -> None:
 
 def _waits_for_someone(run_id: str) -> bool:
     """Waiting for a signal or an approval, its timeout not reached: only a person (or a
-    webhook) moves it on, not time (a timer or a retry back-off is waited out)."""
+    webhook) moves it on, not time (a timer or a retry back-off is waited out); or waiting for
+    its concurrency key, which only another run's end frees."""
+    held = f"{_concurrency.HOLD}:"
+    if WorkflowRun.objects.filter(
+        pk=run_id, status=RunStatus.WAITING, hold__startswith=held
+    ).exists():
+        return True
     if WorkflowRun.objects.filter(pk=run_id, wake_at__lte=Now()).exists():
         return False  # its timeout passed (database clock): the next delivery times it out
     found = durable.snapshot(run_id)

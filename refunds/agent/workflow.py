@@ -107,6 +107,9 @@ def verify_ownership(ctx: durable.StepContext) -> dict[str, Any]:
         contact_email=booking.contact_email,
     ):
         raise durable.PermanentStepError(ownership.MISMATCH)
+    changed = priorities.already_changed(request, seat_held=booking.seat_held)
+    if changed:  # as the graph's fetch_booking: an earlier request changed it (one at a time)
+        raise durable.PermanentStepError(changed)
     return {"verified": True, "booking_reference": reference}
 
 
