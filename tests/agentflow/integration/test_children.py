@@ -56,7 +56,10 @@ def test_start_many__a_thousand_runs_in_a_handful_of_statements__published_after
     assert [m.run_id for m in outbox.messages] == ids
     assert {m.seq for m in outbox.messages} == {1}
     assert list(
-        WorkflowRun.objects.filter(pk__in=ids).values_list("status", flat=True).distinct()
+        WorkflowRun.objects.filter(pk__in=ids)
+        .values_list("status", flat=True)
+        .order_by()
+        .distinct()
     ) == [RunStatus.PENDING]
 
 
