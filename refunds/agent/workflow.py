@@ -107,9 +107,6 @@ def verify_ownership(ctx: durable.StepContext) -> dict[str, Any]:
         contact_email=booking.contact_email,
     ):
         raise durable.PermanentStepError(ownership.MISMATCH)
-    changed = priorities.already_changed(request, seat_held=booking.seat_held)
-    if changed:  # as the graph's fetch_booking: an earlier request changed it (one at a time)
-        raise durable.PermanentStepError(changed)
     return {"verified": True, "booking_reference": reference}
 
 
@@ -118,6 +115,12 @@ def check_flight(ctx: durable.StepContext) -> dict[str, Any]:
     them) are in the airline's schedule: a refusal the customer can read, before any effect."""
     request = steps.request_of(ctx)
     reference = request.booking_reference.strip().upper()
+    # As the graph's check_cancellation_policy: an earlier request (its runs go one at a time)
+    # may have changed the booking; said after the owner check, before any effect.
+    held = AirlineGateway.from_settings().booking(reference).seat_held
+    changed = priorities.already_changed(request, seat_held=held)
+    if changed:
+        raise durable.PermanentStepError(changed)
     wanted = parse_request(request.message, reference, today=request.created_at.date())
     flight, date = wanted.flight, wanted.date
     if not (flight and date):
