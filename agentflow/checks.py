@@ -12,7 +12,7 @@ from celery import current_app
 from django.core import checks
 from django.db import DatabaseError
 
-from agentflow import _schedules, builds, dispatch, limits, metrics, registry, store
+from agentflow import _priority, _schedules, builds, dispatch, limits, metrics, registry, store
 from agentflow._privacy import keys as privacy_keys
 from agentflow.agent.fallbacks import fallback_servers
 from agentflow.conf import DEFAULTS, settings
@@ -343,6 +343,34 @@ def celery_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             )
         )
     return found
+
+
+@checks.register()
+def priority_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A priority the broker cannot honour is a promise nobody keeps: the customer's step
+    waits behind the batch it was meant to pass (docs/operating.md, "Priorities")."""
+    problem = _priority.problem(settings.AGENTFLOW_DEFAULT_PRIORITY)
+    if problem:
+        return [
+            checks.Error(
+                f"AGENTFLOW_DEFAULT_PRIORITY: {problem}.",
+                hint="Set it to 0-9, or None (steps of runs without a priority go without one).",
+                id="agentflow.E007",
+            )
+        ]
+    wanted = settings.AGENTFLOW_DEFAULT_PRIORITY is not None or any(
+        workflow.priority is not None for workflow in registry.definitions()
+    )
+    if not wanted:
+        return []
+    return [
+        checks.Warning(
+            f"A workflow declares a priority, but {problem}.",
+            hint="docs/operating.md, Priorities, says what each broker needs and gives.",
+            id="agentflow.W007",
+        )
+        for problem in _priority.config_problems(current_app._get_current_object())
+    ]
 
 
 #: RabbitMQ closes a channel that holds a delivered message unacknowledged this long (its

@@ -127,6 +127,16 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         '{"workflow": ..., "cron": "0 2 * * *", "time_zone": "UTC", "input": {...}, '
         '"catch_up_seconds": 3600, "overlap": "skip"}} (docs/schedules.md).',
     ),
+    "AGENTFLOW_DEFAULT_PRIORITY": (
+        None,
+        "The priority (0-9, higher first) of a run whose workflow and start give none; None "
+        "publishes its steps without one (docs/workflows.md, Priorities).",
+    ),
+    "AGENTFLOW_CONCURRENCY_SWEEP_KEYS": (
+        200,
+        "Most concurrency keys one sweep looks at for runs that may start (a hand-off lost "
+        "in a crash).",
+    ),
     "AGENTFLOW_METRICS_TOKEN": ("", "Bearer token the metrics view requires when set."),
     "AGENTFLOW_METRICS_PUBLIC": (
         False,

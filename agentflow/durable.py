@@ -25,7 +25,18 @@ from typing import Any
 
 from django.db import transaction
 
-from agentflow import forks, limiter, outcomes, registry, routing, store, telemetry
+from agentflow import (
+    _children,
+    _concurrency,
+    _priority,
+    forks,
+    limiter,
+    outcomes,
+    registry,
+    routing,
+    store,
+    telemetry,
+)
 from agentflow._personal_fields import PersonalTextField
 from agentflow._privacy import keystore
 from agentflow._privacy import scope as privacy
@@ -33,6 +44,7 @@ from agentflow._privacy.personal import Personal
 from agentflow._schedules import Schedule, ScheduleError
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
+from agentflow.conf import settings
 from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,
@@ -103,6 +115,7 @@ __all__ = [
     "Workflow",
     "approve",
     "cancel",
+    "cancel_children",
     "delete_runs",
     "fork",
     "idempotency_key",
@@ -114,50 +127,89 @@ __all__ = [
     "signal",
     "snapshot",
     "start",
+    "start_children",
+    "start_many",
+    "started_children",
+    "wait_for_children",
     "workflow_steps",
 ]
 
 
-def start(workflow: str, *, input: Any = None, business_key: str | None = None) -> str:
+def start(
+    workflow: str,
+    *,
+    input: Any = None,
+    business_key: str | None = None,
+    priority: int | None = None,
+) -> str:
     """Start a run of the latest version of `workflow` and return its id.
 
     Idempotent on `business_key`: the same key returns the same run. Call it inside your own
     transaction to create the run atomically with your rows; the first step is published only
-    when that transaction commits.
+    when that transaction commits. `priority` (0-9, higher first): this run's, instead of the
+    workflow's (docs/workflows.md, "Priorities"). A workflow with a `concurrency_key` over its
+    cap for the run's key creates the run WAITING; it starts when its turn comes.
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
-        InvalidInputError: `input` cannot be stored as JSON, or `business_key` is not text
-            of 1-200 characters.
+        InvalidInputError: `input` cannot be stored as JSON, `business_key` is not text
+            of 1-200 characters, `priority` is not 0-9, or the workflow's concurrency key
+            cannot be read from `input`.
     """
     definition = registry.latest(workflow)
     definition.validate()
     if business_key is not None and not _stored_text(business_key, 200):
         raise InvalidInputError("a business key is text of 1-200 characters, without NUL")
+    chosen = _priority.given(priority)
+    if chosen is None:
+        chosen = definition.priority
+    if chosen is None:
+        chosen = settings.AGENTFLOW_DEFAULT_PRIORITY
     try:
         payload = to_json({} if input is None else input, "workflow input")
     except NotJSONError as exc:
         raise InvalidInputError(str(exc)) from None
+    digest = ""
+    if definition.concurrency_key is not None:
+        key = _concurrency.key_of(definition.name, definition.concurrency_key, payload)
+        digest = _concurrency.digest(definition.name, key)
     if definition.personal is None:
         run_id, created = store.run_create(
-            workflow=definition, input=payload, business_key=business_key
+            workflow=definition,
+            input=payload,
+            business_key=business_key,
+            priority=chosen,
+            concurrency_key=digest,
         )
     else:
-        run_id, created = _start_personal(definition, payload, business_key)
+        run_id, created = _start_personal(
+            definition, payload, business_key, priority=chosen, concurrency_key=digest
+        )
     if created:
         telemetry.run_started(run_id, definition.name, keep_trace=store.trace_parent_record)
     return run_id
 
 
 def _start_personal(
-    definition: Workflow, payload: Any, business_key: str | None
+    definition: Workflow,
+    payload: Any,
+    business_key: str | None,
+    *,
+    priority: int | None,
+    concurrency_key: str,
 ) -> tuple[str, bool]:
     """A run whose workflow declares personal fields (docs/privacy.md): its rows sealed under
     its subject's key from the first, and bound to that key in the run's own commit."""
     personal = definition.personal
     assert personal is not None
     if not keystore.enabled():
-        return store.run_create(workflow=definition, input=payload, business_key=business_key)
+        return store.run_create(
+            workflow=definition,
+            input=payload,
+            business_key=business_key,
+            priority=priority,
+            concurrency_key=concurrency_key,
+        )
     try:
         subject = personal.subject_of(payload)
     except DefinitionError as exc:
@@ -166,11 +218,79 @@ def _start_personal(
         key_id = store.subject_key_for(subject)
         with privacy.sealing(key_id, personal.fields):
             run_id, created = store.run_create(
-                workflow=definition, input=payload, business_key=business_key
+                workflow=definition,
+                input=payload,
+                business_key=business_key,
+                priority=priority,
+                concurrency_key=concurrency_key,
             )
             if created:
                 store.run_subject_bind(run_id, key_id, personal.names())
     return run_id, created
+
+
+def start_children(
+    ctx: StepContext,
+    children: Iterable[tuple[str, Any, str | None]],
+    *,
+    priority: int | None = None,
+) -> list[str]:
+    """From a step: start a child run for each (workflow, input, key) and return their ids in
+    order (docs/workflows.md, "Runs that start runs").
+
+    Each child's business key is `<this run>:<this step's position>:<key>` (its index when
+    `key` is None): the step run again starts none twice and gets the same ids. In the caller's
+    transaction if there is one; published once it commits. `priority` and concurrency keys:
+    as `start_many`.
+
+    Raises:
+        UnknownWorkflowError, InvalidInputError: as `start_many`; nothing is started.
+    """
+    return _children.start_children(ctx, children, priority=priority)
+
+
+def started_children(ctx: StepContext) -> list[str]:
+    """The children the current step started (empty: none yet), in order: what the step's
+    reconcile adopts when its worker died after starting them."""
+    return _children.started_children(ctx)
+
+
+def wait_for_children(
+    workflow: Workflow, name: str, *, wait: str = "all", next: Any = None
+) -> None:
+    """Declare step `name` of `workflow`: wait for the children the latest earlier step
+    started, "all" of them or the "first" to end, WAITING meanwhile and holding no worker. Its
+    output is `{"payload": {"wait", "counts", "children"}}`: the counts by status and each child
+    that ended (`run_id`, `workflow`, `business_key`, `status`, `error`; for "first", its
+    `output` too). A failed child does not fail the parent: the report says so."""
+    _children.wait_for_children(workflow, name, wait=wait, next=next)
+
+
+#: A compensation to declare for the step that starts children (docs/workflows.md, "Runs
+#: that start runs"): the parent failed for good or cancelled cancels each unfinished child.
+cancel_children = _children.cancel_children
+
+
+def start_many(
+    runs: Iterable[tuple[str, Any, str | None]], *, priority: int | None = None
+) -> list[str]:
+    """Start a run for each (workflow, input, business key) and return their ids in order.
+
+    One INSERT per thousand runs (plus one read of the keyed ones' ids), in the caller's
+    transaction like `start`; each first step is published when that transaction commits.
+    Idempotent on business keys: a key seen before returns its run and starts nothing.
+    `priority` (0-9, higher first): every one of these runs', instead of its workflow's. A
+    workflow with a `concurrency_key` admits its runs as `start` does, all of them together
+    (two more statements per thousand): those over the cap are created WAITING, behind the
+    ones before them.
+
+    Raises:
+        UnknownWorkflowError: a workflow name that is not registered.
+        InvalidInputError: an entry that is not a triple, an input that cannot be stored as
+            JSON, a business key that is not text of 1-200 characters, `priority` is not 0-9,
+            or a workflow's concurrency key cannot be read from an input. Nothing is started.
+    """
+    return _children.start_many(runs, priority=priority)
 
 
 def partner_call(partner: str, operation: str) -> AbstractContextManager[None]:
@@ -212,12 +332,13 @@ def workflow_steps(workflow: str) -> list[str]:
 def cancel(run_id: str, *, actor: str, reason: str) -> str | None:
     """Stop an unfinished run without keeping any money: its effects are undone by their
     compensations, then it ends CANCELLED; a step in flight finishes first. Recorded as an event
-    with `actor` and `reason`. Returns None if it ended at once, else what happens next.
+    with `actor` and `reason`. Returns None if it ended at once, else what happens next. A run
+    whose workflow declares `cancel_children` cancels its unfinished children at once too.
 
     Raises:
         ActionRefused: the run is finished, already undoing, or an outcome is unknown.
     """
-    return store.run_cancel(run_id, actor=actor, reason=reason)
+    return _children.cancel(run_id, actor=actor, reason=reason)
 
 
 def retry(run_id: str, *, actor: str, reason: str) -> None:
@@ -369,6 +490,12 @@ class RunSnapshot:
     #: hold (SPEC 3.9), e.g. "waiting for a worker of build X", or, while it waits for its turn
     #: at a partner (a `partner:<key>` hold), "waiting for stripe: rate limit".
     held: str = ""
+    #: The run whose step started it (None: started by `start` or `start_many`).
+    parent: str | None = None
+    #: The runs it started, counted by status (`snapshot` gives {} for none).
+    children: dict[str, int] | None = None
+    #: 0-9, higher taken first (docs/workflows.md, "Priorities"); None: it has none.
+    priority: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -422,6 +549,9 @@ def snapshot(run_id: str) -> RunSnapshot | None:
         build=run.build,
         started_build=run.started_build,
         held=routing.run_reason(run),
+        parent=run.parent_id,
+        children=store.children_counts(run.id),
+        priority=run.priority,
     )
 
 

@@ -59,6 +59,25 @@ class WorkflowRun(models.Model):
     #: Why its step may not start now, as `kind:key` (`build:<id>`: no live worker of the
     #: build it is pinned to); WAITING meanwhile, re-published when it may go. Empty: nothing.
     hold = models.CharField(max_length=200, blank=True, db_default="")
+    #: The run whose step started it (a child run, docs/workflows.md "Runs that start runs"),
+    #: and that step's position. No database constraint: retention deletes finished runs by
+    #: id, and a parent may go before a child it left running.
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="children",
+    )
+    parent_seq = models.PositiveIntegerField(null=True, blank=True)
+    #: 0-9, higher first: put on each of its step messages (agentflow._priority). Null: none.
+    priority = models.PositiveSmallIntegerField(null=True, blank=True)
+    #: The HMAC of its concurrency key (agentflow._concurrency), empty without one; with it,
+    #: the cap it was started under.
+    concurrency_key = models.CharField(max_length=64, blank=True, db_default="")
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -102,10 +121,34 @@ class WorkflowRun(models.Model):
             models.Index(fields=["-created_at"], name="run_created"),
             # Held runs, by what holds them: a release reads exactly these.
             models.Index(fields=["hold"], condition=~Q(hold=""), name="run_held"),
+            # A parent's children, by the step that started them: what its wait counts.
+            models.Index(
+                fields=["parent", "parent_seq", "status"],
+                condition=Q(parent__isnull=False),
+                name="run_children",
+            ),
+            # A key's runs, oldest first: what its admission counts and whom it admits next.
+            models.Index(
+                fields=["concurrency_key", "created_at"],
+                condition=~Q(concurrency_key=""),
+                name="run_concurrency_key",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.workflow} {self.id}"
+
+
+class ConcurrencyKey(models.Model):
+    """A concurrency key with runs not yet finished: the row its admissions lock, so that
+    counting the key's admitted runs and admitting one more is one decision on every host.
+    Deleted with its last run's end."""
+
+    digest = models.CharField(primary_key=True, max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"concurrency key {self.digest[:12]}"
 
 
 class StepCheckpoint(models.Model):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from agentflow import identifiers
+from agentflow import _concurrency, _priority, identifiers
 from agentflow._privacy.personal import Personal
 from agentflow.context import Decision, StepContext
 from agentflow.exceptions import DefinitionError, UnknownWorkflowError
@@ -75,6 +75,10 @@ class WaitSpec:
     #: An approval that was rejected or timed out: the step's recorded output, from the
     #: decision's JSON (`Decision.as_json()`); the step's function does not run.
     rejected: Callable[[dict[str, Any]], Any] | None = None
+    #: A signal wait without a timeout: how often the run looks again while it waits (None:
+    #: once a day). A wait whose signal its own step may send (a parent's wait for its
+    #: children) looks often: a signal lost in a crash then costs a recheck's delay, never the run.
+    recheck_seconds: float | None = None
 
 
 #: Given the step's context, what it waits for (None: nothing, it runs at once).
@@ -188,11 +192,23 @@ class Workflow:
     #: Which fields of what its runs store are personal, and whose (agentflow._privacy):
     #: sealed at rest under that person's key, erasable with it (docs/privacy.md).
     personal: Personal | None = None
+    #: 0-9, higher taken first by every worker (docs/workflows.md, "Priorities"); a start may
+    #: give its own. None: AGENTFLOW_DEFAULT_PRIORITY.
+    priority: int | None = None
+    #: The run's concurrency key, from its input (e.g. `lambda input: input["booking"]`): at
+    #: most `concurrency_limit` runs of this workflow with one key run at once; the others wait
+    #: in arrival order (docs/workflows.md, "Concurrency keys"). Stored hashed, never in clear.
+    concurrency_key: Callable[[Any], str] | None = None
+    concurrency_limit: int | None = None
 
     def __post_init__(self) -> None:
         refused = identifiers.problem("workflow name", self.name, max_chars=NAME_MAX_CHARS)
         if refused:
             raise DefinitionError(refused)
+        _priority.declared(self.name, self.priority)
+        self.concurrency_limit = _concurrency.declared(
+            self.name, self.concurrency_key, self.concurrency_limit
+        )
         if self.versioning not in VERSIONING:
             raise DefinitionError(
                 f"workflow {self.name!r}: versioning is one of {VERSIONING}, "

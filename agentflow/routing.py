@@ -41,7 +41,7 @@ from typing import Protocol
 
 from django.db import transaction
 
-from agentflow import builds, dispatch, registry, store, upgrades
+from agentflow import _concurrency, builds, dispatch, registry, store, upgrades
 from agentflow.agent.batches import batch_span
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.exceptions import partner_wait_reason
@@ -130,6 +130,21 @@ PARTNER = store.PARTNER_HOLD
 register(PARTNER, _PartnerTurns())
 
 
+class _ConcurrencyKeys:
+    """`concurrency:<digest>`: a run over its concurrency key's cap. Never opened from here:
+    the key's admission decides who goes, one at a time (`store.concurrency`), and publishes."""
+
+    def open(self, keys: Sequence[str]) -> set[str]:
+        return set()
+
+    def reason(self, key: str) -> str:
+        return "waiting for its turn: another run with the same concurrency key is running"
+
+
+CONCURRENCY = _concurrency.HOLD
+register(CONCURRENCY, _ConcurrencyKeys())
+
+
 def reason(token: str, *, stored: str = "") -> str:
     """The sentence for a run's recorded hold (empty: none). `stored`: the sentence recorded
     when it was held (a partner's turn: "waiting for stripe: rate limit", which only the
@@ -139,6 +154,8 @@ def reason(token: str, *, stored: str = "") -> str:
         return ""
     if stored and found.kind == PARTNER and stored.startswith(partner_wait_reason(found.key, "")):
         return stored
+    if stored and found.kind == CONCURRENCY:
+        return stored  # says the workflow and its cap
     return found.reason()
 
 
@@ -256,7 +273,7 @@ def forward(run: store.StepState, seq: int) -> None:
     """Send the step to its build's own queue, or hold it while that build has no live worker
     (its message would only sit there)."""
     if _gates[BUILD].open([run.build]):
-        dispatch.send_step(run.id, seq, queue=builds.queue(run.build))
+        dispatch.send_step(run.id, seq, queue=builds.queue(run.build), priority=run.priority)
     else:
         hold(run, seq, Hold(BUILD, run.build))
 

@@ -27,6 +27,7 @@ from agentflow import (
     telemetry,
     waits,
 )
+from agentflow._concurrency import HOLD
 from agentflow._privacy import scope as privacy
 from agentflow.agent import loop as agent_loop
 from agentflow.agent.batches import batch_span
@@ -52,9 +53,10 @@ from agentflow.exceptions import (
 from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.serialization import NotJSONError, to_json
-from agentflow.states import ACTIVE_RUN_STATUSES, CLAIMED_KINDS, StepKind, StepStatus
+from agentflow.states import ACTIVE_RUN_STATUSES, CLAIMED_KINDS, RunStatus, StepKind, StepStatus
 
 logger = logging.getLogger(__name__)
+CONCURRENCY_HOLD = HOLD + ":"
 
 
 def run_step(
@@ -85,10 +87,12 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
         if redelivered or run.overdue:
             queue = builds.route(run.build, run.pinned)
             if queue is None:
-                dispatch.send_step(run.id, run.current_seq)
+                dispatch.send_step(run.id, run.current_seq, priority=run.priority)
             else:
-                dispatch.send_step(run.id, run.current_seq, queue=queue)
+                dispatch.send_step(run.id, run.current_seq, queue=queue, priority=run.priority)
         return
+    if run.status == RunStatus.WAITING and run.hold.startswith(CONCURRENCY_HOLD):
+        return  # not admitted by its concurrency key: a stray message (store.concurrency)
     span = batch_span(run.current_step)
     if seq > run.current_seq and not (span is not None and span[0] <= seq <= span[1]):
         return

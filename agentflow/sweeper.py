@@ -61,18 +61,31 @@ def sweep(*, limit: int | None = None) -> SweepReport:
         store.sweep_keep_held(still_held, routing.HOLD_RECHECK_SECONDS)
         store.sweep_push([route.run for route in ready])
     for route in ready:
+        run = route.run
         if route.queue is None:
-            dispatch.send_step(route.run.id, route.run.seq)
+            dispatch.send_step(run.id, run.seq, priority=run.priority)
         else:
-            dispatch.send_step(route.run.id, route.run.seq, queue=route.queue)
-        report.requeued.append(route.run.id)
+            dispatch.send_step(run.id, run.seq, queue=route.queue, priority=run.priority)
+        report.requeued.append(run.id)
     _partner_places()
     _schedule_slots()
+    _concurrency_places()
     store.heartbeat_record(requeued=len(report.requeued), query_ms=report.query_ms)
     telemetry.sweep_finished(  # counts the pass; logs which runs, and nothing when idle
         requeued=report.requeued, parked=report.parked, query_ms=report.query_ms
     )
     return report
+
+
+def _concurrency_places() -> None:
+    """Runs waiting for a concurrency key whose place is free (its hand-off lost when the run
+    before them ended in a crash) are admitted: nobody else would."""
+    try:
+        store.concurrency_sweep()
+    except DatabaseError as exc:
+        if outage.unreachable(exc):
+            raise
+        logger.exception("sweeper: runs waiting for a concurrency key were not looked at")
 
 
 def _partner_places() -> None:

@@ -242,7 +242,16 @@ else:
         "visibility_timeout": 1200,
         "unacked_restore_interval": 10,
         "unacked_restore_throttle": 1,
+        # One list per priority (docs/operating.md, Priorities), named `celery:<n>` beside
+        # `celery` (priority 9, which kombu reads first): kombu's default keeps 4.
+        "priority_steps": list(range(10)),
+        "sep": ":",
     }
+# Step messages carry their run's priority (docs/operating.md, Priorities). RabbitMQ orders them
+# only in a queue declared with x-max-priority, and a queue declared before keeps its arguments
+# (use a new vhost, or delete the drained queue). Set whatever the broker, so every process
+# declares the queue alike; Redis and the filesystem transport ignore queue arguments.
+CELERY_TASK_QUEUE_MAX_PRIORITY = 9
 # Beat runs the recovery sweeper and retention itself (agentflow.beat), so no sweep ever
 # queues behind steps.
 CELERY_BEAT_SCHEDULER = "agentflow.beat:Scheduler"
@@ -351,6 +360,15 @@ if REFUNDS_ENGINE not in ("graph", "agent"):
     raise ImproperlyConfigured(f"REFUNDS_ENGINE must be graph or agent, got {REFUNDS_ENGINE!r}")
 # Where the nightly reconciliation (docs/refunds.md, "Reconciliation") says how each day went.
 REFUNDS_FINANCE_EMAIL = env_str("REFUNDS_FINANCE_EMAIL", "finance@agentflow.test")
+# The airline's flight notices (refunds.views.airline_notice): the secret it signs them with
+# (unset: the endpoint answers 404), where `manage.py sandbox cancel-flight` tells the sandbox
+# airline to send them, and who is mailed each cancelled flight's outcome.
+REFUNDS_AIRLINE_SECRET = env_str("REFUNDS_AIRLINE_SECRET", "")
+REFUNDS_AIRLINE_NOTICES_URL = env_str(
+    "REFUNDS_AIRLINE_NOTICES_URL",
+    f"http://127.0.0.1:{os.environ.get('AGENTFLOW_WEB_PORT', '8000')}/refunds/airline/notices/",
+)
+REFUNDS_OPERATIONS_EMAIL = env_str("REFUNDS_OPERATIONS_EMAIL", "operations@agentflow.test")
 REFUNDS_PARTNER_MAX_ATTEMPTS = env_int("REFUNDS_PARTNER_MAX_ATTEMPTS", 8, minimum=1)
 REFUNDS_PARTNER_RETRY_BASE_SECONDS = env_float("REFUNDS_PARTNER_RETRY_BASE_SECONDS", 1.0)
 

@@ -98,6 +98,8 @@ class Booking:
     fare_class: str
     payment_method: str
     status: str
+    #: The original seat is still the booking's: no cancellation of it stands.
+    seat_held: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -590,6 +592,7 @@ class AirlineGateway:
         return Booking(
             passenger_name=passenger["name"],
             passenger_last_name=passenger["last_name"],
+            seat_held=bool(data.get("seat_held", True)),
             **fields,
         )
 
@@ -603,6 +606,26 @@ class AirlineGateway:
             reason=str(data.get("reason", "")),
             last_bookable_date=str(data.get("last_bookable_date", "")),
         )
+
+    def manifest(self, flight: str, date: str) -> dict[str, Any]:
+        """A cancelled flight's passengers (`reference`, `last_name`, `email`) and the flight
+        and date they were moved to (`rebooked_to`); PermanentStepError if it was not
+        cancelled."""
+        data = self._http.call(
+            "GET",
+            "/manifest",
+            query={"flight": flight, "date": date},
+            not_found=PermanentStepError(f"the airline did not cancel {flight} on {date}"),
+        )
+        return {
+            "flight": data["flight"],
+            "date": data["date"],
+            "rebooked_to": dict(data["rebooked_to"]),
+            "passengers": [
+                {"reference": p["reference"], "last_name": p["last_name"], "email": p["email"]}
+                for p in data["passengers"]
+            ],
+        }
 
     def cancel_seat(self, reference: str, *, key: str, workflow_id: str) -> SeatCancellation:
         data = self._http.call(

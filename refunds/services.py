@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from agentflow import durable
 from agentflow.models import StepCheckpoint
-from refunds import engines, ownership, privacy
+from refunds import engines, ownership, priorities, privacy
 from refunds.gateways import AirlineGateway
 from refunds.models import RefundRequest, new_public_id
 
@@ -59,14 +59,9 @@ def refund_request_create(
     try:
         with transaction.atomic():
             # The run's first step is published only when this transaction commits, so the
-            # worker always finds the request it is told about.
-            # `customer` names whose run it is (refunds.privacy): sealed, as the request is.
-            workflow_id = durable.start(
-                engines.workflow_name(),
-                input={"refund_id": public_id, "customer": email.strip().lower()},
-                business_key=public_id,
-            )
-            return RefundRequest.objects.create(
+            # worker always finds the request it is told about. The request comes first: the
+            # run's concurrency key is its booking (refunds.priorities).
+            request = RefundRequest.objects.create(
                 public_id=public_id,
                 email=email,
                 email_digest=privacy.email_digest(email),
@@ -77,8 +72,17 @@ def refund_request_create(
                 waiver_details=waiver_details,
                 submission_token=submission_token,
                 client_ip=client_ip,
-                workflow_id=workflow_id,
             )
+            workflow_id = durable.start(
+                engines.workflow_name(),
+                # `customer` names whose run it is (refunds.privacy): sealed, as the request is.
+                input={"refund_id": public_id, "customer": email.strip().lower()},
+                business_key=public_id,
+                priority=priorities.CUSTOMER,
+            )
+            RefundRequest.objects.filter(pk=request.pk).update(workflow_id=workflow_id)
+            request.workflow_id = workflow_id
+            return request
     except IntegrityError:
         existing = refund_request_by_token(submission_token)
         if existing is None:

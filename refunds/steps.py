@@ -13,7 +13,7 @@ from typing import Any
 
 from agentflow import durable
 from agentflow.durable import PermanentStepError, StepContext
-from refunds import emails, fee, ownership, policy, timetable, waivers, wording
+from refunds import emails, fee, ownership, policy, priorities, timetable, waivers, wording
 from refunds.gateways import (
     AirlineGateway,
     BookingNotFound,
@@ -77,7 +77,16 @@ def check_flight(ctx: StepContext) -> dict[str, Any]:
 def check_cancellation_policy(ctx: StepContext) -> dict[str, Any]:
     """The fare's rules, and the fee waiver they propose for an operator's approval when the
     customer asked for one for a reason the policy considers (refunds.waivers)."""
-    rules = policy.policy_for(ctx.output_of("fetch_booking")["fare_class"])
+    booking = ctx.output_of("fetch_booking")
+    # Runs of one booking go one at a time: an earlier request may have changed it meanwhile.
+    # Said here, after the owner check (the request still counts as the owner's) and before
+    # any effect.
+    changed = priorities.already_changed(
+        request_of(ctx), seat_held=bool(booking.get("seat_held", True))
+    )
+    if changed:
+        raise PermanentStepError(changed)
+    rules = policy.policy_for(booking["fare_class"])
     if not rules.rebookable:
         raise PermanentStepError(rules.refusal)
     proposed = waivers.proposal(request_of(ctx), rules.fare_class)

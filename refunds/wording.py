@@ -264,6 +264,15 @@ OVER_LIMITS = (
     "We stopped this change: our automated assistant could not finish it within the steps we "
     "allow, so we undid what it had started."
 )
+#: A second request for a booking an earlier one already changed (refunds.priorities): the
+#: runs of one booking go one at a time, so the second reads what the first did.
+ALREADY_CHANGED_TO = Sentence(
+    "Your booking was already changed by your earlier request: you're now on {flight} on "
+    "{date}, seat {seat}. We didn't change it again."
+)
+ALREADY_CHANGED = (
+    "Your booking was already changed by your earlier request. We didn't change it again."
+)
 #: Every failure the domain raises for customers to read, as it reads them.
 FAILURES: tuple[Failure, ...] = (
     _exactly(Sentence("These details don't match a booking.")),
@@ -307,6 +316,8 @@ FAILURES: tuple[Failure, ...] = (
         Sentence("We couldn't finish changing your booking, so we did not take the change fee.")
     ),
     _exactly(Sentence("We couldn't finish changing your booking: {missing}.")),
+    _exactly(ALREADY_CHANGED_TO),
+    _exactly(Sentence(ALREADY_CHANGED)),
     Failure(
         recognise=r"We couldn't find your request\b.*",
         says=Sentence("We couldn't find your request."),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from agentflow import durable
-from refunds import privacy, reconciliation, steps, waivers
+from refunds import flights, priorities, privacy, reconciliation, steps, waivers
 from refunds.gateways import (
     COMPENSATION_RETRY,
     PARTNER_RETRY,
@@ -31,7 +31,9 @@ from refunds.gateways import (
 #: (Its first line stays as it is: test_deploys.py writes the next release by editing it.)
 refund = durable.Workflow("refund", version=4, on_failure="notify_failure",
                           sensitive_input=waivers.STATUS_PAGE_KEY,
-                          personal=privacy.REFUND)  # fmt: skip
+                          personal=privacy.REFUND, priority=priorities.CUSTOMER,
+                          concurrency_key=priorities.booking_of,
+                          concurrency_limit=priorities.PER_BOOKING)  # fmt: skip
 
 refund.step("load_request", kind="read")(steps.load_request)
 refund.step("parse_flight_details", kind="read")(steps.parse_flight_details)
@@ -110,6 +112,25 @@ durable.Schedule(
     catch_up=timedelta(hours=22),
     overlap="run_beside",
 )
+
+#: A cancelled flight (refunds.flights): one run per airline notice, one refund per passenger
+#: started as its children, waited for all together; cancelled or failed, it cancels the
+#: refunds still running, each undoing what it did (its fee refunded, its seat given back).
+#: It and its refunds run at batch priority, each refund one booking at a time
+#: (refunds.priorities): a customer who writes in meanwhile goes first.
+flight_cancelled = durable.Workflow("flight_cancelled", version=1, priority=priorities.BATCH)
+flight_cancelled.step("read_manifest", kind="read", retry=PARTNER_RETRY)(flights.read_manifest)
+flight_cancelled.step(
+    "start_refunds",
+    kind="effect",
+    reconcile=flights.started_refunds,
+    compensate="cancel_refunds",
+)(flights.start_refunds)
+durable.wait_for_children(flight_cancelled, "wait_for_refunds", wait="all")
+flight_cancelled.step("email_operations", kind="effect", retry=PARTNER_RETRY)(
+    flights.email_operations
+)
+flight_cancelled.compensation("cancel_refunds", retry=COMPENSATION_RETRY)(durable.cancel_children)
 
 # The same refund as an agent run (REFUNDS_ENGINE=agent), registered with this one.
 from refunds.agent.workflow import refund_agent  # noqa: E402, F401

@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from agentflow import registry, routing, store
+from agentflow import _children, registry, routing, store
 from agentflow.admin import approvals, privacy
 from agentflow.admin.display import badge
 from agentflow.forms import DecisionForm, ReasonForm
@@ -82,7 +82,7 @@ CANCEL = Verb(
         "effect whose outcome is unknown is asked of the partner first: found, it is undone too; "
         "if the partner cannot tell, the run is parked for a person."
     ),
-    act=store.run_cancel,
+    act=_children.cancel,
 )
 RESUME = Verb(
     name="resume",

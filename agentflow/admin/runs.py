@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 
 from agentflow import builds, links, registry, routing, store
 from agentflow.admin import actions as run_actions
-from agentflow.admin import approvals, forking, privacy, run_page, signals
+from agentflow.admin import approvals, family, forking, privacy, run_page, signals
 from agentflow.admin.counting import EstimatingPaginator, bounded_count
 from agentflow.admin.dashboard import dashboard
 from agentflow.admin.dates import date_hierarchy
@@ -34,7 +34,7 @@ from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
 
 RUN_FIELDS = (
     "id", "definition", "status_badge", "current", "current_attempts", "business_key_block",
-    "related", "wake_up", "created", "updated", "build_block",
+    "related", "family_block", "wake_up", "created", "updated", "build_block",
 )  # fmt: skip
 PAYLOAD_FIELDS = ("error_block", "output_block", "input_block", "compensations_block")
 WAIT_FIELDS = ("pending_block", "waits_block", "signals_block")
@@ -47,7 +47,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         "updated", "wake_up",
     )  # fmt: skip
     list_display_links = ("id",)
-    list_filter = ("status", WorkflowFilter, WakeFilter)
+    list_filter = ("status", WorkflowFilter, WakeFilter, family.ParentFilter)
     #: Only orderings an index serves; sorting a million rows by status is never worth it.
     sortable_by = ("created",)
     search_fields = ("=id", "=business_key")
@@ -166,6 +166,10 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return format_html_join(
             " · ", '<a href="{}" title="{}">{}</a>', ((k.url, k.title, k.label) for k in found)
         )
+
+    @admin.display(description="parent and children")
+    def family_block(self, run: WorkflowRun) -> str:
+        return family.family(run)
 
     @admin.display(description="status")
     def status_badge(self, run: WorkflowRun) -> str:

@@ -13,6 +13,8 @@ from agentflow.models import RunEvent, StepCheckpoint, SupersededStep
 from agentflow.registry import Workflow
 from agentflow.states import RunStatus, StepKind, StepStatus
 from agentflow.store import sql
+from agentflow.store.concurrency import concurrency_run_ended_id
+from agentflow.store.parents import run_ended
 from agentflow.store.runs import Fenced, begin_undo, run_park
 from agentflow.store.steps import ACTIVE, CheckpointRow, state_load
 
@@ -181,7 +183,7 @@ def run_finish(run_id: str, seq: int, output: Any) -> bool:
     one statement fenced on the run being active at `seq` with no call recorded there."""
     fence = f"""id = %s AND current_seq = %s AND status IN ({sql.placeholders(ACTIVE)})
         AND NOT EXISTS (SELECT 1 FROM {sql.STEPS} c WHERE c.run_id = %s AND c.seq = %s)"""
-    return bool(
+    finished = bool(
         sql.update(
             sql.RUNS,
             {
@@ -194,6 +196,10 @@ def run_finish(run_id: str, seq: int, output: Any) -> bool:
             [run_id, seq, *ACTIVE, run_id, seq],
         )
     )
+    if finished:
+        run_ended(run_id)
+        concurrency_run_ended_id(run_id)
+    return finished
 
 
 def run_fail_between_calls(run_id: str, workflow: Workflow, seq: int, reason: str) -> bool:

@@ -17,7 +17,9 @@ from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.registry import Workflow
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow.store import sql
+from agentflow.store.concurrency import concurrency_run_ended
 from agentflow.store.events import event_add, event_time
+from agentflow.store.parents import run_ended
 from agentflow.store.runs import ActionRefused, Fenced, begin_undo, enqueue_grace
 
 
@@ -338,6 +340,8 @@ def _cancel_now(
             [run.id],
         )
         telemetry.run_finished(run.id, run.workflow, RunStatus.CANCELLED)
+        run_ended(run.id)
+        concurrency_run_ended(run)
         return []
     run.cancel_requested = True
     return begin_undo(

@@ -18,6 +18,7 @@ from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
 
 from agentflow import builds, dispatch, outcomes, telemetry
+from agentflow._concurrency import reason, token
 from agentflow.conf import settings
 from agentflow.context import idempotency_key
 from agentflow.exceptions import AgentflowError
@@ -26,7 +27,14 @@ from agentflow.registry import StepDef, Workflow
 from agentflow.states import RunStatus, StepStatus
 from agentflow.store import sql
 from agentflow.store.builds import build_known
+from agentflow.store.concurrency import (
+    WAIT_WAKE_SECONDS,
+    concurrency_admit_new,
+    concurrency_held,
+    concurrency_run_ended,
+)
 from agentflow.store.events import event_add, event_time
+from agentflow.store.parents import run_ended
 from agentflow.store.sensitive import masked
 from agentflow.store.steps import ACTIVE, CheckpointRow, Claim, state_load
 
@@ -61,35 +69,58 @@ def enqueue_grace() -> timedelta:
     return timedelta(seconds=settings.AGENTFLOW_LEASE_SECONDS)
 
 
-def run_create(*, workflow: Workflow, input: Any, business_key: str | None) -> tuple[str, bool]:
-    """Create a run (or find the one with this business key) and publish its first step."""
+def run_create(
+    *,
+    workflow: Workflow,
+    input: Any,
+    business_key: str | None,
+    priority: int | None = None,
+    concurrency_key: str = "",
+) -> tuple[str, bool]:
+    """Create a run (or find the one with this business key) and publish its first step; with
+    a `concurrency_key` (its digest) over the workflow's cap, create it waiting instead."""
     if business_key is not None:
         existing = _run_id_by_key(workflow.name, business_key)
         if existing:
             return existing, False
     # Inside the caller's transaction a savepoint keeps a lost business-key race from aborting
     # it; alone, the INSERT is its own commit: one round trip instead of BEGIN/INSERT/COMMIT.
-    own = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
+    # A keyed run's admission and its row commit together (store.concurrency).
+    keyed = bool(concurrency_key)
+    own = transaction.atomic() if keyed or connection.in_atomic_block else contextlib.nullcontext()
     build = builds.current()
     pinned = workflow.versioning == "pinned"
     try:
         with own:
             build_known(build)
+            limit = workflow.concurrency_limit or 1
+            admitted = not keyed or concurrency_admit_new(concurrency_key, limit)
             run = WorkflowRun.objects.create(
                 workflow=workflow.name,
                 version=workflow.version,
                 input=input,
                 business_key=business_key,
-                status=RunStatus.PENDING,
+                status=RunStatus.PENDING if admitted else RunStatus.WAITING,
                 current_step=workflow.first_step(),
                 current_seq=1,
-                wake_at=_db_now_plus(enqueue_grace()),
+                wake_at=_db_now_plus(
+                    enqueue_grace() if admitted else timedelta(seconds=WAIT_WAKE_SECONDS)
+                ),
                 build=build,
                 started_build=build,
                 pinned=pinned,
+                priority=priority,
+                concurrency_key=concurrency_key,
+                concurrency_limit=limit if keyed else None,
+                hold="" if admitted else token(concurrency_key),
             )
+            if not admitted:
+                concurrency_held(run.id, reason(workflow.name, limit), concurrency_key)
+                return run.id, True
             hint = dispatch.fresh_hint(workflow, run.current_step)
-            dispatch.send_step_on_commit(run.id, 1, fresh=hint, queue=builds.route(build, pinned))
+            dispatch.send_step_on_commit(
+                run.id, 1, fresh=hint, queue=builds.route(build, pinned), priority=priority
+            )
     except IntegrityError:
         if business_key is None:
             raise
@@ -389,6 +420,8 @@ def begin_undo(
         raise Fenced
     if not plan:
         telemetry.run_finished(run.id, workflow.name, final)
+        run_ended(run.id)
+        concurrency_run_ended(run)
         return plan
     undo = [name for name in plan if name != workflow.on_failure]
     event_add(

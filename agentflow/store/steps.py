@@ -25,7 +25,9 @@ from agentflow.models import RunEvent
 from agentflow.registry import StepDef, Workflow
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow.store import sql
+from agentflow.store.concurrency import concurrency_run_ended
 from agentflow.store.events import event_add, event_time
+from agentflow.store.parents import run_ended
 
 ACTIVE: list[str] = [str(status) for status in ACTIVE_RUN_STATUSES]
 
@@ -76,6 +78,9 @@ class StepState:
     build: str = ""
     pinned: bool = False
     hold: str = ""
+    #: Put on each of its step messages (agentflow._priority); its concurrency key's digest.
+    priority: int | None = None
+    concurrency_key: str = ""
 
 
 _STATE_COLUMNS = f"""
@@ -85,14 +90,14 @@ _STATE_COLUMNS = f"""
     CASE WHEN c.id IS NULL THEN false ELSE {sql.claimable("c")} END,
     COALESCE(c.lease_expires_at <= {sql.now()}, false),
     c.first_started_at, c.started_at, c.lease_expires_at, {sql.seconds_since("c.first_started_at")},
-    r.branch, c.kind, r.build, r.pinned, r.hold
+    r.branch, c.kind, r.build, r.pinned, r.hold, r.priority, r.concurrency_key
 """
 _STATE_FROM = f"""
     FROM {sql.RUNS} r
     LEFT JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = %s
     WHERE r.id = %s
 """
-_STATE_WIDTH = 28
+_STATE_WIDTH = 30
 
 
 def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None:
@@ -142,6 +147,8 @@ def _state_from_row(run_id: str, row: tuple[Any, ...] | None) -> StepState | Non
         build=row[25],
         pinned=bool(row[26]),
         hold=row[27],
+        priority=row[28],
+        concurrency_key=row[29],
     )
 
 
@@ -438,6 +445,8 @@ def step_complete(
     transaction.on_commit(partial(_after_complete, run, step.name, claim.attempt, next_seq, hint))
     if next_seq is None:
         telemetry.run_finished(run.id, workflow.name, changes["status"])
+        run_ended(run.id)
+        concurrency_run_ended(run)
     return True
 
 
@@ -494,6 +503,8 @@ def unclaimed_complete(
         transaction.on_commit(partial(_after_complete, run, step.name, attempt, next_seq, hint))
         if next_seq is None:
             telemetry.run_finished(run.id, workflow.name, changes["status"])
+            run_ended(run.id)
+            concurrency_run_ended(run)
     return done is not None
 
 
@@ -585,6 +596,6 @@ def _after_complete(
     if next_seq is not None:
         queue = builds.route(run.build, run.pinned)
         if queue is None:
-            dispatch.send_step(run.id, next_seq, fresh=fresh)
+            dispatch.send_step(run.id, next_seq, fresh=fresh, priority=run.priority)
         else:
-            dispatch.send_step(run.id, next_seq, fresh=fresh, queue=queue)
+            dispatch.send_step(run.id, next_seq, fresh=fresh, queue=queue, priority=run.priority)

@@ -80,6 +80,7 @@ class DueRun:
     build: str = ""
     pinned: bool = False
     hold: str = ""
+    priority: int | None = None
 
 
 def _due_query() -> str:
@@ -87,7 +88,7 @@ def _due_query() -> str:
         SELECT r.id, r.workflow, r.version, r.current_seq, r.status,
                {sql.seconds_since("r.wake_at")},
                (SELECT c.fence FROM {sql.STEPS} c WHERE c.run_id = r.id AND c.seq = r.current_seq),
-               r.build, r.pinned, r.hold
+               r.build, r.pinned, r.hold, r.priority
         FROM {sql.RUNS} r
         WHERE r.status IN ({sql.placeholders(ACTIVE)}) AND r.wake_at <= {sql.now()}
         ORDER BY r.wake_at
@@ -104,7 +105,7 @@ _ABANDONED_QUERY = f"""
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
     )
     SELECT r.id, r.workflow, r.version, r.current_seq, r.status, 0.0, c.fence,
-           r.build, r.pinned, r.hold
+           r.build, r.pinned, r.hold, r.priority
     FROM {sql.RUNS} r JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = r.current_seq
     WHERE r.status IN ({", ".join(["%s"] * len(ACTIVE))}) AND r.wake_at > now()
       AND c.status = 'IN_PROGRESS' AND c.lease_lock IS NOT NULL AND c.lease_expires_at > now()
@@ -145,7 +146,8 @@ def sweep_due(limit: int) -> list[DueRun]:
             build=row[7],
             pinned=bool(row[8]),
             hold=row[9],
-            reason=row[10],
+            priority=row[10],
+            reason=row[11],
         )
         for row in rows
     ]

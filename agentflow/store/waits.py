@@ -153,7 +153,13 @@ def wait_settle(run: StepState, spec: WaitSpec, seq: int) -> Any | None:
                 return {"payload": taken.payload}
         if found.due:
             return _time_out(run.id, seq, found)
-        _sleep_until_deadline(run.id, seq, found, doorbell=locked.status != RunStatus.WAITING)
+        _sleep_until_deadline(
+            run.id,
+            seq,
+            found,
+            doorbell=locked.status != RunStatus.WAITING,
+            recheck=spec.recheck_seconds or RECHECK_SECONDS,
+        )
     return None
 
 
@@ -349,7 +355,9 @@ def _resolve(wait_id: int, outcome: Any, *, actor: str, reason: str) -> bool:
     )
 
 
-def _sleep_until_deadline(run_id: str, seq: int, found: OpenWait, *, doorbell: bool) -> None:
+def _sleep_until_deadline(
+    run_id: str, seq: int, found: OpenWait, *, doorbell: bool, recheck: float = RECHECK_SECONDS
+) -> None:
     """WAITING, woken at the deadline by the sweeper (or a short countdown message), or
     earlier by the signal or decision; no worker is held meanwhile.
 
@@ -357,7 +365,7 @@ def _sleep_until_deadline(run_id: str, seq: int, found: OpenWait, *, doorbell: b
     delivery that finds it WAITING already (that countdown arriving early, a duplicate, a
     Resume now) does not: each would ring again, and the wake-up time stands behind it."""
     remaining = found.remaining_seconds
-    wake = sql.at_now_plus(RECHECK_SECONDS) if remaining is None else found.deadline
+    wake = sql.at_now_plus(recheck) if remaining is None else found.deadline
     sql.update(
         sql.RUNS,
         {"status": RunStatus.WAITING, "wake_at": wake, "updated_at": sql.at_now()},

@@ -14,7 +14,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +24,7 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test import TestCase
 
-from agentflow import dispatch, durable, faults, leases, runtime
+from agentflow import _concurrency, dispatch, durable, faults, leases, runtime
 from agentflow.agent.batches import batch_span
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
@@ -51,6 +51,9 @@ class Message:
     seq: int
     #: Seconds the broker would hold it back (a short retry back-off), or None.
     countdown: float | None = None
+    #: The priority the publisher gave it (0-9), or None: none given, or the run's own left
+    #: for the publisher to read (docs/workflows.md, "Priorities").
+    priority: int | None = None
 
 
 @dataclass
@@ -82,7 +85,7 @@ def capture_messages() -> Iterator[Outbox]:
     """
     global _outbox
     with _lock:
-        outer, saved = _outbox, dispatch.send_step
+        outer, saved, saved_many = _outbox, dispatch.send_step, dispatch.send_steps
         if outer is not None:
             owner, outbox = False, outer
         else:
@@ -96,17 +99,28 @@ def capture_messages() -> Iterator[Outbox]:
                 countdown: float | None = None,
                 fresh: dispatch.Fresh | None = None,
                 queue: str | None = None,
+                priority: Any = None,
             ) -> bool:
-                outbox.messages.append(Message(run_id=run_id, seq=seq, countdown=countdown))
+                given = priority if isinstance(priority, int) else None
+                outbox.messages.append(
+                    Message(run_id=run_id, seq=seq, countdown=countdown, priority=given)
+                )
+                return True
+
+            def keep_many(steps: Sequence[tuple[str, int, Any, str | None, int | None]]) -> bool:
+                for run_id, seq, _, _, priority in steps:
+                    outbox.messages.append(Message(run_id=run_id, seq=seq, priority=priority))
                 return True
 
             dispatch.send_step = keep  # type: ignore[assignment]
+            dispatch.send_steps = keep_many  # type: ignore[assignment]
     try:
         yield outbox
     finally:
         if owner:
             with _lock:
                 dispatch.send_step = saved  # type: ignore[assignment]
+                dispatch.send_steps = saved_many  # type: ignore[assignment]
                 _outbox = None
 
 
@@ -298,7 +312,13 @@ def _let_the_wait_pass(run_id: str) -> None:
 
 def _waits_for_someone(run_id: str) -> bool:
     """Waiting for a signal or an approval, its timeout not reached: only a person (or a
-    webhook) moves it on, not time (a timer or a retry back-off is waited out)."""
+    webhook) moves it on, not time (a timer or a retry back-off is waited out); or waiting for
+    its concurrency key, which only another run's end frees."""
+    held = f"{_concurrency.HOLD}:"
+    if WorkflowRun.objects.filter(
+        pk=run_id, status=RunStatus.WAITING, hold__startswith=held
+    ).exists():
+        return True
     if WorkflowRun.objects.filter(pk=run_id, wake_at__lte=Now()).exists():
         return False  # its timeout passed (database clock): the next delivery times it out
     found = durable.snapshot(run_id)

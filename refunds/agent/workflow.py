@@ -21,7 +21,7 @@ from typing import Any
 
 from agentflow import durable
 from agentflow.agent import ToolRecord, tool_result_message
-from refunds import ownership, privacy, steps, timetable, waivers
+from refunds import ownership, priorities, privacy, steps, timetable, waivers
 from refunds.agent import prompts
 from refunds.agent.planner import scripted_refund_model
 from refunds.agent.tools import toolbox
@@ -84,6 +84,9 @@ refund_agent = durable.CodeWorkflow(
     done=rebooked,
     sensitive_input=waivers.STATUS_PAGE_KEY,
     personal=privacy.REFUND_AGENT,
+    priority=priorities.CUSTOMER,
+    concurrency_key=priorities.booking_of,
+    concurrency_limit=priorities.PER_BOOKING,
 )
 refund_agent.compensation("notify_failure", retry=COMPENSATION_RETRY)(steps.notify_failure)
 
@@ -113,6 +116,12 @@ def check_flight(ctx: durable.StepContext) -> dict[str, Any]:
     them) are in the airline's schedule: a refusal the customer can read, before any effect."""
     request = steps.request_of(ctx)
     reference = request.booking_reference.strip().upper()
+    # As the graph's check_cancellation_policy: an earlier request (its runs go one at a time)
+    # may have changed the booking; said after the owner check, before any effect.
+    held = AirlineGateway.from_settings().booking(reference).seat_held
+    changed = priorities.already_changed(request, seat_held=held)
+    if changed:
+        raise durable.PermanentStepError(changed)
     wanted = parse_request(request.message, reference, today=request.created_at.date())
     flight, date = wanted.flight, wanted.date
     if not (flight and date):

@@ -141,6 +141,7 @@ class Seams:
         countdown: float | None = None,
         fresh: Any = None,
         queue: str | None = None,
+        priority: Any = None,
     ) -> bool:
         self.queue.append(Message(run_id=run_id, seq=seq, fresh=fresh, queue=queue))
         return True

@@ -19,6 +19,7 @@ from refunds.sandbox import (
     airline,
     crm,
     faults,
+    flights,
     lookups,
     model,
     stripe_api,
@@ -108,6 +109,12 @@ class Sandbox:
                 "airline.schedule",
                 airline.injected,
                 lambda: airline.get_schedule(request, today=self.today()),
+            )
+        if method == "GET" and path == "/airline/manifest":
+            return self._read(
+                "airline.manifest",
+                airline.injected,
+                lambda: flights.get_manifest(self.store, request),
             )
         if method == "POST" and (match := CANCEL_SEAT.fullmatch(path)):
             return self._effect(airline.cancel_seat(self.store, match.group(1)), request)
@@ -211,6 +218,8 @@ class Sandbox:
             return Response(status=200, body=self.throttle.report())
         if method == "POST" and path == "/_sandbox/forget":
             return stripe_lists.forget(self.store, request.json())
+        if method == "POST" and path == "/_sandbox/airline/cancel-flight":
+            return flights.cancel_flight(self.store, request, today=self.today())
         if method == "POST" and path == "/_sandbox/reset":
             self.store.reset()
             self.barriers.release()

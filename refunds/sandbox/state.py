@@ -62,9 +62,20 @@ CREATE TABLE IF NOT EXISTS faults (
     barrier_timeout_ms INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS unknown_bookings (reference TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS cancelled_flights (
+    flight TEXT NOT NULL,
+    date TEXT NOT NULL,
+    passengers INTEGER NOT NULL,
+    rebooked_date TEXT NOT NULL,  -- the same flight's next day it flies
+    created REAL NOT NULL,
+    PRIMARY KEY (flight, date)
+);
 """
 
-TABLES = ("idempotency_keys", "effects", "emails", "counters", "faults", "unknown_bookings")
+TABLES = (
+    "idempotency_keys", "effects", "emails", "counters", "faults", "unknown_bookings",
+    "cancelled_flights",
+)  # fmt: skip
 
 
 class Store:

@@ -1014,3 +1014,87 @@ def _scheduled(ctx: durable.StepContext) -> dict[str, Any]:
 
 schedule_probe = durable.Workflow("schedule_probe", version=1)
 schedule_probe.step("slot", kind="read")(_scheduled)
+# --- runs that start runs --------------------------------------------------------------------
+def kid_work(ctx: durable.StepContext) -> dict[str, Any]:
+    """A child's one effect; a child whose input says so fails for good after it."""
+    _record(ctx)
+    done = partner.apply(ctx.idempotency_key)
+    if ctx.input.get("fail"):
+        raise durable.PermanentStepError(f"child {ctx.input['i']} was told to fail")
+    return done
+
+
+def kid_undo(ctx: durable.StepContext) -> dict[str, Any]:
+    _record(ctx)
+    return partner.apply(ctx.idempotency_key)
+
+
+#: A child: one effect (undone by `undo_work` if the child is cancelled or fails after it),
+#: then a read. `input["hold"]`: the read blocks until the test releases the child.
+kid = durable.Workflow("family_child", version=1)
+kid.step("work", kind="effect", compensate="undo_work")(kid_work)
+kid.step("after", kind="read")(read)
+kid.compensation("undo_work")(kid_undo)
+
+#: A held child: it blocks in `hold` until the test releases it.
+held_kid = durable.Workflow("family_held_child", version=1)
+held_kid.step("work", kind="effect", compensate="undo_work")(kid_work)
+held_kid.step("hold", kind="read")(held_read)
+held_kid.compensation("undo_work")(kid_undo)
+
+
+def start_kids(ctx: durable.StepContext) -> dict[str, Any]:
+    """`input["n"]` children (`input["fail"]`: the indexes told to fail; `input["held"]`: the
+    indexes that block until released)."""
+    _record(ctx)
+    failing, held_ones = set(ctx.input.get("fail", ())), set(ctx.input.get("held", ()))
+    children = [
+        (
+            held_kid.name if i in held_ones else kid.name,
+            {"i": i, "fail": i in failing},
+            None,
+        )
+        for i in range(ctx.input["n"])
+    ]
+    return {"children": durable.start_children(ctx, children)}
+
+
+def started_kids(ctx: durable.StepContext) -> dict[str, Any] | None:
+    found = durable.started_children(ctx)
+    return {"children": found} if found else None
+
+
+#: start N children -> wait for all -> read; cancelled or failed, it cancels its children.
+family = durable.Workflow("family_parent", version=1)
+family.step("start_kids", kind="effect", reconcile=started_kids, compensate="cancel_kids")(
+    start_kids
+)
+durable.wait_for_children(family, "wait_kids", wait="all")
+family.step("finish", kind="read")(_finish)
+family.compensation("cancel_kids")(durable.cancel_children)
+
+#: The same, waiting for the first child only, and leaving the others when it stops.
+first_of = durable.Workflow("family_first", version=1)
+first_of.step("start_kids", kind="effect", reconcile=started_kids)(start_kids)
+durable.wait_for_children(first_of, "wait_kids", wait="first")
+first_of.step("finish", kind="read")(_finish)
+
+
+# --- priorities and concurrency keys (docs/workflows.md) ----------------------------------------
+#: One read step: a backlog of these is what a run of higher priority must pass.
+one_read = durable.Workflow("queue_one_read", version=1)
+one_read.step("only", kind="read")(read)
+
+
+def _key(input: dict[str, Any]) -> str:
+    return str(input["key"])
+
+
+#: One run per key at a time; `hold` blocks until the test releases the run.
+keyed = durable.Workflow("queue_keyed", version=1, concurrency_key=_key, concurrency_limit=1)
+keyed.step("hold", kind="read")(held_read)
+keyed.step("finish", kind="read")(_finish)
+
+#: One run per key at a time, one quick step: many keys' runs taking turns.
+keyed_quick = durable.Workflow("queue_keyed_quick", version=1, concurrency_key=_key)
+keyed_quick.step("only", kind="read")(read)

@@ -18,7 +18,7 @@ from django.db import connection
 from kombu.utils.url import maybe_sanitize_url
 
 from agentflow import store
-from agentflow.contrib.bench import dbos_peer, partner_limit, takeover, workload
+from agentflow.contrib.bench import dbos_peer, partner_limit, starts, takeover, workload
 from agentflow.contrib.bench.agent_scale import POSITIONS, agent_scale
 from agentflow.contrib.bench.cpu import CpuMeter, CpuPerStep
 from agentflow.contrib.bench.purge import PurgeFigure, purge_at_scale
@@ -71,6 +71,9 @@ class BenchOptions:
     partner_runs: int = 300
     #: Only the partner-limit figures.
     partner_only: bool = False
+    #: Runs started one by one and in bulk (0: skip that figure); only that figure.
+    start_runs: int = 10_000
+    starts_only: bool = False
 
 
 def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict:
@@ -79,6 +82,8 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     report: dict[str, Any] = {"environment": environment(options), "sweep": None}
     if options.partner_only:
         return {**report, "partner_limit": _partner_limit(options, progress)}
+    if options.starts_only:
+        return {**report, "starts": starts.starts(options.start_runs, progress)}
     if not options.skip_sweep:
         progress(f"sweeper query at {options.history:,} finished runs")
         figure = sweep_at_scale(history=options.history, stale=options.stale, progress=progress)
@@ -137,6 +142,7 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         else (None, None)
     )
     report["partner_limit"] = _partner_limit(options, progress) if options.partner_rate else None
+    report["starts"] = starts.starts(options.start_runs, progress) if options.start_runs else None
     report["recovery"] = {"bound_s": takeover.bound_seconds()}
     if child is not None:
         report["recovery"]["child_kill"] = child.as_dict()

@@ -6,6 +6,7 @@ import sqlite3
 from typing import Any
 from urllib.parse import urlsplit
 
+import requests
 from django.conf import settings
 from django.core.management.base import CommandError
 
@@ -20,6 +21,22 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         default_port = urlsplit(settings.SANDBOX_URL).port or 8765
+        parser.add_argument(
+            "action",
+            nargs="?",
+            default="serve",
+            choices=("serve", "cancel-flight"),
+            help="serve (the default), or cancel-flight FLIGHT --date YYYY-MM-DD: the running "
+            "sandbox airline cancels it and sends the refund service its signed notice",
+        )
+        parser.add_argument("flight", nargs="?", help="cancel-flight: the flight, e.g. SK1236")
+        parser.add_argument("--date", help="cancel-flight: the day it was to fly (YYYY-MM-DD)")
+        parser.add_argument(
+            "--passengers",
+            type=whole(1, 1000),
+            default=300,
+            help="cancel-flight: how many passengers it had (default 300)",
+        )
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument(
             "--port", type=whole(1, 65535), default=None, help=f"HTTP port (default {default_port})"
@@ -72,6 +89,9 @@ class Command(BaseCommand):
             )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "cancel-flight":
+            self._cancel_flight(options["flight"], options["date"], options["passengers"])
+            return
         port = options["port"]
         smtp_port = options["smtp_port"]
         if smtp_port is None:
@@ -108,3 +128,48 @@ class Command(BaseCommand):
             # A port taken (or past 65535: --port 65535 puts SMTP on the next), a host or a
             # state file that cannot be used.
             raise CommandError(f"the sandbox cannot start: {exc}") from None
+
+    def _cancel_flight(self, flight: str | None, day: str | None, passengers: int) -> None:
+        """Ask the running sandbox (SANDBOX_URL) to cancel the flight and announce it to
+        REFUNDS_AIRLINE_NOTICES_URL, signed with REFUNDS_AIRLINE_SECRET."""
+        if not flight or not day:
+            raise CommandError(
+                "cancel-flight needs a flight and --date, e.g. SK1236 --date 2027-03-16"
+            )
+        if not settings.REFUNDS_AIRLINE_SECRET:
+            raise CommandError(
+                "set REFUNDS_AIRLINE_SECRET: the refund service refuses unsigned notices"
+            )
+        try:
+            answer = requests.post(
+                f"{settings.SANDBOX_URL.rstrip('/')}/_sandbox/airline/cancel-flight",
+                json={
+                    "flight": flight,
+                    "date": day,
+                    "passengers": passengers,
+                    "notify_url": settings.REFUNDS_AIRLINE_NOTICES_URL,
+                    "secret": settings.REFUNDS_AIRLINE_SECRET,
+                },
+                timeout=30,
+            )
+        except requests.RequestException as exc:
+            raise CommandError(
+                f"the sandbox at {settings.SANDBOX_URL} did not answer: {exc}"
+            ) from None
+        body = (
+            answer.json()
+            if answer.headers.get("Content-Type", "").startswith("application/json")
+            else {}
+        )
+        if answer.status_code != 200:
+            raise CommandError(f"the sandbox refused: {body.get('message') or answer.status_code}")
+        notice, delivered = body["notice"], body["delivered"]
+        if delivered != 200:
+            raise CommandError(
+                f"{notice['flight']} on {notice['date']} is cancelled, but the refund service at "
+                f"{settings.REFUNDS_AIRLINE_NOTICES_URL} answered {delivered or 'nothing'}"
+            )
+        self.stdout.write(
+            f"{notice['flight']} on {notice['date']} cancelled: {notice['passengers']} passengers "
+            f"moved to {notice['rebooked_to']['date']}; the refund service has the notice"
+        )

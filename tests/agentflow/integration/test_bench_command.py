@@ -30,7 +30,7 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
         "--json",
         *("--runs", "4", "--commit-runs", "2", "--history", "300", "--stale", "5"),
         *("--child-kills", "1", "--worker-kills", "0", "--purge-runs", "30"),
-        *("--agent-positions", "4,8"),
+        *("--agent-positions", "4,8", "--start-runs", "30"),
         stdout=out,
         stderr=io.StringIO(),
     )
@@ -78,6 +78,9 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     assert sweep["finished_runs"] >= 300 and sweep["stale_runs"] == 5 and sweep["due_found"] == 5
     assert sweep["query_ms"] > 0
     assert "run_sweep_due" in sweep["plan"]
+    started = report["starts"]
+    assert started["runs"] == 30 and started["ratio"] > 0
+    assert started["one_by_one_runs_per_s"] > 0 and started["bulk_runs_per_s"] > 0
     assert sweep["scrape"]["scrape_ms"] > 0 and len(sweep["scrape"]["scrape_ms_samples"]) == 7
     assert sweep["scrape"]["metric_files"] >= 1
     assert report["environment"]["processes"] == 2

@@ -69,6 +69,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--partner-only", action="store_true", help="only the partner-limit figures"
         )
+        parser.add_argument(
+            "--start-runs",
+            type=whole(0),
+            default=10_000,
+            help="runs started one by one and with start_many (0: skip that figure)",
+        )
+        parser.add_argument(
+            "--starts-only", action="store_true", help="only the runs-started figures"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         _require_migrated()
@@ -87,6 +96,8 @@ class Command(BaseCommand):
             partner_rate=options["partner_rate"],
             partner_runs=options["partner_runs"],
             partner_only=options["partner_only"],
+            start_runs=options["start_runs"],
+            starts_only=options["starts_only"],
         )
         try:
             # This process starts every run it measures: a line each would bury the progress.
@@ -94,7 +105,7 @@ class Command(BaseCommand):
                 report = run_bench(bench, progress=lambda line: self.stderr.write(f"bench: {line}"))
         except BenchError as exc:
             raise CommandError(str(exc)) from None
-        if options["json"] or options["partner_only"]:
+        if options["json"] or options["partner_only"] or options["starts_only"]:
             self.stdout.write(json.dumps(report, indent=None if options["json"] else 2))
             return
         self.stdout.write(render(report))
@@ -210,6 +221,16 @@ def render(report: dict[str, Any]) -> str:
             (
                 "agent worker RSS (MB): started / after the longest run again",
                 f"{memory['started_mb']:.0f} / {memory['after_longest_again_mb']:.0f}",
+            )
+        )
+    started = report.get("starts")
+    if started:
+        rows.append(
+            (
+                f"runs started/s: one by one / start_many ({started['runs']:,} runs, "
+                f"batches of {started['batch']:,}; ratio)",
+                f"{started['one_by_one_runs_per_s']:,.0f} / {started['bulk_runs_per_s']:,.0f} "
+                f"({started['ratio']})",
             )
         )
     for kind, label in (("child_kill", "pool child"), ("worker_kill", "whole worker")):

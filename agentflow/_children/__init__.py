@@ -1,0 +1,227 @@
+"""Runs that start runs, and many runs at once (docs/workflows.md, "Runs that start runs" and
+"Many runs at once"): what `durable.start_many`, `durable.start_children`,
+`durable.wait_for_children` and `durable.cancel_children` do.
+
+A child is an ordinary run with a link to its parent and the position of the step that started
+it. Its business key is derived from that position (`<parent>:<seq>:<key or index>`), so the
+step run again after a crash, a redelivery or a takeover finds the children it started and
+starts none twice. The parent's wait is a signal wait on its own run: each child that ends
+rings the parent (`store.parents`), the wait counts the children again, and once its rule is
+met the parent keeps the report as a signal to itself, which the wait takes in the commit that
+ends it. Counting again on every look, and looking again every RECHECK_SECONDS on its own,
+is what makes a lost doorbell harmless. What happens to the children when the parent fails or
+is cancelled is the parent's compensation to say: `cancel_children` cancels those still
+running (each undoes what it did), and a step without it leaves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from agentflow import _concurrency, _priority, registry, store, telemetry
+from agentflow.conf import settings
+from agentflow.context import StepContext
+from agentflow.exceptions import InvalidInputError, PermanentStepError
+from agentflow.models import WorkflowRun
+from agentflow.registry import DefinitionError, WaitSpec, Workflow
+from agentflow.serialization import NotJSONError, storable_text, to_json
+from agentflow.states import TERMINAL_RUN_STATUSES, StepKind, WaitKind
+from agentflow.store.children import ChildEnd, NewRun
+
+#: What a parent's wait asks for. "all": every child ended; "first": one did.
+WAITS = ("all", "first")
+#: How often a waiting parent counts its children again by itself: the doorbell of a child
+#: whose worker died between its last commit and the ring is repaired within this.
+RECHECK_SECONDS = 30.0
+#: The longest business key a run takes (the column's size).
+KEY_MAX_CHARS = 200
+
+
+def start_many(
+    runs: Iterable[tuple[str, Any, str | None]],
+    *,
+    parent: tuple[str, int] | None = None,
+    priority: int | None = None,
+) -> list[str]:
+    """Start a run for each (workflow, input, business key) and return their ids, in order:
+    a few statements per thousand runs, in the caller's transaction (or one of its own), each
+    first step published once it commits. Idempotent on business keys, as `start` is. Each
+    run's priority and concurrency key are what `start` would give it (`priority`, else its
+    workflow's, else AGENTFLOW_DEFAULT_PRIORITY): a run over its key's cap is created WAITING."""
+    chosen = _priority.given(priority)
+    items = [_new_run(entry, chosen) for entry in runs]
+    if not items:
+        return []
+    ids, created = store.runs_create_many(items, parent=parent)
+    names = {run_id: item.workflow.name for run_id, item in zip(ids, items, strict=True)}
+    for run_id in created:
+        telemetry.run_started(run_id, names[run_id], keep_trace=store.trace_parent_record)
+    return ids
+
+
+def _new_run(entry: tuple[str, Any, str | None], priority: int | None) -> NewRun:
+    try:
+        workflow, given, business_key = entry
+    except (TypeError, ValueError):
+        raise InvalidInputError(
+            f"each run to start is (workflow, input, business_key), not {entry!r}"
+        ) from None
+    definition = registry.latest(workflow)
+    definition.validate()
+    if business_key is not None and not (
+        isinstance(business_key, str)
+        and 0 < len(business_key) <= KEY_MAX_CHARS
+        and storable_text(business_key)
+    ):
+        raise InvalidInputError("a business key is text of 1-200 characters, without NUL")
+    try:
+        payload = to_json({} if given is None else given, "workflow input")
+    except NotJSONError as exc:
+        raise InvalidInputError(str(exc)) from None
+    if priority is None:
+        priority = definition.priority
+    if priority is None:
+        priority = settings.AGENTFLOW_DEFAULT_PRIORITY
+    digest = ""
+    if definition.concurrency_key is not None:
+        key = _concurrency.key_of(definition.name, definition.concurrency_key, payload)
+        digest = _concurrency.digest(definition.name, key)
+    return NewRun(
+        workflow=definition,
+        input=payload,
+        business_key=business_key,
+        priority=priority,
+        concurrency_key=digest,
+    )
+
+
+def start_children(
+    ctx: StepContext,
+    children: Iterable[tuple[str, Any, str | None]],
+    *,
+    priority: int | None = None,
+) -> list[str]:
+    """From a step: start its child runs, each (workflow, input, key), and return their ids.
+
+    Each child's business key is `<this run>:<this step's position>:<key>` (the child's index
+    when `key` is None), so the step run again starts none twice and returns the same ids.
+    `priority`: the children's, as `start_many`'s."""
+    prefix = f"{ctx.run_id}:{ctx.seq}:"
+    keyed = []
+    for index, entry in enumerate(children):
+        try:
+            workflow, given, key = entry
+        except (TypeError, ValueError):
+            raise InvalidInputError(
+                f"each child is (workflow, input, key), not {entry!r}"
+            ) from None
+        keyed.append((workflow, given, prefix + (str(index) if key is None else str(key))))
+    return start_many(keyed, parent=(ctx.run_id, ctx.seq), priority=priority)
+
+
+def started_children(ctx: StepContext) -> list[str]:
+    """The children this step started (empty: none yet): what a reconcile of the step adopts."""
+    return store.children_ids(ctx.run_id, ctx.seq)
+
+
+def wait_for_children(
+    workflow: Workflow, name: str, *, wait: str = "all", next: Callable[[Any], str] | None = None
+) -> None:
+    """Declare step `name` of `workflow`: wait for the children the latest earlier step
+    started, for all of them or for the first to end. WAITING meanwhile, holding no worker;
+    its output is `{"payload": report}` (see `report`)."""
+    if wait not in WAITS:
+        raise DefinitionError(f"{workflow.name}: {name!r}: wait is one of {WAITS}, not {wait!r}")
+
+    def waits_for(ctx: StepContext) -> WaitSpec:
+        started = store.children_started_at(ctx.run_id, ctx.seq)
+        if started is None:
+            raise PermanentStepError(f"{name}: no earlier step of this run started children")
+        signal = f"children:{started}"
+        counts = store.children_counts(ctx.run_id, started)
+        ended = sum(counts.get(status, 0) for status in TERMINAL_RUN_STATUSES)
+        if ended == sum(counts.values()) or (wait == "first" and ended):
+            store.signal_keep(
+                ctx.run_id, signal, report(ctx.run_id, started, wait), signal_id=signal
+            )
+        return WaitSpec(kind=WaitKind.SIGNAL, name=signal, recheck_seconds=RECHECK_SECONDS)
+
+    waits_for.counts_children = True  # type: ignore[attr-defined]  # `store.parents` rings it
+    workflow._add(  # a wait step, as `Workflow.wait_for` declares one
+        name, kind=StepKind.READ, next=next, compensation_only=False, waits_for=waits_for
+    )(_waited)
+
+
+def _waited(ctx: StepContext) -> Any:
+    raise AssertionError(f"{ctx.step}: a wait's output is the engine's record, not a function's")
+
+
+def report(parent_id: str, seq: int, wait: str) -> dict[str, Any]:
+    """What the wait hands its step: `counts` by status, and each child that ended (`run_id`,
+    `workflow`, `business_key`, `status`, `error`; the first's `output` too, for "first"), so a
+    child's failure is a value the parent acts on."""
+    ended = store.children_ended(parent_id, seq, limit=1 if wait == "first" else None)
+    children = [_ending(child, output=wait == "first") for child in ended]
+    return {"wait": wait, "counts": store.children_counts(parent_id, seq), "children": children}
+
+
+def _ending(child: ChildEnd, *, output: bool) -> dict[str, Any]:
+    found = {
+        "run_id": child.run_id,
+        "workflow": child.workflow,
+        "business_key": child.business_key,
+        "status": child.status,
+        "error": child.error,
+    }
+    if output:
+        found["output"] = child.output
+    return found
+
+
+def cancel_children(ctx: StepContext) -> dict[str, Any]:
+    """A compensation to declare for the step that starts children: a parent that fails for
+    good or is cancelled cancels every child still unfinished (each undoes what it did, as
+    `durable.cancel`), and returns `{"cancelled": [ids], "refused": {id: reason}}` (refused:
+    finished or cancelling already). Without it, a parent that stops leaves its children to
+    finish."""
+    return _cancel_active(ctx.run_id, "its parent run failed or was cancelled")
+
+
+def _cancel_active(parent_id: str, reason: str) -> dict[str, Any]:
+    cancelled, refused = [], {}
+    for child in store.children_active(parent_id):
+        try:
+            store.run_cancel(child, actor=f"parent {parent_id}"[:150], reason=reason)
+        except store.ActionRefused as exc:
+            refused[child] = str(exc)
+        else:
+            cancelled.append(child)
+    return {"cancelled": cancelled, "refused": refused}
+
+
+def cancel(run_id: str, *, actor: str, reason: str) -> str | None:
+    """An operator's cancel (`durable.cancel`, the console's Cancel): the run is cancelled, and
+    if its workflow declares `cancel_children` its unfinished children are too, at once, in
+    the operator's request, rather than when the parent's compensation gets its turn behind
+    the children's own steps (the compensation then finds them cancelling, and changes
+    nothing)."""
+    outcome = store.run_cancel(run_id, actor=actor, reason=reason)
+    run = WorkflowRun.objects.filter(pk=run_id).values("workflow", "version").first()
+    workflow = registry.lookup(run["workflow"], run["version"]) if run is not None else None
+    if workflow is not None and any(
+        step.compensation_only and step.fn is cancel_children for step in workflow.steps.values()
+    ):
+        _cancel_active(run_id, f"its parent run was cancelled by {actor}: {reason}")
+    return outcome
+
+
+__all__: Sequence[str] = (
+    "cancel",
+    "cancel_children",
+    "report",
+    "start_children",
+    "start_many",
+    "started_children",
+    "wait_for_children",
+)
