@@ -16,10 +16,14 @@ running (each undoes what it did), and a step without it leaves them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from django.db import transaction
+
 from agentflow import _concurrency, _priority, registry, store, telemetry
+from agentflow._privacy import keystore
 from agentflow.conf import settings
 from agentflow.context import StepContext
 from agentflow.exceptions import InvalidInputError, PermanentStepError
@@ -48,16 +52,41 @@ def start_many(
     a few statements per thousand runs, in the caller's transaction (or one of its own), each
     first step published once it commits. Idempotent on business keys, as `start` is. Each
     run's priority and concurrency key are what `start` would give it (`priority`, else its
-    workflow's, else AGENTFLOW_DEFAULT_PRIORITY): a run over its key's cap is created WAITING."""
+    workflow's, else AGENTFLOW_DEFAULT_PRIORITY): a run over its key's cap is created WAITING.
+    A run of a workflow declaring personal fields is sealed under its subject's key and bound
+    to it, as `start` does one (the distinct subjects' keys read or made together)."""
     chosen = _priority.given(priority)
     items = [_new_run(entry, chosen) for entry in runs]
     if not items:
         return []
-    ids, created = store.runs_create_many(items, parent=parent)
+    subjects = _subjects(items)
+    with transaction.atomic():
+        if subjects:
+            keys = store.subject_keys_for_many(s for s in subjects if s is not None)
+            items = [
+                item if subject is None else dataclasses.replace(item, subject_key=keys[subject])
+                for item, subject in zip(items, subjects, strict=True)
+            ]
+        ids, created = store.runs_create_many(items, parent=parent)
     names = {run_id: item.workflow.name for run_id, item in zip(ids, items, strict=True)}
     for run_id in created:
         telemetry.run_started(run_id, names[run_id], keep_trace=store.trace_parent_record)
     return ids
+
+
+def _subjects(items: Sequence[NewRun]) -> list[str | None]:
+    """Each run's subject (None: its workflow declares nothing personal); [] when none has one
+    or personal fields are not sealed (no master key)."""
+    if not any(item.workflow.personal is not None for item in items) or not keystore.enabled():
+        return []
+    found: list[str | None] = []
+    for item in items:
+        personal = item.workflow.personal
+        try:
+            found.append(None if personal is None else personal.subject_of(item.input))
+        except DefinitionError as exc:
+            raise InvalidInputError(str(exc)) from None
+    return found
 
 
 def _new_run(entry: tuple[str, Any, str | None], priority: int | None) -> NewRun:

@@ -124,8 +124,10 @@ from agentflow.store.steps import (
 from agentflow.store.subject_keys import (
     SubjectErased,
     run_subject_bind,
+    runs_subject_bind_many,
     subject_erase,
     subject_key_for,
+    subject_keys_for_many,
     subject_keys_rewrap,
 )
 from agentflow.store.sweeps import (
@@ -242,6 +244,7 @@ __all__ = [
     "runs_delete",
     "runs_per_build",
     "runs_purge",
+    "runs_subject_bind_many",
     "sensitive_values",
     "server_setting",
     "signal_deliver",
@@ -254,6 +257,7 @@ __all__ = [
     "step_wait_turn",
     "subject_erase",
     "subject_key_for",
+    "subject_keys_for_many",
     "subject_keys_rewrap",
     "superseded_reusable",
     "sweep_due",

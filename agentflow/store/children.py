@@ -19,6 +19,7 @@ from typing import Any
 from django.db import transaction
 
 from agentflow import _concurrency, builds, dispatch
+from agentflow._privacy import scope
 from agentflow.conf import settings
 from agentflow.models import new_run_id
 from agentflow.registry import Workflow
@@ -31,6 +32,7 @@ from agentflow.store.concurrency import (
     concurrency_held_many,
     concurrency_release_on_commit,
 )
+from agentflow.store.subject_keys import runs_subject_bind_many
 
 #: Rows per INSERT: a statement's parameters stay far below Postgres' 65,535 (23 a row).
 BATCH_ROWS = 1000
@@ -45,6 +47,9 @@ class NewRun:
     priority: int | None = None
     #: The digest of its concurrency key (agentflow._concurrency), empty without one.
     concurrency_key: str = ""
+    #: The subject key its workflow's personal fields are sealed under (docs/privacy.md);
+    #: empty: nothing sealed (its workflow declares nothing personal, or no master key).
+    subject_key: str = ""
 
     @property
     def limit(self) -> int | None:
@@ -78,6 +83,7 @@ def runs_create_many(
                 grace=grace,
             )
             created += made.values()
+            _bind(batch, made)
             for offset, item in enumerate(batch):
                 if item.business_key is None:
                     ids[start + offset] = made[offset]
@@ -89,6 +95,28 @@ def runs_create_many(
         _held(runs, ids, admitted, set(created))
         _publish_on_commit(runs, ids, admitted, set(created), build)
     return [i for i in ids if i is not None], created
+
+
+def _bind(batch: Sequence[NewRun], made: dict[int, str]) -> None:
+    """Each run created sealed bound to its subject's key, in its own commit (as `start`)."""
+    bindings = []
+    for offset, run_id in made.items():
+        item = batch[offset]
+        if item.subject_key and item.workflow.personal is not None:
+            bindings.append((run_id, item.subject_key, item.workflow.personal.names()))
+    if bindings:
+        runs_subject_bind_many(bindings)
+
+
+def _stored_input(item: NewRun) -> Any:
+    """The run's input as its column holds it: its personal fields sealed under its subject's
+    key, and nothing sealed under the key of the run whose step starts it."""
+    personal = item.workflow.personal
+    if item.subject_key and personal is not None:
+        with scope.sealing(item.subject_key, personal.fields):
+            return sql.adapt("input", item.input)
+    with scope.run_scope(None):
+        return sql.adapt("input", item.input)
 
 
 def _admit(runs: Sequence[NewRun]) -> list[bool]:
@@ -126,7 +154,7 @@ def _insert(
         )
         params += [
             run_id, item.workflow.name, item.workflow.version,
-            sql.adapt("input", item.input), RunStatus.PENDING if admit else RunStatus.WAITING,
+            _stored_input(item), RunStatus.PENDING if admit else RunStatus.WAITING,
             item.workflow.first_step(), item.business_key,
             grace if admit else WAIT_WAKE_SECONDS, build, build,
             item.workflow.versioning == "pinned",

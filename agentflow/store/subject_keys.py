@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
@@ -33,6 +34,48 @@ def subject_key_for(subject: str) -> str:
     except IntegrityError:  # the same person's first two runs, at once
         return SubjectKey.objects.get(subject_digest=digest, erased_at__isnull=True).id
     return key_id
+
+
+def subject_keys_for_many(subjects: Iterable[str]) -> dict[str, str]:
+    """{subject: the id of their live key} for each subject, made now for those without one,
+    as `subject_key_for` does one's (`durable.start_many`): a read of those that exist, one
+    INSERT per thousand missing, a read of what was made. Each key read or made is remembered
+    unwrapped for this process (`keystore.remember`), so sealing under it reads nothing more."""
+    wanted = sorted(set(subjects))
+    if not wanted:
+        return {}
+    hmac_key = _hmac_key()
+    digests = {subject: keystore.subject_digest(subject, hmac_key) for subject in wanted}
+    found: dict[str, str] = {}
+    for row in _live(list(digests.values())):
+        found[row.subject_digest] = row.id
+        keystore.remember(row.id, keystore.unwrap(row))
+    missing = sorted(set(digests.values()) - found.keys())
+    if missing:
+        master = keys.current_master()
+        if master is None:
+            raise keys.MasterKeyError("no master key is configured (AGENTFLOW_MASTER_KEYS)")
+        rows, secrets_by_id = [], {}
+        for digest in missing:
+            key_id, secret = f"sk_{secrets.token_hex(12)}", os.urandom(keys.KEY_BYTES)
+            nonce, wrapped = keys.seal(master.secret, secret, keystore.aad(key_id))
+            rows.append(
+                SubjectKey(
+                    id=key_id, subject_digest=digest, master_key_id=master.id,
+                    wrapped_nonce=nonce, wrapped=wrapped,
+                )
+            )  # fmt: skip
+            secrets_by_id[key_id] = secret
+        # A person another process gave a key meanwhile keeps theirs (the one live key each).
+        SubjectKey.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
+        for row in _live(missing):
+            found[row.subject_digest] = row.id
+            keystore.remember(row.id, secrets_by_id.get(row.id) or keystore.unwrap(row))
+    return {subject: found[digest] for subject, digest in digests.items()}
+
+
+def _live(digests: Sequence[str]) -> list[SubjectKey]:
+    return list(SubjectKey.objects.filter(subject_digest__in=digests, erased_at__isnull=True))
 
 
 def _hmac_key() -> bytes:
@@ -64,6 +107,15 @@ def _create(key_id: str, digest: str, secret: bytes) -> None:
 def run_subject_bind(run_id: str, key_id: str, fields: list[str]) -> None:
     """Record whose key seals run `run_id`'s personal fields (in the run's own transaction)."""
     RunSubject.objects.get_or_create(run_id=run_id, defaults={"key_id": key_id, "fields": fields})
+
+
+def runs_subject_bind_many(bindings: Sequence[tuple[str, str, list[str]]]) -> None:
+    """`run_subject_bind` for each (run id, key id, fields): one INSERT per thousand."""
+    RunSubject.objects.bulk_create(
+        [RunSubject(run_id=run_id, key_id=key, fields=fields) for run_id, key, fields in bindings],
+        batch_size=1000,
+        ignore_conflicts=True,
+    )
 
 
 def subject_erase(subject: str, *, actor: str, reason: str) -> SubjectErased:

@@ -1014,6 +1014,8 @@ def _scheduled(ctx: durable.StepContext) -> dict[str, Any]:
 
 schedule_probe = durable.Workflow("schedule_probe", version=1)
 schedule_probe.step("slot", kind="read")(_scheduled)
+
+
 # --- runs that start runs --------------------------------------------------------------------
 def kid_work(ctx: durable.StepContext) -> dict[str, Any]:
     """A child's one effect; a child whose input says so fails for good after it."""
