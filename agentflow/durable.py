@@ -38,7 +38,7 @@ from agentflow import (
     telemetry,
 )
 from agentflow._personal_fields import PersonalTextField
-from agentflow._privacy import keystore
+from agentflow._privacy import envelope, keystore
 from agentflow._privacy import scope as privacy
 from agentflow._privacy.personal import Personal
 from agentflow._schedules import Schedule, ScheduleError
@@ -124,6 +124,7 @@ __all__ = [
     "register_links",
     "reject",
     "retry",
+    "seal_personal",
     "signal",
     "snapshot",
     "start",
@@ -269,6 +270,19 @@ def wait_for_children(
 #: A compensation to declare for the step that starts children (docs/workflows.md, "Runs
 #: that start runs"): the parent failed for good or cancelled cancels each unfinished child.
 cancel_children = _children.cancel_children
+
+
+def seal_personal(values: Iterable[tuple[str, Any]]) -> list[Any]:
+    """Each (subject, value) as `value` sealed under that subject's key, in order: what a run
+    holding many people's details (a flight's passengers), and so declaring no one subject,
+    returns for each person's own fields (docs/privacy.md). Kept in any of a run's JSON, it
+    opens as it is read, "erased" once its subject was erased. The subjects' keys are read or
+    made together; without a master key, the values as given."""
+    pairs = list(values)
+    if not pairs or not keystore.enabled():
+        return [value for _, value in pairs]
+    keys = store.subject_keys_for_many(subject.strip() for subject, _ in pairs)
+    return [envelope.seal_value(keys[subject.strip()], value) for subject, value in pairs]
 
 
 def start_many(

@@ -22,7 +22,7 @@ from django.db import transaction
 
 from agentflow import durable
 from agentflow.models import StepCheckpoint
-from refunds import engines, policy, priorities
+from refunds import engines, policy, priorities, privacy
 from refunds.gateways import AirlineGateway, Mailer
 from refunds.models import RefundRequest
 
@@ -31,7 +31,23 @@ WORDS = "My flight {old} was cancelled by the airline. Please move me to {flight
 
 
 def read_manifest(ctx: durable.StepContext) -> dict[str, Any]:
-    return AirlineGateway.from_settings().manifest(ctx.input["flight"], ctx.input["date"])
+    """The airline's manifest, each passenger's e-mail and last name sealed under their own
+    key (refunds.privacy): this run is every passenger's, so it names no one subject, and what
+    it keeps of each is erased with them."""
+    manifest = AirlineGateway.from_settings().manifest(ctx.input["flight"], ctx.input["date"])
+    passengers = manifest["passengers"]
+    sealed = iter(
+        durable.seal_personal(
+            (p["email"].strip().lower(), p[field])
+            for p in passengers
+            for field in ("email", "last_name")
+        )
+    )
+    manifest["passengers"] = [
+        {"reference": p["reference"], "email": next(sealed), "last_name": next(sealed)}
+        for p in passengers
+    ]
+    return manifest
 
 
 def public_id(run_id: str, reference: str) -> str:
@@ -55,6 +71,7 @@ def start_refunds(ctx: durable.StepContext) -> dict[str, Any]:
                 RefundRequest(
                     public_id=ids[p["reference"]],
                     email=p["email"],
+                    email_digest=privacy.email_digest(p["email"]),
                     booking_reference=p["reference"],
                     last_name=p["last_name"],
                     message=words,
@@ -72,7 +89,13 @@ def start_refunds(ctx: durable.StepContext) -> dict[str, Any]:
             [
                 (
                     engines.workflow_name(),
-                    {"refund_id": ids[p["reference"]], "booking_reference": p["reference"]},
+                    {
+                        "refund_id": ids[p["reference"]],
+                        "booking_reference": p["reference"],
+                        # Whose run it is (refunds.privacy): sealed under their key, as the
+                        # request is, and erased with it.
+                        "customer": p["email"].strip().lower(),
+                    },
                     p["reference"],
                 )
                 for p in passengers
