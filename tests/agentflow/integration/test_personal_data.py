@@ -11,8 +11,9 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
 
 from agentflow import durable, store, testing
 from agentflow._privacy import keys, keystore, scope
@@ -246,3 +247,50 @@ def test_commands__bad_input__one_line(command: str, args: list[str], says: str)
         call_command(command, *args)
     assert str(refused.value).startswith(says), refused.value
     assert "\n" not in str(refused.value)
+
+
+def test_start_many__each_run_sealed_under_its_subjects_key_and_bound__in_a_few_statements() -> (
+    None
+):
+    known = start("known.before@example.org")  # a subject whose key exists already
+    emails = [f"p{i}.passenger@example.org" for i in range(400)] + ["known.before@example.org"]
+    runs = [
+        (care.name, {"email": e, "name": f"Name{i}", "note": {"text": NOTE}}, f"bulk-{i}")
+        for i, e in enumerate(emails * 2)  # each subject twice: one key each
+    ]
+    keystore.forget_cached()
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        ids = durable.start_many(runs)
+    writes = [
+        q for q in queries.captured_queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))
+    ]
+    # keys: the hmac key, a read, an insert, a read back; runs: an insert, a read of the keyed
+    # ids, the bindings: far from one per run (802 here).
+    assert len(writes) <= 10, [q["sql"][:80] for q in writes]
+    print(f"\nstart_many of 802 sealed runs, 401 subjects (400 new): {len(writes)} statements")
+
+    stored = rows_text()
+    assert "passenger@example.org" not in stored and '""Name1""' not in stored
+    bound = dict(RunSubject.objects.filter(run_id__in=ids).values_list("run_id", "key_id"))
+    assert len(bound) == len(ids) == 802
+    assert bound[ids[0]] == bound[ids[401]] != bound[ids[1]]  # one key per subject
+    assert bound[ids[400]] == RunSubject.objects.get(run_id=known).key_id
+    assert SubjectKey.objects.count() == 1 + 401  # the hmac key's row, one per subject
+    run = testing.run_to_end(ids[1])
+    assert run.status == durable.RunStatus.COMPLETED, run.error
+    assert {s.name: s.output for s in run.steps}["confirm"]["email"] == emails[1]
+    testing.run_to_end(ids[402])  # the subject's other run: erasure waits for both to end
+
+    call_command("agentflow_erase", subject=emails[1], reason="GDPR #40", actor="dpo")
+    keystore.forget_cached()
+    assert WorkflowRun.objects.get(id=ids[1]).input["email"] == "erased"
+    assert WorkflowRun.objects.get(id=ids[402]).input["name"] == "erased"
+    assert WorkflowRun.objects.get(id=ids[2]).input["email"] == emails[2]
+
+
+def test_start_many__no_master_key__nothing_sealed_or_bound() -> None:
+    with override_settings(AGENTFLOW_MASTER_KEYS=[]):
+        ids = durable.start_many([(care.name, {"email": EMAIL, "name": NAME, "note": {}}, None)])
+    assert WorkflowRun.objects.get(id=ids[0]).input["email"] == EMAIL
+    assert NAME in rows_text()
+    assert not RunSubject.objects.exists()
