@@ -3,12 +3,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from django.db import models
 
 from agentflow import store
 from agentflow._privacy import envelope, keystore
+
+#: Subjects' key ids read (or made) together beforehand (`personal_keys`), by subject.
+_known: ContextVar[dict[str, str] | None] = ContextVar("agentflow_personal_keys", default=None)
+
+
+@contextmanager
+def personal_keys(subjects: Iterable[str]) -> Iterator[None]:
+    """Inside, `PersonalTextField` seals these subjects' rows under their keys read, or made,
+    together now: many people's rows saved at once (a `bulk_create`) cost a few statements
+    rather than one per field and row. Outside a transaction, keys made stay if it fails (a
+    key no row uses is harmless); nothing is read without a master key."""
+    wanted = {str(s).strip().lower() for s in subjects if str(s).strip()}
+    found = store.subject_keys_for_many(wanted) if wanted and keystore.enabled() else {}
+    token = _known.set({**(_known.get() or {}), **found})
+    try:
+        yield
+    finally:
+        _known.reset(token)
+
+
+def _key_for(subject: str) -> str:
+    known = _known.get()
+    if known is not None and subject in known:
+        return known[subject]
+    return store.subject_key_for(subject)
 
 
 class PersonalTextField(models.TextField):
@@ -34,7 +62,7 @@ class PersonalTextField(models.TextField):
             return value
         if envelope.is_sealed_text(value):
             return value
-        return envelope.seal_text(store.subject_key_for(subject), value)
+        return envelope.seal_text(_key_for(subject), value)
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
         return envelope.open_text(value) if isinstance(value, str) else value

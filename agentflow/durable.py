@@ -37,7 +37,7 @@ from agentflow import (
     store,
     telemetry,
 )
-from agentflow._personal_fields import PersonalTextField
+from agentflow._personal_fields import PersonalTextField, personal_keys
 from agentflow._privacy import envelope, keystore
 from agentflow._privacy import scope as privacy
 from agentflow._privacy.personal import Personal
@@ -121,6 +121,7 @@ __all__ = [
     "idempotency_key",
     "may_have_happened",
     "partner_call",
+    "personal_keys",
     "register_links",
     "reject",
     "retry",

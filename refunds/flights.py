@@ -65,7 +65,8 @@ def start_refunds(ctx: durable.StepContext) -> dict[str, Any]:
     words = WORDS.format(old=manifest["flight"], flight=moved["flight"], date=moved["date"])
     passengers = manifest["passengers"]
     ids = {p["reference"]: public_id(ctx.run_id, p["reference"]) for p in passengers}
-    with transaction.atomic():
+    with transaction.atomic(), durable.personal_keys(p["email"] for p in passengers):
+        # Each request sealed under its passenger's key, the keys read or made together.
         RefundRequest.objects.bulk_create(
             [
                 RefundRequest(
