@@ -23,6 +23,11 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "AGENTFLOW_LEASE_SECONDS": (10, "Seconds a claimed step's lease lasts between renewals."),
     "AGENTFLOW_SWEEP_INTERVAL": (1, "Seconds between recovery sweeps (in celery beat)."),
     "AGENTFLOW_SWEEP_BATCH": (1000, "Most runs one sweep re-publishes."),
+    "AGENTFLOW_SWEEP_BACKOFF_MAX_SECONDS": (
+        300.0,
+        "The longest gap between the sweeper's re-publishes of a run no worker answers "
+        "(the gap starts at one lease and doubles).",
+    ),
     "AGENTFLOW_MAX_ATTEMPTS": (8, "Attempts of a step before its run fails (or parks)."),
     "AGENTFLOW_WORKFLOW_MODULES": (
         [],

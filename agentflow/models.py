@@ -45,6 +45,10 @@ class WorkflowRun(models.Model):
     #: When the sweeper should look again if nothing moved: a lease expiry, a retry time,
     #: or an enqueue grace. NULL exactly when the run needs no sweeper (terminal or parked).
     wake_at = models.DateTimeField(null=True, blank=True)
+    #: When the sweeper first re-published it without a worker writing it since (a write sets
+    #: `updated_at`, which the sweeper leaves alone): while nobody answers, the gap to its next
+    #: re-publish doubles from this (`agentflow._sweeps.backoff`). NULL: never rung.
+    rung_at = models.DateTimeField(null=True, blank=True)
     #: The W3C traceparent its steps hang under when tracing is on (see agentflow.tracing),
     #: so a step re-published without one (by the sweeper) stays in the run's trace.
     trace_parent = models.CharField(max_length=55, blank=True, db_default="")

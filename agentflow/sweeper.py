@@ -1,7 +1,8 @@
 """The recovery sweeper (SPEC 3.4): ring the doorbell again for active runs that stopped moving.
 
 It never runs steps itself. It re-publishes runs past their wake-up time (a lost message, a
-lease that ran out, a retry time reached) and, on Postgres, runs whose step's owner has lost its
+lease that ran out, a retry time reached; while no worker answers, each time after a doubled
+gap: `agentflow._sweeps.backoff`) and, on Postgres, runs whose step's owner has lost its
 advisory lock (its process died, on any host: SPEC 3.7), without waiting for the lease. Where
 each goes (the shared queue, or the build queue of a pinned run) and whether a held one may go
 now is `agentflow.routing`'s to say: a pinned run with no live worker of its build is held
@@ -60,13 +61,17 @@ def sweep(*, limit: int | None = None) -> SweepReport:
                     report.errors.append(f"{route.run.id}: {exc}")
         store.sweep_keep_held(still_held, routing.HOLD_RECHECK_SECONDS)
         store.sweep_push([route.run for route in ready])
+    unsent: list[str] = []
     for route in ready:
         run = route.run
         if route.queue is None:
-            dispatch.send_step(run.id, run.seq, priority=run.priority)
+            sent = dispatch.send_step(run.id, run.seq, priority=run.priority)
         else:
-            dispatch.send_step(run.id, run.seq, queue=route.queue, priority=run.priority)
+            sent = dispatch.send_step(run.id, run.seq, queue=route.queue, priority=run.priority)
         report.requeued.append(run.id)
+        if not sent:
+            unsent.append(run.id)
+    _refused(unsent)
     _partner_places()
     _schedule_slots()
     _concurrency_places()
@@ -86,6 +91,17 @@ def _concurrency_places() -> None:
         if outage.unreachable(exc):
             raise
         logger.exception("sweeper: runs waiting for a concurrency key were not looked at")
+
+
+def _refused(run_ids: list[str]) -> None:
+    """Re-publishes the broker refused count as no ring: their runs are tried again a lease
+    on, not a back-off later (docs/how-it-works.md)."""
+    try:
+        store.sweep_unsent(run_ids)
+    except DatabaseError as exc:
+        if outage.unreachable(exc):
+            raise  # the whole pass failed: its caller says so, once per outage
+        logger.exception("sweeper: runs the broker refused keep their back-off this pass")
 
 
 def _partner_places() -> None:

@@ -263,6 +263,11 @@ AGENTFLOW_LEASE_SECONDS = env_int("AGENTFLOW_LEASE_SECONDS", 10, minimum=1)
 # sweep, so this is what recovery takes (the query reads only active runs: ~1-6 ms).
 AGENTFLOW_SWEEP_INTERVAL = env_int("AGENTFLOW_SWEEP_INTERVAL", 1, minimum=1)
 AGENTFLOW_SWEEP_BATCH = env_int("AGENTFLOW_SWEEP_BATCH", 1000, minimum=1)
+# A run re-published with no worker answering is rung again after 1, 2, 4 ... leases, up to
+# this: a burst queued longer than a lease is not flooded with duplicates (docs/how-it-works.md).
+AGENTFLOW_SWEEP_BACKOFF_MAX_SECONDS = env_float(
+    "AGENTFLOW_SWEEP_BACKOFF_MAX_SECONDS", 300.0, minimum=1.0
+)
 AGENTFLOW_MAX_ATTEMPTS = env_int("AGENTFLOW_MAX_ATTEMPTS", 8, minimum=1)
 # The demo workflow `make run` starts (config/workflows.py), beside every installed app's.
 AGENTFLOW_WORKFLOW_MODULES = ["config.workflows", *env_list("AGENTFLOW_WORKFLOW_MODULES", [])]

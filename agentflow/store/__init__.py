@@ -139,6 +139,7 @@ from agentflow.store.sweeps import (
     sweep_keep_held,
     sweep_push,
     sweep_statements,
+    sweep_unsent,
 )
 from agentflow.store.traces import trace_parent_record
 from agentflow.store.turns import PARTNER_HOLD, step_wait_turn
@@ -264,6 +265,7 @@ __all__ = [
     "sweep_keep_held",
     "sweep_push",
     "sweep_statements",
+    "sweep_unsent",
     "trace_parent_record",
     "turn_return",
     "turn_take",

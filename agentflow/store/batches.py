@@ -366,7 +366,7 @@ def _join(run: StepState, first: int, last: int) -> None:
         "status": RunStatus.RUNNING,
         "hold": "",  # a member's partner wait, if it held the reason, is over
         "updated_at": sql.at_now(),
-        "wake_at": sql.keep_if_later("wake_at", threshold_seconds=grace / 2, seconds=grace),
+        "wake_at": sql.keep_if_near("wake_at", threshold_seconds=grace / 2, seconds=grace),
     }
     moved = sql.update(
         sql.RUNS,

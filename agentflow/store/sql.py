@@ -169,6 +169,17 @@ def keep_if_later(column: str, *, threshold_seconds: float, seconds: float) -> E
     )
 
 
+def keep_if_near(column: str, *, threshold_seconds: float, seconds: float) -> Expr:
+    """`keep_if_later`, but a `column` further on than now + `seconds` is pulled back to it: a
+    run the sweeper left alone for a long back-off (docs/how-it-works.md) is due a lease after
+    a worker moves it again, as any moving run is."""
+    return Expr(
+        f"CASE WHEN {column} >= {now_plus()} AND {column} <= {now_plus()} THEN {column} "
+        f"ELSE {now_plus()} END",
+        (float(threshold_seconds), float(seconds), float(seconds)),
+    )
+
+
 @contextmanager
 def cursor() -> Iterator[Any]:
     """A cursor for the store; errors still surface as Django's (IntegrityError, ...).

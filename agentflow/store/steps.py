@@ -579,7 +579,7 @@ def _advance(
     changes.update(
         status=RunStatus.RUNNING,
         current_step=next_step,
-        wake_at=sql.keep_if_later("wake_at", threshold_seconds=grace / 2, seconds=grace),
+        wake_at=sql.keep_if_near("wake_at", threshold_seconds=grace / 2, seconds=grace),
     )
     return changes, seq + 1
 

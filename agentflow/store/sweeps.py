@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentflow import leases
+from agentflow._sweeps import backoff
 from agentflow.conf import settings
 from agentflow.models import RunEvent
 from agentflow.store import sql
@@ -81,6 +82,14 @@ class DueRun:
     pinned: bool = False
     hold: str = ""
     priority: int | None = None
+    #: Seconds since the sweeper first rang for it with no worker writing it since; None when
+    #: this is the first ring (`agentflow._sweeps.backoff` makes the gap to the next of it).
+    unanswered_seconds: float | None = None
+
+
+#: Rung, and no worker wrote the run since: a worker's write sets `updated_at`, the sweeper's
+#: never does. `rung_at` stays at the first ring of the stretch.
+_UNANSWERED = "r.rung_at IS NOT NULL AND r.updated_at <= r.rung_at"
 
 
 def _due_query() -> str:
@@ -88,7 +97,8 @@ def _due_query() -> str:
         SELECT r.id, r.workflow, r.version, r.current_seq, r.status,
                {sql.seconds_since("r.wake_at")},
                (SELECT c.fence FROM {sql.STEPS} c WHERE c.run_id = r.id AND c.seq = r.current_seq),
-               r.build, r.pinned, r.hold, r.priority
+               r.build, r.pinned, r.hold, r.priority,
+               CASE WHEN {_UNANSWERED} THEN {sql.seconds_since("r.rung_at")} END
         FROM {sql.RUNS} r
         WHERE r.status IN ({sql.placeholders(ACTIVE)}) AND r.wake_at <= {sql.now()}
         ORDER BY r.wake_at
@@ -98,6 +108,8 @@ def _due_query() -> str:
 
 #: Runs whose step is IN_PROGRESS under a lease that has not run out, but whose owner's
 #: advisory lock is free: the owner died (on any host). `pg_locks` is read once, into a hash.
+#: Once per claim: a run rung since its (dead) owner's last write waits for its wake-up time, so
+#: a message queued behind a backlog is not re-published at every sweep.
 _ABANDONED_QUERY = f"""
     WITH held AS MATERIALIZED (
         SELECT (l.classid::bigint << 32) | l.objid::bigint AS key FROM pg_locks l
@@ -105,12 +117,13 @@ _ABANDONED_QUERY = f"""
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
     )
     SELECT r.id, r.workflow, r.version, r.current_seq, r.status, 0.0, c.fence,
-           r.build, r.pinned, r.hold, r.priority
+           r.build, r.pinned, r.hold, r.priority, NULL
     FROM {sql.RUNS} r JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = r.current_seq
     WHERE r.status IN ({", ".join(["%s"] * len(ACTIVE))}) AND r.wake_at > now()
       AND c.status = 'IN_PROGRESS' AND c.lease_lock IS NOT NULL AND c.lease_expires_at > now()
       AND c.started_at > {leases.LOCKS_SINCE_SQL} AND c.lease_server = {leases.SERVER_SQL}
       AND NOT EXISTS (SELECT 1 FROM held WHERE held.key = c.lease_lock)
+      AND NOT ({_UNANSWERED})
     LIMIT %s
     FOR UPDATE OF r SKIP LOCKED
 """
@@ -147,7 +160,8 @@ def sweep_due(limit: int) -> list[DueRun]:
             pinned=bool(row[8]),
             hold=row[9],
             priority=row[10],
-            reason=row[11],
+            unanswered_seconds=None if row[11] is None else float(row[11]),
+            reason=row[12],
         )
         for row in rows
     ]
@@ -165,32 +179,60 @@ def sweep_keep_held(runs: list[DueRun], seconds: float) -> None:
 
 
 def sweep_push(runs: list[DueRun]) -> None:
-    """Push the locked runs' wake-up time one enqueue grace on (so the next sweep leaves them
-    alone while their message is delivered) and record one event each (I6). A run that was
-    held is held no more: it is published now."""
+    """Push the locked runs' wake-up time on (so the next sweep leaves them alone while their
+    message is delivered) and record one event each (I6). The gap is one lease at the first
+    ring, doubling while no worker answers (`agentflow._sweeps.backoff`). A run that was held
+    is held no more: it is published now. `updated_at` is left alone: it says when a worker
+    last wrote the run, which is what ends a stretch of rings."""
     if not runs:
         return
-    grace = float(settings.AGENTFLOW_LEASE_SECONDS)
-    sql.execute(
-        f"UPDATE {sql.RUNS} SET wake_at = {sql.now_plus()}, updated_at = {sql.now()}, hold = '' "
-        f"WHERE id IN ({sql.placeholders(runs)})",
-        [grace, *(run.id for run in runs)],
-    )
+    lease = float(settings.AGENTFLOW_LEASE_SECONDS)
+    cap = float(settings.AGENTFLOW_SWEEP_BACKOFF_MAX_SECONDS)
+    graces = {
+        run.id: backoff.grace_seconds(
+            lease=lease, unanswered_seconds=run.unanswered_seconds, cap=cap
+        )
+        for run in runs
+    }
+    by_grace: dict[float, list[str]] = {}
+    for run_id, grace in graces.items():
+        by_grace.setdefault(round(grace, 3), []).append(run_id)
+    for grace, ids in by_grace.items():  # a handful of distinct gaps: lease x 1, 2, 4 ... cap
+        sql.execute(
+            f"UPDATE {sql.RUNS} AS r SET wake_at = {sql.now_plus()}, hold = '', "
+            f"rung_at = CASE WHEN {_UNANSWERED} THEN r.rung_at ELSE {sql.now()} END "
+            f"WHERE id IN ({sql.placeholders(ids)})",
+            [grace, *ids],
+        )
     for run in runs:
         why = (
             "its step's owner is gone"
             if run.reason == "owner_gone"
             else f"{run.late_seconds:.1f} s past its wake-up time"
         )
+        grace = graces[run.id]
         event_add(
             run.id,
             RunEvent.Kind.SWEEP_REQUEUE,
-            f"{run.status} at step {run.seq}, {why}",
+            f"{run.status} at step {run.seq}, {why}; looked at again in {grace:.0f} s",
             actor="sweeper",
             seq=run.seq,
             data={
                 "status": run.status,
                 "reason": run.reason,
                 "late_seconds": round(run.late_seconds, 3),
+                "next_seconds": round(grace, 3),
             },
+        )
+
+
+def sweep_unsent(run_ids: list[str]) -> None:
+    """The broker refused these re-publishes: they were no ring, so the back-off starts over
+    and the next sweep after one lease tries again (a broker back from an outage gets every
+    run within a lease, not a back-off later). A run a worker wrote meanwhile is left alone."""
+    if run_ids:
+        sql.execute(
+            f"UPDATE {sql.RUNS} AS r SET wake_at = {sql.now_plus()}, rung_at = NULL "
+            f"WHERE id IN ({sql.placeholders(run_ids)}) AND {_UNANSWERED}",
+            [float(settings.AGENTFLOW_LEASE_SECONDS), *run_ids],
         )

@@ -11,11 +11,14 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError, connections
+from django.db.models import F
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from agentflow import durable, store, sweeper
 from agentflow.models import RunEvent, WorkflowRun
 from agentflow.states import RunStatus
+from agentflow.testing.processes import publishing_to
 from agentflow.testing.waiting import wait_for
 from tests.support import workflows
 from tests.support.processes import RedisServer
@@ -156,3 +159,49 @@ def test_sweep__two_sweepers_at_once__each_run_republished_exactly_once(
     assert sorted(swept) == sorted(run_ids)
     assert sorted(published(engine)) == sorted((run_id, 1) for run_id in run_ids)
     assert all(requeue_events(run_id) == 1 for run_id in run_ids)
+
+
+def ring_gaps(run_id: str) -> list[float]:
+    """The gap each of the run's re-publishes left before the next (its events, oldest first)."""
+    events = RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.SWEEP_REQUEUE)
+    return [event.data["next_seconds"] for event in events.order_by("id")]
+
+
+def test_sweep__rung_and_unanswered__the_gap_grows_until_a_worker_answers(
+    engine: RedisServer, settings: Any
+) -> None:
+    [run_id] = lost_runs(engine, 1, settings)  # a lease of 1 s
+    past = Now() - timedelta(seconds=1)
+
+    assert sweeper.sweep().requeued == [run_id]  # the first ring: one lease
+    # No worker answered for 10 s since (the run's times moved back, as a queue's wait would).
+    WorkflowRun.objects.filter(pk=run_id).update(
+        rung_at=F("rung_at") - timedelta(seconds=10),
+        updated_at=F("updated_at") - timedelta(seconds=10),
+        wake_at=past,
+    )
+    assert sweeper.sweep().requeued == [run_id]
+    # A worker writes the run (a claim, an advance, a wait): the next ring starts over.
+    WorkflowRun.objects.filter(pk=run_id).update(updated_at=Now(), wake_at=past)
+    assert sweeper.sweep().requeued == [run_id]
+
+    first, unanswered, answered = ring_gaps(run_id)
+    assert first == 1.0 and answered == 1.0
+    assert 11.0 <= unanswered < 13.0  # 10 s unanswered + one lease
+    assert WorkflowRun.objects.get(pk=run_id).wake_at > timezone.now()
+
+
+def test_sweep__the_broker_refuses__the_back_off_starts_over(
+    engine: RedisServer, settings: Any
+) -> None:
+    [run_id] = lost_runs(engine, 1, settings)
+    WorkflowRun.objects.filter(pk=run_id).update(
+        rung_at=Now() - timedelta(seconds=30), updated_at=Now() - timedelta(seconds=31)
+    )
+    with publishing_to("redis://127.0.0.1:1/0"):  # nothing listens there
+        assert sweeper.sweep().requeued == [run_id]
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.rung_at is None  # no ring: the next one is a first ring again, one lease on
+    assert run.wake_at is not None
+    assert run.wake_at <= timezone.now() + timedelta(seconds=2)
