@@ -50,6 +50,9 @@ DONE_SECONDS = max(300.0, PASSENGERS * 6.0)
 #: Customers stop coming after this long even if the batch still runs: customers at a higher
 #: priority take the worker first, so a worker they keep busy leaves the batch little.
 CUSTOMERS_FOR_SECONDS = float(os.environ.get("FLIGHT_CUSTOMERS_FOR_SECONDS", str(DONE_SECONDS)))
+#: The workers' lease: at scale, longer than the batch's queue wait (docs/refunds.md), or every
+#: sweep publishes each queued refund again.
+LEASE_SECONDS = os.environ.get("FLIGHT_LEASE_SECONDS", "5")
 
 
 @pytest.fixture
@@ -65,7 +68,12 @@ def service(live_server: Any, settings: Any, clean_sandbox: SandboxProcess) -> S
 @pytest.fixture
 def worker(service: SandboxProcess, broker: Any) -> Iterator[WorkerProcess]:
     """One worker of two processes on the test's broker (this process publishes there too)."""
-    env = refund_worker_env(service, CELERY_BROKER_URL=broker.url, REDIS_URL=broker.url)
+    env = refund_worker_env(
+        service,
+        CELERY_BROKER_URL=broker.url,
+        REDIS_URL=broker.url,
+        AGENTFLOW_LEASE_SECONDS=LEASE_SECONDS,
+    )
     process = WorkerProcess(concurrency=2, env=env, beat=True)
     try:
         yield process.start(timeout=60)
