@@ -1,9 +1,10 @@
 """One claimed attempt of an effect or llm step: reconcile, call, fenced completion.
 
-The rule for effects (SPEC 3.3a): once an effect's call may have started, the step ends only
-COMPLETED (made, replayed, or found by its reconcile) or parked NEEDS_ATTENTION with "outcome
-unknown" — never FAILED — unless its reconcile proves the effect did not happen. FAILED means
-"did not happen", so a failed run undoes exactly the effects that are known to have happened.
+The rule for effects (docs/protocol.md, "Unknown outcomes"): once an effect's call may have started,
+the step ends only COMPLETED (made, replayed, or found by its reconcile) or parked NEEDS_ATTENTION
+with "outcome unknown" — never FAILED — unless its reconcile proves the effect did not happen.
+FAILED means "did not happen", so a failed run undoes exactly the effects that are known to have
+happened.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class ClaimedAttempt:
         self.run_state, self.workflow, self.step, self.seq = run, workflow, step, seq
         self.claim, self.ctx = claim, ctx
         #: An operator cancelled the run while this effect's outcome was unknown: the attempt
-        #: only asks the partner what happened, and never makes the effect (SPEC 3.3c).
+        #: only asks the partner what happened, and never makes the effect
+        #: (docs/protocol.md, "Operator actions").
         self.settling = run.cancel_requested and self.is_effect and not step.compensation_only
 
     @property
@@ -290,7 +292,8 @@ class ClaimedAttempt:
             message = describe(exc)
             if isinstance(exc, AnswerLost) and self.is_effect and self.step.reconcile is not None:
                 # The call went and its answer was lost: it may have happened, so the retry
-                # asks first, as a takeover does (SPEC 3.3a); never calls again blindly.
+                # asks first, as a takeover does (docs/protocol.md, "Unknown outcomes"); never calls
+                # again blindly.
                 self._resolve_unknown(message, retry=exc)
                 return
             if not self.step.retry.exhausted(attempt):

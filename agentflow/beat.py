@@ -1,4 +1,5 @@
-"""Celery beat with the recovery sweeper and retention in it (SPEC 3.4, 3.8).
+"""Celery beat with the recovery sweeper and retention in it
+(docs/protocol.md, "The sweeper", "Retention").
 
 Every `AGENTFLOW_SWEEP_INTERVAL` seconds beat sweeps itself rather than sending a task: a sweep
 is a few milliseconds of SQL and a handful of publishes, and run here it never waits behind a

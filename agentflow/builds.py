@@ -1,4 +1,5 @@
-"""Which build this process runs (SPEC 3.9), and the Celery queue that is that build's own.
+"""Which build this process runs (docs/deploys.md, "Builds"), and the Celery queue that is that
+build's own.
 
 A build is the code a process runs: `AGENTFLOW_BUILD_ID` when set (a release's git sha, an
 image tag: what production should set, the same in web, worker and beat of a release), else a

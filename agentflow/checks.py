@@ -287,9 +287,9 @@ VISIBILITY_TIMEOUT_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sqs": 1800.0}
 
 @checks.register()
 def celery_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """The Celery settings the protocol stands on (SPEC 3.1): a step message redelivered while
-    its step still runs, a message acked before its step ran, or steps waiting unacked behind
-    a long one each break a promise the engine makes."""
+    """The Celery settings the protocol stands on (docs/protocol.md, "One step, in order"): a step
+    message redelivered while its step still runs, a message acked before its step ran, or steps
+    waiting unacked behind a long one each break a promise the engine makes."""
     conf = current_app.conf
     found: list[checks.CheckMessage] = []
     annotated = _annotations(conf.task_annotations, dispatch.RUN_STEP_TASK)

@@ -9,9 +9,9 @@ from typing import Any
 
 
 def idempotency_key(run_id: str, seq: int, branch: int = 0) -> str:
-    """SPEC §3.2, exactly: the same for every attempt of the step. An agent run forked by
-    an operator names the branch in the keys of its new calls, so none collides with a key a
-    partner already saw for another call."""
+    """docs/protocol.md, "The idempotency key", exactly: the same for every attempt of the step. An
+    agent run forked by an operator names the branch in the keys of its new calls, so none collides
+    with a key a partner already saw for another call."""
     if branch:
         return f"{run_id}_b{branch}_step_{seq}"
     return f"{run_id}_step_{seq}"
@@ -20,7 +20,8 @@ def idempotency_key(run_id: str, seq: int, branch: int = 0) -> str:
 @dataclass(frozen=True, kw_only=True)
 class UndoneCall:
     """The exact call a compensation undoes, as recorded, from whatever branch it ran in: a
-    compensation reads the effect here and never looks it up by name (SPEC 3.3c)."""
+    compensation reads the effect here and never looks it up by name
+    (docs/protocol.md, "Operator actions")."""
 
     name: str
     seq: int
@@ -35,8 +36,9 @@ class UndoneCall:
 
 @dataclass(frozen=True, kw_only=True)
 class Decision:
-    """An operator's answer to a call that waited for approval (SPEC §4 C), as recorded at the
-    call's position: a step that runs after it reads who approved it and why.
+    """An operator's answer to a call that waited for approval
+    (docs/workflows.md, "Timers, signals and approvals"), as recorded at the call's position: a step
+    that runs after it reads who approved it and why.
 
     `actor` and `reason` are internal (the event log, the admin); `reply` is what the decision
     tells the person the run serves, chosen from the call's declared `Replies` or written by the

@@ -43,8 +43,9 @@ def fresh_hint(workflow: Workflow, step: str) -> Fresh | None:
     """The hint that lets the worker claim `step` while it loads the run (see
     `store.state_load_claiming`); None for steps that take no claim.
 
-    A read step gets none: SPEC 3.3 step 2 says a cancelled run does no work, and only its
-    load can tell (a read run straight from its message ran after an operator's cancel)."""
+    A read step gets none: docs/protocol.md, "One step, in order", step 2 says a cancelled run does
+    no work, and only its load can tell (a read run straight from its message ran after an
+    operator's cancel)."""
     found = workflow.steps.get(step)
     # A step that may wait (for approval) is never claimed on load: its wait comes first.
     if found is not None and found.kind in CLAIMED_KINDS and found.waits_for is None:

@@ -451,7 +451,8 @@ def _decide(
 def delete_runs(run_ids: Iterable[str]) -> int:
     """Delete these runs, whatever their status, with their checkpoints and events; return how
     many runs were deleted. For clean-ups after tests and chaos runs, once no worker can run
-    them any more; finished runs age out by themselves (`manage.py purge`, SPEC §3.8)."""
+    them any more; finished runs age out by themselves (`manage.py purge`,
+    docs/protocol.md, "Retention")."""
     return store.runs_delete(ids=run_ids).runs
 
 
@@ -473,8 +474,9 @@ class StepSnapshot:
 
 
 def may_have_happened(step: outcomes.Recorded) -> bool:
-    """Whether this step's effect may have happened (SPEC 3.3a): made, or claimed and not yet
-    proven absent. A page must not say "you have not been charged" while this holds."""
+    """Whether this step's effect may have happened (docs/protocol.md, "Unknown outcomes"): made, or
+    claimed and not yet proven absent. A page must not say "you have not been charged" while this
+    holds."""
     return outcomes.may_have_happened(kind=step.kind, status=step.status, retryable=step.retryable)
 
 
@@ -498,12 +500,12 @@ class RunSnapshot:
     #: While it waits for approval: `{"call", "arguments", "digest", "requested_at",
     #: "expires_at"}`, the exact call an operator approves or rejects.
     pending_approval: dict[str, Any] | None = None
-    #: The build whose code runs it, and the one it started on (SPEC 3.9).
+    #: The build whose code runs it, and the one it started on (docs/deploys.md, "Builds").
     build: str = ""
     started_build: str = ""
     #: Why its step may not start now (empty: nothing holds it): the one reason for every
-    #: hold (SPEC 3.9), e.g. "waiting for a worker of build X", or, while it waits for its turn
-    #: at a partner (a `partner:<key>` hold), "waiting for stripe: rate limit".
+    #: hold (docs/deploys.md, "Builds"), e.g. "waiting for a worker of build X", or, while it waits
+    #: for its turn at a partner (a `partner:<key>` hold), "waiting for stripe: rate limit".
     held: str = ""
     #: The run whose step started it (None: started by `start` or `start_many`).
     parent: str | None = None

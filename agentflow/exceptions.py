@@ -32,9 +32,10 @@ def _rebuild_retryable(message: str, retry_after_seconds: float | None) -> Retry
 
 class AnswerLost(RetryableStepError):
     """The request went and its answer was lost (a timeout, a connection closed mid-call):
-    the effect may have happened (SPEC 3.3a). Its retry goes by a takeover's rule: the step's
-    reconcile asks first (found: adopted; proven absent: called again; cannot tell: the run
-    parks "outcome unknown"); without a reconcile, the idempotency key protects the repeat."""
+    the effect may have happened (docs/protocol.md, "Unknown outcomes"). Its retry goes by a
+    takeover's rule: the step's reconcile asks first (found: adopted; proven absent: called again;
+    cannot tell: the run parks "outcome unknown"); without a reconcile, the idempotency key protects
+    the repeat."""
 
     def __reduce__(self):  # keep the class when pickled
         return (_rebuild_lost, (str(self), self.retry_after_seconds))
@@ -61,7 +62,7 @@ class OutcomeUnknown(AgentflowError):
 class RepeatUnsafe(OutcomeUnknown):
     """A reconcile that cannot ask, for an effect whose partner keeps no idempotency key: the
     call may have happened and repeating it could make it twice, so the step parks "outcome
-    unknown" for a person instead of calling again (SPEC 3.3a)."""
+    unknown" for a person instead of calling again (docs/protocol.md, "Unknown outcomes")."""
 
 
 class UnknownWorkflowError(AgentflowError):
@@ -83,9 +84,9 @@ class PartnerRateLimited(RetryableStepError):
     """The partner refused the call for its rate limit (an HTTP 429): an answer, not a lost one.
 
     The partner did not act, so the attempt is no unknown outcome and needs no reconcile; the
-    limiter slows the partner's key for every run (SPEC 3.10). `reason`: what the partner named
-    (Stripe's `Stripe-Rate-Limited-Reason`); `reset_seconds`: when its window frees up
-    (`x-ratelimit-reset-*`), if it said.
+    limiter slows the partner's key for every run (docs/partner-limits.md, "What happens").
+    `reason`: what the partner named (Stripe's `Stripe-Rate-Limited-Reason`); `reset_seconds`: when
+    its window frees up (`x-ratelimit-reset-*`), if it said.
     """
 
     def __init__(
@@ -129,7 +130,8 @@ def _rebuild_rate_limited(
 class PartnerUnavailable(RetryableStepError):
     """The partner timed out, could not be reached, or answered 5xx: what opens its breaker.
 
-    Like any retryable error of an effect, the call may have happened (SPEC 3.3a)."""
+    Like any retryable error of an effect, the call may have happened
+    (docs/protocol.md, "Unknown outcomes")."""
 
     def __reduce__(self):
         return (_rebuild_unavailable, (str(self), self.retry_after_seconds))

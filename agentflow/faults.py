@@ -1,4 +1,5 @@
-"""Named crash points for tests and demos (SPEC §3.6). Inert unless AGENTFLOW_FAULTS=1."""
+"""Named crash points for tests and demos (docs/protocol.md, "Crash points"). Inert unless
+AGENTFLOW_FAULTS=1."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from django.utils import timezone
 
 logger = logging.getLogger(__name__)
 
-#: Where a step can be made to crash (SPEC §3.6): its claim committed; its partner call
-#: made, before the outcome is recorded; its completion committed, before the next message.
+#: Where a step can be made to crash (docs/protocol.md, "Crash points"): its claim committed; its
+#: partner call made, before the outcome is recorded; its completion committed, before the next
+#: message.
 CRASH_POINTS = ("after_claim", "after_effect", "after_complete")
 
 

@@ -1,7 +1,7 @@
-"""An operator's fork of an agent run (SPEC 3.3c): every effect the fork would set aside
-whose outcome is unknown is first asked of its partner, outside any transaction; the store's
-fenced fork then sets it aside as found (adopted) or absent, and refuses if the partner could not
-tell or anything moved meanwhile. A new branch so never repeats an effect that happened.
+"""An operator's fork of an agent run (docs/protocol.md, "Operator actions"): every effect the fork
+would set aside whose outcome is unknown is first asked of its partner, outside any transaction; the
+store's fenced fork then sets it aside as found (adopted) or absent, and refuses if the partner
+could not tell or anything moved meanwhile. A new branch so never repeats an effect that happened.
 """
 
 from __future__ import annotations

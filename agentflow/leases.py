@@ -1,9 +1,9 @@
 """Who owns a step: this process's owner token, its liveness lock, and lease renewal.
 
-Liveness comes from the database itself (SPEC 3.7): each worker process holds a session-level
-Postgres advisory lock, named by its owner token, on a connection of its own. When the process
-dies, on whatever host, in whatever PID namespace, Postgres ends its session and frees the lock,
-so a checkpoint whose owner's lock is free is provably abandoned and is taken over at once.
+Liveness comes from the database itself (docs/protocol.md, "Liveness"): each worker process holds a
+session-level Postgres advisory lock, named by its owner token, on a connection of its own. When the
+process dies, on whatever host, in whatever PID namespace, Postgres ends its session and frees the
+lock, so a checkpoint whose owner's lock is free is provably abandoned and is taken over at once.
 Nothing here reads `/proc` or compares host names: "cannot tell" is never "dead". A host that
 vanishes without closing its sockets keeps the lock until TCP keepalives end the session; its
 leases run out before that. SQLite (the embedded default) has leases only.

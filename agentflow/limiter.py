@@ -1,5 +1,6 @@
-"""Whether a partner call may go now (SPEC 3.10): the one place that decides it, reached by every
-gateway through `durable.partner_call`, and by model requests (partner `llm`).
+"""Whether a partner call may go now (docs/partner-limits.md, "What happens"): the one place that
+decides it, reached by every gateway through `durable.partner_call`, and by model requests (partner
+`llm`).
 
 A call to a partner named in AGENTFLOW_PARTNER_LIMITS takes a turn from the store before it goes
 and gives it back after, with what the partner said. A step that gets no turn raises
@@ -51,7 +52,8 @@ def step_calls(run_id: str, seq: int) -> Iterator[None]:
 
 def failed_calls() -> int:
     """How many of this step's calls to a limited partner went and failed (anything but a
-    429): a wait after one is no free wait, the attempt was spent (SPEC 3.3a)."""
+    429): a wait after one is no free wait, the attempt was spent
+    (docs/protocol.md, "Unknown outcomes")."""
     return len(_failed.get() or ())
 
 

@@ -223,9 +223,9 @@ def model_cost_saved(*, workflow: str, model: str, saved: Decimal) -> None:
 
 
 def active_runs_query() -> QuerySet[WorkflowRun, tuple[str, str, str, int, int]]:
-    """Active runs and overdue ones by workflow, status and the build they are on (SPEC 3.9),
-    served by `run_sweep_due` (whose predicate is exactly this status list): its cost follows
-    the runs in flight."""
+    """Active runs and overdue ones by workflow, status and the build they are on
+    (docs/deploys.md, "Builds"), served by `run_sweep_due` (whose predicate is exactly this status
+    list): its cost follows the runs in flight."""
     return (
         WorkflowRun.objects.filter(status__in=ACTIVE_RUN_STATUSES)
         .order_by()
@@ -270,12 +270,12 @@ GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("agentflow_runs_needs_attention", "Runs parked for an operator (NEEDS_ATTENTION).",
      ("workflow",)),
     ("agentflow_runs_waiting_for_approval",
-     "Runs waiting for an operator to approve or reject a call (SPEC 4 C).", ("workflow",)),
+     "Runs waiting for an operator to approve or reject a call.", ("workflow",)),
     ("agentflow_sweeper_seconds_since_last_sweep",
      "Seconds since the recovery sweeper last finished a pass, by the database's clock "
      "(+Inf if it never ran against this database).", ()),
     ("agentflow_runs_by_build",
-     "Runs not finished, by the build whose code runs them (SPEC 3.9): a build whose count is "
+     "Runs not finished, by the build whose code runs them: a build whose count is "
      "0 has drained.", ("build",)),
 )  # fmt: skip
 PARTNER_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -409,7 +409,8 @@ BREAKER_VALUES = {"closed": 0, "half_open": 1, "open": 2}
 
 
 def _partner_series(partners: list[Any]) -> dict[str, Series]:
-    """Per limited partner (SPEC 3.10): calls in flight, runs waiting for a turn, the breaker."""
+    """Per limited partner (docs/partner-limits.md, "What happens"): calls in flight, runs waiting
+    for a turn, the breaker."""
     flight: Series = {}
     waiting: Series = {}
     breaker: Series = {}

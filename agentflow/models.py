@@ -40,7 +40,7 @@ class WorkflowRun(models.Model):
     branch = models.PositiveIntegerField(default=0, db_default=0)
     #: The highest fence the checkpoints a fork set aside had: a checkpoint written after it
     #: starts above this, so no fence is used twice at a position and a worker still holding a
-    #: set-aside claim matches nothing in the new branch (SPEC 3.3c).
+    #: set-aside claim matches nothing in the new branch (docs/protocol.md, "Operator actions").
     fence_floor = models.PositiveBigIntegerField(default=0, db_default=0)
     #: When the sweeper should look again if nothing moved: a lease expiry, a retry time,
     #: or an enqueue grace. NULL exactly when the run needs no sweeper (terminal or parked).
@@ -52,8 +52,8 @@ class WorkflowRun(models.Model):
     #: The W3C traceparent its steps hang under when tracing is on (see agentflow.tracing),
     #: so a step re-published without one (by the sweeper) stays in the run's trace.
     trace_parent = models.CharField(max_length=55, blank=True, db_default="")
-    #: The build whose code runs it now (SPEC 3.9): the one it started on, until it moves to
-    #: a newer one that can take it (`agentflow.routing`). Empty: started before builds.
+    #: The build whose code runs it now (docs/deploys.md, "Builds"): the one it started on, until it
+    #: moves to a newer one that can take it (`agentflow.routing`). Empty: started before builds.
     build = models.CharField(max_length=100, blank=True, db_default="")
     #: The build it started on.
     started_build = models.CharField(max_length=100, blank=True, db_default="")
@@ -167,7 +167,8 @@ class StepCheckpoint(models.Model):
     #: The retry budget used: attempts since the last operator retry (which resets it).
     attempts = models.PositiveIntegerField(default=1)
     #: Grows by one with every claim, takeover and operator action on this checkpoint and is
-    #: never reset: every write of a worker is fenced on the number its claim got (SPEC 3.3).
+    #: never reset: every write of a worker is fenced on the number its claim got
+    #: (docs/protocol.md, "One step, in order").
     fence = models.PositiveBigIntegerField(default=1, db_default=1)
     idempotency_key = models.CharField(max_length=120)
     arguments = SealedJSONField(null=True, blank=True)
@@ -175,7 +176,7 @@ class StepCheckpoint(models.Model):
     #: value of the call a replay reads, so it never loads the call's arguments (a model turn's
     #: messages). Empty for graph steps and for calls recorded before the column.
     digest = models.CharField(max_length=64, blank=True, db_default="")
-    #: The build whose code ran (claimed or completed) it last (SPEC 3.9).
+    #: The build whose code ran (claimed or completed) it last (docs/deploys.md, "Builds").
     build = models.CharField(max_length=100, blank=True, db_default="")
     output = SealedJSONField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -183,8 +184,9 @@ class StepCheckpoint(models.Model):
     retryable = models.BooleanField(default=False)
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    #: The owner process's advisory lock (SPEC 3.7): free means the owner is gone, on any host.
-    #: NULL when the owner holds none (SQLite, or its liveness connection was down): lease only.
+    #: The owner process's advisory lock (docs/protocol.md, "Liveness"): free means the owner is
+    #: gone, on any host. NULL when the owner holds none (SQLite, or its liveness connection was
+    #: down): lease only.
     lease_lock = models.BigIntegerField(null=True, blank=True)
     #: The database server that lock was held on (system identifier / timeline): a free lock
     #: says the owner is gone only on that same server, not on a promoted standby or a copy.
@@ -251,7 +253,8 @@ class RunEvent(models.Model):
         OPERATOR_REJECT = "operator_reject", "Rejected by an operator"
         #: A signal's or an approval's timeout passed first (an approval's: the reject path).
         WAIT_TIMED_OUT = "wait_timed_out", "Wait timed out"
-        #: A newer build took the run by rule (SPEC 3.9): `data` has both builds and versions.
+        #: A newer build took the run by rule (docs/deploys.md, "Builds"): `data` has both builds
+        #: and versions.
         UPGRADED = "upgraded", "Moved to a newer build"
         #: A newer build could not take it: it finishes on its own build (`data`: the diff).
         PINNED = "pinned", "Stays on its build"
@@ -318,9 +321,10 @@ class SupersededStep(models.Model):
 
 
 class RunWait(models.Model):
-    """Where a run waits (SPEC §4 C): a timer, a signal or an approval, at one position of one
-    branch. Recorded when the run first gets there, resolved once (the signal's payload, the
-    operator's decision, a timeout), and read back by every replay of that position."""
+    """Where a run waits (docs/workflows.md, "Timers, signals and approvals"): a timer, a signal or
+    an approval, at one position of one branch. Recorded when the run first gets there, resolved
+    once (the signal's payload, the operator's decision, a timeout), and read back by every replay
+    of that position."""
 
     run = models.ForeignKey(
         WorkflowRun, on_delete=models.CASCADE, related_name="waits", db_index=False
@@ -460,8 +464,9 @@ class SweeperHeartbeat(models.Model):
 
 
 class Build(models.Model):
-    """A build (SPEC 3.9): the code a process runs, named by AGENTFLOW_BUILD_ID or a digest of
-    its definitions. Recorded by the first process of it that starts a run or a worker."""
+    """A build (docs/deploys.md, "Builds"): the code a process runs, named by AGENTFLOW_BUILD_ID or
+    a digest of its definitions. Recorded by the first process of it that starts a run or a
+    worker."""
 
     id = models.CharField(primary_key=True, max_length=100)
     #: What it registers (each workflow's version, steps, kinds, compensations): what a newer
@@ -480,7 +485,7 @@ class Build(models.Model):
 
 class BuildWorker(models.Model):
     """A live worker process of a build (its main process): a heartbeat, and on Postgres an
-    advisory lock whose release says at once that it died (SPEC 3.7)."""
+    advisory lock whose release says at once that it died (docs/protocol.md, "Liveness")."""
 
     name = models.CharField(primary_key=True, max_length=200)
     build = models.CharField(max_length=100)
@@ -502,9 +507,9 @@ class BuildWorker(models.Model):
 
 
 class PartnerState(models.Model):
-    """One limited partner's shared state (SPEC 3.10): its key's next free turn, how a 429
-    slowed it, its breaker, an operator's pause. Created on the partner's first call; every
-    worker on every host takes its turns under this row's lock. Times are the database's
+    """One limited partner's shared state (docs/partner-limits.md, "What happens"): its key's next
+    free turn, how a 429 slowed it, its breaker, an operator's pause. Created on the partner's first
+    call; every worker on every host takes its turns under this row's lock. Times are the database's
     clock in epoch seconds: the limiter's arithmetic, without time zones."""
 
     partner = models.CharField(primary_key=True, max_length=100)
@@ -568,8 +573,8 @@ class PartnerState(models.Model):
 
 class PartnerSlot(models.Model):
     """A call to a limited partner in flight: its place under the partner's concurrency limit.
-    Held on a lease with the owner process's liveness lock (SPEC 3.7), so a worker killed
-    mid-call frees it as soon as its process is gone, or when the lease runs out."""
+    Held on a lease with the owner process's liveness lock (docs/protocol.md, "Liveness"), so a
+    worker killed mid-call frees it as soon as its process is gone, or when the lease runs out."""
 
     partner = models.CharField(max_length=100)
     run_id = models.CharField(max_length=40, blank=True)

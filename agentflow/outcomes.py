@@ -1,6 +1,6 @@
-"""Whether an effect may have happened (SPEC 3.3a): the one predicate that cancel, fork,
-compensation plans, once-per-run guards and status pages ask, so none of them can read "it did
-not answer" as "it did not happen".
+"""Whether an effect may have happened (docs/protocol.md, "Unknown outcomes"): the one predicate
+that cancel, fork, compensation plans, once-per-run guards and status pages ask, so none of them can
+read "it did not answer" as "it did not happen".
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What a partner's rate-limit headers say, read once for every gateway: `Retry-After`, Stripe's
-`Stripe-Rate-Limited-Reason`, an LLM provider's `x-ratelimit-*` (SPEC 3.10). Pure."""
+`Stripe-Rate-Limited-Reason`, an LLM provider's `x-ratelimit-*`
+(docs/partner-limits.md, "What happens"). Pure."""
 
 from __future__ import annotations
 

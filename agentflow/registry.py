@@ -1,4 +1,5 @@
-"""Workflow definitions (SPEC §4 A): named, versioned lists of named steps, registered by name."""
+"""Workflow definitions (docs/workflows.md, "A graph of steps"): named, versioned lists of named
+steps, registered by name."""
 
 from __future__ import annotations
 
@@ -47,13 +48,15 @@ def undo_target(name: str) -> tuple[str, int, int | None] | None:
 
 
 def undoing(seq: int, branch: int | None) -> dict[str, Any]:
-    """A compensation checkpoint's recorded arguments: the call it undoes (SPEC 3.3c)."""
+    """A compensation checkpoint's recorded arguments: the call it undoes
+    (docs/protocol.md, "Operator actions")."""
     return {"undoes": {"seq": seq, "branch": branch}}
 
 
 @dataclass(frozen=True, kw_only=True)
 class WaitSpec:
-    """What a step waits for before it runs (SPEC §4 C), as the run reached it.
+    """What a step waits for before it runs (docs/workflows.md, "Timers, signals and approvals"), as
+    the run reached it.
 
     The engine records it at the step's position the first time the run gets there (a timer's
     time, a timeout, the exact call to approve) and decides from that record ever after, so a
@@ -91,12 +94,13 @@ class StepDef:
     kind: StepKind
     fn: StepFn
     retry: RetryPolicy = DEFAULT_RETRY
-    #: Asks the partner whether the effect already happened (SPEC §3.3a): returns the output
-    #: to adopt, None when it certainly did not happen, or raises OutcomeUnknown.
+    #: Asks the partner whether the effect already happened (docs/protocol.md, "Unknown outcomes"):
+    #: returns the output to adopt, None when it certainly did not happen, or raises OutcomeUnknown.
     reconcile: StepFn | None = None
     #: Name of the compensation step that undoes this one after a later permanent failure.
     compensate: str | None = None
-    #: How long the partner keeps idempotency keys; older retries reconcile first (§3.3b).
+    #: How long the partner keeps idempotency keys; older retries reconcile first
+    #: (docs/protocol.md, "The key window").
     key_window_seconds: float | None = None
     #: Branch: given the step's output, the name of the next step (or END).
     next: Callable[[Any], str] | None = None
@@ -109,7 +113,8 @@ class StepDef:
     key: str | None = None
     #: Agent calls: the fingerprint's digest, recorded in a column of its own for replays.
     digest: str = ""
-    #: A timer, a signal or an approval the step waits for before it runs (SPEC §4 C).
+    #: A timer, a signal or an approval the step waits for before it runs
+    #: (docs/workflows.md, "Timers, signals and approvals").
     waits_for: WaitsFor | None = None
     #: Set by the engine once an approval was decided: what `ctx.decision` reads.
     decision: Decision | None = None
@@ -172,8 +177,8 @@ class Workflow:
 
     Names are persisted, so they are given explicitly and never derived from function names.
     Bump `version` whenever steps change. A run in flight moves to the new code only when its
-    recorded steps are all there, in the same order and kind (SPEC 3.9, `agentflow.upgrades`);
-    otherwise it finishes on the build it started on.
+    recorded steps are all there, in the same order and kind (docs/deploys.md, "Builds",
+    `agentflow.upgrades`); otherwise it finishes on the build it started on.
     """
 
     name: str
@@ -182,8 +187,8 @@ class Workflow:
     #: customer), after the compensations of the steps that had taken effect.
     on_failure: str | None = None
     steps: dict[str, StepDef] = field(default_factory=dict)
-    #: "auto": a run moves to a newer build when that build can take it by rule (SPEC 3.9);
-    #: "pinned": every run finishes on the build it started on.
+    #: "auto": a run moves to a newer build when that build can take it by rule
+    #: (docs/deploys.md, "Builds"); "pinned": every run finishes on the build it started on.
     versioning: str = "auto"
     #: Keys of a run's input only deciders and the named readers may read in the admin
     #: (agentflow.sensitive), wherever their values appear in the run: a value that opens what

@@ -1,6 +1,7 @@
-"""Which workers of which build are alive (SPEC 3.9): each worker's main process keeps a row with
-a heartbeat and, on Postgres, an advisory lock of its own, so a SIGKILLed worker is not counted
-a moment after it died, on whatever host (as step owners are: SPEC 3.7).
+"""Which workers of which build are alive (docs/deploys.md, "Builds"): each worker's main process
+keeps a row with a heartbeat and, on Postgres, an advisory lock of its own, so a SIGKILLed worker is
+not counted a moment after it died, on whatever host (as step owners are:
+docs/protocol.md, "Liveness").
 
 Routing reads the roster to send a pinned run's step to its build's queue only while a worker of
 that build is alive, and to hold it otherwise. A worker that starts releases the runs held for

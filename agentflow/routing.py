@@ -1,4 +1,5 @@
-"""Where a step goes and when it may start: decided here, and nowhere else (SPEC 3.9).
+"""Where a step goes and when it may start: decided here, and nowhere else
+(docs/deploys.md, "What happens to a run at its next step").
 
 Temporal decides which worker runs a task in its matching service, never in workflow code; this
 module is ours. Steps, gateways, the runtime and the sweeper never compare builds themselves.
@@ -114,10 +115,11 @@ register(BUILD, _BuildWorkers())
 
 
 class _PartnerTurns:
-    """`partner:<key>`: a step that got no turn at a partner (SPEC 3.10) waits until it may ask
-    for one again. The limiter alone decides whether the call goes (`agentflow.limiter`, its
-    waiters in arrival order); this only says whether asking now is worth a message: not
-    while an operator paused the partner or its breaker is open before its probe time."""
+    """`partner:<key>`: a step that got no turn at a partner
+    (docs/partner-limits.md, "What happens") waits until it may ask for one again. The limiter alone
+    decides whether the call goes (`agentflow.limiter`, its waiters in arrival order); this only
+    says whether asking now is worth a message: not while an operator paused the partner or its
+    breaker is open before its probe time."""
 
     def open(self, keys: Sequence[str]) -> set[str]:
         return store.partners_open(list(keys))

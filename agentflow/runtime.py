@@ -1,8 +1,9 @@
-"""Replay-or-execute one step of a run (SPEC 3.3): the order of operations is the protocol.
+"""Replay-or-execute one step of a run (docs/protocol.md, "One step, in order"): the order of
+operations is the protocol.
 
 This module takes a step message from load to the step's kind: read and db steps run here;
 effect and llm steps are claimed here and carried out by `agentflow.attempts`, which holds the
-rule for effects (SPEC 3.3a).
+rule for effects (docs/protocol.md, "Unknown outcomes").
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
     span = batch_span(run.current_step)
     if seq > run.current_seq and not (span is not None and span[0] <= seq <= span[1]):
         return
-    # Which build's code runs this step (SPEC 3.9): free when it is this one's.
+    # Which build's code runs this step (docs/deploys.md, "Builds"): free when it is this one's.
     admitted = routing.admit(run, seq)
     if admitted is None:
         return  # forwarded to its build's queue, held, or parked: nothing of it runs here
@@ -211,8 +212,9 @@ def _drop_broken_connection() -> None:
 
 
 def _settles_first(kind: str | None, seen: store.CheckpointRow | None) -> bool:
-    """Must a cancel learn first whether the step at `seen` took effect (SPEC 3.3c)? `kind`
-    None: a agent call not replayed yet, which may be an effect."""
+    """Must a cancel learn first whether the step at `seen` took effect
+    (docs/protocol.md, "Operator actions")? `kind` None: a agent call not replayed yet, which may be
+    an effect."""
     if seen is None:
         return False
     if kind is None:
@@ -242,7 +244,8 @@ def _settle_wait(
             kind=seen.kind, status=seen.status, retryable=seen.retryable
         ):
             # Claimed before (approved, or then needing no approval): its effect may have
-            # happened, which a failure would write off as never made (SPEC 3.3a, I8).
+            # happened, which a failure would write off as never made
+            # (docs/protocol.md, "Unknown outcomes", "I8: money").
             store.run_park(
                 run.id,
                 seq,
@@ -262,7 +265,7 @@ def _settle_wait(
 def _next_call(
     run: store.StepState, workflow: CodeWorkflow, seq: int, seen: store.CheckpointRow | None
 ) -> StepDef | None:
-    """Replay the run's function against its recorded calls (SPEC §4 B). Returns its next
+    """Replay the run's function against its recorded calls (docs/agent.md). Returns its next
     call as this task's step, or None when the run was finished, failed or parked instead."""
     outage = _tool_servers_outage(workflow)
     if outage is not None:

@@ -1,4 +1,4 @@
-"""The status vocabulary of runs and steps (SPEC §3.1), shared by every layer."""
+"""The status vocabulary of runs and steps (docs/protocol.md, "Records"), shared by every layer."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ class RunStatus(models.TextChoices):
     #: A step is being worked on, or the next one is queued.
     RUNNING = "RUNNING", "Running"
     #: Backing off after a retryable error, or waiting for a timer, a signal or an approval
-    #: (SPEC §4 C: its `RunWait` row says which); `wake_at` says when it is looked at again.
+    #: (docs/workflows.md, "Timers, signals and approvals": its `RunWait` row says which); `wake_at`
+    #: says when it is looked at again.
     WAITING = "WAITING", "Waiting"
     COMPLETED = "COMPLETED", "Completed"
     #: Failed permanently (after any compensation ran).
     FAILED = "FAILED", "Failed"
     CANCELLED = "CANCELLED", "Cancelled"
-    #: Parked for an operator: the engine will not guess (SPEC §3.3b).
+    #: Parked for an operator: the engine will not guess (docs/protocol.md, "The key window").
     NEEDS_ATTENTION = "NEEDS_ATTENTION", "Needs attention"
 
 
@@ -40,7 +41,8 @@ class StepKind(models.TextChoices):
 
 
 class WaitKind(models.TextChoices):
-    """What a WAITING run waits for at its current position (SPEC §4 C)."""
+    """What a WAITING run waits for at its current position
+    (docs/workflows.md, "Timers, signals and approvals")."""
 
     #: `ctx.sleep` / `Workflow.sleep`: a time, recorded when the run first got there.
     TIMER = "timer", "timer"
@@ -50,7 +52,7 @@ class WaitKind(models.TextChoices):
     APPROVAL = "approval", "approval"
 
 
-#: Kinds whose claim commits before the step runs (SPEC §3.3).
+#: Kinds whose claim commits before the step runs (docs/protocol.md, "One step, in order").
 CLAIMED_KINDS = (StepKind.EFFECT, StepKind.LLM)
 
 ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)

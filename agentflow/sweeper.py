@@ -1,11 +1,12 @@
-"""The recovery sweeper (SPEC 3.4): ring the doorbell again for active runs that stopped moving.
+"""The recovery sweeper (docs/protocol.md, "The sweeper"): ring the doorbell again for active runs
+that stopped moving.
 
 It never runs steps itself. It re-publishes runs past their wake-up time (a lost message, a
 lease that ran out, a retry time reached; while no worker answers, each time after a doubled
 gap: `agentflow._sweeps.backoff`) and, on Postgres, runs whose step's owner has lost its
-advisory lock (its process died, on any host: SPEC 3.7), without waiting for the lease. Where
-each goes (the shared queue, or the build queue of a pinned run) and whether a held one may go
-now is `agentflow.routing`'s to say: a pinned run with no live worker of its build is held
+advisory lock (its process died, on any host: docs/protocol.md, "Liveness"), without waiting for the
+lease. Where each goes (the shared queue, or the build queue of a pinned run) and whether a held one
+may go now is `agentflow.routing`'s to say: a pinned run with no live worker of its build is held
 rather than published to a queue nobody reads.
 Publishing twice is harmless: a duplicate message loses the claim, finds the step completed,
 or finds the run finished. Every decision uses the database's clock.
@@ -29,7 +30,8 @@ logger = logging.getLogger(__name__)
 class SweepReport:
     requeued: list[str] = field(default_factory=list)
     parked: list[str] = field(default_factory=list)
-    #: Pinned runs with no live worker of their build: held, not published (SPEC 3.9).
+    #: Pinned runs with no live worker of their build: held, not published
+    #: (docs/deploys.md, "Builds").
     held: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     query_ms: float = 0.0
@@ -106,7 +108,8 @@ def _refused(run_ids: list[str]) -> None:
 
 def _partner_places() -> None:
     """Places at a partner freed by a lease that ran out or an owner that died go to its
-    oldest waiters (SPEC 3.10): nobody else may call that partner to hand them on."""
+    oldest waiters (docs/partner-limits.md, "What happens"): nobody else may call that partner to
+    hand them on."""
     configured = limits.configured()
     if not configured:
         return

@@ -111,10 +111,11 @@ def purge_task() -> None:
 
 @celeryd_after_setup.connect
 def _consume_this_builds_queue(sender: Any, instance: Any, **kwargs: Any) -> None:
-    """A worker that takes step messages also consumes its build's own queue (SPEC 3.9), where
-    runs that finish on this build are sent; whatever `-Q` said. Celery's documented way to add
-    a queue every worker of a kind consumes (`celeryd_after_setup`, after `-Q` is applied). A
-    worker that consumes no step queue (`-Q emails`) runs no steps and is left alone."""
+    """A worker that takes step messages also consumes its build's own queue
+    (docs/deploys.md, "Builds"), where runs that finish on this build are sent; whatever `-Q` said.
+    Celery's documented way to add a queue every worker of a kind consumes (`celeryd_after_setup`,
+    after `-Q` is applied). A worker that consumes no step queue (`-Q emails`) runs no steps and is
+    left alone."""
     queues = instance.app.amqp.queues
     if dispatch.shared_queue(instance.app) not in queues.consume_from:
         return

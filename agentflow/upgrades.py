@@ -1,5 +1,6 @@
-"""Can this code take a run that another build started (SPEC 3.9)? The rule, by run, without
-running anything: no partner call, no model request, no write.
+"""Can this code take a run that another build started
+(docs/deploys.md, "What happens to a run at its next step")? The rule, by run, without running
+anything: no partner call, no model request, no write.
 
 A graph run is resumed from its checkpoints by step name, so new code can take it when every
 step it recorded is a step of the new definition, in the same order and of the same kind; the

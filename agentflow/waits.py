@@ -1,5 +1,5 @@
-"""A step that waits (SPEC §4 C): before it runs, its timer, signal or approval is settled with
-the store, and the step runs as what that wait decided.
+"""A step that waits (docs/workflows.md, "Timers, signals and approvals"): before it runs, its
+timer, signal or approval is settled with the store, and the step runs as what that wait decided.
 
 Timers and signals end in the wait's outcome, recorded as the step's output (a `read`: nothing
 acts). An approved call runs as declared, with `ctx.decision`; a rejected or timed-out one does

@@ -1,4 +1,5 @@
-"""This site's Django, Celery and engine settings, all read from the environment (SPEC §6).
+"""This site's Django, Celery and engine settings, all read from the environment (docs/settings.md,
+"This repository's site").
 
 Two shapes: with no environment set, the embedded default (SQLite and kombu's filesystem
 transport under `var/`, no server needed); with DATABASE_URL and CELERY_BROKER_URL, the
@@ -271,19 +272,22 @@ AGENTFLOW_SWEEP_BACKOFF_MAX_SECONDS = env_float(
 AGENTFLOW_MAX_ATTEMPTS = env_int("AGENTFLOW_MAX_ATTEMPTS", 8, minimum=1)
 # The demo workflow `make run` starts (config/workflows.py), beside every installed app's.
 AGENTFLOW_WORKFLOW_MODULES = ["config.workflows", *env_list("AGENTFLOW_WORKFLOW_MODULES", [])]
-# The release this process runs (SPEC 3.9): a git sha or an image tag; empty, a digest of the
-# registered workflow definitions. The same in web, worker and beat of one release.
+# The release this process runs (docs/deploys.md, "Builds"): a git sha or an image tag; empty, a
+# digest of the registered workflow definitions. The same in web, worker and beat of one release.
 AGENTFLOW_BUILD_ID = env_str("AGENTFLOW_BUILD_ID", "")
 AGENTFLOW_HOSTNAME = env_str("AGENTFLOW_HOSTNAME", socket.gethostname())
-# Where each worker process holds its liveness lock (SPEC 3.7); empty: the default database;
-# "off": leases alone. Behind PgBouncer in transaction mode, a direct URL to Postgres.
+# Where each worker process holds its liveness lock (docs/protocol.md, "Liveness"); empty: the
+# default database; "off": leases alone. Behind PgBouncer in transaction mode, a direct URL to
+# Postgres.
 AGENTFLOW_LIVENESS_DATABASE_URL = env_str("AGENTFLOW_LIVENESS_DATABASE_URL", "")
 # The longest back-off a partner's Retry-After can ask for.
 AGENTFLOW_MAX_BACKOFF = env_float("AGENTFLOW_MAX_BACKOFF", 300.0, minimum=1.0)
 # How long partners keep idempotency keys unless a step declares its own window (Stripe: 24 h):
-# an effect first attempted longer ago is never retried blindly (SPEC 3.3b).
+# an effect first attempted longer ago is never retried blindly
+# (docs/protocol.md, "The key window").
 AGENTFLOW_KEY_WINDOW_SECONDS = env_float("AGENTFLOW_KEY_WINDOW_SECONDS", 24 * 3600.0)
-# Seconds a call declared requires_approval waits for an operator before it is rejected (SPEC 4 C).
+# Seconds a call declared requires_approval waits for an operator before it is rejected
+# (docs/workflows.md, "Timers, signals and approvals").
 AGENTFLOW_APPROVAL_TIMEOUT = env_float("AGENTFLOW_APPROVAL_TIMEOUT", 48 * 3600.0, minimum=1.0)
 # Tests only (ignored unless AGENTFLOW_FAULTS=1): this process's clock runs this far ahead.
 AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0, minimum=None)
@@ -296,9 +300,10 @@ if not AGENTFLOW_MASTER_KEYS and (
     or env_bool("AGENTFLOW_LOCAL_MASTER_KEY", False)
 ):
     AGENTFLOW_MASTER_KEYS = [keys.local_master_key(VAR_DIR)]
-#: Finished runs older than this are deleted by the beat task (SPEC §3.8); 0 keeps everything.
+#: Finished runs older than this are deleted by the beat task (docs/protocol.md, "Retention"); 0
+#: keeps everything.
 AGENTFLOW_RETENTION_DAYS = env_int("AGENTFLOW_RETENTION_DAYS", 30)
-# Partner limits for the whole fleet (SPEC 3.10, docs/partner-limits.md): JSON such as
+# Partner limits for the whole fleet (docs/partner-limits.md, "What happens"): JSON such as
 # {"stripe": {"rate": "25/s"}}; the engine parses it (check E004 says what is wrong).
 AGENTFLOW_PARTNER_LIMITS = env_str("AGENTFLOW_PARTNER_LIMITS", "")
 # Schedules kept in settings beside those declared in code (docs/schedules.md): JSON such as
@@ -311,7 +316,7 @@ AGENTFLOW_BREAKER_COOLDOWN_SECONDS = env_float(
     "AGENTFLOW_BREAKER_COOLDOWN_SECONDS", 5.0, minimum=0.1
 )
 
-# --- Agent mode (SPEC §4 B) -------------------------------------------------------------------
+# --- Agent mode (docs/agent.md) -------------------------------------------------------------------
 # Unset base URL: agent runs use their workflow's scripted planner, so everything works offline.
 # Set it to any OpenAI-compatible server (with a model name) to let a real model choose tools.
 AGENTFLOW_LLM_BASE_URL = env_str("AGENTFLOW_LLM_BASE_URL", "")

@@ -54,7 +54,7 @@ STRIPE_AUTHORIZATION_SECONDS = 7 * 24 * 3600
 STRIPE_CAPTURE_WINDOW_SECONDS = min(STRIPE_KEY_WINDOW_SECONDS, STRIPE_AUTHORIZATION_SECONDS)
 #: Stripe calls: one attempt's timeout and our retries of what the library would retry (same
 #: key, so safe). They are made here, each request through `partner_call`, not in the library,
-#: so the partner's limit counts every one of them (SPEC 3.10).
+#: so the partner's limit counts every one of them (docs/partner-limits.md, "What happens").
 STRIPE_TIMEOUT_SECONDS = 10
 STRIPE_NETWORK_RETRIES = 2
 #: The library's back-off between those retries: 0.5 s doubling, capped at 5 s, half jittered.
@@ -155,7 +155,7 @@ def _stripe_client(api_key: str, api_base: str) -> stripe.StripeClient:
 
 class PaymentGateway:
     """Stripe through the official library. The key and workflow id go into metadata too, so a
-    payment can be found by its key after a crash (SPEC §3.3a).
+    payment can be found by its key after a crash (docs/protocol.md, "Unknown outcomes").
 
     The fee is held first (manual capture) and taken only once the change is made; a failure
     before that releases the hold, so nothing ever reaches the customer's statement.
@@ -391,14 +391,14 @@ class _BusyNow(RetryableStepError):
 
 @contextmanager
 def _stripe_errors(action: str) -> Iterator[None]:
-    """The facts file's §7.3 table: what Stripe said, and whether the same key may try again."""
+    """What Stripe said, and whether the same key may try again."""
     try:
         yield
     except stripe.CardError as exc:
         raise PermanentStepError(_decline_message(exc)) from exc
     except stripe.RateLimitError as exc:
         if exc.code == "lock_timeout" or _should_retry(exc.headers):
-            # Another request holds the object's lock: not the limiter (the research file).
+            # Another request holds the object's lock: not the limiter.
             raise _BusyNow(f"Stripe is busy with this object ({action})") from exc
         raise PartnerRateLimited.from_headers(
             f"Stripe is rate limiting us ({action})", exc.headers

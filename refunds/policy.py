@@ -17,7 +17,7 @@ class FarePolicy:
     refusal: str = ""
 
 
-#: The rebooking fee is SPEC §5's $45 for standard fares; flex fares change for free.
+#: The rebooking fee is $45 for standard fares (docs/refunds.md); flex fares change for free.
 POLICIES: dict[str, FarePolicy] = {
     "flex": FarePolicy(fare_class="flex", rebookable=True, fee_cents=0),
     "standard": FarePolicy(fare_class="standard", rebookable=True, fee_cents=4500),

@@ -12,7 +12,8 @@ from agentflow.durable import RunStatus, StepStatus
 from refunds import waivers, wording
 from refunds.wording import date_in_words, format_fee
 
-#: The standard fare's change fee (SPEC §5), shown until the run has worked out the real one.
+#: The standard fare's change fee (docs/refunds.md), shown until the run has worked out the real
+#: one.
 DEFAULT_FEE_CENTS = 4500
 
 CHARGE_STEP = "charge_customer"
@@ -233,8 +234,9 @@ def outcome_details(status: str, outputs: Mapping[str, Mapping[str, Any]]) -> tu
 
 
 def archived() -> Progress:
-    """A request whose run retention deleted (SPEC §3.8). Only finished runs are deleted, so it
-    is over; which way it ended went to the customer by e-mail at the time, and is not kept."""
+    """A request whose run retention deleted (docs/protocol.md, "Retention"). Only finished runs are
+    deleted, so it is over; which way it ended went to the customer by e-mail at the time, and is
+    not kept."""
     return Progress(
         outcome="archived",
         headline=wording.ARCHIVED,

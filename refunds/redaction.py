@@ -1,8 +1,9 @@
 """Logs carry no customer e-mail addresses and no status-page ids: both are masked on the way out.
 
-A status-page id is the only key a customer holds to their request (SPEC §6), so a log line
-with one is a log line that lets its reader see the request; an address is personal data that
-an operator never needs in full to follow a run (the run id does that).
+A status-page id is the only key a customer holds to their request
+(docs/refunds.md, "The status page"), so a log line with one is a log line that lets its reader see
+the request; an address is personal data that an operator never needs in full to follow a run (the
+run id does that).
 """
 
 from __future__ import annotations

@@ -18,9 +18,11 @@ from refunds import engines, ownership, priorities, privacy
 from refunds.gateways import AirlineGateway
 from refunds.models import RefundRequest, new_public_id
 
-#: The window REFUNDS_SUBMIT_LIMIT counts in (SPEC §6: "per hour").
+#: The window REFUNDS_SUBMIT_LIMIT counts in
+#: (docs/production.md, "Limits, and the client address behind a proxy": "per hour").
 LIMIT_WINDOW = timedelta(hours=1)
-#: The window REFUNDS_BOOKING_LIMIT and REFUNDS_OWNER_LIMIT count in (SPEC §6: "per day").
+#: The window REFUNDS_BOOKING_LIMIT and REFUNDS_OWNER_LIMIT count in
+#: (docs/production.md, "Limits, and the client address behind a proxy": "per day").
 BOOKING_LIMIT_WINDOW = timedelta(days=1)
 #: The same words from the same customer within this window are the same request: a browser
 #: without a back/forward cache re-fetches the form (a fresh token) when they go back.

@@ -156,7 +156,8 @@ def charge_customer(ctx: StepContext) -> dict[str, Any]:
 
 
 def find_fee_hold(ctx: StepContext) -> dict[str, Any] | None:
-    """Reconcile for `charge_customer` (SPEC §3.3a): the hold made under this step's key.
+    """Reconcile for `charge_customer` (docs/protocol.md, "Unknown outcomes"): the hold made under
+    this step's key.
 
     Finding none proves nothing: Stripe's search index can lag a fresh payment by up to a
     minute, so "not found" is `OutcomeUnknown`. Inside Stripe's 24-hour key window the engine

@@ -1,4 +1,4 @@
-"""Customer-facing refund URLs (SPEC §6)."""
+"""Customer-facing refund URLs (docs/refunds.md, "The status page")."""
 
 from __future__ import annotations
 

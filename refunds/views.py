@@ -122,7 +122,8 @@ def refund_status_json(request: HttpRequest, public_id: str) -> JsonResponse:
             "id": refund.public_id,
             "status": status,
             "workflow_id": refund.workflow_id,
-            # "approval" while a fee waiver waits for our team (SPEC §6), else null.
+            # "approval" while a fee waiver waits for our team (docs/refunds.md, "The status page"),
+            # else null.
             "waiting_for": run.waiting_for if run else None,
             "steps": [
                 {"seq": s.seq, "name": s.name, "status": s.status, "attempts": s.attempts}
@@ -207,7 +208,8 @@ def _snapshot(refund: RefundRequest) -> durable.RunSnapshot | None:
 
 def _purged(refund: RefundRequest, run: durable.RunSnapshot | None) -> bool:
     """The request names a run that no longer exists. The two are created in one transaction,
-    so its run was finished and then deleted by retention (`manage.py purge`, SPEC §3.8)."""
+    so its run was finished and then deleted by retention (`manage.py purge`,
+    docs/protocol.md, "Retention")."""
     return run is None and bool(refund.workflow_id)
 
 

@@ -1,4 +1,4 @@
-"""The refund workflow (SPEC §5): the ordered steps and nothing else."""
+"""The refund workflow (docs/refunds.md): the ordered steps and nothing else."""
 
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ from refunds.gateways import (
 #: v4: a fee waiver the customer asked for, and the policy proposes, waits for an operator's
 #: approval (`request_fee_waiver`) before the fee is worked out, so before the card or the seat
 #: is touched; approved, the fee is 0. v3 runs still in flight were parked, as before.
-#: From here on a change ships as an upgrade that runs in flight survive (SPEC 3.9): each run
-#: moves to the new build at its next step when every step it recorded is still here, in the
-#: same order and kind, and the compensations it may need still exist; otherwise it finishes on
-#: its own build's workers. So add steps rather than rename or reorder the ones runs have
-#: passed, bump `version`, and run `manage.py agentflow_deploy_check` with the new code first
-#: (tests/refunds/acceptance/test_deploys.py deploys a read step just before the fee this way).
-#: (Its first line stays as it is: test_deploys.py writes the next release by editing it.)
+#: From here on a change ships as an upgrade that runs in flight survive
+#: (docs/deploys.md, "Builds"): each run moves to the new build at its next step when every step it
+#: recorded is still here, in the same order and kind, and the compensations it may need still
+#: exist; otherwise it finishes on its own build's workers. So add steps rather than rename or
+#: reorder the ones runs have passed, bump `version`, and run `manage.py agentflow_deploy_check`
+#: with the new code first (tests/refunds/acceptance/test_deploys.py deploys a read step just before
+#: the fee this way). (Its first line stays as it is: test_deploys.py writes the next release by
+#: editing it.)
 refund = durable.Workflow("refund", version=4, on_failure="notify_failure",
                           sensitive_input=waivers.STATUS_PAGE_KEY,
                           personal=privacy.REFUND, priority=priorities.CUSTOMER,

@@ -1,6 +1,6 @@
-"""What the admin shows and does about waits (SPEC §4 C): the call a run waits to have approved,
-every decision made at its positions, and the Approve / Reject verbs for holders of
-`agentflow.approve_workflowrun`.
+"""What the admin shows and does about waits (docs/workflows.md, "Timers, signals and approvals"):
+the call a run waits to have approved, every decision made at its positions, and the Approve /
+Reject verbs for holders of `agentflow.approve_workflowrun`.
 
 Decisions go through the store (`store.wait_decide`), fenced on the run's row lock like every
 operator action; this module only reads waits to show them.

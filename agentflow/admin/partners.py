@@ -1,6 +1,7 @@
-"""The operator's page per partner (SPEC 3.10): its limit, calls in flight, waiting runs, recent
-429s and errors, the breaker; and Pause / Resume by hand, under a permission of their own
-(`agentflow.pause_partnerstate`), each recorded with the operator and the reason.
+"""The operator's page per partner (docs/partner-limits.md, "What happens"): its limit, calls in
+flight, waiting runs, recent 429s and errors, the breaker; and Pause / Resume by hand, under a
+permission of their own (`agentflow.pause_partnerstate`), each recorded with the operator and the
+reason.
 
 The rows are the limiter's and are never edited here: the two actions go through the store.
 A partner key is any name AGENTFLOW_PARTNER_LIMITS gives (a model's `openai/gpt-4o-mini`, a

@@ -127,7 +127,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     @admin.display(description="build")
     def build_block(self, run: WorkflowRun) -> str:
         """The build it is on, why it waits if a build holds it, and, when it is not on this
-        build, whether this build could take it: the first difference as a diff (SPEC 3.9)."""
+        build, whether this build could take it: the first difference as a diff
+        (docs/deploys.md, "Builds")."""
         own = builds.current()
         shown = privacy.attached(run)  # a difference quotes the calls: their arguments masked
         parts: list[str] = [format_html("<code>{}</code> (started on <code>{}</code>)",

@@ -1,4 +1,4 @@
-"""Agent mode (SPEC §4 B): the parts a durable LLM tool loop is built from.
+"""Agent mode (docs/agent.md): the parts a durable LLM tool loop is built from.
 
 Domain code imports from here: `Toolbox`/`ToolContext` to declare tools, `ScriptedModel` and
 `call`/`calls`/`answer` to write an offline planner, the conversation values to read a turn.

@@ -1,7 +1,7 @@
 """What identifies a durable call: its position, kind, name and canonical arguments.
 
 Replay matches a call made now against the checkpoint at the same position. Matching by tool
-name alone (the seed article's memo) would hand the first result of `fetch_booking` to a second
+name alone would hand the first result of `fetch_booking` to a second
 call with other arguments; matching by position and arguments cannot.
 
 A model turn's arguments are the model, every message and every tool. Hashing them whole on

@@ -1,11 +1,11 @@
-"""Agent durable runs (SPEC §4 B): a workflow written as a plain function of a context whose
+"""Agent durable runs (docs/agent.md): a workflow written as a plain function of a context whose
 calls — `ctx.llm`, `ctx.tool`, `ctx.step` — are durable.
 
 Each Celery task replays the function from the top. A call with a checkpoint at its position
 returns the recorded result (no model request, no tool call); the first call without one is
 this task's single new step, which the runtime claims, runs and completes exactly like a graph
-step (SPEC §3), then publishes the next message. A call whose fingerprint (position, kind, name,
-canonical arguments) differs from the recorded one is a divergence: the run is parked with a
+step (docs/protocol.md), then publishes the next message. A call whose fingerprint (position, kind,
+name, canonical arguments) differs from the recorded one is a divergence: the run is parked with a
 readable diff, never replayed against the wrong history.
 
     agent = durable.CodeWorkflow("refund_agent", version=1, toolbox=toolbox, model=planner)
@@ -527,7 +527,8 @@ class AgentContext:
     ) -> Any:
         """Any other durable step of the run (`read`, `effect` or `db`), e.g. a check in code
         before the model is first asked; an effect may ask its partner what happened
-        (`reconcile`, `key_window_seconds`: SPEC §3.3a/b) as a graph step does."""
+        (`reconcile`, `key_window_seconds`: docs/protocol.md, "Unknown outcomes", "The key window")
+        as a graph step does."""
         position = self._next()
         fingerprint = step_fingerprint(position, name, arguments)
         recorded = self._replayed(position, name, fingerprint.digest, lambda: fingerprint)

@@ -106,9 +106,9 @@ class StdioServer:
 
         `description`: what the model reads instead of the server's own. For a side effect
         whose answer was lost (a worker killed after the call, a call that timed out or whose
-        server went away mid-call: SPEC 3.3a), how to learn what it did: `reconcile`, a
-        read-only lookup tool of the same server, called with `{"idempotency_key": key}`,
-        whose result is adopted (empty: it did not happen, so it is called again); or
+        server went away mid-call: docs/protocol.md, "Unknown outcomes"), how to learn what it did:
+        `reconcile`, a read-only lookup tool of the same server, called with `{"idempotency_key":
+        key}`, whose result is adopted (empty: it did not happen, so it is called again); or
         `idempotent=True`, the server keys the effect by the call's idempotency key, so calling
         again is safe. With neither, the run parks "outcome unknown" for a person, never
         calling again blindly.

@@ -1,4 +1,4 @@
-"""The tool registry (the seed article's checklist): declared effects, schemas, checked calls.
+"""The tool registry: declared effects, schemas, checked calls.
 
 Every tool says whether it only reads (`read_only`: it runs as a `read` step) or changes the
 world (`side_effect`: an `effect` step, claimed and committed before it runs, and given the
@@ -157,13 +157,14 @@ class Tool:
     #: The tool that undoes this one when the run fails later (called with the arguments of
     #: this call that it takes, e.g. `charge_customer` -> `refund_fee(refund_id)`).
     compensate: str | None = None
-    #: How long the partner keeps idempotency keys (SPEC §3.3b).
+    #: How long the partner keeps idempotency keys (docs/protocol.md, "The key window").
     key_window_seconds: float | None = None
     #: How many calls of this tool one run may make that ran (None: no limit, for reads);
     #: the next is refused, so one fee never buys a second boarding pass.
     max_calls: int | None = None
     #: True, or a predicate of the call's validated arguments: such a call waits for an
-    #: operator's approval of exactly those arguments before it runs (SPEC §4 C).
+    #: operator's approval of exactly those arguments before it runs
+    #: (docs/workflows.md, "Timers, signals and approvals").
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False
     #: What else the operator reads to decide such a call, from the run (not from the model):
     #: given the step's context and the call's arguments; the decision binds to both.

@@ -1,5 +1,5 @@
-"""Durable time and people in agent runs (SPEC §4 C): `ctx.sleep`, `ctx.sleep_until`,
-`ctx.wait_for`, and the approval a tool call waits for.
+"""Durable time and people in agent runs (docs/workflows.md, "Timers, signals and approvals"):
+`ctx.sleep`, `ctx.sleep_until`, `ctx.wait_for`, and the approval a tool call waits for.
 
 Each wait is a durable call at its position like any other: the first replay that reaches it
 records the wait and the run goes WAITING; once it is over (the time came, the signal or the

@@ -230,11 +230,11 @@ def batch_wait_turn(
     why: str,
     seconds: float,
 ) -> bool:
-    """Member `seq` got no turn at `partner` (SPEC 3.10): it waits `seconds` and runs again,
-    no attempt spent; its siblings go on and the batch joins once it too is recorded. The run
-    stays as it is (its other members run, RUNNING) but holds the reason as a step's wait
-    does (`hold` `partner:<key>`, the held event the run page reads) until the member goes
-    (`batch_member_goes`) or the batch joins; a sibling's record leaves it. The member's
+    """Member `seq` got no turn at `partner` (docs/partner-limits.md, "What happens"): it waits
+    `seconds` and runs again, no attempt spent; its siblings go on and the batch joins once it too
+    is recorded. The run stays as it is (its other members run, RUNNING) but holds the reason as a
+    step's wait does (`hold` `partner:<key>`, the held event the run page reads) until the member
+    goes (`batch_member_goes`) or the batch joins; a sibling's record leaves it. The member's
     message is a countdown marked as its own (`dispatch.member_hint`: no doorbell for the
     batch), and the run's wake-up time is put at least that far on so the sweeper rings for
     the batch only after it (a lost message costs latency, never the run). False when fenced."""
@@ -331,7 +331,7 @@ def _write(
 ) -> None:
     """Insert the member's checkpoint, or update the one a failed attempt left (fenced on its
     fence; the run's row lock already keeps every other member writer out), naming the build
-    whose code ran it, as every other checkpoint does (SPEC 3.9)."""
+    whose code ran it, as every other checkpoint does (docs/deploys.md, "Builds")."""
     changes = {**changes, "build": builds.current()}
     if seen is None:
         sql.insert(

@@ -1,6 +1,6 @@
-"""Builds and where runs stand on them (SPEC 3.9): the builds table, live workers per build, and
-the fenced writes that move a run to a newer build, pin it to its own, hold it until it may
-start, and release it. The decisions are `agentflow.routing`'s; these only record them.
+"""Builds and where runs stand on them (docs/deploys.md, "Builds"): the builds table, live workers
+per build, and the fenced writes that move a run to a newer build, pin it to its own, hold it until
+it may start, and release it. The decisions are `agentflow.routing`'s; these only record them.
 
 Each write is a compare-and-set on what the decision read (the run's build, its position, that
 it is active, that no live claim is running its step), so two workers of different builds racing

@@ -1,4 +1,5 @@
-"""The run's event log (SPEC 3.1, I6): every event is written here, stamped by the database."""
+"""The run's event log (docs/protocol.md, "Records", "I6: recorded"): every event is written here,
+stamped by the database."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """An operator's fork of an agent run: its calls from a position on are set aside as
 superseded history and it continues there on a new branch.
 
-A fork never sets aside what it does not know (SPEC 3.3c): it is refused while any call is
-IN_PROGRESS with a live owner, while the run's undo has started, and past an effect that may
-have happened unless the partner was asked just before (`Settled`) and nothing moved since.
+A fork never sets aside what it does not know (docs/protocol.md, "Operator actions"): it is refused
+while any call is IN_PROGRESS with a live owner, while the run's undo has started, and past an
+effect that may have happened unless the partner was asked just before (`Settled`) and nothing moved
+since.
 """
 
 from __future__ import annotations

@@ -118,7 +118,8 @@ def refuse_if_undone(run: WorkflowRun) -> None:
 def _resume_failed(run: WorkflowRun) -> tuple[int, str]:
     """Where a failed run resumes: its failed forward step, at the same seq if nothing ran
     after it, else at a new seq (the compensation steps that told the customer took the ones
-    after it). The failed attempt's effect did not happen (SPEC 3.3a), so a new key is safe."""
+    after it). The failed attempt's effect did not happen (docs/protocol.md, "Unknown outcomes"), so
+    a new key is safe."""
     refuse_if_undone(run)
     workflow = registry.lookup(run.workflow, run.version)
     if workflow is None:
@@ -193,9 +194,10 @@ def run_cancel(run_id: str, *, actor: str, reason: str) -> str | None:
     told (the `on_failure` step); then it ends CANCELLED. A step in flight finishes first, so
     its outcome is known before anything is undone: the cancel is recorded as requested and the
     worker that moves the run on carries it out. An effect that may have happened (its answer
-    lost, backing off, or parked "outcome unknown") is settled first (SPEC 3.3c): a worker asks
-    the partner, adopts it if found (then it is undone), and parks the run "outcome unknown" if
-    the partner cannot tell. Refused while the run is already undoing a failure.
+    lost, backing off, or parked "outcome unknown") is settled first
+    (docs/protocol.md, "Operator actions"): a worker asks the partner, adopts it if found (then it
+    is undone), and parks the run "outcome unknown" if the partner cannot tell. Refused while the
+    run is already undoing a failure.
 
     Returns None when the run ended CANCELLED at once, else what happens next, in words.
     """

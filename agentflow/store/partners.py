@@ -1,5 +1,6 @@
-"""The rows of partner limits (SPEC 3.10): a partner's turns, places in flight, waiters and
-breaker, all taken under the partner's row lock so every worker on every host sees one truth.
+"""The rows of partner limits (docs/partner-limits.md, "What happens"): a partner's turns, places in
+flight, waiters and breaker, all taken under the partner's row lock so every worker on every host
+sees one truth.
 
 A turn is decided in one short transaction: lock the partner's row (its time read after the
 lock, from the database's clock), read who waits and what is in flight, then write the

@@ -1,4 +1,5 @@
-"""Deleting runs with their checkpoints and events: retention (SPEC §3.8) and clean-ups.
+"""Deleting runs with their checkpoints and events: retention (docs/protocol.md, "Retention") and
+clean-ups.
 
 Set-based SQL, children first, at most `MAX_BATCH` runs per transaction: Django's
 `on_delete=CASCADE` is emulated in Python (it fetches every row it deletes), and one big
@@ -21,8 +22,8 @@ from agentflow.models import WorkflowRun
 from agentflow.states import TERMINAL_RUN_STATUSES
 from agentflow.store import sql
 
-#: Runs per transaction (SPEC §3.8): about 12,000 rows with their checkpoints and events, a
-#: fraction of a second of locks and WAL, however large the backlog.
+#: Runs per transaction (docs/protocol.md, "Retention"): about 12,000 rows with their checkpoints
+#: and events, a fraction of a second of locks and WAL, however large the backlog.
 MAX_BATCH = 1000
 RUNS = WorkflowRun._meta.db_table
 

@@ -442,7 +442,8 @@ def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[
     names the exact call it undoes.
 
     Known, because an effect whose outcome is unknown cannot be undone blindly: cancel and fork
-    ask the partner first, and the forward path never moves past one (SPEC 3.3a)."""
+    ask the partner first, and the forward path never moves past one
+    (docs/protocol.md, "Unknown outcomes")."""
     done = StepCheckpoint.objects.filter(run_id=run_id, seq__lt=before_seq).order_by("-seq")
     # A call of a forked run that adopted an earlier branch's call made no request of its own:
     # the effect under its key is that call's.

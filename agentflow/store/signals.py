@@ -1,6 +1,7 @@
-"""Signals from anywhere (SPEC §4 C): kept the moment they arrive, exactly once per `signal_id`,
-and consumed by a `wait_for` of their name (`store.waits.signal_take`); and the receipts of
-signed partner webhooks, which refuse the same signed request twice.
+"""Signals from anywhere (docs/workflows.md, "Timers, signals and approvals"): kept the moment they
+arrive, exactly once per `signal_id`, and consumed by a `wait_for` of their name
+(`store.waits.signal_take`); and the receipts of signed partner webhooks, which refuse the same
+signed request twice.
 
 A signal does not need its run to be waiting for it: a partner's webhook often arrives before
 the run reaches `wait_for` (DBOS keeps every `send` until a `recv` reads it; Temporal keeps a

@@ -68,7 +68,8 @@ def databases_changed(*, setting: str, **kwargs: Any) -> None:
 
 def now() -> str:
     """The database's clock as SQL: every time comparison is made with it, never with a
-    worker's (SPEC 3.3), so a host whose clock is off cannot decide anything."""
+    worker's (docs/protocol.md, "One step, in order"), so a host whose clock is off cannot decide
+    anything."""
     if postgres():
         return "now()"
     return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
@@ -100,8 +101,8 @@ def db_now() -> datetime:
 
 def owner_gone(alias: str) -> str:
     """SQL, true when the checkpoint's owner process has provably lost its advisory lock
-    (SPEC 3.7): it died, on whatever host, or its liveness connection did. False without a
-    lock to look at (SQLite, an owner that held none, a claim older than the server's last
+    (docs/protocol.md, "Liveness"): it died, on whatever host, or its liveness connection did. False
+    without a lock to look at (SQLite, an owner that held none, a claim older than the server's last
     restart or crash of any of its processes, which freed every lock (`leases.LOCKS_SINCE_SQL`),
     or one made on another server: a promoted standby or a restored copy has every lock free):
     "cannot tell" is never "dead".
@@ -123,10 +124,11 @@ def owner_gone(alias: str) -> str:
 
 
 def claimable(alias: str) -> str:
-    """SQL, true when the checkpoint may be claimed now (SPEC 3.3 step 3): a retryable FAILED
-    attempt whose retry time has come, or an IN_PROGRESS one whose lease ran out or whose owner
-    is gone. Decided with the database's clock at the moment of the write, so a renewal that
-    committed after the caller's read is never overwritten."""
+    """SQL, true when the checkpoint may be claimed now
+    (docs/protocol.md, "One step, in order", step 4): a retryable FAILED attempt whose retry time
+    has come, or an IN_PROGRESS one whose lease ran out or whose owner is gone. Decided with the
+    database's clock at the moment of the write, so a renewal that committed after the caller's read
+    is never overwritten."""
     n = now()
     return f"""(CASE
         WHEN {alias}.status = 'FAILED' THEN

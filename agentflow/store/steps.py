@@ -74,7 +74,8 @@ class StepState:
     #: Past its wake-up time (database clock): nothing has moved it for too long.
     overdue: bool
     checkpoint: CheckpointRow | None
-    #: The build whose code runs it (SPEC 3.9); pinned to it; what holds it (see the model).
+    #: The build whose code runs it (docs/deploys.md, "Builds"); pinned to it; what holds it (see
+    #: the model).
     build: str = ""
     pinned: bool = False
     hold: str = ""
@@ -208,7 +209,7 @@ def state_load_claiming(
         return state_load(run_id, seq), None
     owner, lock, server = leases.current_owner()
     lease = _lease_seconds()
-    build = builds.current()  # only a worker of the run's build claims (SPEC 3.9)
+    build = builds.current()  # only a worker of the run's build claims (docs/deploys.md, "Builds")
     params = [
         RunStatus.RUNNING, lease,
         run_id, seq, RunStatus.PENDING, RunStatus.RUNNING,
@@ -239,7 +240,8 @@ def state_load_claiming(
 
 
 def claim_blocker(cp: CheckpointRow | None) -> str | None:
-    """Why checkpoint `cp` cannot be claimed now, or None when it can (SPEC 3.3 step 3)."""
+    """Why checkpoint `cp` cannot be claimed now, or None when it can
+    (docs/protocol.md, "One step, in order", step 4)."""
     if cp is None or cp.claimable:
         return None
     if cp.status == StepStatus.COMPLETED:
@@ -517,7 +519,7 @@ def _as_decided(run: StepState) -> dict[str, Any]:
         "cancel_requested": run.cancel_requested,
         "branch": run.branch,
         # The build is part of what decided: a worker of another build never claims or
-        # completes anything of a run that moved (SPEC 3.9, rollback).
+        # completes anything of a run that moved (docs/deploys.md, "Builds", rollback).
         "build": run.build,
     }
 

@@ -77,7 +77,8 @@ class DueRun:
     late_seconds: float
     #: The checkpoint's fence at `seq` (None if it has none), to fence a park on.
     fence: int | None
-    #: Where it stands on builds (SPEC 3.9): `agentflow.routing` decides where it goes.
+    #: Where it stands on builds (docs/deploys.md, "Builds"): `agentflow.routing` decides where it
+    #: goes.
     build: str = ""
     pinned: bool = False
     hold: str = ""

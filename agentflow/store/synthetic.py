@@ -184,11 +184,11 @@ def floor_run_create(workflow: str) -> str:
 
 
 def floor_step(run_id: str, seq: int, *, effect: bool, last: bool) -> None:
-    """One step of the protocol floor: only the writes SPEC 3.3 requires of a step, through the
-    engine's own statement, with nothing around them (no load of the run, no decisions, no
-    telemetry). A `read` is its completing write; an `effect` its claim, committed and flushed
-    before the call, then its fenced completion. Both commit as the engine's do: the
-    completion that ends the run waits for the disk, earlier completions do not."""
+    """One step of the protocol floor: only the writes docs/protocol.md, "One step, in order"
+    requires of a step, through the engine's own statement, with nothing around them (no load of the
+    run, no decisions, no telemetry). A `read` is its completing write; an `effect` its claim,
+    committed and flushed before the call, then its fenced completion. Both commit as the engine's
+    do: the completion that ends the run waits for the disk, earlier completions do not."""
     checkpoint = {
         "run_id": run_id,
         "seq": seq,

@@ -1,6 +1,6 @@
-"""A step that waits for its turn at a partner (SPEC 3.10): its checkpoint and its run, written so
-that a wait spends no attempt, holds no worker and never turns "may have happened" into "did not
-happen" (SPEC 3.3a).
+"""A step that waits for its turn at a partner (docs/partner-limits.md, "What happens"): its
+checkpoint and its run, written so that a wait spends no attempt, holds no worker and never turns
+"may have happened" into "did not happen" (docs/protocol.md, "Unknown outcomes").
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ def step_wait_turn(
     again before anything (so does one whose call may have happened and whose reconcile was
     refused its turn: `unknown`); any other becomes retryable FAILED, which "may have happened" as
     well. `spent`: a call of this attempt went and failed, so the attempt counts (its bound
-    still parks a partner that keeps failing, SPEC 3.3a). Without a claim (a read step) only the
-    run and any earlier failed checkpoint move.
+    still parks a partner that keeps failing, docs/protocol.md, "Unknown outcomes"). Without a claim
+    (a read step) only the run and any earlier failed checkpoint move.
 
-    The run is held as routing holds it (`partner:<key>`, SPEC 3.9): one wait path and one
-    reason surface for a build's worker and a partner's turn. A held event says why the first
-    time it waits for this partner at this step, or when the reason changed; its message (a
+    The run is held as routing holds it (`partner:<key>`, docs/deploys.md, "Builds"): one wait path
+    and one reason surface for a build's worker and a partner's turn. A held event says why the
+    first time it waits for this partner at this step, or when the reason changed; its message (a
     countdown) goes to where the run belongs (`builds.route`), as every release of a hold does.
     """
     seconds = max(float(seconds), 0.0)

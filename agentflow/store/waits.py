@@ -1,5 +1,5 @@
-"""Durable time and people (SPEC §4 C): the wait at a run's position, and the signal or the
-decision that ends it.
+"""Durable time and people (docs/workflows.md, "Timers, signals and approvals"): the wait at a run's
+position, and the signal or the decision that ends it.
 
 A wait is recorded the first time the run reaches its position (a timer's time, a timeout, the
 exact call to approve and its digest), in the transaction that moves the run to WAITING; a
@@ -166,7 +166,8 @@ def wait_settle(run: StepState, spec: WaitSpec, seq: int) -> Any | None:
 def _record(run: StepState, seq: int, spec: WaitSpec, wanted: str) -> None:
     """The wait as the run first reaches it: deadline by the database's clock, the exact call
     for an approval. A fork's call byte-identical to one an operator decided in an earlier
-    branch reuses that decision (SPEC §4 C); any other call needs a fresh one."""
+    branch reuses that decision (docs/workflows.md, "Timers, signals and approvals"); any other call
+    needs a fresh one."""
     reused = _decided_before(run.id, run.branch, wanted) if wanted and run.branch else None
     seconds = spec.seconds
     if spec.kind == WaitKind.APPROVAL and seconds is None:

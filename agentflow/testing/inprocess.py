@@ -3,9 +3,9 @@
 The engine publishes each step message through `agentflow.dispatch.send_step`; here those
 messages are kept in an `Outbox` instead, and `run_to_end` plays the worker: it delivers the
 run's current step (`agentflow.runtime.run_step`, exactly what a worker's task calls) until
-the run is finished or parked. `crash_at` makes a named crash point (SPEC §3.6,
-`agentflow.faults.CRASH_POINTS`) kill the "worker" that reaches it, as SIGKILL would, and the
-next delivery is the broker's redelivery to a live one.
+the run is finished or parked. `crash_at` makes a named crash point
+(docs/protocol.md, "Crash points", `agentflow.faults.CRASH_POINTS`) kill the "worker" that reaches
+it, as SIGKILL would, and the next delivery is the broker's redelivery to a live one.
 """
 
 from __future__ import annotations
@@ -151,8 +151,8 @@ def crash_env(where: str) -> dict[str, str]:
 
 class _Worker:
     """A simulated worker process: an owner token of its own and the Postgres advisory lock
-    that is its liveness (SPEC 3.7), held on a connection of its own. When it "dies", the
-    connection closes and the lock is free, exactly as after a SIGKILL."""
+    that is its liveness (docs/protocol.md, "Liveness"), held on a connection of its own. When it
+    "dies", the connection closes and the lock is free, exactly as after a SIGKILL."""
 
     def __init__(self) -> None:
         conninfo = leases.liveness_conninfo()

@@ -1,7 +1,7 @@
 """The refund agent's tools: the graph workflow's partner clients, offered to a model.
 
-Names and parameters are an interface (SPEC §5, docs/agent.md). Every tool first checks that it
-is asked about this run's refund and booking (the run's input, set in code); side effects carry
+Names and parameters are an interface (docs/refunds.md, docs/agent.md). Every tool first checks that
+it is asked about this run's refund and booking (the run's input, set in code); side effects carry
 the call's idempotency key exactly as graph steps do, and where the graph's step code fits it
 is reused through `ctx.step_context()` rather than copied. Each side effect may be made once
 per run (the engine's default `max_calls=1`): a second seat cancellation, charge, boarding

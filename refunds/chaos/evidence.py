@@ -1,7 +1,8 @@
 """What a chaos run left behind, read back: the runs and checkpoints, and the partners' ledger.
 
-Partner effects are counted at the sandbox (SPEC §3.5 I1: "counted at the partner, not by us");
-the database says what the engine believes. The invariants compare the two.
+Partner effects are counted at the sandbox (docs/protocol.md, "I1: one effect per key": "counted at
+the partner, not by us"); the database says what the engine believes. The invariants compare the
+two.
 """
 
 from __future__ import annotations

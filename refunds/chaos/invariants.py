@@ -1,4 +1,5 @@
-"""SPEC §3.5's invariants, checked after a chaos run against the partners' ledger and our rows.
+"""The invariants (docs/protocol.md, "Invariants"), checked after a chaos run against the partners'
+ledger and our rows.
 
 Each check returns the list of violations it found (empty: the invariant held). What a check
 can and cannot see from outside the workers is said in `NOTES`, which the report prints.

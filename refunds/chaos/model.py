@@ -1,5 +1,5 @@
-"""The model-based test of the money paths (SPEC §7): a Hypothesis state machine over a few
-refunds, graph and agent, on the real database and the real partner sandbox.
+"""The model-based test of the money paths (docs/figures/chaos.md): a Hypothesis state machine over
+a few refunds, graph and agent, on the real database and the real partner sandbox.
 
 Its rules are what can happen to them — a step message delivered (in any order, twice, or
 never), a delivery crashed or paused at a crash point, a sweep, time passing, an operator's

@@ -1,6 +1,6 @@
-"""One chaos run (SPEC §7): start its own broker, sandbox, beat and workers (and, to crash the
-database, its own PostgreSQL), send refunds through the form, kill things at random moments,
-wait for every run to finish, and report.
+"""One chaos run (docs/figures/chaos.md): start its own broker, sandbox, beat and workers (and, to
+crash the database, its own PostgreSQL), send refunds through the form, kill things at random
+moments, wait for every run to finish, and report.
 
 Everything it starts it also stops, on success, error or Ctrl-C. The rows it created stay as
 evidence unless `cleanup` is set (on a private PostgreSQL they go with the server; its log

@@ -5,9 +5,11 @@ Each seam is the engine's own public point, replaced for the length of a `Seams`
 - publishing (`dispatch.send_step`) puts step messages on a queue the machine delivers from,
   in any order, twice or never;
 - each simulated worker has its own owner token and holds its own advisory lock on its own
-  connection (SPEC 3.7), so a worker that "dies" is dead to the database exactly as after a
-  SIGKILL: its lock is free, its committed claims stay, its uncommitted work is rolled back;
-- the crash points of SPEC 3.6 (`faults.crash_point`) crash or pause the delivery armed for them;
+  connection (docs/protocol.md, "Liveness"), so a worker that "dies" is dead to the database exactly
+  as after a SIGKILL: its lock is free, its committed claims stay, its uncommitted work is rolled
+  back;
+- the crash points of docs/protocol.md, "Crash points" (`faults.crash_point`) crash or pause the
+  delivery armed for them;
 - the refund agent's scripted model answers as the machine says (the usual plan, reordered,
   a call repeated, a call the engine must refuse) and can be redeployed under a new name.
 """
@@ -69,7 +71,8 @@ class Worker:
         self.key = leases.lock_key(self.token)
         self._conn: psycopg.Connection[Any] | None = psycopg.connect(conninfo, autocommit=True)
         self._conn.execute("SELECT pg_advisory_lock(%s)", [self.key])
-        # The server the lock is held on, as a real worker's liveness records it (SPEC 3.7).
+        # The server the lock is held on, as a real worker's liveness records it
+        # (docs/protocol.md, "Liveness").
         row = self._conn.execute(f"SELECT {leases.SERVER_SQL}").fetchone()
         self.server = row[0] if row else ""
 

@@ -12,9 +12,9 @@ shard's session starts its own private Redis. Tests of one shared server that a 
 (the machine's RabbitMQ) all run in one shard, one after another, and so do the host
 project's, which share the venv they build (`pytest_xdist_make_scheduler`).
 Without xdist this plugin only names the suite's build: every process a test starts (workers,
-web, beat) runs the code of this checkout, so they are one build (`AGENTFLOW_BUILD_ID`, SPEC
-3.9), whatever test modules the test process also registered; the tests of deploys give the
-processes of their second tree a build of its own.
+web, beat) runs the code of this checkout, so they are one build (`AGENTFLOW_BUILD_ID`,
+docs/deploys.md, "Builds"), whatever test modules the test process also registered; the tests of
+deploys give the processes of their second tree a build of its own.
 """
 
 from __future__ import annotations

@@ -568,7 +568,7 @@ def charge_unless_moody(ctx: durable.AgentContext) -> str:
     return "charged"
 
 
-# --- durable time and people (SPEC §4 C) --------------------------------------------------------
+# --- durable time and people (docs/workflows.md, "Timers, signals and approvals") -----------------
 def _over_limit(ctx: durable.StepContext) -> bool:
     return int(ctx.input.get("amount", 0)) > 1000
 
@@ -905,7 +905,7 @@ def file_the_claim(ctx: durable.AgentContext) -> str:
     return turn.text
 
 
-# --- builds (SPEC 3.9) ---------------------------------------------------------------------------
+# --- builds (docs/deploys.md, "Builds") -----------------------------------------------------------
 #: Declared pinned: every run finishes on the build it started on.
 pinned = durable.Workflow("build_pinned", version=1, versioning="pinned")
 pinned.step("prepare", kind="read")(read)
@@ -928,7 +928,7 @@ undo_held.compensation("unbook")(held_effect)
 undo_held.compensation("notify")(effect)
 
 
-# --- partner limits (SPEC 3.10): every partner call through durable.partner_call ----------------
+# --- partner limits (docs/partner-limits.md, "What happens"): partner_call ----------------
 
 
 def _acme_call(ctx: durable.StepContext, operation: str) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Retention at scale (SPEC §3.8): purge rows/s beside the million-run history, and the step
-throughput of agentflow runs while a purge goes on, against the same without one."""
+"""Retention at scale (docs/protocol.md, "Retention"): purge rows/s beside the million-run history,
+and the step throughput of agentflow runs while a purge goes on, against the same without one."""
 
 from __future__ import annotations
 

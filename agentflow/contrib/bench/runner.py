@@ -77,7 +77,7 @@ class BenchOptions:
 
 
 def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict:
-    """Every figure of SPEC §7 in one run, as one JSON-ready dict."""
+    """Every figure of docs/figures/bench.md in one run, as one JSON-ready dict."""
     check_environment()
     report: dict[str, Any] = {"environment": environment(options), "sweep": None}
     if options.partner_only:

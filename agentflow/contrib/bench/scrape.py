@@ -1,4 +1,5 @@
-"""What one /metrics scrape costs with the bench's finished history present (SPEC §7)."""
+"""What one /metrics scrape costs with the bench's finished history present
+(docs/figures/bench.md)."""
 
 from __future__ import annotations
 

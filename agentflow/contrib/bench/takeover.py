@@ -52,8 +52,9 @@ def child_kill_recovery(worker: WorkerProcess, *, samples: int) -> Recovery:
 def worker_kill_recovery(*, samples: int) -> Recovery:
     """Kill a whole worker (parent and children) mid-step while another worker runs with beat:
     the dead worker's sessions end, its advisory lock is freed, and the survivor's sweeper
-    re-publishes the run at its next pass, without waiting for the lease (SPEC 3.7). Timed from
-    the kill to the survivor's takeover (its claim of attempt 2, database clock).
+    re-publishes the run at its next pass, without waiting for the lease
+    (docs/protocol.md, "Liveness"). Timed from the kill to the survivor's takeover (its claim of
+    attempt 2, database clock).
 
     The held run is started until one lands on the worker about to die; runs that land on the
     survivor are released and finish normally."""
@@ -94,7 +95,7 @@ def _held_by(doomed: WorkerProcess, survivor: WorkerProcess) -> str:
 
 
 def bound_seconds() -> float:
-    """Recovery target after a whole worker dies (SPEC 3.7)."""
+    """Recovery target after a whole worker dies (docs/protocol.md, "Liveness")."""
     return 2.0
 
 

@@ -1,5 +1,6 @@
 """`manage.py agentflow_builds [--json]`: every build, as current (this process's), draining (runs
-still on it: keep its workers) or drained (none: safe to stop), with its live workers (SPEC 3.9).
+still on it: keep its workers) or drained (none: safe to stop), with its live workers
+(docs/deploys.md, "Builds").
 """
 
 from __future__ import annotations

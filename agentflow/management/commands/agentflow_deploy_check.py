@@ -1,5 +1,5 @@
 """`manage.py agentflow_deploy_check [--json]`: before a deploy, with the new code, against the live
-database: what this build would do with every run not finished (SPEC 3.9).
+database: what this build would do with every run not finished (docs/deploys.md, "Builds").
 
 Read-only: one read-only transaction, no partner call, no model request (an agent run's check is
 a dry replay). Each run's decision is exactly the one `agentflow.routing` takes at its next step:

@@ -28,7 +28,7 @@ class Command(BaseCommand):
     help = (
         "Send refunds through the real form while worker children, whole workers and the broker "
         "are SIGKILLed and partners misbehave; print one JSON report and exit non-zero if an "
-        "invariant (SPEC 3.5) broke. Needs Postgres and redis-server; starts and stops its own "
+        "invariant broke. Needs Postgres and redis-server; starts and stops its own "
         "broker, sandbox, beat and workers. With --postgres-restarts N it also starts a private "
         "PostgreSQL (the machine's PostgreSQL binaries, initdb in a temporary directory, a free "
         "port; as the postgres user when run as root) and runs everything on it: migrate, the "

@@ -1,4 +1,5 @@
-"""`manage.py sandbox`: run the partner sandbox (SPEC §5), with defaults from Django settings."""
+"""`manage.py sandbox`: run the partner sandbox (docs/refunds.md), with defaults from Django
+settings."""
 
 from __future__ import annotations
 

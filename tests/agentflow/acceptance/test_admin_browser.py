@@ -282,7 +282,7 @@ def test_viewer__sees_no_action_buttons_and_a_forged_post_is_refused(page: Any) 
     assert not db(RunEvent.objects.exists)
 
 
-# --- approvals (SPEC §4 C) ----------------------------------------------------------------------
+# --- approvals (docs/workflows.md, "Timers, signals and approvals") -------------------------------
 def approver_user(name: str, *, may_decide: bool) -> None:
     """Staff who may look and operate, and (with `may_decide`) approve or reject."""
 

@@ -1,6 +1,7 @@
-"""A member of a parallel read-only batch that gets no turn at a limited partner (SPEC 3.10)
-waits, spending no attempt, while its sibling is recorded; the batch joins once it is too.
-Real worker processes, the partner limit held in Postgres (`tests/support/limited_agent.py`)."""
+"""A member of a parallel read-only batch that gets no turn at a limited partner
+(docs/partner-limits.md, "What happens") waits, spending no attempt, while its sibling is recorded;
+the batch joins once it is too. Real worker processes, the partner limit held in Postgres
+(`tests/support/limited_agent.py`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Builds side by side (SPEC 3.9, issue 26), with real worker processes of two builds on one
-database and broker: a pinned run waits for a worker of its own build and runs no other build's
-code; a run that moved to a newer build is never run by the older one after a rollback; a run
-backing off and a run compensating move to the new build when the old worker is SIGKILLed while
-draining, each effect made once.
+"""Builds side by side (docs/deploys.md, "Builds", issue 26), with real worker processes of two
+builds on one database and broker: a pinned run waits for a worker of its own build and runs no
+other build's code; a run that moved to a newer build is never run by the older one after a
+rollback; a run backing off and a run compensating move to the new build when the old worker is
+SIGKILLed while draining, each effect made once.
 
 The test process plays each build's web in turn (`AGENTFLOW_BUILD_ID` in its settings).
 """

@@ -1,4 +1,4 @@
-"""Crash safety with real processes (SPEC §3.3-3.6): SIGKILL, SIGSTOP and a lost broker.
+"""Crash safety with real processes (docs/protocol.md): SIGKILL, SIGSTOP and a lost broker.
 
 Every test ends with the run COMPLETED, exactly one effect per idempotency key at the partner
 stand-in, and every completed step executed once, except the step that was interrupted, whose
@@ -99,7 +99,7 @@ CRASH_POINTS = {
 }
 
 
-#: The article's crash on every broker and through PgBouncer too; the other points on Redis.
+#: The `after_effect` crash on every broker and through PgBouncer too; the other points on Redis.
 CRASH_CASES = [(point, "redis") for point in CRASH_POINTS] + [
     ("after_effect", "rabbitmq"),
     ("after_effect", "pgbouncer"),
@@ -231,9 +231,9 @@ def test_rabbitmq_killed_and_restarted_with_steps_in_flight__nothing_lost_none_r
     """Durable queue, persistent messages (Celery's defaults): what the node held comes back
     after a SIGKILL; the running steps' messages come back too (redelivered) and find their
     steps claimed by a live owner, which finishes them once. A redelivered message of a step
-    already done republishes its successor (SPEC 3.3 step 2: its own completion's message may
-    have been lost with a crash), so a `read` successor may run twice beside its completion's
-    copy: recorded once, and no effect is ever repeated."""
+    already done republishes its successor (docs/protocol.md, "One step, in order", step 2: its own
+    completion's message may have been lost with a crash), so a `read` successor may run twice
+    beside its completion's copy: recorded once, and no effect is ever repeated."""
     workers.start(
         concurrency=2, beat=True, CELERY_BROKER_URL=rabbitmq_node.url, AGENTFLOW_SWEEP_INTERVAL="1"
     )
@@ -326,8 +326,8 @@ def _rows(run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[
 def test_worker_deployed_with_v2__takes_the_v1_run_that_recorded_nothing_it_lacks(
     workers: Workers, broker: Any
 ) -> None:
-    """SPEC 3.9: the v1 run recorded no step, and the step it is at is v2's too, so the newer
-    build takes it by rule and it finishes on v2's steps, instead of being parked."""
+    """docs/deploys.md, "Builds": the v1 run recorded no step, and the step it is at is v2's too, so
+    the newer build takes it by rule and it finishes on v2's steps, instead of being parked."""
     run_id = durable.start(workflows.deployed.name)  # v1, here in the test process
     assert broker.queue_length() == 1
 

@@ -1,7 +1,8 @@
-"""A place in flight held by a worker that is SIGKILLed (SPEC 3.10, 3.7): real worker processes,
-a real SIGKILL at a named point inside a limited partner call (between taking the place and
-giving it back). The place is freed as soon as the process is gone, through its liveness lock,
-not when its lease runs out; the run waiting for it gets it, and each effect happens once.
+"""A place in flight held by a worker that is SIGKILLed (docs/partner-limits.md, "What happens";
+docs/protocol.md, "Liveness"): real worker processes, a real SIGKILL at a named point inside a
+limited partner call (between taking the place and giving it back). The place is freed as soon as
+the process is gone, through its liveness lock, not when its lease runs out; the run waiting for it
+gets it, and each effect happens once.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The database server crashes and comes back (SPEC §7 chaos, issue 8): on a private PostgreSQL,
-never the machine's shared one.
+"""The database server crashes and comes back (docs/figures/chaos.md, "Database restarts", issue 8):
+on a private PostgreSQL, never the machine's shared one.
 
 The server really restarts (a new postmaster, crash recovery, committed rows still there); a
 worker whose pooled connection died with it goes on without waiting for the sweeper; and a
@@ -189,9 +189,9 @@ def test_liveness__a_backend_crash_frees_every_lock__a_live_owner_keeps_its_step
 ) -> None:
     """When any one server process crashes (the OOM killer), the postmaster resets every session
     and every advisory lock is freed, while pg_postmaster_start_time() stays. A claim made before
-    that says nothing by its free lock ("cannot tell" is never "dead", SPEC 3.7): the sweeper
-    leaves a live owner's step to its lease. The owner is paused here, so it cannot take its
-    lock again before the sweep looks."""
+    that says nothing by its free lock ("cannot tell" is never "dead",
+    docs/protocol.md, "Liveness"): the sweeper leaves a live owner's step to its lease. The owner is
+    paused here, so it cannot take its lock again before the sweep looks."""
     with postgres.serving_django():
         call_command("migrate", verbosity=0, interactive=False)
         owner = workers.start(DATABASE_URL=postgres.url, AGENTFLOW_LEASE_SECONDS="60")

@@ -1,7 +1,8 @@
-"""Waits survive everything with real processes (issue 18, SPEC §4 C): a run waiting for a
-signal or an approval outlives a SIGKILL of its whole worker and a restart of a private
-PostgreSQL, and goes on, once, when the signal or the decision comes; two signals with one id
-act once; a timer whose message died with its worker is woken by the sweeper."""
+"""Waits survive everything with real processes (issue 18,
+docs/workflows.md, "Timers, signals and approvals"): a run waiting for a signal or an approval
+outlives a SIGKILL of its whole worker and a restart of a private PostgreSQL, and goes on, once,
+when the signal or the decision comes; two signals with one id act once; a timer whose message died
+with its worker is woken by the sweeper."""
 
 from __future__ import annotations
 

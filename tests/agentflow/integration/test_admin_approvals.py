@@ -1,7 +1,7 @@
-"""Approve and Reject in the admin (SPEC §4 C): offered only to holders of
-`agentflow.approve_workflowrun` and only while a call waits, each asking for a reason and
-recorded with the operator; the run page and the dashboard show the waiting call and every
-decision. Real runs driven in this process, real Postgres."""
+"""Approve and Reject in the admin (docs/workflows.md, "Timers, signals and approvals"): offered
+only to holders of `agentflow.approve_workflowrun` and only while a call waits, each asking for a
+reason and recorded with the operator; the run page and the dashboard show the waiting call and
+every decision. Real runs driven in this process, real Postgres."""
 
 from __future__ import annotations
 

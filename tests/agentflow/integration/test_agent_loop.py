@@ -1,4 +1,4 @@
-"""Agent runs (SPEC §4 B) in this process against real Postgres: replay from the top, one
+"""Agent runs (docs/agent.md) in this process against real Postgres: replay from the top, one
 new step per task, memo by position and arguments, divergence, failure and compensation."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_agent__one_call_per_task_replayed_from_the_top__completes_with_its_answ
 def test_agent__memo_by_position_and_arguments__the_same_tool_twice_gets_two_real_results(
     drive: Callable[[str], WorkflowRun],
 ) -> None:
-    """The seed article's memo keyed by tool name would hand apple's price to pear's call,
+    """A memo keyed by tool name would hand apple's price to pear's call,
     and after a crash between the two calls would replay only the first."""
     run_id = durable.start(workflows.agent.name)
     runtime.run_step(run_id, 1)  # the model's turn asks for both lookups

@@ -1,4 +1,4 @@
-"""What an agent run's replay reads (SPEC §4 B): each call's digest and output, never its
+"""What an agent run's replay reads (docs/agent.md): each call's digest and output, never its
 arguments, which hold a model turn's messages; the arguments are read only when a digest
 differs, for the diff, or for a call recorded before the digest had a column of its own."""
 

@@ -1,7 +1,7 @@
-"""Timers, signals and approvals in agent runs (SPEC §4 C), in this process against real
-Postgres: a wait is a durable call at its position, replayed from its checkpoint; a tool that
-requires approval waits for a decision on that exact call; a fork reuses a decision only for the
-byte-identical call."""
+"""Timers, signals and approvals in agent runs (docs/workflows.md, "Timers, signals and approvals"),
+in this process against real Postgres: a wait is a durable call at its position, replayed from its
+checkpoint; a tool that requires approval waits for a decision on that exact call; a fork reuses a
+decision only for the byte-identical call."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Forks of agent runs never repeat or keep money (issue 19 findings 2, 5 and 7, SPEC 3.3c):
-an effect that may have happened is asked of its partner first, a call on a live worker or an
-undo under way refuses the fork, compensations are never reused and their keys name the branch.
-In this process against real Postgres."""
+"""Forks of agent runs never repeat or keep money (issue 19 findings 2, 5 and 7,
+docs/protocol.md, "Operator actions"): an effect that may have happened is asked of its partner
+first, a call on a live worker or an undo under way refuses the fork, compensations are never reused
+and their keys name the branch. In this process against real Postgres."""
 
 from __future__ import annotations
 

@@ -179,7 +179,8 @@ def test_cancel__a_waiting_run__asks_whether_the_step_happened_then_undoes_its_e
     drive: Callable[[str], WorkflowRun],
 ) -> None:
     """confirm backs off after a 503: it may have happened until its reconcile says it did
-    not (SPEC 3.3a), so the cancel asks first, then undoes book and charge."""
+    not (docs/protocol.md, "Unknown outcomes"), so the cancel asks first, then undoes book and
+    charge."""
     run_id = durable.start(workflows.cancellable.name)
     assert drive(run_id).status == RunStatus.WAITING  # book and charge made; confirm backs off
 

@@ -1,7 +1,8 @@
-"""Partner limits against real Postgres, played in this process (SPEC 3.10): turns in arrival
-order, a wait that spends no attempt and holds no worker, a 429 that slows the key for every run
-and is an answer (no unknown outcome), a breaker that opens and probes once, places in flight
-freed when their lease runs out, an operator's pause, and an unknown outcome kept unknown.
+"""Partner limits against real Postgres, played in this process
+(docs/partner-limits.md, "What happens"): turns in arrival order, a wait that spends no attempt and
+holds no worker, a 429 that slows the key for every run and is an answer (no unknown outcome), a
+breaker that opens and probes once, places in flight freed when their lease runs out, an operator's
+pause, and an unknown outcome kept unknown.
 
 No assertion on elapsed time: rates are slow enough ("1/m") that the second call of a test is
 always inside the interval, and what a later turn would be is moved on in the rows themselves.
@@ -226,7 +227,8 @@ def test_takeover_that_must_wait__stays_in_progress__may_have_happened(
     drive: Callable[[str], WorkflowRun],
 ) -> None:
     """A lost owner's call may have happened: waiting for the partner never turns it into
-    "did not happen" (SPEC 3.3a). The checkpoint stays IN_PROGRESS, its lease released."""
+    "did not happen" (docs/protocol.md, "Unknown outcomes"). The checkpoint stays IN_PROGRESS, its
+    lease released."""
     run_id = _start()
     runtime.run_step(run_id, 1)  # look_up
     state = store.state_load(run_id, 2)
@@ -292,9 +294,9 @@ def test_breaker__a_failed_probe__wakes_the_next_oldest_waiter_for_the_next_prob
 def test_partner_wait_of_a_pinned_run__a_routing_hold__its_turn_goes_to_its_builds_queue(
     drive: Callable[[str], WorkflowRun], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A partner wait is a routing hold (`partner:<key>`, SPEC 3.9): when the sweeper finds its
-    turn may be asked, a run pinned to another build goes to that build's queue (never the
-    shared one), or waits for that build's worker when it has none."""
+    """A partner wait is a routing hold (`partner:<key>`, docs/deploys.md, "Builds"): when the
+    sweeper finds its turn may be asked, a run pinned to another build goes to that build's queue
+    (never the shared one), or waits for that build's worker when it has none."""
     run_id = _start()
     assert drive(run_id).status == RunStatus.WAITING
     run = WorkflowRun.objects.get(pk=run_id)

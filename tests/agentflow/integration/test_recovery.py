@@ -1,4 +1,5 @@
-"""The recovery sweeper (SPEC §3.4) against real Postgres and a real Redis broker, no worker."""
+"""The recovery sweeper (docs/protocol.md, "The sweeper") against real Postgres and a real Redis
+broker, no worker."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Retention (SPEC §3.8) against real Postgres: which runs go, in which transactions, and how
-the command and the beat task are driven."""
+"""Retention (docs/protocol.md, "Retention") against real Postgres: which runs go, in which
+transactions, and how the command and the beat task are driven."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The step path's round trips against real Postgres, in this process: a read step is its load
 and one completing statement, an effect step two (the claim folded into the load, then the
-fenced completion); and a cancelled run's next read step does no work (SPEC 3.3 step 2).
+fenced completion); and a cancelled run's next read step does no work
+(docs/protocol.md, "One step, in order", step 2).
 
 Statements are counted at the cursors the engine uses (the store's psycopg cursor and Django's),
 not timed: the speed is `bench`'s."""

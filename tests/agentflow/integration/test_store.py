@@ -345,8 +345,9 @@ def test_claim_blocker(case: str, expected: str | None) -> None:
 
 
 def test_claim__owner_whose_session_ended__taken_over_at_once_as_owner_gone() -> None:
-    """Liveness from Postgres (SPEC 3.7): the lease is live for 10 s more, but the session
-    holding the owner's lock has ended, so the owner is gone, on whatever host it was."""
+    """Liveness from Postgres (docs/protocol.md, "Liveness"): the lease is live for 10 s more, but
+    the session holding the owner's lock has ended, so the owner is gone, on whatever host it
+    was."""
     run, step = race_run()
     assert store.step_claim(run, step, 1, None) is not None
     owner = _held_elsewhere(55555)

@@ -1,6 +1,7 @@
-"""Timers, signals and approvals in step graphs (SPEC §4 C), in this process against real
-Postgres: a run waits holding no worker, a signal acts once per id, a decision is recorded at
-its position with the operator and reason, and a timeout is an outcome the workflow handles."""
+"""Timers, signals and approvals in step graphs
+(docs/workflows.md, "Timers, signals and approvals"), in this process against real Postgres: a run
+waits holding no worker, a signal acts once per id, a decision is recorded at its position with the
+operator and reason, and a timeout is an outcome the workflow handles."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The rules of partner limits, pure (SPEC 3.10): the setting as written, the partner's own words
-in its headers, the key's speed after a 429 or a closed breaker, the breaker's cool-down."""
+"""The rules of partner limits, pure (docs/partner-limits.md, "What happens"): the setting as
+written, the partner's own words in its headers, the key's speed after a 429 or a closed breaker,
+the breaker's cool-down."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The rule that decides whether new code can take a run (SPEC 3.9), without a database."""
+"""The rule that decides whether new code can take a run
+(docs/deploys.md, "What happens to a run at its next step"), without a database."""
 
 from __future__ import annotations
 

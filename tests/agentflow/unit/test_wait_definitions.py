@@ -1,4 +1,5 @@
-"""Declaring waits (SPEC §4 C): a bad declaration is refused when it is made, with the reason."""
+"""Declaring waits (docs/workflows.md, "Timers, signals and approvals"): a bad declaration is
+refused when it is made, with the reason."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""A deploy while refunds wait for an operator (SPEC 3.9, issue 26), from two trees side by side:
-build A is this checkout, build B a copy whose refund workflow gained a read step just before the
-fee (v5), build C a copy that renamed a step the runs have passed. Real web (gunicorn), real
-workers and beat of each build, one database, one broker, the real sandbox's ledger.
+"""A deploy while refunds wait for an operator (docs/deploys.md, "Builds", issue 26), from two trees
+side by side: build A is this checkout, build B a copy whose refund workflow gained a read step just
+before the fee (v5), build C a copy that renamed a step the runs have passed. Real web (gunicorn),
+real workers and beat of each build, one database, one broker, the real sandbox's ledger.
 """
 
 from __future__ import annotations

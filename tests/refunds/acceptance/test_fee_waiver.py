@@ -5,7 +5,8 @@ A customer who asks to have the change fee waived for a reason the policy consid
 waiver that waits for our team's approval before the seat or the card is touched: approved, the
 change is made with no fee held or taken and one boarding pass; rejected, or not decided in
 time, the normal fee is held and taken once; the customer is told which on the status page and
-in the e-mail. The money invariant (SPEC I8) is checked at the partner on every path.
+in the e-mail. The money invariant (docs/protocol.md, "I8: money") is checked at the partner on
+every path.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ def test_worker_killed_while_the_waiver_waits__the_approval_reaches_a_fresh_work
 def test_rejected_then_killed_right_after_the_charge__the_fee_held_and_taken_once(
     engine: str, start_worker: StartWorker, clean_sandbox: SandboxProcess
 ) -> None:
-    """The article's crash on the fee path a rejection leads to: SIGKILL right after the hold
+    """The `after_effect` crash on the fee path a rejection leads to: SIGKILL right after the hold
     was made, before its checkpoint. The takeover finds the hold; the fee is taken once."""
     reference = f"WVC{engine[0].upper()}01"
     worker = start_worker(

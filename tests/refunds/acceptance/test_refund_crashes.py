@@ -1,6 +1,7 @@
-"""The refund workflow under real crashes (SPEC §3.6, §5): real workers, the real sandbox.
+"""The refund workflow under real crashes (docs/protocol.md, "Crash points"; docs/refunds.md): real
+workers, the real sandbox.
 
-Every worker runs with `AGENTFLOW_CRASH_AT=charge_customer:after_effect`: the article's crash,
+Every worker runs with `AGENTFLOW_CRASH_AT=charge_customer:after_effect`: the crash
 right after the fee was secured on the card and before the checkpoint. Whatever else goes wrong, the
 sandbox's ledger must show one effect per idempotency key and at most one payment per refund,
 and every run must end COMPLETED or FAILED with the customer told.

@@ -1,8 +1,8 @@
-"""Stripe applies the charge and then goes dark (finding 1, SPEC 3.3a): real worker, real
-sandbox, the real `stripe` library. The money must never be kept without the service: the run
-parks "outcome unknown" (never FAILED), and once Stripe is back an operator's retry finds the
-payment and finishes, or refunds it if the rebooking then fails for good; an operator's cancel
-meanwhile refunds it once (issue 19).
+"""Stripe applies the charge and then goes dark (finding 1, docs/protocol.md, "Unknown outcomes"):
+real worker, real sandbox, the real `stripe` library. The money must never be kept without the
+service: the run parks "outcome unknown" (never FAILED), and once Stripe is back an operator's retry
+finds the payment and finishes, or refunds it if the rebooking then fails for good; an operator's
+cancel meanwhile refunds it once (issue 19).
 """
 
 from __future__ import annotations
@@ -128,7 +128,8 @@ def test_charge_applied_then_the_payment_lookup_fails__parked_unknown_not_failed
 def limited_worker(
     clean_sandbox: SandboxProcess, transactional_db: None
 ) -> Iterator[WorkerProcess]:
-    """As `worker`, with Stripe a limited partner (SPEC 3.10): its failures open a breaker."""
+    """As `worker`, with Stripe a limited partner (docs/partner-limits.md, "What happens"): its
+    failures open a breaker."""
     env = refund_worker_env(
         clean_sandbox,
         AGENTFLOW_FAULTS="0",

@@ -9,7 +9,8 @@ who decide (issue 30), with real worker processes and the real partner sandbox.
   approver-only, approver + view, domain viewer — shows the customer's details only to the
   approver who may view runs and to the domain viewer, and "redacted (N characters)" to everyone
   else; the worker's log and /metrics never carry them.
-- `status.json` keeps SPEC §6's shape, `customer` included, and holds no internal text.
+- `status.json` keeps the shape of docs/refunds.md, "The status page", `customer` included, and
+  holds no internal text.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ def test_waiver_decided_in_the_operators_own_words__previewed_then_told_as_writt
         assert wording.is_customer_text(line, also=(words,)), line
 
 
-def test_status_json__spec_shape_with_customer_and_no_internal_text(
+def test_status_json__documented_shape_with_customer_and_no_internal_text(
     start_worker: StartWorker, settings: Any
 ) -> None:
     settings.REFUNDS_ENGINE = "graph"

@@ -1,6 +1,6 @@
 """The refund workflow's own recoveries, played in this process against the partner sandbox:
 what a takeover finds at the partner when its first attempt is older than the partner's key
-window (SPEC 3.3b, finding 9)."""
+window (docs/protocol.md, "The key window", finding 9)."""
 
 from __future__ import annotations
 

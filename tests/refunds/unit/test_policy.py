@@ -34,7 +34,7 @@ def test_policy_for__unknown_fare_is_refused_not_guessed() -> None:
     assert "premium-gold" in policy.refusal
 
 
-def test_calculate_penalty_fee__standard_is_the_specs_45_dollars() -> None:
+def test_calculate_penalty_fee__standard_is_45_dollars() -> None:
     assert calculate_penalty_fee("standard") == {"amount_cents": 4500, "currency": "usd"}
     assert calculate_penalty_fee("flex") == {"amount_cents": 0, "currency": "usd"}
 

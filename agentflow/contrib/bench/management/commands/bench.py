@@ -1,4 +1,4 @@
-"""`manage.py bench [--json]`: agentflow against a plain Celery chain (SPEC §7)."""
+"""`manage.py bench [--json]`: agentflow against a plain Celery chain (docs/figures/bench.md)."""
 
 from __future__ import annotations
 
