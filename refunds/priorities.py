@@ -1,4 +1,6 @@
-"""Which refund goes first, and which never go together (docs/refunds.md, "A busy hour").
+"""Which refund goes first, and which never go together.
+
+See docs/refunds.md, "A busy hour: customers first, one run per booking".
 
 A customer who writes in is not queued behind a cancelled flight's batch: a refund from the form
 runs at `CUSTOMER` priority, one started in bulk for a flight at `BATCH`. And one booking is

@@ -1,6 +1,7 @@
 """A task's `TaskResult`, read from its run's rows: the same answer from any process.
 
-Status, from the run and its checkpoints (docs/tasks-backend.md, "What each field means"):
+Status, from the run and its checkpoints (docs/tasks-backend.md, "What each `TaskResult` field
+means"):
 READY until the task's step is claimed, and again while it waits to be tried again; RUNNING
 while it is claimed (or, replayed, between its calls, and while parked for an operator);
 SUCCESSFUL once the run completed; FAILED once it failed or was cancelled.

@@ -9,7 +9,8 @@ was already changed.
 
 Order is read from the runs' rows and events (the database's clock), never from timings.
 FLIGHT_PASSENGERS and FLIGHT_CUSTOMER_EVERY_SECONDS in the environment run the acceptance at
-scale by hand (docs/refunds.md, "A busy hour", gives the command and the figures): a customer
+scale by hand (docs/refunds.md, "A busy hour: customers first, one run per booking", gives
+the command and the figures): a customer
 every that many seconds for as long as the batch runs, each one's time from the form to its
 end printed.
 """
