@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentflow', '0016_durable_schedules'),
+        ('agentflow', '0019_run_priority_and_concurrency_keys'),
     ]
 
     operations = [
