@@ -98,7 +98,10 @@ class MachineRabbitMQ:
 
     def flush(self) -> None:
         rabbitmq_purge(self.url)
-        _drop_queue_declared_otherwise(self.url)
+        # The shared step queue and the suite build's own (docs/deploys.md): both declared
+        # with x-max-priority today.
+        for queue in ("celery", f"agentflow.build.{os.environ.get('AGENTFLOW_BUILD_ID', 'suite')}"):
+            _drop_queue_declared_otherwise(self.url, queue)
 
 
 def _drop_queue_declared_otherwise(url: str, queue: str = "celery") -> None:
