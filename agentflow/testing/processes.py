@@ -163,7 +163,18 @@ class RedisServer:
         return int(self.client().llen(queue))
 
     def queued_messages(self, queue: str = "celery") -> list[Any]:
-        return list(self.client().lrange(queue, 0, -1))
+        """Every message waiting in `queue`, in each of kombu's priority lists (a message with
+        a priority waits in `<queue><sep><step>`, docs/workflows.md, "Priorities")."""
+        from celery import current_app
+
+        options = current_app.conf.broker_transport_options or {}
+        sep = options.get("sep", "\x06\x16")
+        names = [
+            queue,
+            *(f"{queue}{sep}{step}" for step in options.get("priority_steps", ()) if step),
+        ]
+        client = self.client()
+        return [message for name in names for message in client.lrange(name, 0, -1)]
 
 
 class RabbitMQServer:
