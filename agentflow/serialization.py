@@ -21,7 +21,7 @@ def to_json(value: Any, what: str) -> Any:
     """Round-trip `value` through JSON, so what is stored is exactly what a replay returns;
     refused (NotJSONError) unless every database the engine runs on can store it the same."""
     try:
-        found = json.loads(json.dumps(value, allow_nan=False))
+        found = json.loads(json.dumps(value, allow_nan=False), parse_float=_exact_float)
     except (TypeError, ValueError) as exc:
         raise NotJSONError(f"{what} is not JSON: {exc}") from None
     except RecursionError:
@@ -30,6 +30,14 @@ def to_json(value: Any, what: str) -> Any:
     if problem:
         raise NotJSONError(f"{what} {problem}")
     return found
+
+
+def _exact_float(text: str) -> float | int:
+    """A float that is a whole number past 2**53 becomes the integer it is exactly: Postgres
+    keeps JSON numbers as decimals, so `6.530814087320323e+16` would come back as the integer
+    its digits spell (65308140873203230), not the float (65308140873203232) that was sent."""
+    number = float(text)
+    return int(number) if number.is_integer() and abs(number) >= 2**53 else number
 
 
 def json_problem(value: Any) -> str:
