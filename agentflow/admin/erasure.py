@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from agentflow import _erasure
+from agentflow.admin.pages import ActionsOnlyAdmin
 from agentflow.forms import ReasonForm
 from agentflow.models import SubjectKey
 
@@ -37,17 +38,8 @@ class EraseForm(ReasonForm):
 
 
 @admin.register(SubjectKey)
-class SubjectKeyAdmin(admin.ModelAdmin):
+class SubjectKeyAdmin(ActionsOnlyAdmin):
     change_list_template = "admin/agentflow/subjectkey/erasure.html"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm(ERASE_PERMISSION)

@@ -22,6 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from agentflow import limits, store
+from agentflow.admin.pages import ActionsOnlyAdmin
 from agentflow.exceptions import partner_wait_reason
 from agentflow.forms import ReasonForm
 from agentflow.models import PartnerEvent, PartnerState
@@ -32,17 +33,8 @@ RECENT_EVENTS = 10
 
 
 @admin.register(PartnerState)
-class PartnerStateAdmin(admin.ModelAdmin):
+class PartnerStateAdmin(ActionsOnlyAdmin):
     change_list_template = "admin/agentflow/partnerstate/partners.html"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Whoever may pause a partner may see the page that pauses it."""

@@ -22,6 +22,7 @@ from django.urls import path, reverse
 
 from agentflow._schedules import ScheduleError
 from agentflow._schedules import operator as schedules
+from agentflow.admin.pages import ActionsOnlyAdmin
 from agentflow.forms import ReasonForm
 from agentflow.models import ScheduleState
 
@@ -31,17 +32,8 @@ VERBS = ("pause", "resume", "trigger", "change")
 
 
 @admin.register(ScheduleState)
-class ScheduleStateAdmin(admin.ModelAdmin):
+class ScheduleStateAdmin(ActionsOnlyAdmin):
     change_list_template = "admin/agentflow/schedulestate/schedules.html"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Whoever may pause or start a schedule may see the page that does it."""
