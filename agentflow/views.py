@@ -67,6 +67,15 @@ def _sweeper() -> tuple[str, float | None, str]:
     except Exception as exc:
         return f"error: {type(exc).__name__}", None, ""
     if beat is None:
+        back = _database_back_seconds(store.database_restarted_seconds())
+        if back is not None and back < limit:
+            # Beat may have started while the database was down: it has had no chance yet.
+            return (
+                f"waiting: no sweep yet, as the database was unreachable; the first is due "
+                f"within {interval} s",
+                None,
+                f"recovering: the database answered again {back:.1f} s ago, after an outage",
+            )
         return "error: the sweeper never ran (is celery beat running?)", None, ""
     age = round(max(beat.age_seconds, 0.0), 1)
     if age <= limit:

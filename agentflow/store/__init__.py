@@ -133,6 +133,7 @@ from agentflow.store.subject_keys import (
 from agentflow.store.sweeps import (
     DueRun,
     Heartbeat,
+    database_restarted_seconds,
     heartbeat_read,
     heartbeat_record,
     sweep_due,
@@ -210,6 +211,7 @@ __all__ = [
     "enqueue_grace",
     "event_add",
     "fork_preview",
+    "database_restarted_seconds",
     "heartbeat_read",
     "heartbeat_record",
     "holds_release",

@@ -43,6 +43,15 @@ def heartbeat_record(*, requeued: int, query_ms: float, name: str = DEFAULT_SWEE
         )
 
 
+def database_restarted_seconds() -> float | None:
+    """Seconds since the database server last ended every session (see `Heartbeat`), for a
+    sweeper that has no record yet; None where it cannot tell (SQLite)."""
+    if not sql.postgres():
+        return None
+    row = sql.fetch_one(f"SELECT {sql.seconds_since(leases.LOCKS_SINCE_SQL)}", [])
+    return None if row is None or row[0] is None else float(row[0])
+
+
 def heartbeat_read(name: str = DEFAULT_SWEEPER) -> Heartbeat | None:
     """The sweeper's last record, or None if it never ran against this database."""
     restarted = sql.seconds_since(leases.LOCKS_SINCE_SQL) if sql.postgres() else "NULL"

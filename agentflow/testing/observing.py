@@ -23,7 +23,13 @@ def wait_for_run(run_id: str, *, timeout: float = 30.0, worker: Any = None) -> d
         run = durable.snapshot(run_id)
         return run if run is not None and run.status not in ACTIVE_RUN_STATUSES else None
 
-    tail = f"\n{worker.log_tail()}" if worker is not None else ""
-    found = wait_for(stopped, timeout=timeout, interval=0.05, what=f"run {run_id} to stop{tail}")
+    try:
+        found = wait_for(stopped, timeout=timeout, interval=0.05, what=f"run {run_id} to stop")
+    except AssertionError as late:
+        run = durable.snapshot(run_id)
+        seen = f"; last seen {run.status} at {run.current_step!r}" if run is not None else ""
+        # The worker's log as it is now, when it says what the run waited for.
+        tail = f"\n{worker.log_tail()}" if worker is not None else ""
+        raise AssertionError(f"{late}{seen}{tail}") from None
     assert found is not None
     return found
