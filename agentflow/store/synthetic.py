@@ -1,6 +1,5 @@
 """Synthetic engine rows for the measurements (`bench`, `bench_admin`): a finished history,
-due and mixed runs, aged runs for the purge, old events, and the hand-written yardstick's writes;
-and time moved on under live runs, for the model-based test (`runs_age`).
+due and mixed runs, aged runs for the purge, old events, and the hand-written yardstick's writes.
 
 None of these is a run of the protocol: they are bulk-inserted (Postgres only) to give the
 measured queries the data a busy deployment holds. They live here so that the store stays the
@@ -17,7 +16,7 @@ from django.db import connection
 from django.db.models import Model
 from django.utils import timezone
 
-from agentflow.models import RunEvent, RunWait, StepCheckpoint, WorkflowRun
+from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepKind, StepStatus
 from agentflow.store import sql
 
@@ -233,29 +232,3 @@ def floor_step(run_id: str, seq: int, *, effect: bool, last: bool) -> None:
         },
         synchronous=last,
     )  # fmt: skip
-
-
-# --- time passing, for the model-based test ------------------------------------------------------
-_AGED = {
-    WorkflowRun: ("id", ("wake_at", "created_at", "updated_at")),
-    StepCheckpoint: (
-        "run_id",
-        ("lease_expires_at", "retry_at", "first_started_at", "started_at", "finished_at"),
-    ),
-    RunWait: ("run_id", ("requested_at", "deadline", "resolved_at")),
-}
-
-
-def runs_age(run_ids: list[str], *, seconds: float) -> None:
-    """Move every time of these runs and their checkpoints `seconds` into the past, as if that
-    long had passed by the database's clock: leases run out, retries and wake-ups fall due,
-    first attempts grow older. Nothing else changes (no fence, no status)."""
-    if not run_ids:
-        return
-    with connection.cursor() as cursor:
-        for model, (key, columns) in _AGED.items():
-            moved = ", ".join(f"{c} = {c} - %s * interval '1 second'" for c in columns)
-            cursor.execute(
-                f"UPDATE {model._meta.db_table} SET {moved} WHERE {key} = ANY(%s)",
-                [*([seconds] * len(columns)), list(run_ids)],
-            )

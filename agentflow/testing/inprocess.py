@@ -28,7 +28,7 @@ from agentflow import _concurrency, dispatch, durable, faults, leases, runtime
 from agentflow.agent.batches import batch_span
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
-from agentflow.store import synthetic
+from agentflow.store import aging
 
 __all__ = [
     "Crash",
@@ -307,7 +307,7 @@ def _let_the_wait_pass(run_id: str) -> None:
         row = cursor.fetchone()
     seconds = float(row[0]) if row and row[0] is not None else 0.0
     if seconds > -0.001:
-        synthetic.runs_age([run_id], seconds=seconds + 0.001)
+        aging.runs_age([run_id], seconds=seconds + 0.001)
 
 
 def _waits_for_someone(run_id: str) -> bool:

@@ -32,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from agentflow import builds, durable, faults, leases, registry, runtime, store, sweeper
 from agentflow.models import WorkflowRun
 from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
-from agentflow.store import synthetic
+from agentflow.store import aging
 from refunds import services
 from refunds.chaos import evidence, invariants
 from refunds.chaos.figures import Figures
@@ -244,7 +244,7 @@ class MoneyMachine(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from(TIME_STEPS))
     def time_passes(self, seconds: float) -> None:
-        synthetic.runs_age(self.run_ids, seconds=seconds)
+        aging.runs_age(self.run_ids, seconds=seconds)
         self._count("time_passes")
 
     # --- operators --------------------------------------------------------------------------
@@ -418,7 +418,7 @@ class MoneyMachine(RuleBasedStateMachine):
                 return
             # Nobody decides any more: every waiver still waiting times out to the fee path.
             self._time_out_approvals(self._waiting_for_approval(self.run_ids))
-            synthetic.runs_age(self.run_ids, seconds=LEASE_SECONDS + 1.0)
+            aging.runs_age(self.run_ids, seconds=LEASE_SECONDS + 1.0)
             sweeper.sweep()
 
     def _deliver(self, message: Message, worker: int, plan: PointPlan | None) -> None:
@@ -481,7 +481,7 @@ class MoneyMachine(RuleBasedStateMachine):
     def _time_out_approvals(self, run_ids: list[str]) -> None:
         if run_ids:
             timeout = float(settings.AGENTFLOW_APPROVAL_TIMEOUT)
-            synthetic.runs_age(run_ids, seconds=timeout + 1.0)
+            aging.runs_age(run_ids, seconds=timeout + 1.0)
 
     def _idle(self, name: str) -> bool:
         """No message queued: the rule does nothing. (Which rules run must depend on the rules

@@ -37,7 +37,7 @@ from refunds.agent.workflow import refund_agent
 from refunds.chaos.evidence import claim_mark
 
 #: Long enough that no lease runs out and no renewal is due by the wall clock while an example
-#: runs: time passes only when the machine says so (`agentflow.store.synthetic.runs_age`).
+#: runs: time passes only when the machine says so (`agentflow.store.aging.runs_age`).
 LEASE_SECONDS = 3600
 MODEL_ANSWERS = ("usual", "reordered", "repeated", "refused")
 

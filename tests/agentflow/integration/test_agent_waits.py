@@ -11,7 +11,7 @@ from django.db.models import F
 from agentflow import durable, runtime, store
 from agentflow.models import RunEvent, RunSignal, RunWait
 from agentflow.states import RunStatus, StepKind
-from agentflow.store import synthetic
+from agentflow.store import aging
 from agentflow.testing import capture_messages, run_to_end
 from tests.support import partner, workflows
 
@@ -74,7 +74,7 @@ def test_tool_approval__timeout__the_model_reads_a_timed_out_rejection() -> None
     run_id = durable.start(workflows.cashier.name)
     waiting(run_id)
 
-    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)
+    aging.runs_age([run_id], seconds=48 * 3600 + 1)
     done = run_to_end(run_id)
 
     assert done.status == RunStatus.COMPLETED, done.error
@@ -162,7 +162,7 @@ def test_agent_sleep_then_signal__each_wait_replayed_from_its_checkpoint() -> No
 
     found = waiting(run_id)
     assert found.waiting_for == "timer"
-    synthetic.runs_age([run_id], seconds=60)
+    aging.runs_age([run_id], seconds=60)
     found = run_to_end(run_id)  # the timer is waited out; the signal is not
     assert found.waiting_for == "signal"
     assert durable.signal(run_id, "reply", {"ok": 1}, signal_id="s-1") == "delivered"
@@ -181,7 +181,7 @@ def test_agent_wait_for__timeout_is_an_outcome_the_function_reads() -> None:
     found = run_to_end(run_id, retries=False)
     assert found.waiting_for == "signal"
 
-    synthetic.runs_age([run_id], seconds=31)
+    aging.runs_age([run_id], seconds=31)
     done = run_to_end(run_id)
 
     assert done.status == RunStatus.COMPLETED, done.error
@@ -192,7 +192,7 @@ def timed_out_then_parked(run_id: str) -> None:
     """Let the charge's approval time out (the call records the timed-out rejection), then
     park the run before its next model turn (as if that turn had diverged)."""
     waiting(run_id)
-    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)
+    aging.runs_age([run_id], seconds=48 * 3600 + 1)
     with capture_messages():
         runtime.run_step(run_id, CHARGE)
     found = durable.snapshot(run_id)

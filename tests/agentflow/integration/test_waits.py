@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from agentflow import durable, runtime, store, sweeper
 from agentflow.models import RunEvent, RunSignal, RunWait, StepCheckpoint, WorkflowRun
 from agentflow.states import RunStatus, StepKind, StepStatus
-from agentflow.store import synthetic
+from agentflow.store import aging
 from agentflow.testing import Message, SimulatedCrash, capture_messages, crash_at, run_to_end
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
@@ -130,7 +130,7 @@ def test_approval__timeout__takes_the_reject_path_and_a_late_approve_is_refused(
     seconds = found.pending_approval["expires_at"] - found.pending_approval["requested_at"]
     assert seconds.total_seconds() == 48 * 3600  # AGENTFLOW_APPROVAL_TIMEOUT's default
 
-    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)  # by the database's clock
+    aging.runs_age([run_id], seconds=48 * 3600 + 1)  # by the database's clock
     with pytest.raises(durable.ActionRefused, match="timed out"):
         durable.approve(run_id, actor="alice", reason="too late")
     with capture_messages() as outbox:
@@ -281,7 +281,7 @@ def test_signal__timeout_is_an_outcome_the_workflow_reads() -> None:
     run_id = durable.start(workflows.signal_or_timeout.name)
     waiting(run_id)
 
-    synthetic.runs_age([run_id], seconds=61)
+    aging.runs_age([run_id], seconds=61)
     assert durable.signal(run_id, "reply", signal_id="late") == "delivered"  # kept, too late
     done = run_to_end(run_id)
 
@@ -361,7 +361,7 @@ def test_early_signal__after_a_waits_timeout__kept_for_the_next_wait_not_that_on
     wait's deadline (before a worker noticed it) is no answer to it; the next wait takes it."""
     run_id = durable.start(workflows.late_reply.name)
     waiting(run_id)
-    synthetic.runs_age([run_id], seconds=61)
+    aging.runs_age([run_id], seconds=61)
 
     durable.signal(run_id, "reply", {"n": 1}, signal_id="late")
     done = run_to_end(run_id)
@@ -466,7 +466,7 @@ def test_timer__waits_holding_no_worker__the_sweeper_wakes_it_at_its_time() -> N
 
     with capture_messages() as outbox:
         assert run_id not in sweeper.sweep().requeued  # not due: left alone
-        synthetic.runs_age([run_id], seconds=120)
+        aging.runs_age([run_id], seconds=120)
         assert run_id in sweeper.sweep().requeued
     assert [m.seq for m in outbox.for_run(run_id)] == [2]
     deliver(outbox.for_run(run_id))
@@ -522,7 +522,7 @@ def test_approval__approve_after_the_timeout_took_the_reject_path__refused_sayin
     redelivery finishes the reject path without charging."""
     run_id = durable.start(workflows.approval.name, input={"amount": 4500})
     waiting(run_id)
-    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)
+    aging.runs_age([run_id], seconds=48 * 3600 + 1)
 
     with crash_at("charge:after_effect"), capture_messages(), pytest.raises(SimulatedCrash):
         runtime.run_step(run_id, 2)
@@ -642,7 +642,7 @@ def test_timer__its_doorbell_delivered_early__rings_no_second_one() -> None:
     assert again.for_run(run_id) == []
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.wake_at) == (RunStatus.WAITING, RunWait.objects.get(run=run).deadline)
-    synthetic.runs_age([run_id], seconds=3)
+    aging.runs_age([run_id], seconds=3)
     with capture_messages() as swept:
         assert run_id in sweeper.sweep().requeued  # its wake-up time still wakes it
     deliver(swept.for_run(run_id))

@@ -12,7 +12,7 @@ import pytest
 from agentflow import durable
 from agentflow.models import WorkflowRun
 from agentflow.states import RunStatus
-from agentflow.store import synthetic
+from agentflow.store import aging
 from agentflow.testing import run_to_end
 from refunds import policy, waivers
 from tests.support.refunds import holds_left, money_kept, partner_effects, seat_held, submit
@@ -107,7 +107,7 @@ def test_waiver__timed_out__the_policys_fee_and_the_customer_told(
     )
     waiting(run_id)
 
-    synthetic.runs_age([run_id], seconds=48 * 3600 + 1)  # by the database's clock
+    aging.runs_age([run_id], seconds=48 * 3600 + 1)  # by the database's clock
     with pytest.raises(durable.ActionRefused):
         durable.approve(run_id, actor="ops", reason="too late")
     done = the_end(run_id)
