@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentflow import store
+from agentflow import _store as store
+from agentflow._base.states import TERMINAL_RUN_STATUSES
 from agentflow._privacy import keystore
 from agentflow.exceptions import AgentflowError
 from agentflow.models import WorkflowRun
-from agentflow.states import TERMINAL_RUN_STATUSES
 
 #: The most run ids a refusal names (the count is always given).
 NAMED_RUNS = 10

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import models
 
-from agentflow import store
+from agentflow import _store as store
 from agentflow._privacy import envelope, keystore
 
 #: Subjects' key ids read (or made) together beforehand (`personal_keys`), by subject.

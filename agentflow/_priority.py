@@ -1,7 +1,7 @@
 """A run's priority as each broker orders it: one scale for workflows, two for the brokers.
 
 A priority is an integer from 0 to 9, higher taken first (docs/workflows.md, "Priorities"). It is
-kept on the run and put on each of its step messages (`agentflow.dispatch`), so a message the
+kept on the run and put on each of its step messages (`agentflow._core.dispatch`), so a message the
 sweeper, an operator or a partner's turn publishes again goes with the same priority. The brokers
 count differently: RabbitMQ takes the highest first (a queue declared with `x-max-priority`), and
 kombu's Redis transport the lowest (a list per step of `priority_steps`, 0 read first), so the

@@ -20,16 +20,10 @@ class AgentflowConfig(AppConfig):
         from django.core.signals import setting_changed
         from django.db.backends.signals import connection_created
 
-        from agentflow import (  # noqa: F401
-            checks,
-            faults,
-            outage,
-            pooler,
-            registry,
-            store,
-            tasks,
-            tracing,
-        )
+        from agentflow import _store as store
+        from agentflow import tracing
+        from agentflow._core import faults, outage, pooler, registry
+        from agentflow._engine import checks, tasks  # noqa: F401
         from agentflow._tasks_backend import resolver
         from agentflow.conf import settings
 

@@ -22,14 +22,16 @@ from typing import Any
 
 from celery.beat import PersistentScheduler
 
-from agentflow import outage, sweeper
+from agentflow._core import outage
+from agentflow._recovery import sweeper
 from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
 
 PURGE_TASK = "agentflow.purge"
 #: Retention runs hourly; a tick stays well inside the task time limit however large the
-#: backlog (agentflow.tasks deletes a bounded number of batches), the next goes on from there.
+#: backlog (agentflow._engine.tasks deletes a bounded number of batches), the next goes on from
+#: there.
 RETENTION_INTERVAL_SECONDS = 3600.0
 
 

@@ -25,18 +25,23 @@ from typing import Any
 
 from django.db import transaction
 
-from agentflow import (
-    _children,
-    _concurrency,
-    _priority,
-    forks,
-    limiter,
-    outcomes,
-    registry,
-    routing,
-    store,
-    telemetry,
-)
+from agentflow import _children, _concurrency, _priority
+from agentflow import _store as store
+from agentflow._base import outcomes
+from agentflow._base.context import Decision, StepContext, UndoneCall, idempotency_key
+from agentflow._base.retry import RetryPolicy
+from agentflow._base.states import TERMINAL_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
+from agentflow._builds import routing
+from agentflow._core import registry
+from agentflow._core.links import Link, RunRef, StepRef
+from agentflow._core.links import register as register_links
+from agentflow._core.registry import END, Workflow
+from agentflow._core.replies import REPLY_MAX_CHARS, Replies
+from agentflow._core.sensitive import Sensitive
+from agentflow._core.serialization import NotJSONError, storable_text, to_json
+from agentflow._engine import forks
+from agentflow._limits import limiter
+from agentflow._observe import telemetry
 from agentflow._personal_fields import PersonalTextField, personal_keys
 from agentflow._privacy import envelope, keystore
 from agentflow._privacy import scope as privacy
@@ -45,7 +50,6 @@ from agentflow._schedules import Schedule, ScheduleError
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
 from agentflow.conf import settings
-from agentflow.context import Decision, StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import (
     AgentflowError,
     AnswerLost,
@@ -59,15 +63,7 @@ from agentflow.exceptions import (
     RetryableStepError,
     UnknownWorkflowError,
 )
-from agentflow.links import Link, RunRef, StepRef
-from agentflow.links import register as register_links
 from agentflow.models import WorkflowRun
-from agentflow.registry import END, Workflow
-from agentflow.replies import REPLY_MAX_CHARS, Replies
-from agentflow.retry import RetryPolicy
-from agentflow.sensitive import Sensitive
-from agentflow.serialization import NotJSONError, storable_text, to_json
-from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 
 ActionRefused = store.ActionRefused
 #: How the reason of a step waiting for its turn at a partner begins (`PartnerWait`).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentflow import rate_signals
+from agentflow._base import rate_signals
 
 
 class AgentflowError(Exception):
@@ -103,7 +103,7 @@ class PartnerRateLimited(RetryableStepError):
 
     @classmethod
     def from_headers(cls, message: str, headers: Mapping[str, Any] | None) -> PartnerRateLimited:
-        """The 429 as the partner's headers describe it (`agentflow.rate_signals`)."""
+        """The 429 as the partner's headers describe it (`agentflow._base.rate_signals`)."""
         signal = rate_signals.read(headers)
         return cls(
             message,

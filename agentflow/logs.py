@@ -1,6 +1,7 @@
 """Log lines: JSON (or text for a terminal) through structlog, with the step being run bound.
 
-Engine code logs through the standard library (`logging.getLogger(__name__)`); structlog's
+Engine code logs through the standard library, under `agentflow.<module>` names (those of the
+modules before they became private, so a host's LOGGING keeps working); structlog's
 `ProcessorFormatter` renders every record, ours and Celery's and Django's, and merges the
 context bound with `bind_step` into it. So one `grep wf_...` over the JSON lines of web,
 worker and beat finds every line a run caused, each carrying its workflow, step, seq, attempt,

@@ -5,7 +5,7 @@ With `agentflow.middleware.DatabaseOutageMiddleware` in MIDDLEWARE, a view (or t
 renders) that finds the database unreachable answers an operator on an admin page that the
 database is unreachable, and anyone else with the host's `503.html` (JSON to a client that asks
 for JSON; plain text without the template). The process says so once in its log
-(`agentflow.outage`), not once per request. Any other error is left to Django.
+(`agentflow._core.outage`), not once per request. Any other error is left to Django.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from django.template import TemplateDoesNotExist
 from django.template.loader import render_to_string
 from django.urls import Resolver404, resolve
 
-from agentflow import outage
+from agentflow._core import outage
 
 OPERATOR_TEMPLATE = "agentflow/database_unreachable.html"
 CUSTOMER_TEMPLATE = "503.html"

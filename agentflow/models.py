@@ -7,11 +7,11 @@ import secrets
 from django.db import models
 from django.db.models import Q
 
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 from agentflow._privacy.fields import SealedJSONField
 
 # The keystore's tables (agentflow._privacy), registered with the engine's.
 from agentflow._privacy.models import RunSubject, SubjectKey  # noqa: F401
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 
 
 def new_run_id() -> str:
@@ -53,7 +53,8 @@ class WorkflowRun(models.Model):
     #: so a step re-published without one (by the sweeper) stays in the run's trace.
     trace_parent = models.CharField(max_length=55, blank=True, db_default="")
     #: The build whose code runs it now (docs/deploys.md, "Builds"): the one it started on, until it
-    #: moves to a newer one that can take it (`agentflow.routing`). Empty: started before builds.
+    #: moves to a newer one that can take it (`agentflow._builds.routing`). Empty: started before
+    #: builds.
     build = models.CharField(max_length=100, blank=True, db_default="")
     #: The build it started on.
     started_build = models.CharField(max_length=100, blank=True, db_default="")

@@ -29,7 +29,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from agentflow.dispatch import RUN_STEP_TASK
+from agentflow._core.dispatch import RUN_STEP_TASK
 
 ATTRIBUTE_PREFIX = "agentflow."
 _propagator = TraceContextTextMapPropagator()

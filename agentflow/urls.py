@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from agentflow import views
+from agentflow._engine import views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),

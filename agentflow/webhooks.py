@@ -48,9 +48,10 @@ from django.utils.log import log_response
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from agentflow import durable, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._core.serialization import MAX_DEPTH
 from agentflow.conf import settings
-from agentflow.serialization import MAX_DEPTH
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "axes",  # admin login attempts limited per client address (see Admin login below)
     "agentflow",
-    "agentflow.contrib.bench",  # `manage.py bench` and its workflows (opt-in, as any host's)
+    "config.bench",  # `manage.py bench` and its workflows (opt-in, as any host's)
     "refunds.apps.RefundsConfig",
 ]
 # Django's own `@task` functions run as durable runs on this site's workers
@@ -185,7 +185,7 @@ else:
     )
 
 # "auto": on until a pooler loses one (PgBouncer in transaction mode before 1.21), then off for
-# the process; "on" / "off" say it up front (agentflow.pooler).
+# the process; "on" / "off" say it up front (agentflow._core.pooler).
 AGENTFLOW_DB_PREPARED_STATEMENTS = env_str("AGENTFLOW_DB_PREPARED_STATEMENTS", "auto").lower()
 if AGENTFLOW_DB_PREPARED_STATEMENTS == "off":
     DATABASES["default"].get("OPTIONS", {}).pop("prepare_threshold", None)
@@ -409,7 +409,7 @@ except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 #: Bearer token /metrics requires when set. Unset, /metrics is open only under DEBUG or with
 #: AGENTFLOW_METRICS_PUBLIC=1 (scraped over a private network); else it answers 404, since its
-#: counters say what the service is doing (a system check warns, agentflow.checks).
+#: counters say what the service is doing (a system check warns, agentflow._engine.checks).
 AGENTFLOW_METRICS_TOKEN = env_str("AGENTFLOW_METRICS_TOKEN", "")
 AGENTFLOW_METRICS_PUBLIC = env_bool("AGENTFLOW_METRICS_PUBLIC", False)
 # Counters and histograms from every process (gunicorn workers, Celery's pool children) live in

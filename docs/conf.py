@@ -60,8 +60,8 @@ nitpick_ignore = [
 ] + [
     # Engine types a public signature names but the public surface does not offer: a graph's
     # step definitions (Workflow.steps), and what may_have_happened reads (any step snapshot).
-    ("py:class", "agentflow.registry.StepDef"),
-    ("py:class", "agentflow.outcomes.Recorded"),
+    ("py:class", "agentflow._core.registry.StepDef"),
+    ("py:class", "agentflow._base.outcomes.Recorded"),
 ]
 
 # Docstrings write `name` for code, as the Markdown pages do.

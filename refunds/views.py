@@ -15,7 +15,8 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_safe
 
-from agentflow import durable, outage
+from agentflow import durable
+from agentflow._core import outage
 from refunds import engines, policy, progress, proxies, services, waivers
 from refunds.forms import RefundRequestForm, new_submission_token, unsign_submission_token
 from refunds.models import RefundRequest

@@ -229,7 +229,7 @@ def waiver_reply(reply: str, *, granted: bool) -> str:
     """What the customer is told of our team's decision on their fee waiver: one of the
     policy's sentences for that outcome (the first when the decision chose none), or the words
     the operator typed in the admin's field for the customer, which they saw in a preview
-    (agentflow.replies) — never their reason, never their name."""
+    (agentflow._core.replies) — never their reason, never their name."""
     offered = policy.WAIVER_REPLIES["approve" if granted else "reject"]
     other = policy.WAIVER_REPLIES["reject" if granted else "approve"]
     told = " ".join((reply or "").split())

@@ -22,16 +22,19 @@ from typing import Any
 
 from django.db import transaction
 
-from agentflow import _concurrency, _priority, registry, store, telemetry
+from agentflow import _concurrency, _priority
+from agentflow import _store as store
+from agentflow._base.context import StepContext
+from agentflow._base.states import TERMINAL_RUN_STATUSES, StepKind, WaitKind
+from agentflow._core import registry
+from agentflow._core.registry import DefinitionError, WaitSpec, Workflow
+from agentflow._core.serialization import NotJSONError, storable_text, to_json
+from agentflow._observe import telemetry
 from agentflow._privacy import keystore
+from agentflow._store.children import ChildEnd, NewRun
 from agentflow.conf import settings
-from agentflow.context import StepContext
 from agentflow.exceptions import InvalidInputError, PermanentStepError
 from agentflow.models import WorkflowRun
-from agentflow.registry import DefinitionError, WaitSpec, Workflow
-from agentflow.serialization import NotJSONError, storable_text, to_json
-from agentflow.states import TERMINAL_RUN_STATUSES, StepKind, WaitKind
-from agentflow.store.children import ChildEnd, NewRun
 
 #: What a parent's wait asks for. "all": every child ended; "first": one did.
 WAITS = ("all", "first")

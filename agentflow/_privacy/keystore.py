@@ -2,7 +2,7 @@
 
 Subject keys live in this database, wrapped by a master key that never does (it is a setting):
 a copy of the database alone opens nothing. Their rows are written by the store alone
-(`agentflow.store.subject_keys`); this module reads them, and keeps what it unwrapped briefly.
+(`agentflow._store.subject_keys`); this module reads them, and keeps what it unwrapped briefly.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from agentflow import faults
+from agentflow._core import faults
 
 
 def now() -> datetime:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentflow._core.serialization import NotJSONError, to_json
 from agentflow._schedules import clock, store
 from agentflow._schedules.declaration import Schedule, declared
 from agentflow._schedules.overview import ScheduleView, view
 from agentflow._schedules.slots import ScheduleError
 from agentflow.exceptions import UnknownWorkflowError
-from agentflow.serialization import NotJSONError, to_json
 
 
 def schedule_named(name: str) -> Schedule:

@@ -17,11 +17,12 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
-from agentflow import faults, registry, store
+from agentflow import _store as store
+from agentflow._base.states import TERMINAL_RUN_STATUSES
+from agentflow._core import faults, registry
 from agentflow._schedules import slots
 from agentflow._schedules.declaration import Schedule
 from agentflow.models import ScheduleSlot, ScheduleState, WorkflowRun
-from agentflow.states import TERMINAL_RUN_STATUSES
 
 Outcome = ScheduleSlot.Outcome
 Why = ScheduleSlot.Why

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError
 
-from agentflow import outage, store, telemetry
+from agentflow import _store as store
+from agentflow._core import outage
+from agentflow._observe import telemetry
 from agentflow._schedules import clock, overview
 from agentflow._schedules.declaration import declared
 from agentflow._schedules.slots import ScheduleError, iso

@@ -19,14 +19,15 @@ from typing import Any
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from agentflow import identifiers, leases
+from agentflow._base import identifiers
+from agentflow._base.context import StepContext, idempotency_key
+from agentflow._base.retry import DEFAULT_RETRY, RetryPolicy
+from agentflow._base.states import StepKind
+from agentflow._core import leases
+from agentflow._core.registry import NAME_MAX_CHARS
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
-from agentflow.context import StepContext, idempotency_key
 from agentflow.exceptions import AgentflowError, PartnerWait, PermanentStepError
-from agentflow.registry import NAME_MAX_CHARS
-from agentflow.retry import DEFAULT_RETRY, RetryPolicy
-from agentflow.states import StepKind
 
 from . import framework, results
 from .calls import STEP, VERSION, Call

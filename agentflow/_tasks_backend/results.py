@@ -13,9 +13,9 @@ from typing import Any
 
 from django.db.models import Q
 
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._core.serialization import storable_text
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.serialization import storable_text
-from agentflow.states import RunStatus, StepStatus
 
 from . import framework
 from .calls import STEP, Call

@@ -22,13 +22,16 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from agentflow import _children, registry, routing, store
+from agentflow import _children
+from agentflow import _store as store
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
+from agentflow._builds import routing
+from agentflow._core import registry
+from agentflow._core.replies import Replies
 from agentflow.admin import approvals, privacy
 from agentflow.admin.display import badge
-from agentflow.forms import DecisionForm, ReasonForm
+from agentflow.admin.forms import DecisionForm, ReasonForm
 from agentflow.models import WorkflowRun
-from agentflow.replies import Replies
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from django.db.models import OuterRef, Subquery
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
-from agentflow import store
+from agentflow import _store as store
+from agentflow._base.states import RunStatus, WaitKind
 from agentflow.admin.display import pretty, when
 from agentflow.admin.privacy import APPROVE, Privacy
 from agentflow.models import RunWait, WorkflowRun
-from agentflow.states import RunStatus, WaitKind
 
 PERMISSION = APPROVE
 

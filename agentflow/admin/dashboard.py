@@ -22,13 +22,15 @@ from django.db.models import Count, Min, Q
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from agentflow import metrics, roster, store
+from agentflow import _store as store
+from agentflow._base.states import ACTIVE_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
+from agentflow._builds import roster
+from agentflow._observe import metrics
 from agentflow.admin import counting
 from agentflow.admin.counting import count_label, planner_estimate
 from agentflow.admin.display import duration
 from agentflow.conf import settings
 from agentflow.models import RunEvent, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
 
 #: Events read to count the last hour's activity: a few milliseconds at any history size.
 RECENT_EVENTS = 10_000

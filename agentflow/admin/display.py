@@ -10,8 +10,8 @@ from typing import Any
 from django.utils import timezone
 from django.utils.html import format_html
 
+from agentflow._base.states import RunStatus
 from agentflow.models import WorkflowRun
-from agentflow.states import RunStatus
 
 #: Payloads are cut here so one huge output cannot stall the page.
 MAX_PAYLOAD_CHARS = 20_000

@@ -15,8 +15,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from agentflow import _erasure
+from agentflow.admin.forms import ReasonForm
 from agentflow.admin.pages import ActionsOnlyAdmin
-from agentflow.forms import ReasonForm
 from agentflow.models import SubjectKey
 
 ERASE_PERMISSION = "agentflow.erase_subjectkey"

@@ -14,9 +14,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from agentflow import store
+from agentflow import _store as store
+from agentflow._base.states import RunStatus
 from agentflow.models import WorkflowRun
-from agentflow.states import RunStatus
 
 
 def family(run: WorkflowRun) -> str:

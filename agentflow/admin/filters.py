@@ -9,9 +9,9 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from agentflow import registry
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, WaitKind
+from agentflow._core import registry
 from agentflow.models import RunWait
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, WaitKind
 
 
 class WorkflowFilter(admin.SimpleListFilter):

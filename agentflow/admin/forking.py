@@ -1,6 +1,6 @@
 """Fork an agent run from a position, from the run page: a confirmation that lists what the
 fork sets aside — above all the side effects that happened — asks for a reason, then calls
-`agentflow.forks.fork` (which asks partners about effects that may have happened, then
+`agentflow._engine.forks.fork` (which asks partners about effects that may have happened, then
 `store.run_fork`). The store decides what is safe; its refusals become messages.
 """
 
@@ -17,15 +17,18 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from agentflow import forks, outcomes, registry, store
+from agentflow import _store as store
+from agentflow._base import outcomes
+from agentflow._base.states import RunStatus
+from agentflow._core import registry
+from agentflow._engine import forks
 from agentflow.admin import actions, privacy
 from agentflow.admin.display import badge
+from agentflow.admin.forms import ReasonForm
 from agentflow.admin.recorded_calls import Part, read_call
 from agentflow.agent.fingerprint import LLM_CALL_NAME
 from agentflow.agent.loop import CodeWorkflow
-from agentflow.forms import ReasonForm
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus
 
 TEMPLATE = "admin/agentflow/workflowrun/fork_confirmation.html"
 #: Statuses whose run page offers Fork (the store still decides).

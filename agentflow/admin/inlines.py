@@ -9,11 +9,11 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from agentflow import links
+from agentflow._base.states import StepStatus
+from agentflow._core import links
 from agentflow.admin.display import badge, pretty, when
 from agentflow.admin.privacy import OPEN, Privacy
 from agentflow.models import RunEvent, StepCheckpoint
-from agentflow.states import StepStatus
 
 
 class ReadOnlyInline(admin.TabularInline):

@@ -21,10 +21,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from agentflow import limits, store
+from agentflow import _store as store
+from agentflow._core import limits
+from agentflow.admin.forms import ReasonForm
 from agentflow.admin.pages import ActionsOnlyAdmin
 from agentflow.exceptions import partner_wait_reason
-from agentflow.forms import ReasonForm
 from agentflow.models import PartnerEvent, PartnerState
 
 PAUSE_PERMISSION = "agentflow.pause_partnerstate"

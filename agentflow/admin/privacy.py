@@ -1,5 +1,5 @@
 """Who may read a run's sensitive arguments in the admin, and the run's rows as everyone else
-sees them: every sensitive value shown as "redacted (N characters)" (agentflow.sensitive).
+sees them: every sensitive value shown as "redacted (N characters)" (agentflow._core.sensitive).
 
 A call's sensitive arguments (a graph step's approval arguments, a tool's parameters, declared
 with `Sensitive`) are read by those who must decide the call — holders of
@@ -25,9 +25,10 @@ from urllib.parse import unquote, unquote_plus
 
 from django.http import HttpRequest
 
-from agentflow import links, registry, store
+from agentflow import _store as store
+from agentflow._core import links, registry
+from agentflow._core.sensitive import Redactor, Sensitive
 from agentflow.models import RunEvent, RunWait, StepCheckpoint, SupersededStep, WorkflowRun
-from agentflow.sensitive import Redactor, Sensitive
 
 #: Deciding calls that wait for approval (the admin's Approve and Reject).
 APPROVE = "agentflow.approve_workflowrun"

@@ -16,10 +16,10 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Protocol
 
+from agentflow._base.states import StepKind, StepStatus
+from agentflow._core.registry import undo_target
 from agentflow.admin.display import Shown, compact
 from agentflow.agent import pricing
-from agentflow.registry import undo_target
-from agentflow.states import StepKind, StepStatus
 
 #: Words (a prompt, an answer, an error) are cut past this many characters.
 MAX_WORDS_CHARS = 4000

@@ -11,12 +11,12 @@ from typing import Any
 
 from django.utils import timezone
 
-from agentflow import registry
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._core import registry
 from agentflow.admin import forking, timeline, timeline_svg, trajectory
 from agentflow.admin.privacy import Privacy
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.models import RunEvent, RunWait, StepCheckpoint, SupersededStep, WorkflowRun
-from agentflow.states import RunStatus, StepStatus
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,10 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from agentflow import builds, links, registry, routing, store
+from agentflow import _store as store
+from agentflow._base.states import TERMINAL_RUN_STATUSES, RunStatus
+from agentflow._builds import routing
+from agentflow._core import builds, links, registry
 from agentflow.admin import actions as run_actions
 from agentflow.admin import approvals, family, forking, privacy, run_page, signals
 from agentflow.admin.counting import EstimatingPaginator, bounded_count
@@ -27,10 +30,9 @@ from agentflow.admin.dashboard import dashboard
 from agentflow.admin.dates import date_hierarchy
 from agentflow.admin.display import ago, badge, pretty, wake_up, when
 from agentflow.admin.filters import WakeFilter, WorkflowFilter
+from agentflow.admin.forms import ReasonForm
 from agentflow.admin.inlines import EventInline, StepInline
-from agentflow.forms import ReasonForm
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
 
 RUN_FIELDS = (
     "id", "definition", "status_badge", "current", "current_attempts", "business_key_block",

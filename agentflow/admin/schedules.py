@@ -22,8 +22,8 @@ from django.urls import path, reverse
 
 from agentflow._schedules import ScheduleError
 from agentflow._schedules import operator as schedules
+from agentflow.admin.forms import ReasonForm
 from agentflow.admin.pages import ActionsOnlyAdmin
-from agentflow.forms import ReasonForm
 from agentflow.models import ScheduleState
 
 PAUSE_PERMISSION = "agentflow.pause_schedulestate"

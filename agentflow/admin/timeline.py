@@ -16,9 +16,9 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from agentflow._base.states import ACTIVE_RUN_STATUSES, StepStatus
 from agentflow.admin.timeline_waits import WaitSpan, lane_name, wait_spans
 from agentflow.models import RunEvent, RunWait, StepCheckpoint, SupersededStep, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, StepStatus
 
 #: Two attempt records closer than this are the same attempt told twice (event and checkpoint).
 SAME_INSTANT = timedelta(milliseconds=1)

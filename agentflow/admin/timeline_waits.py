@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from agentflow._base.states import ACTIVE_RUN_STATUSES, WaitKind
 from agentflow.agent.loop import NEXT_CALL
 from agentflow.models import RunWait, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, WaitKind
 
 
 class WaitEnd(StrEnum):

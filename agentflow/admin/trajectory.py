@@ -15,6 +15,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from agentflow._base.states import RunStatus, StepKind
 from agentflow.admin import replays
 from agentflow.admin.recorded_calls import (
     Call,
@@ -28,7 +29,6 @@ from agentflow.admin.recorded_calls import (
 from agentflow.admin.replays import Epochs, ForkRecord
 from agentflow.agent.turns import whole_request
 from agentflow.models import RunEvent, WorkflowRun
-from agentflow.states import RunStatus, StepKind
 
 
 @dataclass(frozen=True, kw_only=True)

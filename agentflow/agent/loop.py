@@ -30,6 +30,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from agentflow._base.context import StepContext, UndoneCall, idempotency_key
+from agentflow._base.retry import DEFAULT_RETRY, RetryPolicy
+from agentflow._base.states import StepKind, StepStatus
+from agentflow._core.registry import StepDef, Workflow, undo_name, undo_target, undoing
+from agentflow._core.replies import Replies
+from agentflow._core.sensitive import Sensitive
+from agentflow._core.serialization import to_json
 from agentflow.agent import budget, pricing, waiting
 from agentflow.agent.canonical import canonical_json, digest
 from agentflow.agent.clients import ModelClient, configured_client
@@ -57,14 +64,7 @@ from agentflow.agent.tools import (
 )
 from agentflow.agent.turns import Turns, whole_request
 from agentflow.conf import settings
-from agentflow.context import StepContext, UndoneCall, idempotency_key
 from agentflow.exceptions import DefinitionError, OutcomeUnknown, PermanentStepError
-from agentflow.registry import StepDef, Workflow, undo_name, undo_target, undoing
-from agentflow.replies import Replies
-from agentflow.retry import DEFAULT_RETRY, RetryPolicy
-from agentflow.sensitive import Sensitive
-from agentflow.serialization import to_json
-from agentflow.states import StepKind, StepStatus
 
 #: The `current_step` of an agent run between calls: which call comes next is known only
 #: once the function is replayed up to it.

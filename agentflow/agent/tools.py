@@ -26,15 +26,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentflow._base.context import Decision, StepContext, UndoneCall
+from agentflow._base.states import StepKind
+from agentflow._core.replies import Replies
+from agentflow._core.sensitive import Sensitive
+from agentflow._core.serialization import to_json
 from agentflow.agent.arguments import Arguments, ArgumentSpec, InvalidArguments
 from agentflow.agent.errors import ToolRefused
 from agentflow.agent.fingerprint import LLM_CALL_NAME
-from agentflow.context import Decision, StepContext, UndoneCall
 from agentflow.exceptions import DefinitionError
-from agentflow.replies import Replies
-from agentflow.sensitive import Sensitive
-from agentflow.serialization import to_json
-from agentflow.states import StepKind
 
 ToolFn = Callable[..., Any]
 #: A tool's `approval_arguments`: (the call's step context, its arguments) -> what else to show.
@@ -169,9 +169,9 @@ class Tool:
     #: What else the operator reads to decide such a call, from the run (not from the model):
     #: given the step's context and the call's arguments; the decision binds to both.
     approval_arguments: ApprovalArguments | None = None
-    #: Arguments only deciders and named readers may read in the admin (agentflow.sensitive).
+    #: Arguments only deciders and named readers may read in the admin (agentflow._core.sensitive).
     sensitive: Sensitive | None = None
-    #: What a decision on a call of it may tell the customer (agentflow.replies).
+    #: What a decision on a call of it may tell the customer (agentflow._core.replies).
     replies: Replies | None = None
 
     def needs_approval(self, values: dict[str, Any]) -> bool:
@@ -269,8 +269,8 @@ class Toolbox:
         `approval_arguments(ctx, arguments)`: what else the operator reads to decide, from the
         run rather than the model (what the customer wrote, which the model is never shown);
         the decision binds to it with the call. `sensitive`: parameters (or approval arguments)
-        the admin shows only to deciders and the named readers (agentflow.sensitive).
-        `replies`: what a decision may tell the customer (agentflow.replies).
+        the admin shows only to deciders and the named readers (agentflow._core.sensitive).
+        `replies`: what a decision may tell the customer (agentflow._core.replies).
 
         Raises:
             DefinitionError: not exactly one of `read_only` / `side_effect`, a bad or taken

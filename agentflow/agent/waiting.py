@@ -13,11 +13,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from agentflow._base.context import StepContext
+from agentflow._base.states import StepKind, WaitKind
+from agentflow._core.registry import StepDef, WaitSpec
 from agentflow.agent.tools import PreparedCall
-from agentflow.context import StepContext
 from agentflow.exceptions import DefinitionError
-from agentflow.registry import StepDef, WaitSpec
-from agentflow.states import StepKind, WaitKind
 
 #: The checkpoint names of the waits (a signal's name follows the colon).
 SLEEP_CALL = "sleep"

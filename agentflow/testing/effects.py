@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agentflow import durable
-from agentflow.states import StepKind, StepStatus
+from agentflow._base.states import StepKind, StepStatus
 
 __all__ = ["assert_effects_once"]
 

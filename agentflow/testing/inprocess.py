@@ -1,10 +1,11 @@
 """Runs driven in the test's own process: no broker, no worker, the real database.
 
-The engine publishes each step message through `agentflow.dispatch.send_step`; here those
+The engine publishes each step message through `agentflow._core.dispatch.send_step`; here those
 messages are kept in an `Outbox` instead, and `run_to_end` plays the worker: it delivers the
-run's current step (`agentflow.runtime.run_step`, exactly what a worker's task calls) until
+run's current step (`agentflow._engine.runtime.run_step`, exactly what a worker's task calls) until
 the run is finished or parked. `crash_at` makes a named crash point
-(docs/protocol.md, "Crash points", `agentflow.faults.CRASH_POINTS`) kill the "worker" that reaches
+(docs/protocol.md, "Crash points", `agentflow._core.faults.CRASH_POINTS`) kill the "worker" that
+reaches
 it, as SIGKILL would, and the next delivery is the broker's redelivery to a live one.
 """
 
@@ -24,11 +25,13 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test import TestCase
 
-from agentflow import _concurrency, dispatch, durable, faults, leases, runtime
+from agentflow import _concurrency, durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
+from agentflow._core import dispatch, faults, leases
+from agentflow._engine import runtime
+from agentflow._store import aging
 from agentflow.agent.batches import batch_span
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
-from agentflow.store import aging
 
 __all__ = [
     "Crash",
@@ -141,7 +144,7 @@ def _parse_point(where: str) -> tuple[str, str]:
 
 def crash_env(where: str) -> dict[str, str]:
     """The environment that makes a real worker process SIGKILL itself at `where`
-    ("STEP:POINT", POINT one of `agentflow.faults.CRASH_POINTS`) on the step's first attempt:
+    ("STEP:POINT", POINT one of `agentflow._core.faults.CRASH_POINTS`) on the step's first attempt:
 
         agentflow_worker(env=crash_env("charge:after_effect"))
     """
@@ -220,7 +223,8 @@ def crash_at(where: str, *, must_fire: bool = True) -> Iterator[Crash]:
     then redelivers the message, as the broker does after a lost worker, and the run recovers
     the way it would in production (a takeover that asks the partner first, or a republish).
 
-    Called directly, `agentflow.runtime.run_step` raises `SimulatedCrash`. It fires once. With
+    Called directly, `agentflow._engine.runtime.run_step` raises `SimulatedCrash`. It fires once.
+    With
     `must_fire` (the default) a block that ends without the crash fails: a misspelt step name
     would otherwise prove nothing. Needs Postgres (the owner's lock tells a crash apart).
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentflow import durable
-from agentflow.states import ACTIVE_RUN_STATUSES
+from agentflow._base.states import ACTIVE_RUN_STATUSES
 from agentflow.testing.waiting import wait_for
 
 __all__ = ["wait_for_run"]

@@ -52,7 +52,7 @@ def _agentflow_liveness_released() -> Iterator[None]:
     """A step claimed in this process opened a liveness connection to the test database; it
     is closed after the test, so that the database can be dropped at the end."""
     yield
-    leases = sys.modules.get("agentflow.leases")
+    leases = sys.modules.get("agentflow._core.leases")
     if leases is not None:
         leases.release()
 

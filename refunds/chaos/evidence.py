@@ -15,8 +15,8 @@ from typing import Any
 
 from django.db import connection
 
+from agentflow._base.states import WaitKind
 from agentflow.models import RunEvent, RunWait, StepCheckpoint, WorkflowRun
-from agentflow.states import WaitKind
 from refunds import waivers
 
 #: Ledger lists, and the refund step whose idempotency key each effect carries. `payments` is

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime
 
-from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus, StepStatus
+from agentflow._base.states import TERMINAL_RUN_STATUSES, RunStatus, StepStatus
 from refunds.chaos.evidence import EFFECT_STEPS, NONE_PER_COMPLETED, ONE_PER_REFUND, Evidence
 
 #: Endpoints whose client makes exactly one request per step attempt (plain HTTP, no client

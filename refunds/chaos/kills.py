@@ -18,8 +18,8 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connections
 
+from agentflow._base.states import StepStatus
 from agentflow.models import StepCheckpoint
-from agentflow.states import StepStatus
 from agentflow.testing.processes import PostgresServer, WorkerProcess
 from refunds.chaos.processes import RabbitBroker, RedisBroker
 

@@ -29,10 +29,14 @@ from hypothesis import currently_in_test_context, target
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from agentflow import builds, durable, faults, leases, registry, runtime, store, sweeper
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import TERMINAL_RUN_STATUSES, RunStatus
+from agentflow._core import builds, faults, leases, registry
+from agentflow._engine import runtime
+from agentflow._recovery import sweeper
+from agentflow._store import aging
 from agentflow.models import WorkflowRun
-from agentflow.states import TERMINAL_RUN_STATUSES, RunStatus
-from agentflow.store import aging
 from refunds import services
 from refunds.chaos import evidence, invariants
 from refunds.chaos.figures import Figures

@@ -30,8 +30,8 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connections
 from prometheus_client.parser import text_string_to_metric_families
 
+from agentflow._base.states import ACTIVE_RUN_STATUSES, StepStatus
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, StepStatus
 from agentflow.testing.processes import PostgresServer
 from refunds.chaos.evidence import Evidence
 from refunds.chaos.processes import Web

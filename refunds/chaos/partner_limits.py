@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from agentflow import limits, store
+from agentflow import _store as store
+from agentflow._core import limits
 from agentflow.models import PartnerEvent, StepCheckpoint
 from refunds.chaos import evidence as evidence_mod
 from refunds.chaos.processes import Sandbox

@@ -6,7 +6,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from agentflow.states import RunStatus, StepStatus
+from agentflow._base.states import RunStatus, StepStatus
 from refunds.chaos import invariants
 from refunds.chaos.evidence import Evidence, attempts, duplicates, histogram
 from refunds.chaos.kills import BROKER, CHILD, POSTGRES, WORKER, Kill

@@ -27,8 +27,8 @@ from django.test.utils import override_settings
 from django.utils import timezone
 
 from agentflow import durable, logs
+from agentflow._base.states import ACTIVE_RUN_STATUSES
 from agentflow.models import WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES
 from agentflow.testing.processes import (
     PgBouncerServer,
     PostgresServer,

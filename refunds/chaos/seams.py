@@ -28,7 +28,7 @@ import psycopg
 from django.db import connection
 from django.test.utils import override_settings
 
-from agentflow import dispatch, faults, leases
+from agentflow._core import dispatch, faults, leases
 from agentflow.agent import ModelRequest, Plan, ScriptedModel, call
 from refunds import gateways
 from refunds.agent import planner
@@ -37,7 +37,7 @@ from refunds.agent.workflow import refund_agent
 from refunds.chaos.evidence import claim_mark
 
 #: Long enough that no lease runs out and no renewal is due by the wall clock while an example
-#: runs: time passes only when the machine says so (`agentflow.store.aging.runs_age`).
+#: runs: time passes only when the machine says so (`agentflow._store.aging.runs_age`).
 LEASE_SECONDS = 3600
 MODEL_ANSWERS = ("usual", "reordered", "repeated", "refused")
 

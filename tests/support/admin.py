@@ -15,9 +15,9 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 
-from agentflow.dispatch import RUN_STEP_TASK
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
+from agentflow._core.dispatch import RUN_STEP_TASK
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
 from config.celery_app import app as celery_app
 
 LIST_URL = "/admin/agentflow/workflowrun/"

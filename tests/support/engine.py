@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from agentflow import durable, runtime
+from agentflow import durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
+from agentflow._engine import runtime
 from agentflow.models import WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.testing.inprocess import next_batch_member
 from agentflow.testing.waiting import wait_for
 from tests.support.processes import RedisServer

@@ -3,7 +3,7 @@
 - `database_down()`: this process's default database points at a port where nothing listens
   (connections are refused, as when Postgres is stopped) until the block ends; then every
   connection opens on the real one again. The machine's Postgres is never touched.
-- autouse: each test starts with a process that has seen no outage (`agentflow.outage` keeps
+- autouse: each test starts with a process that has seen no outage (`agentflow._core.outage` keeps
   one account per process, which would otherwise carry over from an earlier test).
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection, connections
 
-from agentflow import outage
+from agentflow._core import outage
 from agentflow.testing.processes import free_port
 
 

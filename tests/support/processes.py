@@ -28,8 +28,8 @@ import dj_database_url
 import pytest
 from django.conf import settings
 
-from agentflow import leases
-from agentflow.store import builds as store_builds
+from agentflow._core import leases
+from agentflow._store import builds as store_builds
 from agentflow.testing.processes import (
     PgBouncerServer,
     ProcessStartError,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agentflow import durable, faults
+from agentflow import durable
+from agentflow._core import faults
 from tests.support import partner
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentflow import builds
+from agentflow._builds.roster import build_states
+from agentflow._core import builds
 from agentflow.management.base import BaseCommand
-from agentflow.roster import build_states
 
 
 class Command(BaseCommand):

@@ -2,7 +2,8 @@
 database: what this build would do with every run not finished (docs/deploys.md, "Builds").
 
 Read-only: one read-only transaction, no partner call, no model request (an agent run's check is
-a dry replay). Each run's decision is exactly the one `agentflow.routing` takes at its next step:
+a dry replay). Each run's decision is exactly the one `agentflow._builds.routing` takes at its next
+step:
 `upgrade` (this build takes it), `pinned` (it finishes on its build, whose workers must keep
 running until `agentflow_builds` says it drained) or `park` (nothing could run it). Exit 1 when
 any would park: a CI/CD gate.
@@ -16,10 +17,12 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from agentflow import builds, routing, store
+from agentflow import _store as store
+from agentflow._base.states import ACTIVE_RUN_STATUSES
+from agentflow._builds import routing
+from agentflow._core import builds
 from agentflow.management.base import BaseCommand
 from agentflow.models import WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from agentflow import store
+from agentflow import _store as store
 from agentflow._privacy import keys, keystore
 from agentflow.management.base import BaseCommand, whole
 

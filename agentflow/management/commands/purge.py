@@ -8,7 +8,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agentflow import store
+from agentflow import _store as store
 from agentflow.management.base import BaseCommand
 
 _AGE = re.compile(r"^\s*(?P<amount>[0-9]{1,15})\s*(?P<unit>[dhms])\s*$")

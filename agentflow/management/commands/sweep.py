@@ -8,7 +8,8 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.db import DatabaseError
 
-from agentflow import outage, sweeper
+from agentflow._core import outage
+from agentflow._recovery import sweeper
 from agentflow.management.base import BaseCommand, whole
 
 

@@ -16,7 +16,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import CommandError
 
-from agentflow import limits, logs
+from agentflow import logs
+from agentflow._core import limits
 from agentflow.management.base import BaseCommand, number, whole
 from agentflow.testing.processes import ProcessStartError
 from refunds.chaos.exploration import DEFAULT_STEPS, explore

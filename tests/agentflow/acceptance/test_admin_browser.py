@@ -14,8 +14,8 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 
 from agentflow import durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.models import RunEvent, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 from tests.support.admin import LIST_URL, make_run

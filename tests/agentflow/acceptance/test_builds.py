@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from agentflow import dispatch, durable
+from agentflow import durable
+from agentflow._base.states import RunStatus
+from agentflow._core import dispatch
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing.waiting import wait_for
 from tests.agentflow.acceptance.test_engine_crashes import wait_finished
 from tests.support import partner, workflows

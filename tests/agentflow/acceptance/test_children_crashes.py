@@ -13,8 +13,8 @@ import time
 import pytest
 
 from agentflow import durable
+from agentflow._base.states import RunStatus
 from agentflow.models import WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing.waiting import wait_for
 from tests.agentflow.acceptance.test_engine_crashes import wait_finished
 from tests.support import partner, workflows

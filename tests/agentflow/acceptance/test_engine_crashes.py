@@ -22,9 +22,11 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import transaction
 
-from agentflow import dispatch, durable, sweeper
+from agentflow import durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
+from agentflow._core import dispatch
+from agentflow._recovery import sweeper
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow.testing.processes import ProcessStartError, RabbitMQServer, publishing_to
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows

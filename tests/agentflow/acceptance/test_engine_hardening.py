@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
-from agentflow import dispatch, durable, sweeper
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._core import dispatch
+from agentflow._recovery import sweeper
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.waiting import wait_for
 from tests.agentflow.acceptance.test_engine_crashes import (
     HELD_SEQ,

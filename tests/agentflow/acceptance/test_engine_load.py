@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from agentflow import durable, sweeper
+from agentflow import durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
+from agentflow._recovery import sweeper
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 from tests.support.processes import Workers

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from agentflow import durable
+from agentflow._base.states import StepKind
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import StepKind
 from agentflow.testing.waiting import wait_for
 from tests.support import mcp_server, mcp_workflows
 from tests.support.engine import stopped

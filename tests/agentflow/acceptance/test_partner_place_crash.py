@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from agentflow import durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.models import PartnerSlot, PartnerWaiter, StepCheckpoint, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 from tests.support.processes import Workers, log_has

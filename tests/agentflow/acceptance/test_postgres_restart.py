@@ -22,9 +22,10 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 
-from agentflow import durable, sweeper
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._recovery import sweeper
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.processes import PgBouncerServer, PostgresServer, ProcessStartError
 from agentflow.testing.waiting import wait_for
 from tests.agentflow.acceptance.test_engine_crashes import (

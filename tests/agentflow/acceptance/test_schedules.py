@@ -3,7 +3,7 @@ run however many beats tick, missed slots caught up within the window and skippe
 a beat SIGKILLed at the moment a slot is due.
 
 Time: every process's schedules read "now" from the file AGENTFLOW_SCHEDULE_CLOCK_FILE names
-(honoured only with AGENTFLOW_FAULTS=1, agentflow.faults.schedule_clock). The test moves that
+(honoured only with AGENTFLOW_FAULTS=1, agentflow._core.faults.schedule_clock). The test moves that
 instant from slot to slot and waits for what each beat does, so ten minutely slots take
 seconds, and no step depends on how fast the machine is. Everything else (leases, the sweeper,
 the runs) keeps the database's clock. The schedule itself comes from AGENTFLOW_SCHEDULES in
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from agentflow._base.states import RunStatus
 from agentflow.models import ScheduleSlot, ScheduleState, WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing.waiting import wait_for
 from tests.support import partner
 from tests.support.processes import Workers, log_has

@@ -19,8 +19,8 @@ from django.contrib.admin.utils import quote
 from django.test import Client
 
 from agentflow import durable, webhooks
+from agentflow._base.states import RunStatus
 from agentflow.models import RunEvent, RunSignal, RunWait, StepCheckpoint, WebhookReceipt
-from agentflow.states import RunStatus
 from tests.agentflow.acceptance.test_engine_crashes import wait_execution, wait_finished
 from tests.agentflow.acceptance.test_waits_crashes import assert_completed_once, waiting_for
 from tests.support import partner, workflows

@@ -18,7 +18,10 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 
-from agentflow import durable, leases, runtime, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._core import leases
+from agentflow._engine import runtime
 from agentflow.testing.processes import PostgresServer, ProcessStartError, _pg_binary
 from agentflow.testing.waiting import wait_for
 from tests.support import workflows

@@ -18,8 +18,8 @@ import pytest
 from django.utils import timezone
 
 from agentflow import durable
+from agentflow._base.states import RunStatus
 from agentflow.models import RunEvent, WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 from tests.support.processes import Workers

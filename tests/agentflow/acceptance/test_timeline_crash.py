@@ -16,8 +16,8 @@ from django.contrib.admin.utils import quote
 from django.test import Client
 
 from agentflow import durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.models import WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 from tests.support.processes import Workers

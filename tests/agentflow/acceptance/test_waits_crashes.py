@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.db import connections
 
 from agentflow import durable
+from agentflow._base.states import RunStatus, StepKind, StepStatus
 from agentflow.models import RunEvent, RunSignal, StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepKind, StepStatus
 from agentflow.testing.processes import PostgresServer, ProcessStartError
 from agentflow.testing.waiting import wait_for
 from tests.agentflow.acceptance.test_engine_crashes import wait_finished

@@ -15,9 +15,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from agentflow._base.states import RunStatus
 from agentflow.admin import actions, counting, dates
 from agentflow.models import RunEvent, WorkflowRun
-from agentflow.states import RunStatus
 from tests.support.admin import LIST_URL, detail_url, make_run, published_steps, text
 
 pytestmark = pytest.mark.django_db

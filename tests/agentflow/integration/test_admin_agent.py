@@ -16,10 +16,13 @@ from django.db.models import F
 from django.test import Client
 from django.utils import timezone
 
-from agentflow import durable, runtime, store, sweeper
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepKind, StepStatus
+from agentflow._engine import runtime
+from agentflow._recovery import sweeper
 from agentflow.agent import loop as agent_loop
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
-from agentflow.states import RunStatus, StepKind, StepStatus
 from tests.support import partner, workflows
 from tests.support.admin import detail_url, text
 

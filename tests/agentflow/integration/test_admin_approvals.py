@@ -10,8 +10,8 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from agentflow import durable
+from agentflow._base.states import RunStatus
 from agentflow.models import RunEvent, RunWait, WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing import run_to_end
 from tests.support import workflows
 from tests.support.admin import LIST_URL, detail_url, text

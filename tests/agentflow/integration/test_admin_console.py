@@ -13,11 +13,12 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agentflow import links, store
+from agentflow import _store as store
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._core import links
 from agentflow.admin import dashboard as dashboard_module
 from agentflow.admin import timeline
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepStatus
 from tests.support.admin import LIST_URL, detail_url, make_run, published_steps, text
 from tests.support.timelines import (
     box,

@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 from django.test import Client, override_settings
 
-from agentflow import durable, limiter, limits, links
+from agentflow import durable
+from agentflow._base.states import RunStatus
+from agentflow._core import limits, links
+from agentflow._limits import limiter
 from agentflow.exceptions import PartnerUnavailable
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing import run_to_end
 from tests.support import workflows
 from tests.support.admin import CONSOLE_ROLES, as_role, detail_url, first_status

@@ -24,9 +24,11 @@ from django.utils.http import urlencode
 from django.utils.text import capfirst
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentflow import builds, durable, limits, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus
+from agentflow._core import builds, limits
 from agentflow.models import PartnerEvent, PartnerState, WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing import run_to_end
 from tests.support import workflows
 from tests.support.admin import CONSOLE_ROLES, LIST_URL, as_role, detail_url, first_status, holds

@@ -8,7 +8,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 
-from agentflow import limits, store
+from agentflow import _store as store
+from agentflow._core import limits
 from agentflow.models import PartnerEvent, PartnerState
 
 pytestmark = pytest.mark.django_db

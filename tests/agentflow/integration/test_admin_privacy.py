@@ -21,10 +21,11 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from agentflow import durable, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus
+from agentflow._core.sensitive import redacted
 from agentflow.models import RunEvent, RunWait, StepCheckpoint, WorkflowRun
-from agentflow.sensitive import redacted
-from agentflow.states import RunStatus
 from agentflow.testing import run_to_end
 from config import tracing as site_tracing
 from tests.support import workflows

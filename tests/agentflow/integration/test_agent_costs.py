@@ -12,8 +12,8 @@ import genai_prices
 import pytest
 
 from agentflow import durable
+from agentflow._base.states import RunStatus
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus
 from tests.agentflow.integration.test_ops_views import scrape, value
 from tests.support import workflows
 from tests.support.llm_server import LLMServer, planned_by

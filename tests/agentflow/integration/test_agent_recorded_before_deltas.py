@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from django.core import serializers
 
+from agentflow._base.states import RunStatus, StepStatus
 from agentflow.agent.turns import whole_request
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepStatus
 from agentflow.testing import run_to_end
 from tests.support import partner, workflows
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from agentflow import durable, runtime, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepKind, StepStatus
+from agentflow._engine import runtime
 from agentflow.models import RunEvent, StepCheckpoint
-from agentflow.states import RunStatus, StepKind, StepStatus
 from agentflow.testing import run_to_end
 from tests.support import partner, workflows
 

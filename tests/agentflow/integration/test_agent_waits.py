@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 from django.db.models import F
 
-from agentflow import durable, runtime, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepKind
+from agentflow._engine import runtime
+from agentflow._store import aging
 from agentflow.models import RunEvent, RunSignal, RunWait
-from agentflow.states import RunStatus, StepKind
-from agentflow.store import aging
 from agentflow.testing import capture_messages, run_to_end
 from tests.support import partner, workflows
 

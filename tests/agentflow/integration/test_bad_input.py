@@ -14,8 +14,8 @@ from django.conf import settings
 from django.db import connections
 
 from agentflow import durable
+from agentflow._base.states import RunStatus, StepStatus
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepStatus
 from tests.support import partner, workflows
 from tests.support.processes import RedisServer
 

@@ -13,10 +13,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from agentflow import metrics
-from agentflow.contrib.bench import cpu, dbos_peer, runner, workload
+from agentflow._base.states import RunStatus
+from agentflow._observe import metrics
 from agentflow.models import WorkflowRun
-from agentflow.states import RunStatus
+from config.bench import cpu, dbos_peer, runner, workload
 
 
 @pytest.mark.django_db(transaction=True)

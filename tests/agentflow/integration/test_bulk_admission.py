@@ -12,9 +12,9 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from agentflow import durable
+from agentflow._base.states import RunStatus
 from agentflow.exceptions import InvalidInputError
 from agentflow.models import RunEvent, WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing import capture_messages
 from tests.support import workflows
 

@@ -6,7 +6,7 @@ import pytest
 from django.core import checks as django_checks
 from django.db import connection
 
-from agentflow import checks
+from agentflow._engine import checks
 
 
 @pytest.mark.django_db

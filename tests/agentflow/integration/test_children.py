@@ -12,10 +12,11 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from agentflow import durable, runtime
+from agentflow import durable
+from agentflow._base.states import RunStatus
+from agentflow._engine import runtime
 from agentflow.exceptions import InvalidInputError
 from agentflow.models import WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing import capture_messages, crash_at, run_to_end
 from tests.support import partner, workflows
 

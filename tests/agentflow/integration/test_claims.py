@@ -22,12 +22,15 @@ from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from agentflow import durable, leases, runtime, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus
+from agentflow._core import leases
+from agentflow._core.registry import StepDef
+from agentflow._engine import runtime
+from agentflow._store import sql
 from agentflow.agent import loop as agent_loop
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.registry import StepDef
-from agentflow.states import RunStatus
-from agentflow.store import sql
 from tests.support import partner, workflows
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]
@@ -97,9 +100,10 @@ def test_db_step__a_worker_that_loaded_it_before_a_cancel__writes_nothing(
 #: the slow path: run in a `manage.py shell` of its own, since this suite's database is Postgres.
 SQLITE_STALE_CLAIM = """
 import json
-from agentflow import durable, runtime, store
+from agentflow import durable, _store as store
+from agentflow._engine import runtime
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES
+from agentflow._base.states import ACTIVE_RUN_STATUSES
 from tests.support import workflows
 
 run_id = durable.start(workflows.cancellable.name)

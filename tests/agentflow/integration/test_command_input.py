@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentflow import durable
+from agentflow._core.serialization import MAX_DEPTH
 from agentflow.models import RunSignal, WorkflowRun
-from agentflow.serialization import MAX_DEPTH
 from agentflow.testing import run_to_end
 from agentflow.testing.processes import current_database_url
 from tests.support import workflows

@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
-from agentflow import durable, runtime, store, sweeper, testing
+from agentflow import _store as store
+from agentflow import durable, testing
+from agentflow._base.states import RunStatus
+from agentflow._engine import runtime
+from agentflow._recovery import sweeper
 from agentflow.models import ConcurrencyKey, RunEvent, WorkflowRun
-from agentflow.states import RunStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

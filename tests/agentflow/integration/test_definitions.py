@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agentflow import durable, registry
+from agentflow import durable
+from agentflow._base.states import RunStatus
+from agentflow._core import registry
 from agentflow.models import RunEvent, WorkflowRun
-from agentflow.states import RunStatus
 from tests.support import workflows
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]

@@ -10,7 +10,7 @@ import pytest
 from celery import current_app
 from kombu import Connection
 
-from agentflow import dispatch
+from agentflow._core import dispatch
 from agentflow.testing.processes import RedisServer, publishing_to
 from agentflow.testing.waiting import wait_for
 

@@ -11,9 +11,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agentflow import durable, runtime, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepKind, StepStatus
+from agentflow._engine import runtime
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
-from agentflow.states import RunStatus, StepKind, StepStatus
 from tests.support import partner, workflows
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]

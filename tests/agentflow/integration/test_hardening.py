@@ -13,10 +13,13 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from agentflow import attempts, durable, leases, runtime, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._core import leases
+from agentflow._core.registry import StepDef
+from agentflow._engine import attempts, runtime
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.registry import StepDef
-from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from agentflow import metric_files
+from agentflow._observe import metric_files
 
 WRITER = textwrap.dedent(
     """
     import sys
-    from agentflow import metric_files
+    from agentflow._observe import metric_files
     metric_files.install()
     from prometheus_client import Counter, Histogram
     Counter("t_jobs", "jobs", ["kind"]).labels("a").inc(int(sys.argv[1]))
@@ -127,7 +127,7 @@ def test_fold__a_fold_that_stopped_before_deleting_counts_nothing_twice(metrics_
 CREATING = textwrap.dedent(
     """
     import os, sys
-    from agentflow import metric_files
+    from agentflow._observe import metric_files
     # Where prometheus_client's MmapedDict stands between `open` and `truncate`.
     path = os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"],
                         f"counter_{metric_files.process_identifier()}.db")

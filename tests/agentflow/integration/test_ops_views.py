@@ -19,9 +19,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentflow import durable, metrics, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, WaitKind
+from agentflow._observe import metrics
 from agentflow.models import RunEvent, RunWait, SweeperHeartbeat, WorkflowRun
-from agentflow.states import RunStatus, WaitKind
 from refunds.gateways import AirlineGateway, BookingNotFound, CrmGateway
 from tests.support.sandbox import SandboxProcess
 

@@ -26,11 +26,13 @@ from django.test import Client, RequestFactory
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentflow import beat, durable, outage, store
+from agentflow import _store as store
+from agentflow import beat, durable
+from agentflow._base.states import RunStatus
+from agentflow._core import outage
+from agentflow._engine.tasks import run_step_task
 from agentflow.middleware import DatabaseOutageMiddleware
 from agentflow.models import StepCheckpoint, SweeperHeartbeat, WorkflowRun
-from agentflow.states import RunStatus
-from agentflow.tasks import run_step_task
 from tests.support.outage import database_down
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -19,7 +19,12 @@ from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
 
-from agentflow import builds, durable, limits, runtime, store, sweeper
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._core import builds, limits
+from agentflow._engine import runtime
+from agentflow._recovery import sweeper
 from agentflow.models import (
     PartnerEvent,
     PartnerSlot,
@@ -29,7 +34,6 @@ from agentflow.models import (
     StepCheckpoint,
     WorkflowRun,
 )
-from agentflow.states import RunStatus, StepStatus
 from tests.support import partner, workflows
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]

@@ -15,7 +15,8 @@ from django.db import connection, transaction
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 
-from agentflow import durable, store, testing
+from agentflow import _store as store
+from agentflow import durable, testing
 from agentflow._privacy import keys, keystore, scope
 from agentflow.models import RunSubject, StepCheckpoint, SubjectKey, WorkflowRun
 

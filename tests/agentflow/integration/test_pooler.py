@@ -12,10 +12,11 @@ import psycopg
 import pytest
 from django.db import DatabaseError, ProgrammingError, connection, transaction
 
-from agentflow import durable, leases, pooler
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._core import leases, pooler
+from agentflow._store import sql
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepStatus
-from agentflow.store import sql
 from agentflow.testing.processes import PgBouncerServer
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows

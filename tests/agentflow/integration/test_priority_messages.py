@@ -15,9 +15,10 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from agentflow import durable, sweeper
+from agentflow import durable
+from agentflow._base.states import RunStatus
+from agentflow._recovery import sweeper
 from agentflow.models import PartnerState, PartnerWaiter, WorkflowRun
-from agentflow.states import RunStatus
 from tests.support import workflows
 from tests.support.processes import RedisServer
 

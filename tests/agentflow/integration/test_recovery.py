@@ -16,9 +16,11 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from agentflow import durable, store, sweeper
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus
+from agentflow._recovery import sweeper
 from agentflow.models import RunEvent, WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing.processes import publishing_to
 from agentflow.testing.waiting import wait_for
 from tests.support import workflows

@@ -24,7 +24,10 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from agentflow import beat, durable, store, tasks
+from agentflow import _store as store
+from agentflow import beat, durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
+from agentflow._engine import tasks
 from agentflow.models import (
     RunEvent,
     StepCheckpoint,
@@ -32,7 +35,6 @@ from agentflow.models import (
     SweeperHeartbeat,
     WorkflowRun,
 )
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

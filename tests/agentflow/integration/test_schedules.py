@@ -14,9 +14,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from agentflow import _schedules, durable
+from agentflow._base.states import RunStatus
 from agentflow._schedules import operator
 from agentflow.models import ScheduleSlot, ScheduleState, WorkflowRun
-from agentflow.states import RunStatus
 from tests.support import workflows  # noqa: F401  (registers schedule_probe)
 from tests.support.admin import as_user
 
@@ -217,7 +217,7 @@ def test_bad_settings__said_on_the_tick_and_the_page_never_a_traceback(clock) ->
     ],
 )  # fmt: skip
 def test_system_check__a_schedule_that_cannot_run_fails_at_deploy(value: str, problem: str) -> None:
-    from agentflow import checks
+    from agentflow._engine import checks
 
     with override_settings(AGENTFLOW_SCHEDULES=value):
         [error] = checks.schedules()

@@ -21,8 +21,8 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from agentflow import durable, webhooks
+from agentflow._base.states import RunStatus
 from agentflow.models import RunSignal, WebhookReceipt
-from agentflow.states import RunStatus
 from agentflow.testing import run_to_end
 from agentflow.testing.processes import current_database_url
 from tests.support import workflows

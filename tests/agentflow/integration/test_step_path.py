@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from agentflow import dispatch, durable, pooler, registry, runtime
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._core import dispatch, pooler, registry
+from agentflow._engine import runtime
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepStatus
 from tests.support import partner, workflows
 from tests.support.engine import step_messages
 from tests.support.processes import RedisServer

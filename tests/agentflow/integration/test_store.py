@@ -14,10 +14,13 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from agentflow import durable, leases, registry, runtime, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._core import leases, registry
+from agentflow._core.registry import StepDef
+from agentflow._engine import runtime
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.registry import StepDef
-from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 from tests.support.engine import step_messages
@@ -288,7 +291,7 @@ def _held_elsewhere(key: int) -> Any:
     """A separate session holding advisory lock `key`: a live owner in another process/host."""
     import psycopg
 
-    from agentflow.leases import liveness_conninfo
+    from agentflow._core.leases import liveness_conninfo
 
     conninfo = liveness_conninfo()
     assert conninfo is not None

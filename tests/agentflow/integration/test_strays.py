@@ -12,8 +12,10 @@ import logging
 import pytest
 from django.db import connection
 
-from agentflow import durable, metrics, origin, telemetry
-from agentflow.tasks import run_step_task
+from agentflow import durable
+from agentflow._core import origin
+from agentflow._engine.tasks import run_step_task
+from agentflow._observe import metrics, telemetry
 from tests.support.processes import RedisServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("engine")]

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agentflow import durable, faults, runtime, testing
-from agentflow.states import RunStatus, StepStatus
+from agentflow import durable, testing
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._core import faults
+from agentflow._engine import runtime
 from agentflow.testing.processes import RedisServer, WorkerProcess
 from tests.support import partner, workflows
 

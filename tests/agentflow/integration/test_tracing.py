@@ -16,7 +16,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from agentflow import durable, telemetry, tracing
+from agentflow import durable, tracing
+from agentflow._observe import telemetry
 from agentflow.models import WorkflowRun
 from agentflow.testing.processes import RedisServer
 from config import tracing as site_tracing
@@ -88,7 +89,7 @@ def test_message_of_another_run__carries_no_context_the_worker_uses_the_stored_o
     assert stored.split("-")[1] == f"{root.context.trace_id:032x}"
 
     broker.client().flushall()
-    from agentflow import dispatch
+    from agentflow._core import dispatch
 
     dispatch.send_step(first, 1)  # as the sweeper does: outside the run's trace
     [headers] = queued_headers(broker)

@@ -11,10 +11,13 @@ from collections.abc import Callable
 import pytest
 from django.db import connection, transaction
 
-from agentflow import durable, runtime, store, sweeper
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepKind, StepStatus
+from agentflow._engine import runtime
+from agentflow._recovery import sweeper
+from agentflow._store import aging
 from agentflow.models import RunEvent, RunSignal, RunWait, StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepKind, StepStatus
-from agentflow.store import aging
 from agentflow.testing import Message, SimulatedCrash, capture_messages, crash_at, run_to_end
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows

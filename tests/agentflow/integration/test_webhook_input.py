@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentflow import durable, webhooks
+from agentflow._core.serialization import MAX_DEPTH
 from agentflow.models import RunSignal, WebhookReceipt
-from agentflow.serialization import MAX_DEPTH
 from agentflow.testing import run_to_end
 from tests.support import workflows
 from tests.support.malformed import BUDGET, Lines, logged

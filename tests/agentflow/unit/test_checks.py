@@ -14,7 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from kombu import Queue
 
-from agentflow import builds, checks, dispatch
+from agentflow._core import builds, dispatch
+from agentflow._engine import checks
 
 
 @contextmanager

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentflow import faults
+from agentflow._core import faults
 
 ENGINE = Path(faults.__file__).parent
 

@@ -1,5 +1,5 @@
 """The layers (issue 16): the import contracts in pyproject.toml hold, and what an import cannot
-show is checked here: only `agentflow.store` writes engine rows, and no module imports one that
+show is checked here: only `agentflow._store` writes engine rows, and no module imports one that
 imports it back."""
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def test_the_tooling_contract_names_every_runtime_module_of_agentflow() -> None:
 
 
 def test_no_module_imports_one_that_imports_it_back() -> None:
-    """As Python runs imports, function-level ones included: importing `agentflow.store.traces`
-    runs `agentflow/store/__init__.py` first, so it is an import of `agentflow.store` too (the
+    """As Python runs imports, function-level ones included: importing `agentflow._store.traces`
+    runs `agentflow/_store/__init__.py` first, so it is an import of `agentflow._store` too (the
     circles that acyclic_siblings cannot see are a package and a module below it)."""
     graph = grimp.build_graph("agentflow", cache_dir=None)
     for importer in graph.modules:

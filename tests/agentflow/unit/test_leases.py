@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 
-from agentflow import leases
+from agentflow._core import leases
 
 
 def test_owner_token__host_pid_and_a_nonce_so_equal_pids_in_other_namespaces_differ() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from agentflow import metrics
+from agentflow._observe import metrics
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agentflow import metrics
+from agentflow._observe import metrics
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -12,7 +12,7 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse
 from psycopg import errors
 
-from agentflow import outage
+from agentflow._core import outage
 
 
 def _wrapped(cause: Exception, kind: type[Exception] = OperationalError) -> Exception:

@@ -9,7 +9,9 @@ import json
 import pytest
 from django.test import override_settings
 
-from agentflow import limiter, limits, rate_signals
+from agentflow._base import rate_signals
+from agentflow._core import limits
+from agentflow._limits import limiter
 from agentflow.exceptions import PartnerRateLimited
 
 

@@ -9,7 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DataError, IntegrityError, OperationalError, ProgrammingError
 from django.db.utils import InternalError
 
-from agentflow import pooler
+from agentflow._core import pooler
 
 
 def wrapped(django_class: type[Exception], cause: psycopg.Error) -> Exception:

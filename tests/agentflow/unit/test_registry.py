@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from agentflow import registry
+from agentflow._core import registry
+from agentflow._core.registry import END, Workflow
 from agentflow.exceptions import DefinitionError, UnknownWorkflowError
-from agentflow.registry import END, Workflow
 
 
 def noop(ctx: Any) -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agentflow.retry import DEFAULT_RETRY, RetryPolicy
+from agentflow._base.retry import DEFAULT_RETRY, RetryPolicy
 
 
 class Extreme(random.Random):

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from agentflow import durable
+from agentflow._core.registry import unregister
+from agentflow._core.replies import Replies
+from agentflow._core.sensitive import Redactor, Sensitive, redacted
+from agentflow.admin.forms import OWN_WORDS, DecisionForm
 from agentflow.agent import Toolbox, ToolContext
 from agentflow.exceptions import DefinitionError
-from agentflow.forms import OWN_WORDS, DecisionForm
-from agentflow.registry import unregister
-from agentflow.replies import Replies
-from agentflow.sensitive import Redactor, Sensitive, redacted
 
 REPLIES = Replies(approve=["Approved."], reject=["Sorry, no.", "Sorry, not without papers."])
 

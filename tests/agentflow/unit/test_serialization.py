@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentflow.serialization import MAX_DEPTH, NotJSONError, to_json
+from agentflow._core.serialization import MAX_DEPTH, NotJSONError, to_json
 
 
 def nested(depth: int) -> Any:

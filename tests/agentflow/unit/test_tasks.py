@@ -11,7 +11,7 @@ import pytest
 from celery.concurrency.asynpool import AsynPool
 from kombu.asynchronous import Hub
 
-from agentflow import tasks
+from agentflow._engine import tasks
 
 
 @pytest.fixture

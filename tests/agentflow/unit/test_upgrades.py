@@ -7,8 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentflow import durable, registry, upgrades
-from agentflow.states import StepStatus
+from agentflow import durable
+from agentflow._base.states import StepStatus
+from agentflow._builds import upgrades
+from agentflow._core import registry
 
 NAME = "upgrade_rule"
 

@@ -9,10 +9,10 @@ from datetime import datetime
 import pytest
 
 from agentflow import durable
+from agentflow._core.registry import unregister
 from agentflow.agent import Toolbox, ToolContext
 from agentflow.agent.waiting import Waited, rejected_result, signal_call, sleep_call
 from agentflow.exceptions import DefinitionError
-from agentflow.registry import unregister
 
 
 @pytest.fixture

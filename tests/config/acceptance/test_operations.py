@@ -18,9 +18,10 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentflow import durable, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.models import RunEvent, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.testing.processes import RedisServer, WorkerProcess
 from agentflow.testing.waiting import wait_for
 from refunds.models import RefundRequest
@@ -255,7 +256,7 @@ def _metrics_dir(stack: Stack) -> Path:
 
 
 def _has_histogram_file(stack: Stack, pid: int) -> bool:
-    """Files are named host-pidns-pid-start (see agentflow.metric_files)."""
+    """Files are named host-pidns-pid-start (see agentflow._observe.metric_files)."""
     return any(_metrics_dir(stack).glob(f"histogram_*-{pid}-*.db"))
 
 

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 
-from agentflow.contrib.bench import workload
+from config.bench import workload
 from config.celery_app import app
 
 

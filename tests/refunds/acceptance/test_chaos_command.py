@@ -21,8 +21,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from agentflow._base.states import RunStatus, StepStatus
 from agentflow.models import WorkflowRun
-from agentflow.states import RunStatus, StepStatus
 from refunds.chaos import invariants, traffic
 from refunds.chaos.evidence import Checkpoint, Effect, Evidence
 from refunds.chaos.processes import airline_today

@@ -20,8 +20,8 @@ from django.conf import settings as django_settings
 from django.test import Client
 
 from agentflow import durable
+from agentflow._base.states import RunStatus
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing.processes import WorkerProcess
 from agentflow.testing.waiting import wait_for
 from refunds.agent import prompts

@@ -27,8 +27,8 @@ import pytest
 from django.core.management import call_command
 
 from agentflow import durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.testing.processes import WorkerProcess
 from agentflow.testing.waiting import wait_for
 from refunds import priorities

@@ -13,10 +13,10 @@ import pytest
 from django.core.management import call_command
 
 from agentflow import durable
+from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow._privacy import keystore
 from agentflow._privacy.models import RunSubject
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow.testing.processes import WorkerProcess
 from agentflow.testing.waiting import wait_for
 from refunds.models import RefundRequest

@@ -26,8 +26,8 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from agentflow import durable
+from agentflow._core.sensitive import redacted
 from agentflow.models import RunWait
-from agentflow.sensitive import redacted
 from agentflow.testing.processes import WorkerProcess
 from agentflow.testing.waiting import wait_for
 from refunds import policy, wording

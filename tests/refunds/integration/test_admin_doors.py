@@ -25,8 +25,8 @@ import pytest
 from django.test import Client
 
 from agentflow import durable
+from agentflow._core.sensitive import redacted
 from agentflow.models import WorkflowRun
-from agentflow.sensitive import redacted
 from agentflow.testing import run_to_end
 from refunds import policy
 from refunds.models import RefundRequest

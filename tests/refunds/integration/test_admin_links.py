@@ -10,7 +10,7 @@ from django.contrib.admin.utils import quote
 from django.test import Client
 from django.utils import timezone
 
-from agentflow import links
+from agentflow._core import links
 from agentflow.models import StepCheckpoint, WorkflowRun
 from refunds import links as refund_links
 from refunds.engines import GRAPH as WORKFLOW

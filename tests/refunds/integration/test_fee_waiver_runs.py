@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from agentflow import durable
+from agentflow._base.states import RunStatus
+from agentflow._store import aging
 from agentflow.models import WorkflowRun
-from agentflow.states import RunStatus
-from agentflow.store import aging
 from agentflow.testing import run_to_end
 from refunds import policy, waivers
 from tests.support.refunds import holds_left, money_kept, partner_effects, seat_held, submit

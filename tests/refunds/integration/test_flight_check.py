@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from agentflow import durable
+from agentflow._base.states import RunStatus
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus
 from refunds.gateways import AirlineGateway
 from refunds.models import RefundRequest
 from refunds.sandbox import airline

@@ -16,9 +16,10 @@ from django.contrib.admin.utils import quote
 from django.test import Client
 from django.urls import reverse
 
-from agentflow import durable, runtime, webhooks
+from agentflow import durable, webhooks
+from agentflow._base.states import RunStatus
+from agentflow._engine import runtime
 from agentflow.models import WorkflowRun
-from agentflow.states import RunStatus
 from agentflow.testing import capture_messages
 from refunds.models import RefundRequest
 from refunds.sandbox import airline

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import pytest
 from django.test import Client, override_settings
 
+from agentflow._base.states import RunStatus
 from agentflow.models import WorkflowRun
-from agentflow.states import RunStatus
 from refunds.models import RefundRequest
 from refunds.ownership import MISMATCH
 from refunds.sandbox.airline import owner_of

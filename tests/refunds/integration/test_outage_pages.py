@@ -15,7 +15,7 @@ import logging
 import pytest
 from django.test import Client
 
-from agentflow import outage
+from agentflow._core import outage
 from refunds.models import RefundRequest
 from refunds.privacy import email_digest
 from tests.refunds.integration.test_pages import NEW_URL, VALID, fresh_token, submit, token_in

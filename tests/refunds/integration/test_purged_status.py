@@ -8,9 +8,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from agentflow import store
+from agentflow import _store as store
+from agentflow._base.states import RunStatus
 from agentflow.models import WorkflowRun
-from agentflow.states import RunStatus
 from refunds.models import RefundRequest
 
 pytestmark = pytest.mark.django_db

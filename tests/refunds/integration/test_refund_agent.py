@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from agentflow import durable, runtime, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._engine import runtime
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.inprocess import next_batch_member
 from refunds import engines
 from refunds.sandbox.airline import owner_of

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from agentflow import durable, runtime, store
+from agentflow import _store as store
+from agentflow import durable
+from agentflow._base.states import RunStatus, StepStatus
+from agentflow._engine import runtime
 from agentflow.models import StepCheckpoint, WorkflowRun
-from agentflow.states import RunStatus, StepStatus
 from agentflow.testing.waiting import wait_for
 from refunds.gateways import PaymentGateway
 from refunds.workflows import refund

@@ -15,7 +15,7 @@ from django.core import mail
 from django.utils import timezone
 
 from agentflow import durable
-from agentflow.context import UndoneCall
+from agentflow._base.context import UndoneCall
 from agentflow.durable import PermanentStepError, StepContext
 from agentflow.models import StepCheckpoint, WorkflowRun
 from refunds import steps

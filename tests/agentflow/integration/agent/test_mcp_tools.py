@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from agentflow._base.states import StepKind
 from agentflow.agent import Toolbox, ToolContext
 from agentflow.agent.mcp_tools import MCPUnavailable, StdioServer
 from agentflow.exceptions import DefinitionError
-from agentflow.states import StepKind
 from tests.support import mcp_server
 from tests.support.mcp_workflows import SERVER_ARGS
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from agentflow import durable, registry
+from agentflow import durable
+from agentflow._core import registry
 from agentflow.agent import budget
 from agentflow.agent.errors import BudgetExceeded
 from agentflow.agent.turns import Turns

@@ -8,12 +8,12 @@ from typing import Annotated, Any
 import pytest
 from pydantic import Field
 
+from agentflow._base.states import StepKind
+from agentflow._core.serialization import NotJSONError
 from agentflow.agent.errors import ToolRefused
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.agent.tools import Toolbox, ToolContext, ToolOutcome, ToolRecord
 from agentflow.exceptions import DefinitionError, PermanentStepError
-from agentflow.serialization import NotJSONError
-from agentflow.states import StepKind
 
 Reference = Annotated[str, Field(description="Six letters or digits.", pattern=r"^[A-Za-z0-9]{6}$")]
 

@@ -1,0 +1,1 @@
+"""Recovery: the sweep that finds stuck, lost and due runs and moves them on."""

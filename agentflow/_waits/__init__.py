@@ -1,0 +1,1 @@
+"""Waits: a step's timer, signal or approval settled before it runs."""

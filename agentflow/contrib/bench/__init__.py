@@ -1,6 +1,0 @@
-"""`manage.py bench` (docs/figures/bench.md): agentflow against a plain Celery chain and DBOS-style
-yardsticks.
-
-Opt-in: add "agentflow.contrib.bench" to INSTALLED_APPS; its workflows and tasks
-(`workload`) are then discovered through its `workflows` module, in web, worker and beat alike.
-"""
