@@ -383,6 +383,8 @@ def test_wheel__ships_the_engine_alone_with_its_admin_templates(host: Host) -> N
     site = [n for n in names if n.rsplit("/", 1)[-1] in ("settings.py", "wsgi.py", "asgi.py")]
     assert not site, f"site modules in the wheel: {site}"
     assert not [n for n in names if n.startswith(("refunds/", "config/", "tests/"))]
+    # The repository's tooling stays in config/: the bench and its synthetic rows.
+    assert not [n for n in names if "bench" in n or "synthetic" in n]
 
 
 def test_wheel__metadata_is_what_a_package_index_shows(host: Host) -> None:
