@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+import agentflow
 from agentflow._core import faults
 
-ENGINE = Path(faults.__file__).parent
+ENGINE = Path(agentflow.__file__).parent
 
 
 @pytest.mark.parametrize(
