@@ -34,9 +34,9 @@ if TYPE_CHECKING:
     from agentflow.testing.effects import assert_effects_once
     from agentflow.testing.inprocess import (
         Crash,
-        Message,
         Outbox,
         SimulatedCrash,
+        StepMessage,
         capture_messages,
         crash_at,
         crash_env,
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "Crash": "inprocess",
-    "Message": "inprocess",
+    "StepMessage": "inprocess",
     "Outbox": "inprocess",
     "SimulatedCrash": "inprocess",
     "capture_messages": "inprocess",
@@ -59,9 +59,9 @@ _EXPORTS = {
 
 __all__ = [
     "Crash",
-    "Message",
     "Outbox",
     "SimulatedCrash",
+    "StepMessage",
     "assert_effects_once",
     "capture_messages",
     "crash_at",

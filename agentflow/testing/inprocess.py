@@ -35,9 +35,9 @@ from agentflow.models import StepCheckpoint, WorkflowRun
 
 __all__ = [
     "Crash",
-    "Message",
     "Outbox",
     "SimulatedCrash",
+    "StepMessage",
     "capture_messages",
     "crash_at",
     "crash_env",
@@ -47,7 +47,7 @@ __all__ = [
 
 # --- step messages ------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Message:
+class StepMessage:
     """One step message the engine published: run `run_id`'s step `seq`."""
 
     run_id: str
@@ -63,9 +63,9 @@ class Message:
 class Outbox:
     """The step messages published while `capture_messages()` was open, in order."""
 
-    messages: list[Message] = field(default_factory=list)
+    messages: list[StepMessage] = field(default_factory=list)
 
-    def for_run(self, run_id: str) -> list[Message]:
+    def for_run(self, run_id: str) -> list[StepMessage]:
         return [message for message in self.messages if message.run_id == run_id]
 
     def clear(self) -> None:
@@ -106,13 +106,13 @@ def capture_messages() -> Iterator[Outbox]:
             ) -> bool:
                 given = priority if isinstance(priority, int) else None
                 outbox.messages.append(
-                    Message(run_id=run_id, seq=seq, countdown=countdown, priority=given)
+                    StepMessage(run_id=run_id, seq=seq, countdown=countdown, priority=given)
                 )
                 return True
 
             def keep_many(steps: Sequence[tuple[str, int, Any, str | None, int | None]]) -> bool:
                 for run_id, seq, _, _, priority in steps:
-                    outbox.messages.append(Message(run_id=run_id, seq=seq, priority=priority))
+                    outbox.messages.append(StepMessage(run_id=run_id, seq=seq, priority=priority))
                 return True
 
             dispatch.send_step = keep  # type: ignore[assignment]

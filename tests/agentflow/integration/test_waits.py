@@ -18,7 +18,7 @@ from agentflow._engine import runtime
 from agentflow._recovery import sweeper
 from agentflow._store import aging
 from agentflow.models import RunEvent, RunSignal, RunWait, StepCheckpoint, WorkflowRun
-from agentflow.testing import Message, SimulatedCrash, capture_messages, crash_at, run_to_end
+from agentflow.testing import SimulatedCrash, StepMessage, capture_messages, crash_at, run_to_end
 from agentflow.testing.waiting import wait_for
 from tests.support import partner, workflows
 
@@ -31,7 +31,7 @@ def waiting(run_id: str) -> durable.RunSnapshot:
     return found
 
 
-def deliver(messages: list[Message]) -> None:
+def deliver(messages: list[StepMessage]) -> None:
     """What a worker does with the sweeper's messages."""
     assert messages
     with capture_messages():
