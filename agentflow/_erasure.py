@@ -13,15 +13,11 @@ from dataclasses import dataclass
 from agentflow import _store as store
 from agentflow._base.states import TERMINAL_RUN_STATUSES
 from agentflow._privacy import keystore
-from agentflow.exceptions import AgentflowError
+from agentflow.exceptions import ErasureRefused
 from agentflow.models import WorkflowRun
 
 #: The most run ids a refusal names (the count is always given).
 NAMED_RUNS = 10
-
-
-class ErasureRefused(AgentflowError):
-    """Erasure cannot happen now; the message says why and what to do."""
 
 
 @dataclass(frozen=True, kw_only=True)

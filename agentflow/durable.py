@@ -46,11 +46,12 @@ from agentflow._personal_fields import PersonalTextField, personal_keys
 from agentflow._privacy import envelope, keystore
 from agentflow._privacy import scope as privacy
 from agentflow._privacy.personal import Personal
-from agentflow._schedules import Schedule, ScheduleError
+from agentflow._schedules import Schedule
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
 from agentflow.conf import settings
 from agentflow.exceptions import (
+    ActionRefused,
     AgentflowError,
     AnswerLost,
     DefinitionError,
@@ -61,11 +62,11 @@ from agentflow.exceptions import (
     PartnerUnavailable,
     PermanentStepError,
     RetryableStepError,
+    ScheduleError,
     UnknownWorkflowError,
 )
 from agentflow.models import WorkflowRun
 
-ActionRefused = store.ActionRefused
 #: How the reason of a step waiting for its turn at a partner begins (`PartnerWait`).
 PARTNER_WAIT_PREFIX = "waiting for "
 #: What `signal` answers: "delivered" (consumed, or kept for a later `wait_for`), or

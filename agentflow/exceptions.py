@@ -1,4 +1,6 @@
-"""The engine's errors. Fields are plain values so they pickle across process boundaries."""
+"""Every error agentflow raises to its users, under one root, `AgentflowError` (`durable` and
+`agent` re-export the ones their callers catch). Fields are plain values so they pickle across
+process boundaries."""
 
 from __future__ import annotations
 
@@ -158,3 +160,91 @@ class PartnerWait(AgentflowError):
 
     def __reduce__(self):
         return (PartnerWait, (self.partner, self.reason, self.wait_seconds))
+
+
+# --- what an operator or a caller asked for, refused ------------------------------------------
+class ActionRefused(AgentflowError):
+    """The run is not in a state where this action is safe."""
+
+
+class Replayed(ActionRefused):
+    """This signed webhook request was accepted before: the same bytes sent again."""
+
+
+# --- schedules, privacy -----------------------------------------------------------------------
+class ScheduleError(AgentflowError):
+    """A schedule's declaration is not usable (its cron, time zone, window or overlap)."""
+
+
+class ErasureRefused(AgentflowError):
+    """Erasure cannot happen now; the message says why and what to do."""
+
+
+class MasterKeyError(AgentflowError):
+    """A master key setting that cannot be used, or a value no listed master key opens."""
+
+
+# --- agent mode -------------------------------------------------------------------------------
+class ToolRefused(AgentflowError):
+    """A tool would not act on these arguments and did nothing.
+
+    The message goes back to the model as the tool's result (recorded like any result), so the
+    model can correct itself: a missing earlier call, say. A request that must never be made
+    (a second charge) is a PermanentStepError instead: the run fails and compensates.
+    """
+
+
+class BudgetExceeded(PermanentStepError):
+    """The run reached its turn, token or dollar limit: it fails (or parks, where its workflow
+    says so) before any further step. `figures`: what was spent, lost and asked, for people."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: str,
+        used: int,
+        allowed: int,
+        figures: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.limit, self.used, self.allowed = limit, used, allowed
+        self.figures = dict(figures or {})
+
+    def __reduce__(self):  # keep the keyword fields when pickled
+        return (
+            _rebuild_budget,
+            (str(self), self.limit, self.used, self.allowed, self.figures),
+        )
+
+
+def _rebuild_budget(
+    message: str, limit: str, used: int, allowed: int, figures: dict[str, Any] | None = None
+) -> BudgetExceeded:
+    return BudgetExceeded(message, limit=limit, used=used, allowed=allowed, figures=figures)
+
+
+class ToolServerUnavailable(PartnerUnavailable):
+    """A server the run's tools come from (an MCP server, `agent.mcp_tools`) could not say
+    which tools it has: not started yet, crashed, not answering. A partner's outage, not the
+    run's error: the run waits on partner key `partner` (`mcp:<server name>`) and replays once
+    the server can be listed; its breaker, where AGENTFLOW_PARTNER_LIMITS names the key, is the
+    limiter's."""
+
+    def __init__(self, partner: str, message: str, *, retry_after_seconds: float) -> None:
+        super().__init__(message, retry_after_seconds=retry_after_seconds)
+        self.partner = partner
+
+    def __reduce__(self):
+        return (_rebuild_server, (self.partner, str(self), self.retry_after_seconds))
+
+
+def _rebuild_server(partner: str, message: str, retry_after: float) -> ToolServerUnavailable:
+    return ToolServerUnavailable(partner, message, retry_after_seconds=retry_after)
+
+
+class MCPUnavailable(AgentflowError):
+    """The `mcp` package is not installed."""
+
+    def __init__(self) -> None:
+        super().__init__("MCP tools need the mcp SDK: pip install 'django-agentflow[mcp]'")

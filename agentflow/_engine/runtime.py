@@ -44,7 +44,6 @@ from agentflow._privacy import scope as privacy
 from agentflow._waits import waits
 from agentflow.agent import loop as agent_loop
 from agentflow.agent.batches import batch_span
-from agentflow.agent.errors import ToolServerUnavailable
 from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
 from agentflow.agent.mcp_tools import tool_servers
 from agentflow.conf import settings
@@ -52,6 +51,7 @@ from agentflow.exceptions import (
     NeedsAttention,
     PartnerWait,
     PermanentStepError,
+    ToolServerUnavailable,
     partner_wait_reason,
 )
 from agentflow.models import RunEvent

@@ -19,17 +19,13 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from agentflow.conf import settings
-from agentflow.exceptions import AgentflowError
+from agentflow.exceptions import MasterKeyError
 
 #: AES-256: the key size every current guidance recommends for data kept for years.
 KEY_BYTES = 32
 #: GCM's standard nonce; random per message, far below the 2**32 messages per key it allows.
 NONCE_BYTES = 12
 _KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
-
-
-class MasterKeyError(AgentflowError):
-    """A master key setting that cannot be used, or a value no listed master key opens."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,15 +15,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from agentflow.exceptions import AgentflowError
+from agentflow.exceptions import ScheduleError
 
 #: The most slots one tick acts on for one schedule: a schedule down for a year at one slot a
 #: minute is caught up over many ticks, each a bounded transaction.
 MAX_SLOTS_PER_TICK = 1000
-
-
-class ScheduleError(AgentflowError):
-    """A schedule's declaration is not usable (its cron, time zone, window or overlap)."""
 
 
 @dataclass(frozen=True, kw_only=True)

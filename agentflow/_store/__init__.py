@@ -96,7 +96,6 @@ from agentflow._store.partners import (
 )
 from agentflow._store.retention import Deleted, runs_delete, runs_purge
 from agentflow._store.runs import (
-    ActionRefused,
     Fenced,
     attempt_lost,
     compensation_plan,
@@ -107,7 +106,7 @@ from agentflow._store.runs import (
     step_fail,
 )
 from agentflow._store.sensitive import masked, sensitive_values
-from agentflow._store.signals import Delivery, Replayed, signal_deliver, webhook_receipt_add
+from agentflow._store.signals import Delivery, signal_deliver, webhook_receipt_add
 from agentflow._store.sql import databases_changed, server_setting
 from agentflow._store.steps import (
     CheckpointRow,
@@ -151,6 +150,7 @@ from agentflow._store.waits import (
     wait_pending,
     wait_settle,
 )
+from agentflow.exceptions import ActionRefused, Replayed
 
 __all__ = [
     "PARTNER_HOLD",

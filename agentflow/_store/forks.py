@@ -22,8 +22,8 @@ from agentflow._core.registry import Workflow
 from agentflow._store import sql
 from agentflow._store.events import event_add
 from agentflow._store.operator import locked_run, refuse_if_undone, wake_soon
-from agentflow._store.runs import ActionRefused
 from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
+from agentflow.exceptions import ActionRefused
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 
 

@@ -21,7 +21,8 @@ from agentflow._store import sql
 from agentflow._store.concurrency import concurrency_run_ended
 from agentflow._store.events import event_add, event_time
 from agentflow._store.parents import run_ended
-from agentflow._store.runs import ActionRefused, Fenced, begin_undo, enqueue_grace
+from agentflow._store.runs import Fenced, begin_undo, enqueue_grace
+from agentflow.exceptions import ActionRefused
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 
 

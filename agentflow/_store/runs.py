@@ -37,7 +37,6 @@ from agentflow._store.parents import run_ended
 from agentflow._store.sensitive import masked
 from agentflow._store.steps import ACTIVE, CheckpointRow, Claim, state_load
 from agentflow.conf import settings
-from agentflow.exceptions import AgentflowError
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 
 logger = logging.getLogger("agentflow.store.runs")  # the name hosts' LOGGING knows
@@ -60,10 +59,6 @@ class RunLike(Protocol):
 
 class Fenced(Exception):
     """Raised inside a transaction to roll it back: someone else owns this step or run now."""
-
-
-class ActionRefused(AgentflowError):
-    """The run is not in a state where this action is safe."""
 
 
 def enqueue_grace() -> timedelta:

@@ -21,8 +21,8 @@ from agentflow._base.states import TERMINAL_RUN_STATUSES, RunStatus, WaitKind
 from agentflow._store import sql
 from agentflow._store.events import event_add, event_time
 from agentflow._store.operator import locked_run
-from agentflow._store.runs import ActionRefused
 from agentflow._store.waits import signal_take, wait_at, wake_waiting
+from agentflow.exceptions import ActionRefused, Replayed
 from agentflow.models import RunEvent
 
 #: "delivered": recorded (consumed at once by the wait for it, or kept for a later one);
@@ -96,10 +96,6 @@ def signal_deliver(run_id: str, name: str, payload: Any, *, signal_id: str) -> D
         if taken is not None:
             wake_waiting(run)
     return "delivered"
-
-
-class Replayed(ActionRefused):
-    """This signed webhook request was accepted before: the same bytes sent again."""
 
 
 def webhook_receipt_add(

@@ -29,10 +29,11 @@ from agentflow._core.registry import WaitSpec
 from agentflow._store import sql
 from agentflow._store.events import event_add, event_time
 from agentflow._store.operator import locked_run, wake_soon
-from agentflow._store.runs import ActionRefused, run_park
+from agentflow._store.runs import run_park
 from agentflow._store.steps import ACTIVE, StepState, state_load
 from agentflow.agent.canonical import digest, normalise
 from agentflow.conf import settings
+from agentflow.exceptions import ActionRefused
 from agentflow.models import RunEvent, RunWait, WorkflowRun
 
 #: A signal wait without a timeout still has a wake-up time (I7: no active run without one):

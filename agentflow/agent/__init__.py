@@ -21,11 +21,11 @@ from agentflow.agent.conversation import (
     tool_result_message,
     user_message,
 )
-from agentflow.agent.errors import BudgetExceeded, ToolRefused
 from agentflow.agent.fingerprint import CallKind, Fingerprint
 from agentflow.agent.limits import AgentLimits
 from agentflow.agent.scripted import Plan, PlannedCall, ScriptedModel, answer, call, calls
 from agentflow.agent.tools import Toolbox, ToolContext, ToolOutcome, ToolRecord
+from agentflow.exceptions import BudgetExceeded, ToolRefused
 
 __all__ = [
     "AgentLimits",

@@ -36,8 +36,8 @@ from typing import Any
 
 from agentflow.agent import pricing
 from agentflow.agent.canonical import canonical_json
-from agentflow.agent.errors import BudgetExceeded
 from agentflow.conf import settings
+from agentflow.exceptions import BudgetExceeded
 
 #: Tokens a chat request costs beyond its text (the chat format's per-request priming), added
 #: to every worst case so that a request of a few bytes still counts its frame.

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentflow.agent.errors import BudgetExceeded
 from agentflow.conf import settings
+from agentflow.exceptions import BudgetExceeded
 
 #: Tool calls one model turn may have run: a turn asking for sixty gets the first ten.
 DEFAULT_TOOL_CALLS_PER_TURN = 10

@@ -42,7 +42,6 @@ from agentflow.agent.canonical import canonical_json, digest
 from agentflow.agent.clients import ModelClient, configured_client
 from agentflow.agent.conversation import Message, ModelRequest, ModelResponse, ToolCall
 from agentflow.agent.divergence import Change, Divergence, diverges
-from agentflow.agent.errors import BudgetExceeded
 from agentflow.agent.fingerprint import (
     LLM_CALL_NAME,
     CallKind,
@@ -64,7 +63,7 @@ from agentflow.agent.tools import (
 )
 from agentflow.agent.turns import Turns, whole_request
 from agentflow.conf import settings
-from agentflow.exceptions import DefinitionError, OutcomeUnknown, PermanentStepError
+from agentflow.exceptions import BudgetExceeded, DefinitionError, OutcomeUnknown, PermanentStepError
 
 #: The `current_step` of an agent run between calls: which call comes next is known only
 #: once the function is replayed up to it.

@@ -28,14 +28,15 @@ from typing import Any
 
 from agentflow.agent.arguments import InvalidArguments, Problem
 from agentflow.agent.canonical import NotCanonicalError, normalise
-from agentflow.agent.errors import ToolRefused, ToolServerUnavailable
 from agentflow.agent.tools import Tool, ToolContext, check_declared
 from agentflow.exceptions import (
-    AgentflowError,
     AnswerLost,
     DefinitionError,
+    MCPUnavailable,
     RepeatUnsafe,
     RetryableStepError,
+    ToolRefused,
+    ToolServerUnavailable,
 )
 
 #: Where in a call's `_meta` the server finds the step's idempotency key.
@@ -46,14 +47,6 @@ LIST_RETRY_SECONDS = 5.0
 #: How long starting the server and one request may take (a server's `timeout_seconds`): a
 #: server that never answers must not hold the worker until its lease runs out.
 TIMEOUT_SECONDS = 60.0
-_INSTALL = "MCP tools need the mcp SDK: pip install 'django-agentflow[mcp]'"
-
-
-class MCPUnavailable(AgentflowError):
-    """The `mcp` package is not installed."""
-
-    def __init__(self) -> None:
-        super().__init__(_INSTALL)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,9 +32,8 @@ from agentflow._core.replies import Replies
 from agentflow._core.sensitive import Sensitive
 from agentflow._core.serialization import to_json
 from agentflow.agent.arguments import Arguments, ArgumentSpec, InvalidArguments
-from agentflow.agent.errors import ToolRefused
 from agentflow.agent.fingerprint import LLM_CALL_NAME
-from agentflow.exceptions import DefinitionError
+from agentflow.exceptions import DefinitionError, ToolRefused
 
 ToolFn = Callable[..., Any]
 #: A tool's `approval_arguments`: (the call's step context, its arguments) -> what else to show.

@@ -12,9 +12,8 @@ import pytest
 from agentflow import durable
 from agentflow._core import registry
 from agentflow.agent import budget
-from agentflow.agent.errors import BudgetExceeded
 from agentflow.agent.turns import Turns
-from agentflow.exceptions import DefinitionError
+from agentflow.exceptions import BudgetExceeded, DefinitionError
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
 

@@ -15,10 +15,9 @@ from agentflow.agent.conversation import (
     tool_result_message,
     user_message,
 )
-from agentflow.agent.errors import BudgetExceeded
 from agentflow.agent.limits import AgentLimits
 from agentflow.agent.scripted import Plan, ScriptedModel, answer, call, calls, estimate_tokens
-from agentflow.exceptions import PermanentStepError
+from agentflow.exceptions import BudgetExceeded, PermanentStepError
 
 TOOLS = (
     {"type": "function", "function": {"name": "lookup", "description": "d", "parameters": {}}},

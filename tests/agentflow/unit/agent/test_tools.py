@@ -10,10 +10,9 @@ from pydantic import Field
 
 from agentflow._base.states import StepKind
 from agentflow._core.serialization import NotJSONError
-from agentflow.agent.errors import ToolRefused
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.agent.tools import Toolbox, ToolContext, ToolOutcome, ToolRecord
-from agentflow.exceptions import DefinitionError, PermanentStepError
+from agentflow.exceptions import DefinitionError, PermanentStepError, ToolRefused
 
 Reference = Annotated[str, Field(description="Six letters or digits.", pattern=r"^[A-Za-z0-9]{6}$")]
 
