@@ -2,9 +2,10 @@
 due and mixed runs, aged runs for the purge, old events, and the hand-written yardstick's writes.
 
 None of these is a run of the protocol: they are bulk-inserted (Postgres only) to give the
-measured queries the data a busy deployment holds. They live here so that the store stays the
-one writer of engine rows. SQL expressions passed in (`wake_at`, `created_at`, `at`) come from
-the bench's own constants, never from input, and may use `g`, the row's number.
+measured queries the data a busy deployment holds. They live with the bench, outside the wheel:
+the one writer of engine rows besides agentflow/_store, and named so in the import contracts and
+tests/agentflow/unit/test_layers.py. SQL expressions passed in (`wake_at`, `created_at`, `at`)
+come from the bench's own constants, never from input, and may use `g`, the row's number.
 """
 
 from __future__ import annotations

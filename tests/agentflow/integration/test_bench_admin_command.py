@@ -1,5 +1,5 @@
 """`manage.py bench_admin --json` at toy sizes: the operator's database it builds (through
-`store.synthetic`) and the report's shape, never its speed."""
+`config.bench.synthetic`) and the report's shape, never its speed."""
 
 from __future__ import annotations
 
