@@ -61,9 +61,18 @@ def test_backend__is_agentflows__with_exact_flags() -> None:
         True,
         True,
     )
-    assert found.supports_priority is False
-    with pytest.raises(framework.InvalidTask, match="priority"):
-        durable_tasks.plain.using(priority=5)
+    assert found.supports_priority is True
+
+
+@pytest.mark.parametrize(
+    ("task_priority", "run_priority"), [(0, None), (-100, 0), (-50, 2), (1, 5), (50, 7), (100, 9)]
+)
+def test_enqueue__task_priority__is_the_runs_on_its_scale(
+    task_priority: int, run_priority: int | None
+) -> None:
+    result = durable_tasks.plain.using(priority=task_priority).enqueue([1])
+
+    assert WorkflowRun.objects.get(pk=result.id).priority == run_priority
 
 
 def test_enqueue__rolled_back__never_runs_and_says_nothing(
