@@ -6,7 +6,8 @@ image tag: what production should set, the same in web, worker and beat of a rel
 digest of the registered workflow definitions, computed the same way in every process: names,
 versions, versioning, steps in order with their kinds, compensations and waits, and the source
 of each step, reconcile, tool, compensation and agent function, with the source file each is
-defined in (so a prompt kept beside the function counts too). Code a digest cannot see (a
+defined in (so a prompt kept beside the function counts too); not a `@task`'s, which only the
+processes that imported its module know. Code a digest cannot see (a
 helper module, a library's upgrade) changes behaviour without changing the digest: that is why
 a release names its build.
 """
@@ -25,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from agentflow import identifiers
 from agentflow.conf import settings
-from agentflow.registry import StepDef, Workflow, definitions, generation
+from agentflow.registry import StepDef, Workflow, definitions, generation, on_demand
 
 #: Every worker consumes the shared step queue and this one, of its own build.
 QUEUE_PREFIX = "agentflow.build."
@@ -82,6 +83,10 @@ def digest() -> str:
     hashed = hashlib.sha256()
     files: set[str] = set()
     for workflow in definitions():
+        if on_demand(workflow.name):
+            # A `@task`'s workflow is defined when its module is imported, which a worker
+            # (Celery imports every app's `tasks`) does and a web process may not.
+            continue
         hashed.update(json.dumps(summary(workflow), sort_keys=True).encode())
         for fn in _functions(workflow):
             hashed.update(_source(fn).encode())
