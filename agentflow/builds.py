@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import json
 import re
+import tokenize
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
@@ -168,8 +169,9 @@ def _has_source(fn: Callable[..., Any]) -> bool:
 
 
 def _source(fn: Callable[..., Any]) -> str:
-    """The function's source, or its qualified name where there is none (a builtin)."""
+    """The function's source, or its qualified name where there is none (a builtin) or it
+    cannot be cut out (Python 3.13's tokenizer refuses some lambdas' lines: TokenError)."""
     try:
         return inspect.getsource(fn)
-    except (OSError, TypeError):
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
         return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
