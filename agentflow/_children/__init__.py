@@ -24,9 +24,9 @@ from django.db import transaction
 
 from agentflow import _concurrency, _priority, registry, store, telemetry
 from agentflow._privacy import keystore
-from agentflow.conf import settings
 from agentflow.agent.loop import AgentContext
 from agentflow.agent.waiting import WaitCall
+from agentflow.conf import settings
 from agentflow.context import StepContext
 from agentflow.exceptions import InvalidInputError, PermanentStepError
 from agentflow.models import WorkflowRun
@@ -145,7 +145,7 @@ def start_children(
     with its checkpoint), replayed from its record. `priority`: the children's, as
     `start_many`'s."""
     if isinstance(ctx, AgentContext):
-        given = [list(entry) for entry in children]
+        given = [tuple(entry) for entry in children]
         return ctx.step(  # type: ignore[no-any-return]
             START_CALL,
             lambda step_ctx: start_children(step_ctx, given, priority=priority),

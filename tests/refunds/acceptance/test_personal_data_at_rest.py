@@ -72,9 +72,7 @@ def through_the_form(reference: str) -> str:
     return refund.workflow_id
 
 
-def decided_to_the_end(
-    run_id: str, worker: WorkerProcess, *, waived: bool
-) -> durable.RunSnapshot:
+def decided_to_the_end(run_id: str, worker: WorkerProcess, *, waived: bool) -> durable.RunSnapshot:
     def waiting() -> durable.RunSnapshot | None:
         assert worker.alive(), worker.log_tail()
         run = durable.snapshot(run_id)
