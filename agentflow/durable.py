@@ -395,6 +395,9 @@ def signal(run_id: str, name: str, payload: Any = None, *, signal_id: str) -> De
         raise InvalidInputError("a signal needs a name (1-200 characters, without NUL)")
     if not _stored_text(signal_id, 200):
         raise InvalidInputError("a signal needs a signal_id (1-200 characters, without NUL)")
+    if name.startswith(_children.SIGNAL_PREFIX):
+        # The engine's own: a parent's wait for its children takes its report under it.
+        raise InvalidInputError(f"signal names starting {_children.SIGNAL_PREFIX!r} are reserved")
     try:
         data = to_json(payload, f"the payload of signal {name!r}")
     except NotJSONError as exc:

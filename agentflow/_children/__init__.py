@@ -40,6 +40,9 @@ WAITS = ("all", "first")
 #: How often a waiting parent counts its children again by itself: the doorbell of a child
 #: whose worker died between its last commit and the ring is repaired within this.
 RECHECK_SECONDS = 30.0
+#: The signal a parent's wait takes its children's report under (`children:<seq>`): no one
+#: else may send one (`durable.signal` refuses the prefix).
+SIGNAL_PREFIX = "children:"
 #: The checkpoint names of an agent workflow's calls that start children and wait for them.
 START_CALL = "start_children"
 WAIT_CALL = "wait_for_children"
@@ -209,7 +212,7 @@ def _waits_for(name: str, wait: str) -> Callable[[StepContext], WaitSpec]:
         started = store.children_started_at(ctx.run_id, ctx.seq)
         if started is None:
             raise PermanentStepError(f"{name}: no earlier step of this run started children")
-        signal = f"children:{started}"
+        signal = f"{SIGNAL_PREFIX}{started}"
         counts = store.children_counts(ctx.run_id, started)
         ended = sum(counts.get(status, 0) for status in TERMINAL_RUN_STATUSES)
         if ended == sum(counts.values()) or (wait == "first" and ended):

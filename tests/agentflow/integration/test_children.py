@@ -157,6 +157,17 @@ def test_agent_parent__starts_its_children_once__waits__returns_their_counts() -
     assert durable.snapshot(kids[0].id).parent == parent_id  # type: ignore[union-attr]
 
 
+def test_parent__a_forged_children_report__refused_the_wait_still_counts() -> None:
+    parent_id = durable.start(workflows.family.name, input={"n": 2})
+    waiting = run_to_end(parent_id, retries=False)
+    assert waiting.status == RunStatus.WAITING
+
+    with pytest.raises(InvalidInputError, match="'children:' are reserved"):
+        durable.signal(parent_id, "children:1", {"counts": {}}, signal_id="forged")
+
+    assert run_to_end(parent_id, retries=False).status == RunStatus.WAITING
+
+
 def test_parent__children_that_ended_before_it_waits__it_does_not_wait() -> None:
     parent_id = durable.start(workflows.family.name, input={"n": 3})
     with capture_messages():
