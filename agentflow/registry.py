@@ -475,10 +475,11 @@ def latest(name: str) -> Workflow:
 
 def lookup(name: str, version: int) -> Workflow | None:
     found = _definitions.get((name, version))
-    importer = _importer_of(name)
-    if found is None and importer is not None:
-        importer(name)  # a definition its module's import makes (a `@task`'s)
-        found = _definitions.get((name, version))
+    if found is None:
+        importer = _importer_of(name)
+        if importer is not None:
+            importer(name)  # a definition its module's import makes (a `@task`'s)
+            found = _definitions.get((name, version))
     return found
 
 
