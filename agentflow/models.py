@@ -10,7 +10,7 @@ from django.db.models import Q
 from agentflow._privacy.fields import SealedJSONField
 
 # The keystore's tables (agentflow._privacy), registered with the engine's.
-from agentflow._privacy.models import RunSubject, SubjectKey  # noqa: F401
+from agentflow._privacy.models import ErasureJournal, RunSubject, SubjectKey  # noqa: F401
 from agentflow.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 
 

@@ -184,6 +184,19 @@ else:
         }
     )
 
+# Subject keys in a database of their own (docs/privacy.md, "Backups and restores"), backed up
+# apart: a restored backup of the data then stays erased. Unset: beside the data (`check` warns,
+# agentflow.W009, with a master key and DEBUG off).
+KEYSTORE_DATABASE_URL = env_str("KEYSTORE_DATABASE_URL", "")
+if KEYSTORE_DATABASE_URL:
+    DATABASES["keystore"] = dj_database_url.parse(
+        KEYSTORE_DATABASE_URL, conn_max_age=300, conn_health_checks=True
+    )
+    if DATABASES["keystore"]["ENGINE"] == "django.db.backends.postgresql":
+        DATABASES["keystore"].setdefault("OPTIONS", {})["connect_timeout"] = 5
+    AGENTFLOW_KEYSTORE_DATABASE = "keystore"
+    DATABASE_ROUTERS = ["agentflow.routers.KeystoreRouter"]
+
 # "auto": on until a pooler loses one (PgBouncer in transaction mode before 1.21), then off for
 # the process; "on" / "off" say it up front (agentflow.pooler).
 AGENTFLOW_DB_PREPARED_STATEMENTS = env_str("AGENTFLOW_DB_PREPARED_STATEMENTS", "auto").lower()

@@ -123,6 +123,7 @@ from agentflow.store.steps import (
 )
 from agentflow.store.subject_keys import (
     SubjectErased,
+    erasures_replay,
     run_subject_bind,
     runs_subject_bind_many,
     subject_erase,
@@ -210,6 +211,7 @@ __all__ = [
     "database_restarted_seconds",
     "databases_changed",
     "enqueue_grace",
+    "erasures_replay",
     "event_add",
     "fork_preview",
     "heartbeat_read",
