@@ -52,11 +52,9 @@ class Command(BaseCommand):
                 "keystore"
             )
             return
-        if subject is None:
-            raise CommandError("name the person to erase (--subject), or --replay")
         try:
             done = _erasure.erase(
-                subject,
+                subject or "",
                 actor=actor or f"shell:{getpass.getuser()}",
                 reason=reason,
                 cancel_in_flight=cancel_in_flight,
