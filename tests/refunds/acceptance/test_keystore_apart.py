@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,7 @@ class Server:
 
     def statuses(self, name: str, run_ids: list[str]) -> list[str]:
         with psycopg.connect(self.url_of(name)) as conn:
-            found = dict(
+            found: dict[str, str] = dict(
                 conn.execute(
                     "SELECT id, status FROM agentflow_workflowrun WHERE id = ANY(%s)", [run_ids]
                 ).fetchall()
@@ -139,35 +139,33 @@ def server(clean_sandbox: SandboxProcess) -> Iterator[Server]:
         found.drop_all()
 
 
-def site(
-    server: Server, sandbox: SandboxProcess, data: str, keys: str
-) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Runs `manage.py ...` as a process of the site on database `data` with keystore `keys`."""
-    env = {
-        **os.environ,
-        **refund_worker_env(
-            sandbox,
-            DATABASE_URL=server.url_of(data),
-            KEYSTORE_DATABASE_URL=server.url_of(keys),
-            AGENTFLOW_MASTER_KEYS=MASTER,
-            DJANGO_ALLOWED_HOSTS="testserver",
-        ),
-    }
+class Site:
+    """The site as its processes run it, on data database `data` with keystore `keys`."""
 
-    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+    def __init__(self, server: Server, sandbox: SandboxProcess, data: str, keys: str) -> None:
+        self.env = {
+            **os.environ,
+            **refund_worker_env(
+                sandbox,
+                DATABASE_URL=server.url_of(data),
+                KEYSTORE_DATABASE_URL=server.url_of(keys),
+                AGENTFLOW_MASTER_KEYS=MASTER,
+                DJANGO_ALLOWED_HOSTS="testserver",
+            ),
+        }
+
+    def manage(self, *args: str) -> str:
+        """`manage.py ...`'s output, once it succeeded."""
         done = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
             text=True, timeout=180, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-        return done
+        return done.stdout
 
-    manage.env = env  # type: ignore[attr-defined]
-    return manage
-
-
-def read(manage: Callable[..., subprocess.CompletedProcess[str]]) -> dict[str, Any]:
-    return json.loads(manage("shell", "-c", READ).stdout.strip().splitlines()[-1])
+    def shell(self, script: str) -> Any:
+        """What `script`, run in `manage.py shell`, printed last, as JSON."""
+        return json.loads(self.manage("shell", "-c", script).strip().splitlines()[-1])
 
 
 def personal_words(reference: str) -> list[str]:
@@ -193,9 +191,9 @@ def test_erasure__a_restored_backup_of_the_data_stays_erased__a_restored_keystor
     server: Server, clean_sandbox: SandboxProcess, tmp_path: Path
 ) -> None:
     data, keys = server.create("data"), server.create("keys")
-    live = site(server, clean_sandbox, data, keys)
-    live("migrate", "--noinput")
-    live("migrate", "--database", "keystore", "--noinput")
+    live = Site(server, clean_sandbox, data, keys)
+    live.manage("migrate", "--noinput")
+    live.manage("migrate", "--database", "keystore", "--noinput")
     # The keystore holds the key table alone; the data, everything but it.
     assert server.tables(keys) == {"agentflow_subjectkey", "django_migrations"}
     data_tables = server.tables(data)
@@ -204,10 +202,10 @@ def test_erasure__a_restored_backup_of_the_data_stays_erased__a_restored_keystor
         data_tables
     )
 
-    worker = WorkerProcess(concurrency=2, env=live.env, beat=True)  # type: ignore[attr-defined]
+    worker = WorkerProcess(concurrency=2, env=live.env, beat=True)
     worker.start(timeout=90)
     try:
-        runs = json.loads(live("shell", "-c", SUBMIT).stdout.strip().splitlines()[-1])
+        runs = live.shell(SUBMIT)
         deadline = time.monotonic() + 150
         while server.statuses(data, runs) != ["COMPLETED"] * 2:
             assert worker.alive(), worker.log_tail()
@@ -216,22 +214,24 @@ def test_erasure__a_restored_backup_of_the_data_stays_erased__a_restored_keystor
     finally:
         worker.kill()
 
-    before = read(live)
+    before = live.shell(READ)
     assert before[GONE]["request"][0] == owner_of(GONE).email  # readable while they are kept
     data_dump = server.dump(data, tmp_path / "data-before.sql")
     keys_dump = server.dump(keys, tmp_path / "keys-before.sql")
     for words in personal_words(GONE):
         assert words not in data_dump and words not in keys_dump
 
-    erased = live("agentflow_erase", "--subject", owner_of(GONE).email, "--reason", "GDPR #42",
-                  "--actor", "dpo")  # fmt: skip
-    assert "erased: 1 key(s) destroyed; 1 run(s) kept" in erased.stdout
+    erased = live.manage(
+        "agentflow_erase", "--subject", owner_of(GONE).email, "--reason", "GDPR #42",
+        "--actor", "dpo",
+    )  # fmt: skip
+    assert "erased: 1 key(s) destroyed; 1 run(s) kept" in erased
 
     # 1. The data's backup from before the erasure, restored beside the current keystore.
     restored = server.create("restored")
     server.restore(tmp_path / "data-before.sql", restored)
-    beside_current = site(server, clean_sandbox, restored, keys)
-    after = read(beside_current)
+    beside_current = Site(server, clean_sandbox, restored, keys)
+    after = beside_current.shell(READ)
     gone, kept = after[GONE], after[KEPT]
     assert gone["request"] == [ERASED] * 3
     assert gone["status"] == before[GONE]["status"] == "COMPLETED"
@@ -249,20 +249,20 @@ def test_erasure__a_restored_backup_of_the_data_stays_erased__a_restored_keystor
         assert kept[part] == before[KEPT][part]
     assert owner_of(KEPT).email in kept["pages"]
     # The journal restored with the data lacks the erasure: replay journals it from the keystore.
-    said = beside_current("agentflow_erase", "--replay").stdout
+    said = beside_current.manage("agentflow_erase", "--replay")
     assert "0 key(s) erased again; 1 erasure(s) journaled from the keystore" in said
 
     # 2. The keystore's backup from before the erasure, restored beside the current data: the
     # customer's key is back until the journal is replayed.
     old_keys = server.create("oldkeys")
     server.restore(tmp_path / "keys-before.sql", old_keys)
-    beside_old = site(server, clean_sandbox, data, old_keys)
-    assert read(beside_old)[GONE]["request"][0] == owner_of(GONE).email
-    said = beside_old("agentflow_erase", "--replay").stdout
+    beside_old = Site(server, clean_sandbox, data, old_keys)
+    assert beside_old.shell(READ)[GONE]["request"][0] == owner_of(GONE).email
+    said = beside_old.manage("agentflow_erase", "--replay")
     assert "replayed 1 journaled erasure(s): 1 key(s) erased again" in said
-    replayed = read(beside_old)
+    replayed = beside_old.shell(READ)
     assert replayed[GONE]["request"] == [ERASED] * 3
     assert replayed[GONE]["steps"] == gone["steps"]
     assert replayed[KEPT]["request"] == before[KEPT]["request"]
-    again = beside_old("agentflow_erase", "--replay").stdout
+    again = beside_old.manage("agentflow_erase", "--replay")
     assert "replayed 1 journaled erasure(s): 0 key(s) erased again; 0 erasure(s)" in again
