@@ -308,15 +308,17 @@ AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0
 # first. Unset on the embedded default (or with AGENTFLOW_LOCAL_MASTER_KEY=1, as the suite
 # runs), a key made in var/ seals the demo's data too; unset in production, `check` warns.
 AGENTFLOW_MASTER_KEYS = env_list("AGENTFLOW_MASTER_KEYS", [])
-if not AGENTFLOW_MASTER_KEYS and (
-    DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
-    or env_bool("AGENTFLOW_LOCAL_MASTER_KEY", False)
-):
+_LOCAL_KEY = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" or env_bool(
+    "AGENTFLOW_LOCAL_MASTER_KEY", False
+)
+if not AGENTFLOW_MASTER_KEYS and _LOCAL_KEY:
     AGENTFLOW_MASTER_KEYS = [keys.local_master_key(VAR_DIR)]
     # The processes this one starts (chaos's workers and beat, with var/ directories of their
     # own) seal and open under the same key: a key of their own opens nothing of this one's.
     os.environ.setdefault("AGENTFLOW_MASTER_KEYS", AGENTFLOW_MASTER_KEYS[0])
-    # That key sits in var/ beside the data: a keystore apart would protect nothing more.
+if _LOCAL_KEY:
+    # A laptop's or the suite's (and their processes'): the key sits in var/ beside the data,
+    # so a keystore apart would protect nothing more.
     SILENCED_SYSTEM_CHECKS = ["agentflow.W009"]
 #: Finished runs older than this are deleted by the beat task (docs/protocol.md, "Retention"); 0
 #: keeps everything.
