@@ -33,7 +33,7 @@ class AgentflowConfig(AppConfig):
             importlib.import_module(module)
         registry.validate_all()
         # A worker handed a `@task`'s run imports the task's module if nothing did yet.
-        registry.add_importer(resolver.import_task)
+        registry.add_importer(resolver.PREFIX, resolver.import_task)
         faults.install_clock_offset(settings.AGENTFLOW_CLOCK_OFFSET_SECONDS)
         faults.warn_if_crash_at_cannot_fire()
         # Step messages carry the run's trace context once the host installs an SDK.

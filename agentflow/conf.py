@@ -62,6 +62,12 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "the first wraps, every one unwraps (docs/privacy.md). Empty: personal fields are "
         "stored in clear (and `check` warns with DEBUG off).",
     ),
+    "AGENTFLOW_KEYSTORE_DATABASE": (
+        "default",
+        "The Django database alias holding subject keys; another than the data's, with "
+        "agentflow.routers.KeystoreRouter, lets a restored backup of the data stay erased "
+        "(docs/privacy.md).",
+    ),
     "AGENTFLOW_RETENTION_DAYS": (30, "Finished runs older than this are deleted; 0 keeps all."),
     "AGENTFLOW_LLM_BASE_URL": (
         "",

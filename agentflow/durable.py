@@ -229,18 +229,20 @@ def _start_personal(
 
 
 def start_children(
-    ctx: StepContext,
+    ctx: StepContext | AgentContext,
     children: Iterable[tuple[str, Any, str | None]],
     *,
     priority: int | None = None,
 ) -> list[str]:
-    """From a step: start a child run for each (workflow, input, key) and return their ids in
-    order (docs/workflows.md, "Runs that start runs").
+    """From a step, or from an agent workflow's function: start a child run for each
+    (workflow, input, key) and return their ids in order (docs/workflows.md, "Runs that start
+    runs").
 
     Each child's business key is `<this run>:<this step's position>:<key>` (its index when
     `key` is None): the step run again starts none twice and gets the same ids. In the caller's
-    transaction if there is one; published once it commits. `priority` and concurrency keys:
-    as `start_many`.
+    transaction if there is one; published once it commits. In an agent workflow the start is
+    a call of its own, replayed from its record like any other. `priority` and concurrency
+    keys: as `start_many`.
 
     Raises:
         UnknownWorkflowError, InvalidInputError: as `start_many`; nothing is started.
@@ -255,14 +257,18 @@ def started_children(ctx: StepContext) -> list[str]:
 
 
 def wait_for_children(
-    workflow: Workflow, name: str, *, wait: str = "all", next: Any = None
-) -> None:
+    workflow: Workflow | AgentContext, name: str = "", *, wait: str = "all", next: Any = None
+) -> Any:
     """Declare step `name` of `workflow`: wait for the children the latest earlier step
     started, "all" of them or the "first" to end, WAITING meanwhile and holding no worker. Its
     output is `{"payload": {"wait", "counts", "children"}}`: the counts by status and each child
     that ended (`run_id`, `workflow`, `business_key`, `status`, `error`; for "first", its
-    `output` too). A failed child does not fail the parent: the report says so."""
-    _children.wait_for_children(workflow, name, wait=wait, next=next)
+    `output` too). A failed child does not fail the parent: the report says so.
+
+    In an agent workflow's function, call it with the context instead
+    (`durable.wait_for_children(ctx, wait="all")`): the same wait, for the children of its
+    latest earlier `start_children`, which returns the report itself."""
+    return _children.wait_for_children(workflow, name, wait=wait, next=next)
 
 
 #: A compensation to declare for the step that starts children (docs/workflows.md, "Runs
@@ -386,6 +392,9 @@ def signal(run_id: str, name: str, payload: Any = None, *, signal_id: str) -> De
         raise InvalidInputError("a signal needs a name (1-200 characters, without NUL)")
     if not _stored_text(signal_id, 200):
         raise InvalidInputError("a signal needs a signal_id (1-200 characters, without NUL)")
+    if name.startswith(_children.SIGNAL_PREFIX):
+        # The engine's own: a parent's wait for its children takes its report under it.
+        raise InvalidInputError(f"signal names starting {_children.SIGNAL_PREFIX!r} are reserved")
     try:
         data = to_json(payload, f"the payload of signal {name!r}")
     except NotJSONError as exc:

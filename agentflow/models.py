@@ -11,7 +11,7 @@ from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, Ste
 from agentflow._privacy.fields import SealedJSONField
 
 # The keystore's tables (agentflow._privacy), registered with the engine's.
-from agentflow._privacy.models import RunSubject, SubjectKey  # noqa: F401
+from agentflow._privacy.models import ErasureJournal, RunSubject, SubjectKey  # noqa: F401
 
 
 def new_run_id() -> str:

@@ -184,6 +184,19 @@ else:
         }
     )
 
+# Subject keys in a database of their own (docs/privacy.md, "Backups and restores"), backed up
+# apart: a restored backup of the data then stays erased. Unset: beside the data (`check` warns,
+# agentflow.W009, with a master key and DEBUG off).
+KEYSTORE_DATABASE_URL = env_str("KEYSTORE_DATABASE_URL", "")
+if KEYSTORE_DATABASE_URL:
+    DATABASES["keystore"] = dj_database_url.parse(
+        KEYSTORE_DATABASE_URL, conn_max_age=300, conn_health_checks=True
+    )
+    if DATABASES["keystore"]["ENGINE"] == "django.db.backends.postgresql":
+        DATABASES["keystore"].setdefault("OPTIONS", {})["connect_timeout"] = 5
+    AGENTFLOW_KEYSTORE_DATABASE = "keystore"
+    DATABASE_ROUTERS = ["agentflow.routers.KeystoreRouter"]
+
 # "auto": on until a pooler loses one (PgBouncer in transaction mode before 1.21), then off for
 # the process; "on" / "off" say it up front (agentflow._core.pooler).
 AGENTFLOW_DB_PREPARED_STATEMENTS = env_str("AGENTFLOW_DB_PREPARED_STATEMENTS", "auto").lower()
@@ -295,14 +308,18 @@ AGENTFLOW_CLOCK_OFFSET_SECONDS = env_float("AGENTFLOW_CLOCK_OFFSET_SECONDS", 0.0
 # first. Unset on the embedded default (or with AGENTFLOW_LOCAL_MASTER_KEY=1, as the suite
 # runs), a key made in var/ seals the demo's data too; unset in production, `check` warns.
 AGENTFLOW_MASTER_KEYS = env_list("AGENTFLOW_MASTER_KEYS", [])
-if not AGENTFLOW_MASTER_KEYS and (
-    DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
-    or env_bool("AGENTFLOW_LOCAL_MASTER_KEY", False)
-):
+_LOCAL_KEY = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" or env_bool(
+    "AGENTFLOW_LOCAL_MASTER_KEY", False
+)
+if not AGENTFLOW_MASTER_KEYS and _LOCAL_KEY:
     AGENTFLOW_MASTER_KEYS = [keys.local_master_key(VAR_DIR)]
     # The processes this one starts (chaos's workers and beat, with var/ directories of their
     # own) seal and open under the same key: a key of their own opens nothing of this one's.
     os.environ.setdefault("AGENTFLOW_MASTER_KEYS", AGENTFLOW_MASTER_KEYS[0])
+if _LOCAL_KEY:
+    # A laptop's or the suite's (and their processes'): the key sits in var/ beside the data,
+    # so a keystore apart would protect nothing more.
+    SILENCED_SYSTEM_CHECKS = ["agentflow.W009"]
 #: Finished runs older than this are deleted by the beat task (docs/protocol.md, "Retention"); 0
 #: keeps everything.
 AGENTFLOW_RETENTION_DAYS = env_int("AGENTFLOW_RETENTION_DAYS", 30)

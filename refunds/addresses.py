@@ -9,8 +9,8 @@ instead of being retried for minutes, since trying again cannot encode it either
 from __future__ import annotations
 
 import unicodedata
-
-from django.core.mail.message import sanitize_address
+from email.errors import HeaderParseError
+from email.headerregistry import Address
 
 #: Bidirectional controls: they make an address read differently from what it is.
 _BIDI_CONTROLS = frozenset(
@@ -27,7 +27,9 @@ def smtp_problem(address: str) -> str | None:
     if any(unicodedata.category(ch) in _FORBIDDEN_CATEGORIES for ch in address):
         return "That email address contains hidden characters; please type it again."
     try:
-        sanitize_address(address, "utf-8")
-    except (ValueError, UnicodeError):  # UnicodeError: the IDNA codec refused the domain
+        # What Django's mailer does with it (the address parsed, its domain IDNA-encoded),
+        # through the standard library's API: Django 6.1 deprecates its own.
+        Address(addr_spec=address).domain.encode("idna")
+    except (ValueError, IndexError, HeaderParseError, UnicodeError):  # UnicodeError: IDNA
         return "We can't send email to that address; please check the part after the @."
     return None

@@ -43,6 +43,7 @@ class RefundRequest(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [("cancel_flight", "Can cancel a flight in the sandbox airline")]
         indexes = [
             # Serves the per-e-mail submission limit, which ignores case.
             models.Index(fields=["email_digest", "created_at"], name="refund_email_digest_created"),

@@ -42,5 +42,7 @@ REFUND_AGENT = durable.Personal(subject=customer, fields=AGENT_FIELDS)
 
 def email_digest(email: str) -> str:
     """What the per-e-mail limits and the admin's search look an address up by: the request's
-    own column is sealed (and every sealing differs), so it matches nothing."""
-    return salted_hmac("refunds.email", email.strip().lower()).hexdigest()
+    own column is sealed (and every sealing differs), so it matches nothing. SHA-1 said
+    outright (Django 6.1 warns that its default becomes SHA-256): the digests already stored
+    must keep matching; as an HMAC it is still sound."""
+    return salted_hmac("refunds.email", email.strip().lower(), algorithm="sha1").hexdigest()

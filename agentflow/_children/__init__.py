@@ -32,6 +32,8 @@ from agentflow._core.serialization import NotJSONError, storable_text, to_json
 from agentflow._observe import telemetry
 from agentflow._privacy import keystore
 from agentflow._store.children import ChildEnd, NewRun
+from agentflow.agent.loop import AgentContext
+from agentflow.agent.waiting import WaitCall
 from agentflow.conf import settings
 from agentflow.exceptions import InvalidInputError, PermanentStepError
 from agentflow.models import WorkflowRun
@@ -41,6 +43,12 @@ WAITS = ("all", "first")
 #: How often a waiting parent counts its children again by itself: the doorbell of a child
 #: whose worker died between its last commit and the ring is repaired within this.
 RECHECK_SECONDS = 30.0
+#: The signal a parent's wait takes its children's report under (`children:<seq>`): no one
+#: else may send one (`durable.signal` refuses the prefix).
+SIGNAL_PREFIX = "children:"
+#: The checkpoint names of an agent workflow's calls that start children and wait for them.
+START_CALL = "start_children"
+WAIT_CALL = "wait_for_children"
 #: The longest business key a run takes (the column's size).
 KEY_MAX_CHARS = 200
 
@@ -129,16 +137,27 @@ def _new_run(entry: tuple[str, Any, str | None], priority: int | None) -> NewRun
 
 
 def start_children(
-    ctx: StepContext,
+    ctx: StepContext | AgentContext,
     children: Iterable[tuple[str, Any, str | None]],
     *,
     priority: int | None = None,
 ) -> list[str]:
-    """From a step: start its child runs, each (workflow, input, key), and return their ids.
+    """From a step, or a call of an agent workflow: start its child runs, each (workflow,
+    input, key), and return their ids.
 
     Each child's business key is `<this run>:<this step's position>:<key>` (the child's index
     when `key` is None), so the step run again starts none twice and returns the same ids.
-    `priority`: the children's, as `start_many`'s."""
+    In an agent workflow the start is a call of its own (`db`: the children's rows commit
+    with its checkpoint), replayed from its record. `priority`: the children's, as
+    `start_many`'s."""
+    if isinstance(ctx, AgentContext):
+        given = [tuple(entry) for entry in children]
+        return ctx.step(  # type: ignore[no-any-return]
+            START_CALL,
+            lambda step_ctx: start_children(step_ctx, given, priority=priority),
+            kind=StepKind.DB,
+            arguments={"children": given, "priority": priority},
+        )
     prefix = f"{ctx.run_id}:{ctx.seq}:"
     keyed = []
     for index, entry in enumerate(children):
@@ -158,19 +177,45 @@ def started_children(ctx: StepContext) -> list[str]:
 
 
 def wait_for_children(
-    workflow: Workflow, name: str, *, wait: str = "all", next: Callable[[Any], str] | None = None
-) -> None:
-    """Declare step `name` of `workflow`: wait for the children the latest earlier step
-    started, for all of them or for the first to end. WAITING meanwhile, holding no worker;
-    its output is `{"payload": report}` (see `report`)."""
+    workflow: Workflow | AgentContext,
+    name: str = "",
+    *,
+    wait: str = "all",
+    next: Callable[[Any], str] | None = None,
+) -> Any:
+    """In a graph workflow, declare step `name` of `workflow`: wait for the children the
+    latest earlier step started, for all of them or for the first to end. WAITING meanwhile,
+    holding no worker; its output is `{"payload": report}` (see `report`).
+
+    In an agent workflow, called with its context: the same wait, for the children of its
+    latest earlier `start_children`, as a call of its own; returns the report."""
+    if isinstance(workflow, AgentContext):
+        if wait not in WAITS:
+            raise DefinitionError(f"{WAIT_CALL}: wait is one of {WAITS}, not {wait!r}")
+        call = WaitCall(
+            name=WAIT_CALL,
+            arguments={"wait": wait},
+            spec=WaitSpec(kind=WaitKind.SIGNAL, name=WAIT_CALL),  # counted: see waits_for
+            waits_for=_waits_for(WAIT_CALL, wait),
+        )
+        return workflow.wait_call(call)["payload"]
     if wait not in WAITS:
         raise DefinitionError(f"{workflow.name}: {name!r}: wait is one of {WAITS}, not {wait!r}")
+    workflow._add(  # a wait step, as `Workflow.wait_for` declares one
+        name, kind=StepKind.READ, next=next, compensation_only=False,
+        waits_for=_waits_for(name, wait),
+    )(_waited)  # fmt: skip
+
+
+def _waits_for(name: str, wait: str) -> Callable[[StepContext], WaitSpec]:
+    """The wait at the step (or call) `name`: the children of the latest earlier position
+    that started some, counted as the run gets there and at every look after."""
 
     def waits_for(ctx: StepContext) -> WaitSpec:
         started = store.children_started_at(ctx.run_id, ctx.seq)
         if started is None:
             raise PermanentStepError(f"{name}: no earlier step of this run started children")
-        signal = f"children:{started}"
+        signal = f"{SIGNAL_PREFIX}{started}"
         counts = store.children_counts(ctx.run_id, started)
         ended = sum(counts.get(status, 0) for status in TERMINAL_RUN_STATUSES)
         if ended == sum(counts.values()) or (wait == "first" and ended):
@@ -180,9 +225,7 @@ def wait_for_children(
         return WaitSpec(kind=WaitKind.SIGNAL, name=signal, recheck_seconds=RECHECK_SECONDS)
 
     waits_for.counts_children = True  # type: ignore[attr-defined]  # `store.parents` rings it
-    workflow._add(  # a wait step, as `Workflow.wait_for` declares one
-        name, kind=StepKind.READ, next=next, compensation_only=False, waits_for=waits_for
-    )(_waited)
+    return waits_for
 
 
 def _waited(ctx: StepContext) -> Any:

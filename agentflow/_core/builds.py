@@ -6,7 +6,8 @@ image tag: what production should set, the same in web, worker and beat of a rel
 digest of the registered workflow definitions, computed the same way in every process: names,
 versions, versioning, steps in order with their kinds, compensations and waits, and the source
 of each step, reconcile, tool, compensation and agent function, with the source file each is
-defined in (so a prompt kept beside the function counts too). Code a digest cannot see (a
+defined in (so a prompt kept beside the function counts too); not a `@task`'s, which only the
+processes that imported its module know. Code a digest cannot see (a
 helper module, a library's upgrade) changes behaviour without changing the digest: that is why
 a release names its build.
 """
@@ -17,6 +18,7 @@ import hashlib
 import inspect
 import json
 import re
+import tokenize
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
@@ -24,7 +26,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from agentflow._base import identifiers
-from agentflow._core.registry import StepDef, Workflow, definitions, generation
+from agentflow._core.registry import StepDef, Workflow, definitions, generation, on_demand
 from agentflow.conf import settings
 
 #: Every worker consumes the shared step queue and this one, of its own build.
@@ -82,6 +84,10 @@ def digest() -> str:
     hashed = hashlib.sha256()
     files: set[str] = set()
     for workflow in definitions():
+        if on_demand(workflow.name):
+            # A `@task`'s workflow is defined when its module is imported, which a worker
+            # (Celery imports every app's `tasks`) does and a web process may not.
+            continue
         hashed.update(json.dumps(summary(workflow), sort_keys=True).encode())
         for fn in _functions(workflow):
             hashed.update(_source(fn).encode())
@@ -163,8 +169,9 @@ def _has_source(fn: Callable[..., Any]) -> bool:
 
 
 def _source(fn: Callable[..., Any]) -> str:
-    """The function's source, or its qualified name where there is none (a builtin)."""
+    """The function's source, or its qualified name where there is none (a builtin) or it
+    cannot be cut out (Python 3.13's tokenizer refuses some lambdas' lines: TokenError)."""
     try:
         return inspect.getsource(fn)
-    except (OSError, TypeError):
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
         return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"

@@ -476,21 +476,31 @@ def latest(name: str) -> Workflow:
 
 def lookup(name: str, version: int) -> Workflow | None:
     found = _definitions.get((name, version))
-    if found is None and _importers:
-        for importer in _importers:  # a definition its module's import makes (a `@task`'s)
-            importer(name)
-        found = _definitions.get((name, version))
+    if found is None:
+        importer = _importer_of(name)
+        if importer is not None:
+            importer(name)  # a definition its module's import makes (a `@task`'s)
+            found = _definitions.get((name, version))
     return found
 
 
-#: Given a workflow name this process has no definition of, import what defines it, if
-#: anything does (`agentflow._tasks_backend.resolver`: a `@task`'s module).
-_importers: list[Callable[[str], None]] = []
+#: By name prefix: given a workflow name this process has no definition of, import what
+#: defines it (`agentflow._tasks_backend.resolver`: a `@task`'s module).
+_importers: dict[str, Callable[[str], None]] = {}
 
 
-def add_importer(importer: Callable[[str], None]) -> None:
-    if importer not in _importers:
-        _importers.append(importer)
+def add_importer(prefix: str, importer: Callable[[str], None]) -> None:
+    _importers[prefix] = importer
+
+
+def _importer_of(name: str) -> Callable[[str], None] | None:
+    return next((fn for prefix, fn in _importers.items() if name.startswith(prefix)), None)
+
+
+def on_demand(name: str) -> bool:
+    """Whether workflow `name` is defined on demand (by an importer): only processes that
+    needed it know it, so no build's identity may depend on it (`agentflow._core.builds.digest`)."""
+    return _importer_of(name) is not None
 
 
 def validate_all() -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 from celery import current_app
 from django.core import checks
-from django.db import DatabaseError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
-from agentflow import _priority, _schedules
+from agentflow import _priority, _schedules, routers
 from agentflow import _store as store
 from agentflow._core import builds, dispatch, limits, registry
 from agentflow._engine.tasks import STEP_TIME_LIMIT
@@ -56,6 +56,59 @@ def master_keys(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
             id="agentflow.W008",
         )
     ]
+
+
+@checks.register(checks.Tags.security)
+def keystore_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Subject keys apart from the data they seal (docs/privacy.md, "Backups and restores"):
+    a database that exists and is routed to; kept inside the data's, in production, a backup
+    of it restored brings back the keys of everyone erased since."""
+    alias = routers.keystore_database()
+    if alias not in settings.DATABASES:
+        return [
+            checks.Error(
+                f"AGENTFLOW_KEYSTORE_DATABASE is {alias!r}, which DATABASES does not configure.",
+                hint="Add that database to DATABASES, or set the alias of one it has.",
+                id="agentflow.E012",
+            )
+        ]
+    if routers.keystore_apart() and not any(
+        r == routers.ROUTER or isinstance(r, routers.KeystoreRouter)
+        for r in settings.DATABASE_ROUTERS
+    ):
+        return [
+            checks.Error(
+                f"AGENTFLOW_KEYSTORE_DATABASE is {alias!r} but DATABASE_ROUTERS lacks "
+                f"{routers.ROUTER}: migrate would make the subject key table beside the data, "
+                "and none where the keys are kept.",
+                hint=f"Add {routers.ROUTER!r} to DATABASE_ROUTERS.",
+                id="agentflow.E012",
+            )
+        ]
+    try:
+        sealing = bool(privacy_keys.master_keys())
+    except privacy_keys.MasterKeyError:
+        return []  # agentflow.E011 says why
+    if settings.DEBUG or not sealing or not _same_database(alias, DEFAULT_DB_ALIAS):
+        return []
+    return [
+        checks.Warning(
+            "Subject keys are kept in the database they protect: a restored backup of this "
+            "database brings erased keys back.",
+            hint="Give the keystore a database of its own, backed up apart "
+            f"(AGENTFLOW_KEYSTORE_DATABASE and {routers.ROUTER}); see docs/privacy.md, "
+            '"Backups and restores".',
+            id="agentflow.W009",
+        )
+    ]
+
+
+def _same_database(alias: str, other: str) -> bool:
+    """Whether two aliases reach one database (two names for one place keep nothing apart)."""
+    if alias == other:
+        return True
+    where = [settings.DATABASES[a] for a in (alias, other)]
+    return len({(d.get("HOST") or "", str(d.get("PORT") or ""), d.get("NAME")) for d in where}) == 1
 
 
 @checks.register()

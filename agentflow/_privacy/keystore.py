@@ -1,8 +1,9 @@
 """Reading the keystore: a subject key unwrapped, a subject's digest, a run's binding.
 
-Subject keys live in this database, wrapped by a master key that never does (it is a setting):
-a copy of the database alone opens nothing. Their rows are written by the store alone
-(`agentflow._store.subject_keys`); this module reads them, and keeps what it unwrapped briefly.
+Subject keys live in the keystore database (`AGENTFLOW_KEYSTORE_DATABASE`: the runs' own, or one
+apart), wrapped by a master key that never does (it is a setting): a copy of a database alone
+opens nothing. Their rows are written by the store alone (`agentflow._store.subject_keys`); this
+module reads them, and keeps what it unwrapped briefly.
 """
 
 from __future__ import annotations

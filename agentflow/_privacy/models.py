@@ -1,9 +1,20 @@
-"""The keystore's tables: one key per person, and which key a run's personal fields use."""
+"""The keystore's tables: one key per person (in the keystore database), and, beside the runs,
+which key a run's personal fields use and the journal of erasures."""
 
 from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
+
+from agentflow.routers import keystore_database
+
+
+class KeystoreManager(models.Manager["SubjectKey"]):
+    """Every query of subject keys goes to the keystore database, whatever other routers a
+    host lists (a replica router must not send key reads to a copy that missed an erasure)."""
+
+    def get_queryset(self) -> models.QuerySet[SubjectKey]:
+        return super().get_queryset().using(keystore_database())
 
 
 class SubjectKey(models.Model):
@@ -22,6 +33,8 @@ class SubjectKey(models.Model):
     erased_at = models.DateTimeField(null=True, blank=True)
     erased_by = models.CharField(max_length=150, blank=True)
     erase_reason = models.TextField(blank=True)
+
+    objects = KeystoreManager()
 
     class Meta:
         app_label = "agentflow"
@@ -58,3 +71,18 @@ class RunSubject(models.Model):
     class Meta:
         app_label = "agentflow"
         db_table = "agentflow_runsubject"
+
+
+class ErasureJournal(models.Model):
+    """One erasure, kept beside the runs: what `agentflow_erase --replay` applies again to a
+    keystore restored from before it (docs/privacy.md, "Backups and restores"). It names keys,
+    never the person."""
+
+    key_ids = models.JSONField(default=list)
+    erased_at = models.DateTimeField()
+    erased_by = models.CharField(max_length=150)
+    reason = models.TextField()
+
+    class Meta:
+        app_label = "agentflow"
+        db_table = "agentflow_erasurejournal"

@@ -122,6 +122,7 @@ from agentflow._store.steps import (
 )
 from agentflow._store.subject_keys import (
     SubjectErased,
+    erasures_replay,
     run_subject_bind,
     runs_subject_bind_many,
     subject_erase,
@@ -210,6 +211,7 @@ __all__ = [
     "database_restarted_seconds",
     "databases_changed",
     "enqueue_grace",
+    "erasures_replay",
     "event_add",
     "fork_preview",
     "heartbeat_read",

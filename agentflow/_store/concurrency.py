@@ -89,9 +89,11 @@ def concurrency_admit_new(digest: str, limit: int) -> bool:
     return _admitted(digest) < limit
 
 
-def concurrency_held(run_id: str, reason: str, digest: str) -> None:
-    """The event of a run created waiting for its key (its hold is its row's)."""
-    event_add(run_id, RunEvent.Kind.HELD, reason, seq=1, data={"hold": _concurrency.token(digest)})
+def concurrency_held(run_id: str, reason: str, digest: str, *, seq: int = 1) -> None:
+    """The event of a run waiting for its key, created so or retried (its hold is its row's)."""
+    event_add(
+        run_id, RunEvent.Kind.HELD, reason, seq=seq, data={"hold": _concurrency.token(digest)}
+    )
 
 
 # --- many runs at once (`store.children.runs_create_many`) ---------------------------------------

@@ -12,13 +12,19 @@ from typing import Any
 
 from django.db import transaction
 
+from agentflow import _concurrency
 from agentflow._base import outcomes
 from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
 from agentflow._core import dispatch, registry
 from agentflow._core.registry import Workflow
 from agentflow._observe import telemetry
 from agentflow._store import sql
-from agentflow._store.concurrency import concurrency_run_ended
+from agentflow._store.concurrency import (
+    WAIT_WAKE_SECONDS,
+    concurrency_admit_new,
+    concurrency_held,
+    concurrency_run_ended,
+)
 from agentflow._store.events import event_add, event_time
 from agentflow._store.parents import run_ended
 from agentflow._store.runs import Fenced, begin_undo, enqueue_grace
@@ -61,6 +67,18 @@ def run_retry(run_id: str, *, actor: str, reason: str) -> None:
             raise ActionRefused(
                 f"only failed or parked runs can be retried (this one is {run.status})"
             )
+        if run.status == RunStatus.FAILED and _waits_for_its_key(run, seq, step_name):
+            event_add(
+                run_id,
+                RunEvent.Kind.OPERATOR_RETRY,
+                reason or "(no reason given)",
+                actor=actor,
+                seq=seq,
+            )
+            limit = int(run.concurrency_limit or 1)
+            why = _concurrency.reason(run.workflow, limit)
+            concurrency_held(run_id, why, run.concurrency_key, seq=seq)
+            return
         moved = sql.update(
             sql.RUNS,
             {
@@ -87,6 +105,33 @@ def run_retry(run_id: str, *, actor: str, reason: str) -> None:
         if workflow is not None and step_name in workflow.steps:
             hint = dispatch.fresh_hint(workflow, step_name)
         dispatch.send_step_on_commit(run_id, seq, fresh=hint)
+
+
+def _waits_for_its_key(run: WorkflowRun, seq: int, step_name: str) -> bool:
+    """A failed run gave its concurrency key's place up when it failed: retried, it takes a
+    place again through the key's admission, as a start does, or waits for one in line
+    (WAITING, held, nothing published) if the key is full (docs/workflows.md, "Concurrency
+    keys"). A parked run kept its place, and needs none of this."""
+    digest = run.concurrency_key
+    limit = int(run.concurrency_limit or 1)
+    if not digest or concurrency_admit_new(digest, limit):
+        return False
+    moved = sql.update(
+        sql.RUNS,
+        {
+            "status": RunStatus.WAITING,
+            "error": "",
+            "current_seq": seq,
+            "current_step": step_name,
+            "hold": _concurrency.token(digest),
+            "wake_at": sql.at_now_plus(WAIT_WAKE_SECONDS),
+            "updated_at": sql.at_now(),
+        },
+        "id = %s",
+        [run.id],
+    )
+    assert moved == 1
+    return True
 
 
 def _release_for_retry(run_id: str, seq: int) -> None:

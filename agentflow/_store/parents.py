@@ -18,10 +18,12 @@ from agentflow._store import sql
 logger = logging.getLogger("agentflow.store.parents")  # the name hosts' LOGGING knows
 
 
-def run_ended(run_id: str) -> None:
+def run_ended(run_id: str, *, child: bool | None = None) -> None:
     """The run ended in the current transaction: once that commits, if it is a child whose
-    parent is still active, publish the parent's step so its wait counts again."""
-    transaction.on_commit(lambda: _ring_parent(run_id))
+    parent is still active, publish the parent's step so its wait counts again. `child`: what
+    the caller already read of the run (False: no parent, nothing to look up; None: unknown)."""
+    if child is not False:
+        transaction.on_commit(lambda: _ring_parent(run_id))
 
 
 def _ring_parent(run_id: str) -> None:

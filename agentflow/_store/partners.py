@@ -64,6 +64,11 @@ class TurnWait:
     seconds: float
 
 
+#: The waiting line's order where a place or a probe frees (docs/partner-limits.md, "Who goes
+#: next"): higher priority first (a run without one last), then arrival.
+FIRST_IN_LINE = "COALESCE(r.priority, -1) DESC, w.id"
+
+
 def epoch_now() -> str:
     """The database's time now, in epoch seconds: after a lock wait, not the transaction's start."""
     if sql.postgres():
@@ -600,7 +605,7 @@ def _grant_places(limit: Limit) -> None:
     oldest = sql.fetch_all(
         f"SELECT w.id, w.run_id, w.seq FROM {WAITERS} w JOIN {sql.RUNS} r ON r.id = w.run_id "
         f"AND r.current_seq = w.seq AND r.status IN ({sql.placeholders(ACTIVE)}) "
-        "WHERE w.partner = %s AND w.go_at IS NULL ORDER BY w.id LIMIT %s",
+        "WHERE w.partner = %s AND w.go_at IS NULL ORDER BY " + FIRST_IN_LINE + " LIMIT %s",
         [*ACTIVE, limit.partner, free],
     )
     for waiter_id, run_id, seq in oldest:
@@ -629,7 +634,7 @@ def _wake_for_probe(partner: str, seconds: float) -> None:
     oldest = sql.fetch_one(
         f"SELECT w.run_id, w.seq FROM {WAITERS} w JOIN {sql.RUNS} r ON r.id = w.run_id "
         f"AND r.current_seq = w.seq AND r.status IN ({sql.placeholders(ACTIVE)}) "
-        "WHERE w.partner = %s AND w.go_at IS NULL ORDER BY w.id LIMIT 1",
+        "WHERE w.partner = %s AND w.go_at IS NULL ORDER BY " + FIRST_IN_LINE + " LIMIT 1",
         [*ACTIVE, partner],
     )
     if oldest is not None:
@@ -642,7 +647,7 @@ def _resume(limit: Limit, row: dict[str, Any], now: float) -> None:
     waiting = sql.fetch_all(
         f"SELECT w.id, w.run_id, w.seq FROM {WAITERS} w JOIN {sql.RUNS} r ON r.id = w.run_id "
         f"AND r.current_seq = w.seq AND r.status IN ({sql.placeholders(ACTIVE)}) "
-        "WHERE w.partner = %s AND w.go_at IS NULL ORDER BY w.id LIMIT %s",
+        "WHERE w.partner = %s AND w.go_at IS NULL ORDER BY " + FIRST_IN_LINE + " LIMIT %s",
         [*ACTIVE, limit.partner, RESUME_BATCH],
     )
     shift = row["turn_shift"]

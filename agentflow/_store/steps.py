@@ -83,6 +83,8 @@ class StepState:
     #: Put on each of its step messages (agentflow._priority); its concurrency key's digest.
     priority: int | None = None
     concurrency_key: str = ""
+    #: Started by another run (`store.parents` rings that run when this one ends).
+    child: bool = False
 
 
 _STATE_COLUMNS = f"""
@@ -92,14 +94,15 @@ _STATE_COLUMNS = f"""
     CASE WHEN c.id IS NULL THEN false ELSE {sql.claimable("c")} END,
     COALESCE(c.lease_expires_at <= {sql.now()}, false),
     c.first_started_at, c.started_at, c.lease_expires_at, {sql.seconds_since("c.first_started_at")},
-    r.branch, c.kind, r.build, r.pinned, r.hold, r.priority, r.concurrency_key
+    r.branch, c.kind, r.build, r.pinned, r.hold, r.priority, r.concurrency_key,
+    r.parent_id IS NOT NULL
 """
 _STATE_FROM = f"""
     FROM {sql.RUNS} r
     LEFT JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = %s
     WHERE r.id = %s
 """
-_STATE_WIDTH = 30
+_STATE_WIDTH = 31
 
 
 def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None:
@@ -151,6 +154,7 @@ def _state_from_row(run_id: str, row: tuple[Any, ...] | None) -> StepState | Non
         hold=row[27],
         priority=row[28],
         concurrency_key=row[29],
+        child=bool(row[30]),
     )
 
 
@@ -448,7 +452,7 @@ def step_complete(
     transaction.on_commit(partial(_after_complete, run, step.name, claim.attempt, next_seq, hint))
     if next_seq is None:
         telemetry.run_finished(run.id, workflow.name, changes["status"])
-        run_ended(run.id)
+        run_ended(run.id, child=run.child)
         concurrency_run_ended(run)
     return True
 
@@ -506,7 +510,7 @@ def unclaimed_complete(
         transaction.on_commit(partial(_after_complete, run, step.name, attempt, next_seq, hint))
         if next_seq is None:
             telemetry.run_finished(run.id, workflow.name, changes["status"])
-            run_ended(run.id)
+            run_ended(run.id, child=run.child)
             concurrency_run_ended(run)
     return done is not None
 

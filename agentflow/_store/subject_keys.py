@@ -1,5 +1,11 @@
 """The only writer of the keystore's rows (docs/privacy.md): a subject's key made, a run bound
-to it, a subject erased, keys re-wrapped under the newest master key."""
+to it, a subject erased (and journaled), erasures replayed, keys re-wrapped under the newest
+master key.
+
+Subject keys live in the keystore database (`agentflow.routers.keystore_database`), which may
+be another than the runs'. A key is then made in a transaction of its own that commits before
+the caller's: a run row never names a key that does not exist, and a key whose caller rolled
+back is an orphan no row uses (harmless)."""
 
 from __future__ import annotations
 
@@ -7,18 +13,29 @@ import os
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from agentflow._privacy import keys, keystore
-from agentflow._privacy.models import RunSubject, SubjectKey
+from agentflow._privacy.models import ErasureJournal, RunSubject, SubjectKey
+from agentflow.routers import keystore_database
 
 
 @dataclass(frozen=True, kw_only=True)
 class SubjectErased:
     keys: int
     runs: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErasuresReplayed:
+    #: Journaled erasures, and how many of their keys were live again (erased now).
+    erasures: int
+    erased_now: int
+    #: Tombstones the journal lacked (a data database restored from before them), journaled now.
+    journaled_now: int
 
 
 def subject_key_for(subject: str) -> str:
@@ -29,7 +46,7 @@ def subject_key_for(subject: str) -> str:
         return row.id
     key_id = f"sk_{secrets.token_hex(12)}"
     try:
-        with transaction.atomic():
+        with transaction.atomic(using=keystore_database()):
             _create(key_id, digest, os.urandom(keys.KEY_BYTES))
     except IntegrityError:  # the same person's first two runs, at once
         return SubjectKey.objects.get(subject_digest=digest, erased_at__isnull=True).id
@@ -83,7 +100,7 @@ def _hmac_key() -> bytes:
     if found is not None:
         return found
     try:
-        with transaction.atomic():
+        with transaction.atomic(using=keystore_database()):
             _create(keystore.HMAC_ROW, keystore.HMAC_ROW, os.urandom(keys.KEY_BYTES))
     except IntegrityError:  # another process made it first
         pass
@@ -119,18 +136,68 @@ def runs_subject_bind_many(bindings: Sequence[tuple[str, str, list[str]]]) -> No
 
 
 def subject_erase(subject: str, *, actor: str, reason: str) -> SubjectErased:
-    """Destroy the subject's live keys: their sealed fields, in every copy, open to nothing."""
-    ids = keystore.key_ids_of(subject)
-    with transaction.atomic():
-        live = SubjectKey.objects.select_for_update().filter(id__in=ids, erased_at__isnull=True)
+    """Destroy the subject's live keys: their sealed fields, in every copy, open to nothing.
+
+    Journaled first, beside the runs: a keystore never holds a tombstone the journal lacks, so
+    a keystore restored from before it gets it back with `erasures_replay`; a journaled
+    erasure whose tombstone failed is done by the next replay (or erase)."""
+    live = list(
+        SubjectKey.objects.filter(
+            id__in=keystore.key_ids_of(subject), erased_at__isnull=True
+        ).values_list("id", flat=True)
+    )
+    if not live:
+        return SubjectErased(keys=0, runs=0)
+    when, actor = timezone.now(), actor[:150]
+    ErasureJournal.objects.create(key_ids=live, erased_at=when, erased_by=actor, reason=reason)
+    erased = _tombstone(live, when=when, actor=actor, reason=reason)
+    keystore.forget_cached()
+    return SubjectErased(
+        keys=len(erased), runs=RunSubject.objects.filter(key_id__in=erased).count()
+    )
+
+
+def _tombstone(key_ids: list[str], *, when: datetime, actor: str, reason: str) -> list[str]:
+    """Erase those of `key_ids` still live; the ids erased now."""
+    with transaction.atomic(using=keystore_database()):
+        live = SubjectKey.objects.select_for_update().filter(id__in=key_ids, erased_at__isnull=True)
         erased = list(live.values_list("id", flat=True))
         SubjectKey.objects.filter(id__in=erased).update(
-            wrapped="", wrapped_nonce="", master_key_id="", erased_at=timezone.now(),
-            erased_by=actor[:150], erase_reason=reason,
+            wrapped="", wrapped_nonce="", master_key_id="", erased_at=when,
+            erased_by=actor, erase_reason=reason,
         )  # fmt: skip
-        runs = RunSubject.objects.filter(key_id__in=erased).count()
+    return erased
+
+
+def erasures_replay() -> ErasuresReplayed:
+    """Bring the journal and the keystore level after a restore: every journaled erasure
+    applied to the keystore (one restored from before it), every tombstone the journal lacks
+    journaled (a data database restored from before it). Idempotent."""
+    journal = list(ErasureJournal.objects.order_by("erased_at", "id"))
+    erased_now = 0
+    for entry in journal:
+        erased_now += len(
+            _tombstone(
+                [str(k) for k in entry.key_ids], when=entry.erased_at, actor=entry.erased_by,
+                reason=entry.reason,
+            )
+        )  # fmt: skip
+    journaled = {str(k) for entry in journal for k in entry.key_ids}
+    missing: dict[tuple[datetime, str, str], list[str]] = {}
+    tombstones = SubjectKey.objects.filter(erased_at__isnull=False).order_by("erased_at", "id")
+    for key_id, when, actor, reason in tombstones.values_list(
+        "id", "erased_at", "erased_by", "erase_reason"
+    ):
+        if key_id not in journaled and when is not None:
+            missing.setdefault((when, actor, reason), []).append(key_id)
+    ErasureJournal.objects.bulk_create(
+        ErasureJournal(key_ids=ids, erased_at=when, erased_by=actor, reason=reason)
+        for (when, actor, reason), ids in missing.items()
+    )
     keystore.forget_cached()
-    return SubjectErased(keys=len(erased), runs=runs)
+    return ErasuresReplayed(
+        erasures=len(journal), erased_now=erased_now, journaled_now=len(missing)
+    )
 
 
 def subject_keys_rewrap(size: int) -> tuple[int, int]:
@@ -139,7 +206,7 @@ def subject_keys_rewrap(size: int) -> tuple[int, int]:
     if master is None:
         raise keys.MasterKeyError("no master key is configured (AGENTFLOW_MASTER_KEYS)")
     stale = SubjectKey.objects.filter(erased_at__isnull=True).exclude(master_key_id=master.id)
-    with transaction.atomic():
+    with transaction.atomic(using=keystore_database()):
         rows = list(stale.select_for_update(skip_locked=True).order_by("id")[:size])
         for row in rows:
             secret = keystore.unwrap(row)

@@ -38,8 +38,8 @@ class DurableTaskBackend(framework.BaseTaskBackend):  # type: ignore[misc]
     supports_async_task = True
     #: From any process: the result is the run's rows.
     supports_get_result = True
-    #: Step messages are taken in the order they come, on one queue: no priority.
-    supports_priority = False
+    #: A task's priority (-100 to 100) becomes its run's (0 to 9, `run_priority`).
+    supports_priority = True
 
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)
@@ -56,7 +56,11 @@ class DurableTaskBackend(framework.BaseTaskBackend):  # type: ignore[misc]
             kwargs=results.normalized(dict(kwargs)),
             run_after=_after(task.run_after),
         )
-        run_id = durable.start(definitions.define(task).name, input=call.as_input())
+        run_id = durable.start(
+            definitions.define(task).name,
+            input=call.as_input(),
+            priority=run_priority(task.priority),
+        )
         result = results.load(task, run_id)
         sender = type(self)
         transaction.on_commit(
@@ -95,6 +99,16 @@ class DurableTaskBackend(framework.BaseTaskBackend):  # type: ignore[misc]
                 hint="See the durable options in docs/tasks-backend.md.",
                 id=CHECK_TASK,
             )
+
+
+def run_priority(task_priority: int) -> int | None:
+    """A task's priority on a run's scale (docs/tasks-backend.md, "Priorities"): Django's
+    default 0 leaves the run to its workflow's and the site's default, as a plain start does;
+    any other value from -100 to 100 is spread over 0 to 9 in order (-100 is 0, 100 is 9)."""
+    if task_priority == framework.DEFAULT_TASK_PRIORITY:
+        return None
+    low, high = framework.TASK_MIN_PRIORITY, framework.TASK_MAX_PRIORITY
+    return round((task_priority - low) * 9 / (high - low))
 
 
 def _after(run_after: datetime | timedelta | None) -> datetime | None:

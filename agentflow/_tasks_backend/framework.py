@@ -15,7 +15,13 @@ try:  # Django >= 6.0
         task_backends,
     )
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import Task, TaskError
+    from django.tasks.base import (
+        DEFAULT_TASK_PRIORITY,
+        TASK_MAX_PRIORITY,
+        TASK_MIN_PRIORITY,
+        Task,
+        TaskError,
+    )
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
@@ -32,7 +38,13 @@ except ImportError:  # Django 5.2 LTS: the backport
         )
         from django_tasks import exceptions as _exceptions
         from django_tasks.backends.base import BaseTaskBackend
-        from django_tasks.base import Task, TaskError
+        from django_tasks.base import (
+            DEFAULT_TASK_PRIORITY,
+            TASK_MAX_PRIORITY,
+            TASK_MIN_PRIORITY,
+            Task,
+            TaskError,
+        )
         from django_tasks.exceptions import TaskResultDoesNotExist
         from django_tasks.signals import task_enqueued, task_finished, task_started
         from django_tasks.utils import normalize_json
@@ -46,8 +58,11 @@ except ImportError:  # Django 5.2 LTS: the backport
     FRAMEWORK = "django_tasks"
 
 __all__ = [
+    "DEFAULT_TASK_PRIORITY",
     "DEFAULT_TASK_QUEUE_NAME",
     "FRAMEWORK",
+    "TASK_MAX_PRIORITY",
+    "TASK_MIN_PRIORITY",
     "BaseTaskBackend",
     "InvalidTask",
     "Task",

@@ -23,11 +23,9 @@ def workflow_name(module_path: str) -> str:
 
 
 def import_task(name: str) -> None:
-    """Import the task a workflow name names (defining its workflow); nothing for any other
-    name, and a log line, not an error, for a task that is gone: the run then waits as any run
-    of an unknown definition does."""
-    if not name.startswith(PREFIX):
-        return
+    """Import the task a `task:` workflow name names (defining its workflow); a log line, not
+    an error, for a task that is gone: the run then waits as any run of an unknown definition
+    does."""
     try:
         import_string(name.removeprefix(PREFIX))
     except ImportError as exc:

@@ -547,21 +547,23 @@ class AgentContext:
     def sleep(self, seconds: float) -> None:
         """Wait `seconds` (counted from when the run first gets here), holding no worker: the
         run is WAITING until then, and a replay after it returns at once."""
-        self._wait(waiting.sleep_call(seconds=seconds))
+        self.wait_call(waiting.sleep_call(seconds=seconds))
 
     def sleep_until(self, when: datetime) -> None:
         """Wait until `when` (an aware datetime; a fixed one, e.g. from the input: it is part
         of the call's fingerprint)."""
-        self._wait(waiting.sleep_call(until=when))
+        self.wait_call(waiting.sleep_call(until=when))
 
     def wait_for(self, name: str, *, timeout: float | None = None) -> waiting.Waited:
         """Wait for `durable.signal(run_id, name, payload, signal_id=...)`: its `.payload`, or
         `.timed_out` once `timeout` seconds (from when the run got here) passed without one. A
         signal sent before the run got here was kept: this takes the oldest one kept of `name`
         and returns at once."""
-        return waiting.Waited.from_json(self._wait(waiting.signal_call(name, timeout)))
+        return waiting.Waited.from_json(self.wait_call(waiting.signal_call(name, timeout)))
 
-    def _wait(self, call: waiting.WaitCall) -> Any:
+    def wait_call(self, call: waiting.WaitCall) -> Any:
+        """The durable wait `call` at the next position (what `sleep`, `wait_for` and
+        `durable.wait_for_children` do): its recorded outcome, or the run goes WAITING."""
         position = self._next()
         fingerprint = step_fingerprint(position, call.name, call.arguments)
         recorded = self._replayed(position, call.name, fingerprint.digest, lambda: fingerprint)
@@ -570,7 +572,7 @@ class AgentContext:
         step = self._step(fingerprint, StepKind.READ, _waited, extra={})
         if "reused" in step.arguments:  # the same wait, over in a branch a fork set aside
             raise Suspend(step)
-        raise Suspend(replace(step, waits_for=lambda ctx: call.spec))
+        raise Suspend(replace(step, waits_for=call.waits_for or (lambda ctx: call.spec)))
 
     # --- what the function may read --------------------------------------------------------
     @property

@@ -9,6 +9,7 @@ replay returns it without waiting again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -45,6 +46,9 @@ class WaitCall:
     name: str
     arguments: dict[str, Any]
     spec: WaitSpec
+    #: Where the wait is only known once the run gets there (a parent's children, counted
+    #: then): what the engine asks instead of `spec`.
+    waits_for: Callable[[StepContext], WaitSpec] | None = None
 
 
 def sleep_call(*, seconds: float | None = None, until: datetime | None = None) -> WaitCall:

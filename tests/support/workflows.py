@@ -1083,6 +1083,21 @@ durable.wait_for_children(first_of, "wait_kids", wait="first")
 first_of.step("finish", kind="read")(_finish)
 
 
+#: The family in agent mode: its function starts N children (`fail` as above), waits for all
+#: of them, and returns their ids with the counts.
+family_agent = durable.CodeWorkflow("family_agent_parent", version=1)
+
+
+@family_agent.run
+def raise_family(ctx: durable.AgentContext) -> dict[str, Any]:
+    failing = set(ctx.input.get("fail", ()))
+    ids = durable.start_children(
+        ctx, [(kid.name, {"i": i, "fail": i in failing}, None) for i in range(ctx.input["n"])]
+    )
+    report = durable.wait_for_children(ctx, wait="all")
+    return {"children": ids, "counts": report["counts"], "ended": len(report["children"])}
+
+
 # --- priorities and concurrency keys (docs/workflows.md) ----------------------------------------
 #: One read step: a backlog of these is what a run of higher priority must pass.
 one_read = durable.Workflow("queue_one_read", version=1)

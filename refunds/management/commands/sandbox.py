@@ -7,11 +7,11 @@ import sqlite3
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
 from django.conf import settings
 from django.core.management.base import CommandError
 
 from agentflow.management.base import BaseCommand, number, whole
+from refunds.sandbox import cancel
 from refunds.sandbox.server import serve
 
 
@@ -137,40 +137,7 @@ class Command(BaseCommand):
             raise CommandError(
                 "cancel-flight needs a flight and --date, e.g. SK1236 --date 2027-03-16"
             )
-        if not settings.REFUNDS_AIRLINE_SECRET:
-            raise CommandError(
-                "set REFUNDS_AIRLINE_SECRET: the refund service refuses unsigned notices"
-            )
         try:
-            answer = requests.post(
-                f"{settings.SANDBOX_URL.rstrip('/')}/_sandbox/airline/cancel-flight",
-                json={
-                    "flight": flight,
-                    "date": day,
-                    "passengers": passengers,
-                    "notify_url": settings.REFUNDS_AIRLINE_NOTICES_URL,
-                    "secret": settings.REFUNDS_AIRLINE_SECRET,
-                },
-                timeout=30,
-            )
-        except requests.RequestException as exc:
-            raise CommandError(
-                f"the sandbox at {settings.SANDBOX_URL} did not answer: {exc}"
-            ) from None
-        body = (
-            answer.json()
-            if answer.headers.get("Content-Type", "").startswith("application/json")
-            else {}
-        )
-        if answer.status_code != 200:
-            raise CommandError(f"the sandbox refused: {body.get('message') or answer.status_code}")
-        notice, delivered = body["notice"], body["delivered"]
-        if delivered != 200:
-            raise CommandError(
-                f"{notice['flight']} on {notice['date']} is cancelled, but the refund service at "
-                f"{settings.REFUNDS_AIRLINE_NOTICES_URL} answered {delivered or 'nothing'}"
-            )
-        self.stdout.write(
-            f"{notice['flight']} on {notice['date']} cancelled: {notice['passengers']} passengers "
-            f"moved to {notice['rebooked_to']['date']}; the refund service has the notice"
-        )
+            self.stdout.write(cancel.cancel_flight(flight, day, passengers))
+        except cancel.Refused as refused:
+            raise CommandError(str(refused)) from None

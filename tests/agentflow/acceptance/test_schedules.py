@@ -133,6 +133,7 @@ def test_everything_stopped_across_three_slots__caught_up_within_the_window(
     seen_by_a_beat()
     clock(slot(1) + timedelta(seconds=30))
     slot_recorded(slot(1))
+    all_finished(1)  # killed mid-step, its step would rightly run again on restart
     worker.kill()  # beat and worker: nothing runs across the next three slots
 
     clock(slot(4) + timedelta(seconds=30))

@@ -130,6 +130,45 @@ def test_parent__starts_its_children_once__waits__completes_with_their_counts() 
     assert WorkflowRun.objects.filter(parent_id=parent_id).count() == 5
 
 
+def test_agent_parent__starts_its_children_once__waits__returns_their_counts() -> None:
+    parent_id = durable.start(workflows.family_agent.name, input={"n": 4, "fail": [1]})
+    with crash_at("start_children:after_effect"):  # started, its commit never made
+        run_to_end(parent_id, retries=False)
+
+    waiting = run_to_end(parent_id, retries=False)
+
+    assert waiting.status == RunStatus.WAITING and waiting.waiting_for == "signal"
+    assert waiting.children == {RunStatus.PENDING: 4}
+    kids = children_of(parent_id)
+    start_seq = kids[0].parent_seq
+    assert [k.business_key for k in kids] == [f"{parent_id}:{start_seq}:{i}" for i in range(4)]
+    run_to_end(parent_id, retries=False)  # the function replayed, still waiting: nothing new
+    run_children(parent_id)
+
+    done = run_to_end(parent_id)
+
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.output == {
+        "children": [k.id for k in kids],
+        "counts": {RunStatus.COMPLETED: 3, RunStatus.FAILED: 1},
+        "ended": 4,
+    }
+    assert done.children == {RunStatus.COMPLETED: 3, RunStatus.FAILED: 1}
+    assert WorkflowRun.objects.filter(parent_id=parent_id).count() == 4
+    assert durable.snapshot(kids[0].id).parent == parent_id  # type: ignore[union-attr]
+
+
+def test_parent__a_forged_children_report__refused_the_wait_still_counts() -> None:
+    parent_id = durable.start(workflows.family.name, input={"n": 2})
+    waiting = run_to_end(parent_id, retries=False)
+    assert waiting.status == RunStatus.WAITING
+
+    with pytest.raises(InvalidInputError, match="'children:' are reserved"):
+        durable.signal(parent_id, "children:1", {"counts": {}}, signal_id="forged")
+
+    assert run_to_end(parent_id, retries=False).status == RunStatus.WAITING
+
+
 def test_parent__children_that_ended_before_it_waits__it_does_not_wait() -> None:
     parent_id = durable.start(workflows.family.name, input={"n": 3})
     with capture_messages():

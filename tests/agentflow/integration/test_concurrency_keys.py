@@ -37,6 +37,22 @@ two_at_a_time = durable.Workflow(
 two_at_a_time.step("only", kind="read")(_noop)
 
 
+_failed_once: set[str] = set()
+
+
+def _fails_first(ctx: durable.StepContext) -> dict[str, Any]:
+    if ctx.run_id not in _failed_once:
+        _failed_once.add(ctx.run_id)
+        raise durable.PermanentStepError("the partner said no, this time")
+    return {}
+
+
+failing_once = durable.Workflow(
+    "keys_failing_once", version=1, concurrency_key=_booking, concurrency_limit=1
+)
+failing_once.step("only", kind="read")(_fails_first)
+
+
 def start(workflow: durable.Workflow, booking: str, **options: Any) -> str:
     return durable.start(workflow.name, input={"booking": booking}, **options)
 
@@ -93,6 +109,30 @@ def test_a_parked_run_keeps_its_place() -> None:
     WorkflowRun.objects.filter(pk=first).update(status=RunStatus.NEEDS_ATTENTION, wake_at=None)
     assert store.concurrency_release(digest_of(first)) == []
     assert status(second) == RunStatus.WAITING
+
+
+def test_retry_of_a_failed_run__goes_back_through_its_key__waits_while_another_holds_it() -> None:
+    with testing.capture_messages():
+        first, second = (start(failing_once, "ABC123") for _ in range(2))
+        assert testing.run_to_end(first, retries=False).status == RunStatus.FAILED
+    assert status(second) == RunStatus.PENDING  # the failed run gave its place up
+
+    with testing.capture_messages() as outbox:
+        durable.retry(first, actor="ops", reason="the partner is fine now")
+    assert status(first) == RunStatus.WAITING and outbox.messages == []  # second holds the key
+    held = durable.snapshot(first)
+    assert held is not None and held.held.startswith("waiting for its turn: another run")
+
+    with testing.capture_messages():
+        assert testing.run_to_end(second).status == RunStatus.FAILED  # fails once too
+    assert status(first) == RunStatus.PENDING  # admitted as the other ended
+    assert testing.run_to_end(first).status == RunStatus.COMPLETED
+    kinds = list(
+        RunEvent.objects.filter(run_id=first).order_by("id").values_list("kind", flat=True)
+    )
+    after_retry = kinds[kinds.index(RunEvent.Kind.OPERATOR_RETRY) :]
+    assert after_retry[:2] == [RunEvent.Kind.OPERATOR_RETRY, RunEvent.Kind.HELD], kinds
+    assert RunEvent.Kind.RELEASED in after_retry, kinds
 
 
 def test_sweeper__admits_the_next_when_the_hand_off_was_lost() -> None:

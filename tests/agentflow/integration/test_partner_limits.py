@@ -205,6 +205,34 @@ def test_concurrency__a_place_whose_holder_died__is_freed_by_its_lease(
     assert drive(run_id).status == RunStatus.COMPLETED
 
 
+@override_settings(AGENTFLOW_PARTNER_LIMITS={"acme": {"concurrency": 1}})
+def test_concurrency__a_freed_place__goes_to_the_highest_priority_then_the_oldest(
+    drive: Callable[[str], WorkflowRun],
+) -> None:
+    limit = limits.limit_for("acme")
+    assert limit is not None
+    held = store.turn_take(limit)  # the one place, taken
+    assert isinstance(held, store.Turn)
+    line = [
+        durable.start(workflows.limited.name),  # no priority: last
+        durable.start(workflows.limited.name, priority=2),
+        durable.start(workflows.limited.name, priority=8),
+        durable.start(workflows.limited.name, priority=2),
+    ]
+    for run_id in line:
+        assert drive(run_id).status == RunStatus.WAITING
+
+    given = []
+    for _ in line:
+        store.turn_return(limit, held, outcome=store.PARTNER_OK)  # the place frees
+        [waiter] = PartnerWaiter.objects.filter(go_at__isnull=False).exclude(run_id__in=given)
+        given.append(waiter.run_id)
+        held = store.turn_take(limit, run_id=waiter.run_id, seq=waiter.seq)
+        assert isinstance(held, store.Turn)
+
+    assert given == [line[2], line[1], line[3], line[0]]
+
+
 @override_settings(AGENTFLOW_PARTNER_LIMITS={"acme": {}})
 def test_pause__waits_until_resumed__recorded_with_actor_and_reason(
     drive: Callable[[str], WorkflowRun],

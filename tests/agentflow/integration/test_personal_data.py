@@ -225,10 +225,11 @@ def test_erase_page__only_with_its_own_permission__recorded_and_never_showing_th
 @pytest.mark.parametrize(
     ("command", "args", "says"),
     [
+        ("agentflow_erase", ["--reason=x"], "not erased: name the subject"),
         (
             "agentflow_erase",
-            ["--reason=x"],
-            "Error: the following arguments are required: --subject",
+            ["--replay", "--subject=a@b.c"],
+            "--replay erases what the journal names: give no --subject",
         ),
         ("agentflow_erase", ["--subject= ", "--reason=x"], "not erased: name the subject"),
         (

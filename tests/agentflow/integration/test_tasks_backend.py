@@ -61,9 +61,18 @@ def test_backend__is_agentflows__with_exact_flags() -> None:
         True,
         True,
     )
-    assert found.supports_priority is False
-    with pytest.raises(framework.InvalidTask, match="priority"):
-        durable_tasks.plain.using(priority=5)
+    assert found.supports_priority is True
+
+
+@pytest.mark.parametrize(
+    ("task_priority", "run_priority"), [(0, None), (-100, 0), (-50, 2), (1, 5), (50, 7), (100, 9)]
+)
+def test_enqueue__task_priority__is_the_runs_on_its_scale(
+    task_priority: int, run_priority: int | None
+) -> None:
+    result = durable_tasks.plain.using(priority=task_priority).enqueue([1])
+
+    assert WorkflowRun.objects.get(pk=result.id).priority == run_priority
 
 
 def test_enqueue__rolled_back__never_runs_and_says_nothing(
@@ -135,6 +144,13 @@ def test_crash_after_the_effect__retry_uses_the_same_key__effect_once(partner_db
     assert partner.requests()[key] == 2  # the same key, twice: the partner made it once
 
 
+#: Tasks declared with durable options, which Django 6.0's `@task` cannot take.
+needs_options = pytest.mark.skipif(
+    not durable_tasks.OPTIONS, reason="Django 6.0's @task takes no durable options"
+)
+
+
+@needs_options
 def test_task_raises__failed_with_its_exception(signals: list[Any]) -> None:
     result = durable_tasks.explode.enqueue("no such order")
 
@@ -170,6 +186,7 @@ def test_async_task__runs_to_its_end() -> None:
     assert durable_tasks.later.get_result(result.id).return_value == "QUIET"
 
 
+@needs_options
 def test_replay_task__durable_calls_inside__each_checkpointed(partner_db: Any) -> None:
     result = durable_tasks.onboard.enqueue("ada")
 
@@ -192,6 +209,7 @@ def test_get_result__unknown_or_not_a_task__does_not_exist() -> None:
             backend().get_result(unknown)
 
 
+@needs_options
 def test_durable_options__refused_at_definition_and_by_check() -> None:
     with pytest.raises(framework.InvalidTask, match="kind is 'effect' or 'read'"):
         _decorate(kind="llm")

@@ -9,7 +9,7 @@ import html
 import re
 import subprocess
 from collections.abc import Iterator
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
@@ -23,7 +23,7 @@ from agentflow._privacy import keystore
 from agentflow.models import StepCheckpoint
 from agentflow.testing.processes import WorkerProcess
 from agentflow.testing.waiting import wait_for
-from refunds import waivers
+from refunds import reconciliation, waivers
 from refunds.models import RefundRequest
 from refunds.sandbox.airline import booking, owner_of
 from tests.support.airline_days import new_flight
@@ -72,7 +72,7 @@ def through_the_form(reference: str) -> str:
     return refund.workflow_id
 
 
-def approved_to_the_end(run_id: str, worker: WorkerProcess) -> durable.RunSnapshot:
+def decided_to_the_end(run_id: str, worker: WorkerProcess, *, waived: bool) -> durable.RunSnapshot:
     def waiting() -> durable.RunSnapshot | None:
         assert worker.alive(), worker.log_tail()
         run = durable.snapshot(run_id)
@@ -82,7 +82,10 @@ def approved_to_the_end(run_id: str, worker: WorkerProcess) -> durable.RunSnapsh
     run = wait_for(waiting, timeout=90, what=f"run {run_id} to wait for approval")
     assert run.pending_approval is not None
     assert run.pending_approval["arguments"]["details"] == DETAILS  # the operator reads them
-    durable.approve(run_id, actor=OPERATOR, reason="Get well soon.")
+    if waived:
+        durable.approve(run_id, actor=OPERATOR, reason="Get well soon.")
+    else:  # the fee is taken: money the erasure must leave listed and reconciled
+        durable.reject(run_id, actor=OPERATOR, reason="The fare's rules apply.")
     return finished(run_id, worker, timeout=120)
 
 
@@ -117,8 +120,8 @@ def test_waiver_refunds__pg_dump_holds_no_customer_details__erasure_keeps_the_mo
 ) -> None:
     references = ["PRV001", "PRV002"]
     runs = {ref: through_the_form(ref) for ref in references}
-    for run_id in runs.values():
-        run = approved_to_the_end(run_id, worker)
+    for ref, run_id in runs.items():
+        run = decided_to_the_end(run_id, worker, waived=ref != "PRV001")
         assert run.status == durable.RunStatus.COMPLETED, run.error
 
     dump = pg_dump()
@@ -163,6 +166,20 @@ def test_waiver_refunds__pg_dump_holds_no_customer_details__erasure_keeps_the_mo
     # The other customer's data is intact.
     other = RefundRequest.objects.get(workflow_id=kept)
     assert other.email == owner_of("PRV002").email and other.waiver_details == DETAILS
+    # The nightly figures still add up: each fee Stripe took matches its run, the erased
+    # customer's too (reconciliation reads none of the sealed fields).
+    taken = clean_sandbox.ledger()["payments"]
+    matched = []
+    for day in sorted({datetime.fromtimestamp(p["created"], UTC).date() for p in taken}):
+        night = finished(
+            durable.start("reconcile_payments", input={"day": day.isoformat()}), worker, 120
+        )
+        assert night.status == durable.RunStatus.COMPLETED, night.error
+        result = next(s.output for s in night.steps if s.name == "match_runs")
+        assert all(not result[kind] for kind in reconciliation.MISMATCHES), result
+        matched += [entry["id"] for entry in result["matched"]]
+    assert sorted(matched) == sorted(p["id"] for p in taken)
+    assert [p["workflow_id"] for p in taken] == [gone]  # the erased customer's fee
 
 
 def test_erase__refused_while_the_customers_run_waits_for_approval(
