@@ -10,7 +10,8 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from agentflow import _erasure, _store as store
+from agentflow import _erasure
+from agentflow import _store as store
 from agentflow.management.base import BaseCommand
 
 

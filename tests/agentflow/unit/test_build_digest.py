@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agentflow._core import builds, registry
 from agentflow import durable
+from agentflow._core import builds, registry
 from agentflow._tasks_backend.resolver import PREFIX
 
 
