@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
+from psycopg.errors import DeadlockDetected
 
 from agentflow import durable
 from agentflow.models import StepCheckpoint
@@ -57,16 +58,10 @@ def refund_request_create(
     )
     if existing is not None:
         return existing
-    public_id = new_public_id()
-    try:
-        with transaction.atomic():
-            # The run's first step is published only when this transaction commits, so the
-            # worker always finds the request it is told about. The request comes first: the
-            # run's concurrency key is its booking (refunds.priorities).
-            request = RefundRequest.objects.create(
-                public_id=public_id,
+    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+        try:
+            return _create(
                 email=email,
-                email_digest=privacy.email_digest(email),
                 booking_reference=booking_reference,
                 last_name=last_name,
                 message=message,
@@ -75,21 +70,66 @@ def refund_request_create(
                 submission_token=submission_token,
                 client_ip=client_ip,
             )
-            workflow_id = durable.start(
-                engines.workflow_name(),
-                # `customer` names whose run it is (refunds.privacy): sealed, as the request is.
-                input={"refund_id": public_id, "customer": email.strip().lower()},
-                business_key=public_id,
-                priority=priorities.CUSTOMER,
-            )
-            RefundRequest.objects.filter(pk=request.pk).update(workflow_id=workflow_id)
-            request.workflow_id = workflow_id
-            return request
-    except IntegrityError:
-        existing = refund_request_by_token(submission_token)
-        if existing is None:
-            raise
-        return existing
+        except IntegrityError:
+            existing = refund_request_by_token(submission_token)
+            if existing is None:
+                raise
+            return existing
+        except OperationalError as exc:
+            # Two sends of one form, each making its customer's keys (refunds.privacy) and
+            # its request in one transaction, can each wait for the other: Postgres ends one
+            # (seen with a double click in the browser test). That one finds the other's
+            # request, or sends again.
+            if not isinstance(exc.__cause__, DeadlockDetected) or attempt == DEADLOCK_ATTEMPTS:
+                raise
+            existing = refund_request_by_token(submission_token)
+            if existing is not None:
+                return existing
+    raise AssertionError("unreachable")
+
+
+#: Tries of one request's transaction when Postgres ends it to break a deadlock.
+DEADLOCK_ATTEMPTS = 3
+
+
+def _create(
+    *,
+    email: str,
+    booking_reference: str,
+    last_name: str,
+    message: str,
+    waiver_reason: str,
+    waiver_details: str,
+    submission_token: str,
+    client_ip: str | None,
+) -> RefundRequest:
+    public_id = new_public_id()
+    with transaction.atomic():
+        # The run's first step is published only when this transaction commits, so the
+        # worker always finds the request it is told about. The request comes first: the
+        # run's concurrency key is its booking (refunds.priorities).
+        request = RefundRequest.objects.create(
+            public_id=public_id,
+            email=email,
+            email_digest=privacy.email_digest(email),
+            booking_reference=booking_reference,
+            last_name=last_name,
+            message=message,
+            waiver_reason=waiver_reason,
+            waiver_details=waiver_details,
+            submission_token=submission_token,
+            client_ip=client_ip,
+        )
+        workflow_id = durable.start(
+            engines.workflow_name(),
+            # `customer` names whose run it is (refunds.privacy): sealed, as the request is.
+            input={"refund_id": public_id, "customer": email.strip().lower()},
+            business_key=public_id,
+            priority=priorities.CUSTOMER,
+        )
+        RefundRequest.objects.filter(pk=request.pk).update(workflow_id=workflow_id)
+        request.workflow_id = workflow_id
+        return request
 
 
 def refund_request_by_token(submission_token: str) -> RefundRequest | None:

@@ -13,8 +13,11 @@ import hmac
 import threading
 import time
 
+from django.db import connections
+
 from agentflow._privacy import keys
 from agentflow._privacy.models import RunSubject, SubjectKey
+from agentflow.routers import keystore_database
 
 #: The row holding the key subjects are hashed with (wrapped like a subject key, so it rotates
 #: with them); its digest is no HMAC's (64 hex digits), so it never matches a subject.
@@ -56,7 +59,11 @@ def data_key(key_id: str) -> bytes | None:
         return found[1]
     row = SubjectKey.objects.filter(id=key_id).first()
     secret = unwrap(row) if row is not None else None
-    remember(key_id, secret)
+    if key_id != HMAC_ROW or not connections[keystore_database()].in_atomic_block:
+        # The HMAC row is the one key another thread finds without being told its id: read
+        # inside the transaction that made it, it may yet roll back, and a thread that hashed
+        # with it would file its subjects under a key that never was.
+        remember(key_id, secret)
     return secret
 
 

@@ -10,6 +10,7 @@ stays with the others).
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import random
@@ -27,7 +28,7 @@ from django.test.utils import override_settings
 from django.utils import timezone
 
 from agentflow import durable, logs
-from agentflow._base.states import ACTIVE_RUN_STATUSES
+from agentflow._base.states import ACTIVE_RUN_STATUSES, TERMINAL_RUN_STATUSES
 from agentflow.models import WorkflowRun
 from agentflow.testing.processes import (
     PgBouncerServer,
@@ -113,6 +114,9 @@ class ChaosConfig:
     partner_limits: str = ""
     #: The sandbox's Stripe answers 429 past this many requests a second (0: no limit).
     stripe_rate: int = 0
+    #: Customers erased (`agentflow_erase`) once the refunds have ended and before the ledger
+    #: is read: the invariants must add up without their personal data (docs/privacy.md).
+    erase: int = 0
     #: Stripe answers 503 to everything for this long, from `stripe_dark_after` seconds on.
     stripe_dark_seconds: float = 0.0
     stripe_dark_after: float = 5.0
@@ -256,6 +260,7 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
         if outage is not None:
             deadline = t0 + config.timeout_seconds
             finished = _kept_form_finished(outage, submissions, deadline=deadline)
+        erased = _erase(submissions, config.erase, progress)
         progress("chaos: reading the sandbox ledger and the database")
         found = evidence_mod.gather(
             [s.workflow_id for s in submissions if s.workflow_id], sandbox.ledger()
@@ -275,9 +280,33 @@ def run(config: ChaosConfig, *, progress: Callable[[str], None] = lambda _: None
         result["partner_limits"] = partner_limits.report(found, seen_by_partners, t0, finished)
     if outage is not None:
         result["database_outage"] = outage_mod.report(outage.observed, found, workdir)
+    if config.erase:
+        result["erased"] = erased
     if config.cleanup and postgres is None:  # a private server's rows went with it
         _delete(submissions)
     return result
+
+
+def _erase(
+    submissions: list[traffic.Submission], count: int, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """Erase the first `count` customers whose refund ended, as their GDPR request would."""
+    ended = WorkflowRun.objects.filter(
+        id__in=[s.workflow_id for s in submissions if s.workflow_id],
+        status__in=TERMINAL_RUN_STATUSES,
+    ).values_list("id", flat=True)
+    done = set(ended)
+    chosen = [s for s in submissions if s.workflow_id in done][:count]
+    for submission in chosen:
+        call_command(
+            "agentflow_erase",
+            subject=submission.customer.email,
+            reason="chaos: a customer asked to be forgotten",
+            actor="chaos",
+            stdout=io.StringIO(),
+        )
+    progress(f"chaos: erased {len(chosen)} customers")
+    return {"customers": len(chosen), "runs": [s.workflow_id for s in chosen]}
 
 
 def _pgbouncer_for(config: ChaosConfig, db_url: str, workdir: Path) -> PgBouncerServer:

@@ -95,6 +95,13 @@ class Command(BaseCommand):
             default=None,
             help="forms sent twice (default: refunds / 10)",
         )
+        parser.add_argument(
+            "--erase",
+            type=whole(0),
+            default=d.erase,
+            help="customers erased (agentflow_erase) once their refund ended, before the "
+            "invariants are checked (default 0)",
+        )
         parser.add_argument("--lease-seconds", type=whole(1), default=d.lease_seconds)
         parser.add_argument("--sweep-interval", type=whole(1), default=d.sweep_interval_seconds)
         parser.add_argument(
@@ -192,6 +199,7 @@ class Command(BaseCommand):
             kill_interval_seconds=options["kill_interval"],
             submit_per_second=options["rate"],
             double_submits=options["double_submits"],
+            erase=options["erase"],
             lease_seconds=options["lease_seconds"],
             sweep_interval_seconds=options["sweep_interval"],
             faults=not options["no_faults"],
@@ -320,10 +328,16 @@ def summary(report: dict[str, Any]) -> str:
             f"/{report['double_submits']['sent']} kept one refund",
             *_model_line(report),
             *_outage_line(report),
+            *_erased_line(report),
             f"invariants: {held}",
             "",
         ]
     )
+
+
+def _erased_line(report: dict[str, Any]) -> list[str]:
+    found = report.get("erased")
+    return [f"erased: {found['customers']} customers before the check"] if found else []
 
 
 def _outage_line(report: dict[str, Any]) -> list[str]:

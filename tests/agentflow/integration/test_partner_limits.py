@@ -119,6 +119,10 @@ def test_429__slows_the_key_for_every_run__an_answer_not_an_unknown(
     assert state.blocked_until > state.speed_since  # Retry-After 0.5 s, for everyone
     assert PartnerEvent.objects.filter(kind=PartnerEvent.Kind.RATE_LIMITED).count() == 1
 
+    # The block is the key's, however long: made an hour so that a slow machine cannot see it
+    # end before the next run asks (Retry-After 0.5 s did, in a loaded matrix leg).
+    PartnerState.objects.filter(partner="acme").update(blocked_until=F("blocked_until") + 3600)
+    state.refresh_from_db()
     other = _start()
     drive(other)  # a run that never saw the 429 waits for the key's block too
     [waiter] = PartnerWaiter.objects.filter(run_id=other)

@@ -22,6 +22,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from agentflow._base.states import RunStatus, StepStatus
+from agentflow._privacy import keystore
 from agentflow.models import WorkflowRun
 from refunds.chaos import invariants, traffic
 from refunds.chaos.evidence import Checkpoint, Effect, Evidence
@@ -66,6 +67,26 @@ def test_chaos__small_run_completes_every_refund_once_despite_a_child_kill() -> 
     # The rows stay as evidence: one refund per customer, double submits included.
     assert RefundRequest.objects.count() == 5
     assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_chaos__customers_erased_after_their_refunds__every_invariant_still_holds() -> None:
+    """Erasure leaves the money's history (docs/privacy.md): the invariants, read from the
+    sandbox's ledger and the runs' rows, add up with two customers' personal data gone."""
+    report = chaos(
+        "--refunds", "4", "--seed", "13", "--child-kills", "1", "--worker-kills", "0",
+        "--no-broker-restart", "--double-submits", "0", "--erase", "2", "--timeout", "120",
+    )  # fmt: skip
+
+    assert report["erased"]["customers"] == 2
+    assert (report["runs"], report["completed"], report["stuck"]) == (4, 4, 0)
+    assert report["payments_per_refund"] == {"min": 1, "max": 1, "histogram": {"1": 4}}
+    assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7", "I8"), True)
+    keystore.forget_cached()
+    erased = RefundRequest.objects.filter(workflow_id__in=report["erased"]["runs"])
+    kept = RefundRequest.objects.exclude(workflow_id__in=report["erased"]["runs"])
+    assert [r.email for r in erased] == ["erased", "erased"]
+    assert len(kept) == 2 and all("@" in r.email for r in kept)
 
 
 @pytest.mark.django_db(transaction=True)

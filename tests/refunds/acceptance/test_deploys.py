@@ -35,7 +35,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 DETAILS = "My mother died on Monday; the funeral is on the day of my flight."
 IGNORED = shutil.ignore_patterns(
-    ".git", ".venv", "var", "__pycache__", "node_modules", ".*_cache", "_build"
+    ".git", ".venv", ".nox", "var", "__pycache__", "node_modules", ".*_cache", "_build"
 )
 NEW_STEP = "confirm_fee_schedule"
 
