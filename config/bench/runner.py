@@ -20,7 +20,7 @@ from kombu.utils.url import maybe_sanitize_url
 from agentflow import _store as store
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from agentflow.testing.processes import ProcessStartError
-from config.bench import dbos_peer, partner_limit, starts, takeover, workload
+from config.bench import dbos_peer, partner_limit, starts, step_cost, takeover, workload
 from config.bench.agent_scale import POSITIONS, agent_scale
 from config.bench.cpu import CpuMeter, CpuPerStep
 from config.bench.purge import PurgeFigure, purge_at_scale
@@ -74,6 +74,9 @@ class BenchOptions:
     #: Runs started one by one and in bulk (0: skip that figure); only that figure.
     start_runs: int = 10_000
     starts_only: bool = False
+    #: Runs of the step-cost figure, in this process (0: skip it); only that figure.
+    step_cost_runs: int = 200
+    step_cost_only: bool = False
 
 
 def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict:
@@ -84,6 +87,8 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
         return {**report, "partner_limit": _partner_limit(options, progress)}
     if options.starts_only:
         return {**report, "starts": starts.starts(options.start_runs, progress)}
+    if options.step_cost_only:
+        return {**report, "step_cost": step_cost.step_cost(options.step_cost_runs, progress)}
     if not options.skip_sweep:
         progress(f"sweeper query at {options.history:,} finished runs")
         figure = sweep_at_scale(history=options.history, stale=options.stale, progress=progress)
@@ -143,6 +148,9 @@ def run_bench(options: BenchOptions, progress: Callable[[str], None] = lambda _:
     )
     report["partner_limit"] = _partner_limit(options, progress) if options.partner_rate else None
     report["starts"] = starts.starts(options.start_runs, progress) if options.start_runs else None
+    report["step_cost"] = (
+        step_cost.step_cost(options.step_cost_runs, progress) if options.step_cost_runs else None
+    )
     report["recovery"] = {"bound_s": takeover.bound_seconds()}
     if child is not None:
         report["recovery"]["child_kill"] = child.as_dict()

@@ -124,6 +124,13 @@ def _broker_url() -> str:
     return "redis://127.0.0.1:6379/12"
 
 
+def _text(output: str | bytes | None) -> str:
+    """What a timed-out command had printed (bytes, whatever `text=True` asked)."""
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""
+
+
 # --- the host ------------------------------------------------------------------------------------
 @dataclass
 class Host:
@@ -146,11 +153,16 @@ class Host:
     def run(
         self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout=180
     ) -> subprocess.CompletedProcess[str]:
-        """A command in the venv, in the project; fails the test with its output if it fails."""
-        done = subprocess.run(
-            args, cwd=cwd or self.project, env={**self.env, **(env or {})}, text=True,
-            capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        """A command in the venv, in the project; fails the test with its output if it fails
+        or does not end within `timeout` seconds."""
+        try:
+            done = subprocess.run(
+                args, cwd=cwd or self.project, env={**self.env, **(env or {})}, text=True,
+                capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as late:
+            said = _text(late.stdout)[-4000:] + _text(late.stderr)[-4000:]
+            raise AssertionError(f"{' '.join(args)} still ran after {timeout} s:\n{said}") from None
         assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n" + (
             done.stdout[-4000:] + done.stderr[-4000:]
         )
@@ -674,6 +686,12 @@ def test_hosts_own_suite__uses_agentflow_testing_in_process_and_with_a_real_work
 ) -> None:
     with phase("the host's own pytest (agentflow.testing)"):
         done = host_pytest = tooled.run(
-            str(tooled.venv / "bin" / "pytest"), "-q", "orders/tests.py", timeout=300
+            # A test stuck for two minutes prints every thread's stack (pytest's faulthandler).
+            str(tooled.venv / "bin" / "pytest"),
+            "-q",
+            "-o",
+            "faulthandler_timeout=120",
+            "orders/tests.py",
+            timeout=300,
         )
     assert re.search(r"^2 passed", host_pytest.stdout, re.M), done.stdout

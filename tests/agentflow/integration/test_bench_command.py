@@ -30,7 +30,7 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
         "--json",
         *("--runs", "4", "--commit-runs", "2", "--history", "300", "--stale", "5"),
         *("--child-kills", "1", "--worker-kills", "0", "--purge-runs", "30"),
-        *("--agent-positions", "4,8", "--start-runs", "30"),
+        *("--agent-positions", "4,8", "--start-runs", "30", "--step-cost-runs", "2"),
         stdout=out,
         stderr=io.StringIO(),
     )
@@ -81,6 +81,10 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     started = report["starts"]
     assert started["runs"] == 30 and started["ratio"] > 0
     assert started["one_by_one_runs_per_s"] > 0 and started["bulk_runs_per_s"] > 0
+    cost = report["step_cost"]
+    assert cost["runs"] == 2 and len(cost["cpu_us_per_step"]) == 3
+    assert cost["cpu_us_per_step_median"] > 0
+    assert cost["personal_field_us"]["seal"] > 0 and cost["personal_field_us"]["open"] > 0
     assert sweep["scrape"]["scrape_ms"] > 0 and len(sweep["scrape"]["scrape_ms_samples"]) == 7
     assert sweep["scrape"]["metric_files"] >= 1
     assert report["environment"]["processes"] == 2

@@ -78,6 +78,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--starts-only", action="store_true", help="only the runs-started figures"
         )
+        parser.add_argument(
+            "--step-cost-runs",
+            type=whole(0),
+            default=200,
+            help="runs of the step-cost figure, in this process (0: skip that figure)",
+        )
+        parser.add_argument(
+            "--step-cost-only", action="store_true", help="only the step-cost figure"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         _require_migrated()
@@ -98,6 +107,8 @@ class Command(BaseCommand):
             partner_only=options["partner_only"],
             start_runs=options["start_runs"],
             starts_only=options["starts_only"],
+            step_cost_runs=options["step_cost_runs"],
+            step_cost_only=options["step_cost_only"],
         )
         try:
             # This process starts every run it measures: a line each would bury the progress.
@@ -105,7 +116,8 @@ class Command(BaseCommand):
                 report = run_bench(bench, progress=lambda line: self.stderr.write(f"bench: {line}"))
         except BenchError as exc:
             raise CommandError(str(exc)) from None
-        if options["json"] or options["partner_only"] or options["starts_only"]:
+        only = options["partner_only"] or options["starts_only"] or options["step_cost_only"]
+        if options["json"] or only:
             self.stdout.write(json.dumps(report, indent=None if options["json"] else 2))
             return
         self.stdout.write(render(report))
@@ -231,6 +243,14 @@ def render(report: dict[str, Any]) -> str:
                 f"batches of {started['batch']:,}; ratio)",
                 f"{started['one_by_one_runs_per_s']:,.0f} / {started['bulk_runs_per_s']:,.0f} "
                 f"({started['ratio']})",
+            )
+        )
+    cost = report.get("step_cost")
+    if cost:
+        rows.append(
+            (
+                "CPU per step in this process (us, median of rounds)",
+                f"{cost['cpu_us_per_step_median']:,.0f}",
             )
         )
     for kind, label in (("child_kill", "pool child"), ("worker_kill", "whole worker")):
