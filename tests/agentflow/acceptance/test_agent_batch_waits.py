@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.test import Client
 
 from agentflow import durable
@@ -71,7 +72,9 @@ def test_a_waiting_first_member__holds_the_runs_reason__its_wake_up_runs_no_sibl
     )
     assert held.status == durable.RunStatus.RUNNING  # its sibling runs
     assert held.current_step.endswith("at once)"), held.current_step
-    page = admin_client.get(f"/admin/agentflow/workflowrun/{run_id}/change/").content.decode()
+    page = admin_client.get(
+        f"/admin/agentflow/workflowrun/{quote(run_id)}/change/"
+    ).content.decode()
     assert held.held in page
     price = wait_for(
         lambda: StepCheckpoint.objects.filter(

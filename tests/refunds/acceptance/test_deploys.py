@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
+from django.contrib.admin.utils import quote
 from django.test import Client
 
 from agentflow import durable
@@ -250,13 +251,13 @@ def test_agent_refund_under_a_new_prompt__checked_at_its_first_divergence__finis
     # The admin of build D offers the move, with the diff, and refuses it.
     monkeypatch.setattr(prompts, "SYSTEM_PROMPT", f"{PROMPT_LINE}\n{prompts.SYSTEM_PROMPT}")
     settings.AGENTFLOW_BUILD_ID = "D"
-    response = admin_client.get(f"/admin/agentflow/workflowrun/{run_id}/change/")
+    response = admin_client.get(f"/admin/agentflow/workflowrun/{quote(run_id)}/change/")
     # Once seen empty after earlier tests in one serial process: say what it was if it recurs.
     assert response.status_code == 200, (response.status_code, response.get("Location"))
     page = response.content.decode()
     assert "Move to the current build" in page and "this build (D) cannot take it" in page
     moved = admin_client.post(
-        f"/admin/agentflow/workflowrun/{run_id}/move/", {"reason": "deploy D"}, follow=True
+        f"/admin/agentflow/workflowrun/{quote(run_id)}/move/", {"reason": "deploy D"}, follow=True
     )
     said = [str(m) for m in moved.context["messages"]]
     assert any("was not moved to the current build" in m and "diverged" in m for m in said), said

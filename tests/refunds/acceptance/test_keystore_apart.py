@@ -53,6 +53,7 @@ READ = """
 import json
 from django.contrib.auth.models import User
 from django.test import Client
+from django.contrib.admin.utils import quote
 from agentflow import durable
 from refunds.models import RefundRequest
 admin = User.objects.filter(username="auditor").first() or User.objects.create_superuser(
@@ -67,7 +68,9 @@ for r in RefundRequest.objects.order_by("booking_reference"):
         "status": str(run.status),
         "steps": {s.name: s.output for s in run.steps},
         "pages": staff.get(f"/admin/refunds/refundrequest/{r.pk}/change/").content.decode()
-        + staff.get(f"/admin/agentflow/workflowrun/{r.workflow_id}/change/").content.decode(),
+        + staff.get(
+            f"/admin/agentflow/workflowrun/{quote(r.workflow_id)}/change/"
+        ).content.decode(),
         "status_json": Client().get(f"/refunds/{r.public_id}/status.json").content.decode(),
     }
 print(json.dumps(seen))

@@ -13,6 +13,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
@@ -155,7 +156,7 @@ def test_waiver_refunds__pg_dump_holds_no_customer_details__erasure_keeps_the_mo
     assert money_kept(partner_effects(clean_sandbox, gone)) == money_before  # nothing undone
     page = admin_client.get(f"/admin/refunds/refundrequest/{refund.pk}/change/").content.decode()
     assert owner_of("PRV001").email not in page and "Kvarnholmen" not in page
-    run_page = admin_client.get(f"/admin/agentflow/workflowrun/{gone}/change/")
+    run_page = admin_client.get(f"/admin/agentflow/workflowrun/{quote(gone)}/change/")
     assert run_page.status_code == 200
     shown = run_page.content.decode()
     for words in customer_words("PRV001"):

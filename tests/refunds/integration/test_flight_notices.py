@@ -122,11 +122,13 @@ def test_flight_cancelled__starts_a_refund_per_passenger_once__console_links_the
     }
     parent = durable.snapshot(parent_id)
     assert parent is not None and parent.children == {RunStatus.PENDING: 7}
-    page = admin_client.get(f"/admin/agentflow/workflowrun/{parent_id}/change/").content.decode()
+    page = admin_client.get(
+        f"/admin/agentflow/workflowrun/{quote(parent_id)}/change/"
+    ).content.decode()
     assert "started <a" in page and "7 runs" in page
     child = kids.first()
     assert child is not None
-    child_page = admin_client.get(f"/admin/agentflow/workflowrun/{child.id}/change/")
+    child_page = admin_client.get(f"/admin/agentflow/workflowrun/{quote(child.id)}/change/")
     parent_url = reverse("admin:agentflow_workflowrun_change", args=(quote(parent_id),))
     assert f'started by <a href="{parent_url}">' in child_page.content.decode()
     listed = admin_client.get(f"/admin/agentflow/workflowrun/?parent={parent_id}")
