@@ -56,7 +56,8 @@ def test_cancel_flight__operator_allowed__sandbox_cancels_and_the_notice_starts_
 def test_cancel_flight__bad_input__field_errors_and_nothing_cancelled() -> None:
     client = staff("view_refundrequest", "cancel_flight")
 
-    answer = client.post(PAGE, {"flight": "sk 12", "date": "16/03/2027", "passengers": "0"})
+    day = new_flight("SK1236", weeks_ahead=6).day.strftime("%d/%m/%Y")  # not YYYY-MM-DD
+    answer = client.post(PAGE, {"flight": "sk 12", "date": day, "passengers": "0"})
 
     page = answer.content.decode()
     assert answer.status_code == 200
@@ -71,7 +72,8 @@ def test_cancel_flight__sandbox_unreachable__says_so_on_the_page(settings: Any) 
     settings.SANDBOX_URL = "http://127.0.0.1:9"  # nothing listens on the discard port
     client = staff("view_refundrequest", "cancel_flight")
 
-    answer = client.post(PAGE, {"flight": "SK1236", "date": "2027-03-16", "passengers": 3})
+    flight = new_flight("SK1236", weeks_ahead=6)
+    answer = client.post(PAGE, {"flight": flight.flight, "date": flight.date, "passengers": 3})
 
     assert answer.status_code == 200
     assert "did not answer" in answer.content.decode()
@@ -82,5 +84,6 @@ def test_cancel_flight__without_the_permission__403_and_no_button() -> None:
 
     assert PAGE not in client.get(LIST).content.decode()
     assert client.get(PAGE).status_code == 403
-    assert client.post(PAGE, {"flight": "SK1236", "date": "2027-03-16"}).status_code == 403
+    flight = new_flight("SK1236", weeks_ahead=6)
+    assert client.post(PAGE, {"flight": flight.flight, "date": flight.date}).status_code == 403
     assert not WorkflowRun.objects.exists()
