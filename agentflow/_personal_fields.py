@@ -51,9 +51,10 @@ class PersonalTextField(models.TextField):
         super().__init__(*args, **kwargs)
 
     def deconstruct(self) -> Any:
-        name, path, args, kwargs = super().deconstruct()
+        name, _, args, kwargs = super().deconstruct()
         kwargs["subject"] = self.subject
-        return name, path, args, kwargs
+        # The public name, so a host's migrations never name a private module of ours.
+        return name, "agentflow.durable.PersonalTextField", args, kwargs
 
     def pre_save(self, model_instance: Any, add: bool) -> Any:
         value = super().pre_save(model_instance, add)

@@ -31,10 +31,24 @@ class DatabaseOutageMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        if not outage.unreachable(exception):
+        if not database_unreachable(exception, "answering a page"):
             return None
-        outage.noticed(exception, "answering a page")
         return unavailable(request)
+
+
+def database_unreachable(exc: BaseException, doing: str) -> bool:
+    """Is `exc` the database not answering (rather than an answer it gave)? If so, the process
+    says so once in its log, naming what it was `doing`: for a view that answers an outage
+    with a page of its own (the refund form keeps what the customer typed)."""
+    if not outage.unreachable(exc):
+        return False
+    outage.noticed(exc, doing)
+    return True
+
+
+def retry_later(response: HttpResponse) -> HttpResponse:
+    """`response` with the `Retry-After` an outage's 503 carries."""
+    return outage.retry_later(response)
 
 
 def unavailable(request: HttpRequest) -> HttpResponse:
@@ -57,7 +71,7 @@ def unavailable(request: HttpRequest) -> HttpResponse:
                 status=503,
                 content_type="text/plain; charset=utf-8",
             )
-    return outage.retry_later(response)
+    return retry_later(response)
 
 
 def _operator(request: HttpRequest) -> bool:

@@ -15,8 +15,7 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_safe
 
-from agentflow import durable
-from agentflow._core import outage
+from agentflow import durable, middleware
 from refunds import engines, policy, progress, proxies, services, waivers
 from refunds.forms import RefundRequestForm, new_submission_token, unsign_submission_token
 from refunds.models import RefundRequest
@@ -48,9 +47,8 @@ def refund_new(request: HttpRequest) -> HttpResponse:
     try:
         return _take(request, form, nonce)
     except DatabaseError as exc:
-        if not outage.unreachable(exc):
+        if not middleware.database_unreachable(exc, "taking a refund request"):
             raise
-        outage.noticed(exc, "taking a refund request")
         return _unavailable_form_page(request)
 
 
@@ -170,7 +168,7 @@ def _unavailable_form_page(request: HttpRequest) -> HttpResponse:
     was made after all (its answer lost with the connection), or makes it: never two."""
     form = RefundRequestForm(request.POST)
     response = render(request, "refunds/new.html", {"form": form, "unavailable": True}, status=503)
-    return outage.retry_later(response)
+    return middleware.retry_later(response)
 
 
 def _stale_form_page(request: HttpRequest) -> HttpResponse:

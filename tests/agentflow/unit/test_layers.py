@@ -55,6 +55,28 @@ def test_the_tooling_contract_names_every_runtime_module_of_agentflow() -> None:
     assert listed == (modules | packages) - TOOLING
 
 
+def test_the_domain_contract_forbids_every_private_module_of_agentflow() -> None:
+    """The refund domain reaches agentflow only through its public modules: every private one
+    is listed, so a new one cannot be imported from `refunds` unseen."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    [contract] = [c for c in config["contracts"] if "public modules" in c["name"]]
+    package = ROOT / "agentflow"
+    names = {p.stem for p in package.glob("_*.py") if p.name != "__init__.py"}
+    names |= {p.parent.name for p in package.glob("_*/__init__.py")}
+    assert {name.removeprefix("agentflow.") for name in contract["forbidden_modules"]} == names
+
+
+def test_a_hosts_migrations_name_only_public_paths() -> None:
+    """A field agentflow offers deconstructs to its public name: a host's migrations (ours
+    among them) would otherwise break when a private module moves."""
+    from agentflow import durable
+
+    _, path, _, _ = durable.PersonalTextField(subject="email").deconstruct()
+    assert path == "agentflow.durable.PersonalTextField"
+    migrations = (ROOT / "refunds" / "migrations").glob("*.py")
+    assert not [m.name for m in migrations if "agentflow._" in m.read_text()]
+
+
 def test_no_module_imports_one_that_imports_it_back() -> None:
     """As Python runs imports, function-level ones included: importing `agentflow._store.traces`
     runs `agentflow/_store/__init__.py` first, so it is an import of `agentflow._store` too (the
