@@ -452,8 +452,7 @@ def step_complete(
     transaction.on_commit(partial(_after_complete, run, step.name, claim.attempt, next_seq, hint))
     if next_seq is None:
         telemetry.run_finished(run.id, workflow.name, changes["status"])
-        run_ended(run.id, child=run.child)
-        concurrency_run_ended(run)
+        _ended(run)
     return True
 
 
@@ -510,9 +509,17 @@ def unclaimed_complete(
         transaction.on_commit(partial(_after_complete, run, step.name, attempt, next_seq, hint))
         if next_seq is None:
             telemetry.run_finished(run.id, workflow.name, changes["status"])
-            run_ended(run.id, child=run.child)
-            concurrency_run_ended(run)
+            _ended(run)
     return done is not None
+
+
+def _ended(run: StepState) -> None:
+    """The run's end is in this transaction: its parent's wait and its concurrency key's next
+    runs hear of it once it commits. A run that has neither is none of their business."""
+    if run.child:
+        run_ended(run.id, child=True)
+    if run.concurrency_key:
+        concurrency_run_ended(run)
 
 
 def _as_decided(run: StepState) -> dict[str, Any]:
