@@ -24,6 +24,7 @@ class AgentflowConfig(AppConfig):
         from agentflow import tracing
         from agentflow._core import faults, outage, pooler, registry
         from agentflow._engine import checks, tasks  # noqa: F401
+        from agentflow._schedules import hooks as schedules
         from agentflow._tasks_backend import resolver
         from agentflow.conf import settings
 
@@ -34,6 +35,8 @@ class AgentflowConfig(AppConfig):
         registry.validate_all()
         # A worker handed a `@task`'s run imports the task's module if nothing did yet.
         registry.add_importer(resolver.PREFIX, resolver.import_task)
+        # Features beside the core join its rounds (sweeps, retention, scrapes, checks).
+        schedules.install()
         faults.install_clock_offset(settings.AGENTFLOW_CLOCK_OFFSET_SECONDS)
         faults.warn_if_crash_at_cannot_fire()
         # Step messages carry the run's trace context once the host installs an SDK.

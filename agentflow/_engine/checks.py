@@ -12,7 +12,7 @@ from celery import current_app
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
-from agentflow import _priority, _schedules, routers
+from agentflow import _priority, routers
 from agentflow import _store as store
 from agentflow._core import builds, dispatch, limits, registry
 from agentflow._engine.tasks import STEP_TIME_LIMIT
@@ -220,26 +220,6 @@ def numeric_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                 )
             )
     return messages
-
-
-@checks.register()
-def schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """A malformed AGENTFLOW_SCHEDULES, a name declared twice, or a schedule of a workflow no
-    module registers fails at deploy time, not silently at 02:00 (docs/schedules.md)."""
-    try:
-        declared = _schedules.declared()
-    except _schedules.ScheduleError as exc:
-        return [checks.Error(str(exc), hint="See docs/schedules.md.", id="agentflow.E041")]
-    known = set(registry.names())
-    return [
-        checks.Error(
-            f"schedule {name!r} starts workflow {schedule.workflow!r}, which no module registers",
-            hint="Name a registered workflow, or add its module to AGENTFLOW_WORKFLOW_MODULES.",
-            id="agentflow.E041",
-        )
-        for name, schedule in sorted(declared.items())
-        if schedule.workflow not in known
-    ]
 
 
 @checks.register()

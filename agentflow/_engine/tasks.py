@@ -12,10 +12,10 @@ from celery import shared_task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from agentflow import _schedules, beat
 from agentflow import _store as store
+from agentflow import beat
 from agentflow._builds import roster
-from agentflow._core import builds, dispatch, outage, pooler
+from agentflow._core import builds, dispatch, features, outage, pooler
 from agentflow._engine import runtime
 from agentflow._observe import telemetry
 from agentflow.conf import settings
@@ -98,9 +98,10 @@ def purge_task() -> None:
     )
     if deleted.runs:
         logger.info("retention: deleted %s (older than %d days)", deleted.describe(), days)
-    slots = _schedules.slots_purge(older_than=timedelta(days=days))
-    if slots:
-        logger.info("retention: deleted %d schedule slots (older than %d days)", slots, days)
+    for part in features.retention_parts():  # the features' own rows (the schedules' slots)
+        count = part.run(timedelta(days=days))
+        if count:
+            logger.info("retention: deleted %d %s (older than %d days)", count, part.what, days)
 
 
 @celeryd_after_setup.connect
@@ -126,18 +127,6 @@ def _join_the_roster(sender: Any, **kwargs: Any) -> None:
     queue = getattr(worker, "_agentflow_build_queue", None)
     if queue is not None:
         roster.join(queue)
-
-
-@worker_ready.connect
-def _start_due_slots(sender: Any, **kwargs: Any) -> None:
-    """A worker that starts acts on the schedules' due slots once (docs/schedules.md): after
-    an outage, the missed slots within their window start as soon as any process is back, even
-    before a beat is. Beat's sweeps act on them from then on; a slot is one run whoever sees it."""
-    try:
-        _schedules.tick()
-    except DatabaseError as exc:  # the database is away: beat's sweeps try again
-        if not outage.unreachable(exc):
-            logger.exception("schedules: the due slots could not be acted on at start")
 
 
 @worker_shutdown.connect

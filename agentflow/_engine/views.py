@@ -7,9 +7,8 @@ from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from agentflow import _schedules
 from agentflow import _store as store
-from agentflow._core import limits, outage
+from agentflow._core import features, limits, outage
 from agentflow._observe import metrics as run_metrics
 from agentflow.conf import settings
 
@@ -118,7 +117,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         run_metrics.exposition(
             heartbeat=store.heartbeat_read,
             partners=lambda: store.partners_view(limits.configured()),
-            schedules=_schedules.gauges,
+            gauges=features.gauges,
         ),
         content_type=run_metrics.CONTENT_TYPE,
     )

@@ -312,11 +312,11 @@ class _StateFromDatabase:
         self,
         heartbeat: Callable[[], Any],
         partners: Callable[[], list[Any]] | None = None,
-        schedules: Callable[[], dict[str, Series]] | None = None,
+        features: Callable[[], dict[str, Series]] | None = None,
     ) -> None:
         self._heartbeat = heartbeat
         self._partners = partners
-        self._schedules = schedules
+        self._features = features
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily  # optional
@@ -327,7 +327,7 @@ class _StateFromDatabase:
             "and each of them is NaN (unknown).",
         )
         gauges = GAUGES + (PARTNER_GAUGES if self._partners is not None else ())
-        gauges += SCHEDULE_GAUGES if self._schedules is not None else ()
+        gauges += SCHEDULE_GAUGES if self._features is not None else ()
         try:
             values = self._read()
         except DatabaseError as exc:
@@ -382,8 +382,8 @@ class _StateFromDatabase:
         }
         if self._partners is not None:
             values.update(_partner_series(self._partners()))
-        if self._schedules is not None:
-            values.update(self._schedules())
+        if self._features is not None:
+            values.update(self._features())
         return values
 
 
@@ -448,20 +448,20 @@ def exposition(
     *,
     heartbeat: Callable[[], Any],
     partners: Callable[[], list[Any]] | None = None,
-    schedules: Callable[[], dict[str, Series]] | None = None,
+    gauges: Callable[[], dict[str, Series]] | None = None,
 ) -> bytes:
     """The text a scrape returns: the counters, then the database's gauges. `heartbeat`: the
     store's read of the sweeper's last pass (`store.heartbeat_read`), handed in by the view,
     since the store counts its events through this module and so cannot be imported here;
-    `partners` likewise (`store.partners_view` of the limits in force), and `schedules` (the
-    schedules' gauges, `agentflow._schedules.gauges`)."""
+    `partners` likewise (`store.partners_view` of the limits in force), and `gauges` (what the
+    features beside the core measure, `agentflow._core.features.gauges`: the schedules')."""
     if not _prepared():
         raise ImproperlyConfigured(MISSING)
     from prometheus_client import CollectorRegistry, generate_latest  # optional
 
     scrape = CollectorRegistry(auto_describe=False)
     scrape.register(_Counted())  # type: ignore[arg-type]
-    scrape.register(_StateFromDatabase(heartbeat, partners, schedules))  # type: ignore[arg-type]
+    scrape.register(_StateFromDatabase(heartbeat, partners, gauges))  # type: ignore[arg-type]
     return generate_latest(scrape)
 
 

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, close_old_connections, transaction
 
-from agentflow import _schedules
 from agentflow import _store as store
 from agentflow._builds import routing
-from agentflow._core import dispatch, limits, outage
+from agentflow._core import dispatch, features, limits, outage
 from agentflow._observe import telemetry
 from agentflow.conf import settings
 
@@ -80,7 +79,7 @@ def sweep(*, limit: int | None = None) -> SweepReport:
             unsent.append(run.id)
     _refused(unsent)
     _partner_places()
-    _schedule_slots()
+    _feature_parts()
     _concurrency_places()
     store.heartbeat_record(requeued=len(report.requeued), query_ms=report.query_ms)
     telemetry.sweep_finished(  # counts the pass; logs which runs, and nothing when idle
@@ -126,12 +125,14 @@ def _partner_places() -> None:
         logger.exception("sweeper: the partner places could not be handed on this pass")
 
 
-def _schedule_slots() -> None:
-    """Due slots of the declared schedules become runs (docs/schedules.md): every sweep ticks
-    them, so a slot needs no process of its own and any beat or sweeper may start it."""
-    try:
-        _schedules.tick()
-    except DatabaseError as exc:
-        if outage.unreachable(exc):
-            raise  # the whole pass failed: its caller says so, once per outage
-        logger.exception("sweeper: the schedules could not be ticked this pass")
+def _feature_parts() -> None:
+    """What features beside the core do at every pass (`agentflow._core.features`): the
+    schedules' due slots become runs (docs/schedules.md), so a slot needs no process of its own
+    and any beat or sweeper may start it. One part failing leaves the others their turn."""
+    for part in features.sweep_parts():
+        try:
+            part.run()
+        except DatabaseError as exc:
+            if outage.unreachable(exc):
+                raise  # the whole pass failed: its caller says so, once per outage
+            logger.exception("sweeper: %s this pass", part.what)

@@ -217,10 +217,10 @@ def test_bad_settings__said_on_the_tick_and_the_page_never_a_traceback(clock) ->
     ],
 )  # fmt: skip
 def test_system_check__a_schedule_that_cannot_run_fails_at_deploy(value: str, problem: str) -> None:
-    from agentflow._engine import checks
+    from agentflow._schedules.hooks import schedules_check
 
     with override_settings(AGENTFLOW_SCHEDULES=value):
-        [error] = checks.schedules()
+        [error] = schedules_check()
     assert error.id == "agentflow.E041" and problem in error.msg
 
 
