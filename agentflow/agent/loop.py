@@ -144,8 +144,8 @@ class CodeWorkflow(Workflow):
         found = self.steps.get(name)
         if found is not None:
             return found
-        target = undo_target(name)
-        if target is not None and self.toolbox is not None and self.toolbox.undo_tool(target[0]):
+        target, toolbox = undo_target(name), self.toolbox
+        if target is not None and toolbox is not None and toolbox.undo_tool(target[0]) is not None:
             return self._undo_step(name, *target)
         return super().step_named(name)  # a declared compensation: `cancel_kids@3`
 
@@ -157,10 +157,10 @@ class CodeWorkflow(Workflow):
         refused call (unknown, invalid, over a limit, refused by the tool) made no effect, so
         nothing undoes it. A `start_children` call is undone by the compensation its record
         names (`cancel_kids@3`), if any."""
-        if name == START_CHILDREN:
-            chosen = output.get("compensate") if isinstance(output, dict) else None
-            return undo_name(chosen, seq, branch) if isinstance(chosen, str) else None
         if self.toolbox is None or name not in self.toolbox:
+            chosen = output.get("compensate") if isinstance(output, dict) else None
+            if name == START_CHILDREN and isinstance(chosen, str):
+                return undo_name(chosen, seq, branch)
             return None
         if not (isinstance(output, dict) and output.get("ok") is True):
             return None
