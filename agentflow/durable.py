@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
+from types import EllipsisType
 from typing import Any
 
 from django.db import transaction
@@ -232,6 +233,7 @@ def start_children(
     ctx: StepContext | AgentContext,
     children: Iterable[tuple[str, Any, str | None]],
     *,
+    compensate: str | EllipsisType | None = ...,
     priority: int | None = None,
 ) -> list[str]:
     """From a step, or from an agent workflow's function: start a child run for each
@@ -244,10 +246,20 @@ def start_children(
     a call of its own, replayed from its record like any other. `priority` and concurrency
     keys: as `start_many`.
 
+    What happens to the children if the parent fails for good or is cancelled is the
+    parent's to say. A graph step says it in its declaration (`compensate=` naming a
+    compensation declared with `cancel_children`, or none). An agent workflow's function says
+    it here, and must: `compensate="cancel_kids"` names a compensation its workflow declares
+    (`agent.compensation("cancel_kids")(durable.cancel_children)`), which cancels the
+    children this call started, each undoing what it did; `compensate=None` leaves them to
+    finish. The call's record keeps the choice.
+
     Raises:
         UnknownWorkflowError, InvalidInputError: as `start_many`; nothing is started.
+        DefinitionError: an agent run's call without `compensate`, or naming a compensation
+            its workflow does not declare; a graph step's call with one.
     """
-    return _children.start_children(ctx, children, priority=priority)
+    return _children.start_children(ctx, children, compensate=compensate, priority=priority)
 
 
 def started_children(ctx: StepContext) -> list[str]:
@@ -271,8 +283,9 @@ def wait_for_children(
     return _children.wait_for_children(workflow, name, wait=wait, next=next)
 
 
-#: A compensation to declare for the step that starts children (docs/workflows.md, "Runs
-#: that start runs"): the parent failed for good or cancelled cancels each unfinished child.
+#: A compensation to declare for the step, or name from the agent call, that starts children
+#: (docs/workflows.md, "Runs that start runs"): the parent failed for good or cancelled
+#: cancels each unfinished child that start made.
 cancel_children = _children.cancel_children
 
 
@@ -350,8 +363,9 @@ def workflow_steps(workflow: str) -> list[str]:
 def cancel(run_id: str, *, actor: str, reason: str) -> str | None:
     """Stop an unfinished run without keeping any money: its effects are undone by their
     compensations, then it ends CANCELLED; a step in flight finishes first. Recorded as an event
-    with `actor` and `reason`. Returns None if it ended at once, else what happens next. A run
-    whose workflow declares `cancel_children` cancels its unfinished children at once too.
+    with `actor` and `reason`. Returns None if it ended at once, else what happens next. The
+    unfinished children its compensations will cancel (`cancel_children`) are cancelled at
+    once too.
 
     Raises:
         ActionRefused: the run is finished, already undoing, or an outcome is unknown.

@@ -56,6 +56,7 @@ nitpick_ignore = [
         "decimal.Decimal",
         "pathlib.Path",
         "random.Random",
+        "types.EllipsisType",
     )
 ] + [
     # Engine types a public signature names but the public surface does not offer: a graph's

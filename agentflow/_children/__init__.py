@@ -11,13 +11,17 @@ met the parent keeps the report as a signal to itself, which the wait takes in t
 ends it. Counting again on every look, and looking again every RECHECK_SECONDS on its own,
 is what makes a lost doorbell harmless. What happens to the children when the parent fails or
 is cancelled is the parent's compensation to say: `cancel_children` cancels those still
-running (each undoes what it did), and a step without it leaves them.
+running (each undoes what it did), and a start without it leaves them. A graph step declares
+it (`compensate=`); an agent run's `start_children` call names it (`compensate=`, required:
+the function says cancel or leave), its record keeps the choice, and the run's compensation
+plan undoes that call as it undoes a tool call (`CodeWorkflow.compensation_for`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
+from types import EllipsisType
 from typing import Any
 
 from django.db import transaction
@@ -27,12 +31,12 @@ from agentflow import _store as store
 from agentflow._base.context import StepContext
 from agentflow._base.states import TERMINAL_RUN_STATUSES, StepKind, WaitKind
 from agentflow._core import registry
-from agentflow._core.registry import DefinitionError, WaitSpec, Workflow
+from agentflow._core.registry import DefinitionError, WaitSpec, Workflow, undo_target
 from agentflow._core.serialization import NotJSONError, storable_text, to_json
 from agentflow._observe import telemetry
 from agentflow._privacy import keystore
 from agentflow._store.children import ChildEnd, NewRun
-from agentflow.agent.loop import AgentContext
+from agentflow.agent.loop import START_CHILDREN, AgentContext, CodeWorkflow
 from agentflow.agent.waiting import WaitCall
 from agentflow.conf import settings
 from agentflow.exceptions import InvalidInputError, PermanentStepError
@@ -47,7 +51,7 @@ RECHECK_SECONDS = 30.0
 #: else may send one (`durable.signal` refuses the prefix).
 SIGNAL_PREFIX = "children:"
 #: The checkpoint names of an agent workflow's calls that start children and wait for them.
-START_CALL = "start_children"
+START_CALL = START_CHILDREN
 WAIT_CALL = "wait_for_children"
 #: The longest business key a run takes (the column's size).
 KEY_MAX_CHARS = 200
@@ -140,6 +144,7 @@ def start_children(
     ctx: StepContext | AgentContext,
     children: Iterable[tuple[str, Any, str | None]],
     *,
+    compensate: str | EllipsisType | None = ...,
     priority: int | None = None,
 ) -> list[str]:
     """From a step, or a call of an agent workflow: start its child runs, each (workflow,
@@ -148,15 +153,28 @@ def start_children(
     Each child's business key is `<this run>:<this step's position>:<key>` (the child's index
     when `key` is None), so the step run again starts none twice and returns the same ids.
     In an agent workflow the start is a call of its own (`db`: the children's rows commit
-    with its checkpoint), replayed from its record. `priority`: the children's, as
-    `start_many`'s."""
+    with its checkpoint), replayed from its record, and `compensate` is required: the name of
+    a compensation the workflow declares (`durable.cancel_children`: the run failed or
+    cancelled cancels them), or None (they are left to finish). A graph step declares its
+    compensation itself. `priority`: the children's, as `start_many`'s."""
     if isinstance(ctx, AgentContext):
+        chosen = _compensation(ctx.workflow, compensate)
         given = [tuple(entry) for entry in children]
-        return ctx.step(  # type: ignore[no-any-return]
+        found = ctx.step(
             START_CALL,
-            lambda step_ctx: start_children(step_ctx, given, priority=priority),
+            lambda step_ctx: {
+                "children": start_children(step_ctx, given, priority=priority),
+                "compensate": chosen,
+            },
             kind=StepKind.DB,
             arguments={"children": given, "priority": priority},
+        )
+        # A call recorded before its record named a compensation: its ids alone.
+        return found if isinstance(found, list) else found["children"]  # type: ignore[no-any-return]
+    if compensate is not ...:
+        raise DefinitionError(
+            f"{ctx.workflow}: {ctx.step}: a graph step declares what undoes it "
+            "(step(..., compensate=...) naming durable.cancel_children), not start_children"
         )
     prefix = f"{ctx.run_id}:{ctx.seq}:"
     keyed = []
@@ -169,6 +187,26 @@ def start_children(
             ) from None
         keyed.append((workflow, given, prefix + (str(index) if key is None else str(key))))
     return start_many(keyed, parent=(ctx.run_id, ctx.seq), priority=priority)
+
+
+def _compensation(workflow: CodeWorkflow, compensate: str | EllipsisType | None) -> str | None:
+    """The compensation an agent run's start names, checked: one its workflow declares, or
+    None; not saying is a mistake (the children's fate is chosen, never defaulted)."""
+    if compensate is ...:
+        raise DefinitionError(
+            f"{workflow.name}: start_children(ctx, ..., compensate=...) says what happens to "
+            "the children if this run fails or is cancelled: the name of a compensation it "
+            "declares with durable.cancel_children (cancel them), or None (leave them)"
+        )
+    if compensate is None:
+        return None
+    step = workflow.steps.get(compensate) if isinstance(compensate, str) else None
+    if step is None or not step.compensation_only:
+        raise DefinitionError(
+            f"{workflow.name}: start_children names {compensate!r} as its compensation, but "
+            f"the workflow declares none of that name ({workflow.name}.compensation(...))"
+        )
+    return compensate
 
 
 def started_children(ctx: StepContext) -> list[str]:
@@ -255,17 +293,18 @@ def _ending(child: ChildEnd, *, output: bool) -> dict[str, Any]:
 
 
 def cancel_children(ctx: StepContext) -> dict[str, Any]:
-    """A compensation to declare for the step that starts children: a parent that fails for
-    good or is cancelled cancels every child still unfinished (each undoes what it did, as
-    `durable.cancel`), and returns `{"cancelled": [ids], "refused": {id: reason}}` (refused:
-    finished or cancelling already). Without it, a parent that stops leaves its children to
-    finish."""
-    return _cancel_active(ctx.run_id, "its parent run failed or was cancelled")
+    """A compensation to declare for the step (or agent call) that starts children: a parent
+    that fails for good or is cancelled cancels every child that start made still unfinished
+    (each undoes what it did, as `durable.cancel`), and returns `{"cancelled": [ids],
+    "refused": {id: reason}}` (refused: finished or cancelling already, so running it again
+    cancels none twice). Without it, a parent that stops leaves its children to finish."""
+    seq = ctx.undoes.seq if ctx.undoes is not None else None  # None: every child (on_failure)
+    return _cancel_active(ctx.run_id, "its parent run failed or was cancelled", seq)
 
 
-def _cancel_active(parent_id: str, reason: str) -> dict[str, Any]:
+def _cancel_active(parent_id: str, reason: str, seq: int | None = None) -> dict[str, Any]:
     cancelled, refused = [], {}
-    for child in store.children_active(parent_id):
+    for child in store.children_active(parent_id, seq):
         try:
             store.run_cancel(child, actor=f"parent {parent_id}"[:150], reason=reason)
         except store.ActionRefused as exc:
@@ -277,18 +316,33 @@ def _cancel_active(parent_id: str, reason: str) -> dict[str, Any]:
 
 def cancel(run_id: str, *, actor: str, reason: str) -> str | None:
     """An operator's cancel (`durable.cancel`, the console's Cancel): the run is cancelled, and
-    if its workflow declares `cancel_children` its unfinished children are too, at once, in
-    the operator's request, rather than when the parent's compensation gets its turn behind
-    the children's own steps (the compensation then finds them cancelling, and changes
-    nothing)."""
+    the children its compensations will cancel (`cancel_children`) are too, at once, in the
+    operator's request, rather than when the parent's compensation gets its turn behind the
+    children's own steps (the compensation then finds them cancelling, and changes nothing;
+    if this request dies between the two, the compensation still cancels them)."""
     outcome = store.run_cancel(run_id, actor=actor, reason=reason)
-    run = WorkflowRun.objects.filter(pk=run_id).values("workflow", "version").first()
-    workflow = registry.lookup(run["workflow"], run["version"]) if run is not None else None
-    if workflow is not None and any(
-        step.compensation_only and step.fn is cancel_children for step in workflow.steps.values()
-    ):
-        _cancel_active(run_id, f"its parent run was cancelled by {actor}: {reason}")
+    why = f"its parent run was cancelled by {actor}: {reason}"
+    for seq in _cancelled_with(run_id):
+        _cancel_active(run_id, why, seq)
     return outcome
+
+
+def _cancelled_with(run_id: str) -> list[int | None]:
+    """The starts whose children the run's compensations cancel, as positions (None: all its
+    children, a `cancel_children` that undoes no one start): those its plan holds, by the
+    same rule that plans them (`store.compensation_plan`)."""
+    run = WorkflowRun.objects.filter(pk=run_id).values("workflow", "version", "current_seq")
+    found = run.first()
+    workflow = registry.lookup(found["workflow"], found["version"]) if found else None
+    if found is None or workflow is None:
+        return []
+    starts: list[int | None] = []
+    for name in store.compensation_plan(run_id, workflow, found["current_seq"] + 1):
+        step = workflow.step_named(name)
+        if step is not None and step.compensation_only and step.fn is cancel_children:
+            target = undo_target(name)
+            starts.append(target[1] if target is not None else None)
+    return starts
 
 
 __all__: Sequence[str] = (

@@ -306,14 +306,16 @@ def children_ended(parent_id: str, seq: int, *, limit: int | None = None) -> lis
     ]
 
 
-def children_active(parent_id: str) -> list[str]:
-    """Its children that have not ended, oldest first."""
-    rows = sql.fetch_all(
-        f"SELECT id FROM {sql.RUNS} WHERE parent_id = %s "
-        f"AND status IN ({sql.placeholders((*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION))}) "
-        "ORDER BY created_at, id",
-        [parent_id, *ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION],
-    )
+def children_active(parent_id: str, seq: int | None = None) -> list[str]:
+    """Its children that have not ended (those the step at `seq` started, or all), oldest
+    first."""
+    unfinished = (*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION)
+    where = f"parent_id = %s AND status IN ({sql.placeholders(unfinished)})"
+    params: list[Any] = [parent_id, *unfinished]
+    if seq is not None:
+        where += " AND parent_seq = %s"
+        params.append(seq)
+    rows = sql.fetch_all(f"SELECT id FROM {sql.RUNS} WHERE {where} ORDER BY created_at, id", params)
     return [row[0] for row in rows]
 
 

@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 
 from agentflow._base import outcomes
 from agentflow._base.context import idempotency_key
-from agentflow._base.states import RunStatus, StepStatus
+from agentflow._base.states import RunStatus, StepKind, StepStatus
 from agentflow._concurrency import reason, token
 from agentflow._core import builds, dispatch
 from agentflow._core.registry import StepDef, Workflow
@@ -477,7 +477,11 @@ def compensation_plan(run_id: str, workflow: Workflow, before_seq: int) -> list[
 
 
 def _happened(kind: str, status: str, retryable: bool) -> bool:
-    """Known to have happened: it may have, and its outcome is settled."""
+    """Known to have happened: it may have, and its outcome is settled. A `db` step's writes
+    commit with its COMPLETED checkpoint, so it happened once that is recorded (the children
+    an agent run's `start_children` call started: docs/workflows.md, "Runs that start runs")."""
+    if kind == StepKind.DB:
+        return status == StepStatus.COMPLETED
     return outcomes.may_have_happened(
         kind=kind, status=status, retryable=retryable
     ) and not outcomes.unsettled(kind=kind, status=status, retryable=retryable)

@@ -68,6 +68,11 @@ from agentflow.exceptions import BudgetExceeded, DefinitionError, OutcomeUnknown
 #: The `current_step` of an agent run between calls: which call comes next is known only
 #: once the function is replayed up to it.
 NEXT_CALL = "(next call)"
+#: The call `durable.start_children` records in an agent run. Its output names the
+#: compensation its function chose for the children (`{"children", "compensate"}`), which
+#: undoes the call when the run fails or is cancelled, as a tool's compensation undoes a tool
+#: call (docs/workflows.md, "Runs that start runs").
+START_CHILDREN = "start_children"
 
 
 @dataclass(eq=False)
@@ -139,10 +144,10 @@ class CodeWorkflow(Workflow):
         found = self.steps.get(name)
         if found is not None:
             return found
-        target = undo_target(name)
-        if target is None or self.toolbox is None or self.toolbox.undo_tool(target[0]) is None:
-            return None
-        return self._undo_step(name, *target)
+        target, toolbox = undo_target(name), self.toolbox
+        if target is not None and toolbox is not None and toolbox.undo_tool(target[0]) is not None:
+            return self._undo_step(name, *target)
+        return super().step_named(name)  # a declared compensation: `cancel_kids@3`
 
     def compensation_for(
         self, name: str, seq: int, *, output: Any, branch: int | None = None
@@ -150,8 +155,12 @@ class CodeWorkflow(Workflow):
         """`refund_fee@7` for the completed `charge_customer` call at 7 (`refund_fee@b0.7` for
         one of superseded branch 0), if its tool has a compensation and the call ran: a
         refused call (unknown, invalid, over a limit, refused by the tool) made no effect, so
-        nothing undoes it."""
+        nothing undoes it. A `start_children` call is undone by the compensation its record
+        names (`cancel_kids@3`), if any."""
         if self.toolbox is None or name not in self.toolbox:
+            chosen = output.get("compensate") if isinstance(output, dict) else None
+            if name == START_CHILDREN and isinstance(chosen, str):
+                return undo_name(chosen, seq, branch)
             return None
         if not (isinstance(output, dict) and output.get("ok") is True):
             return None

@@ -1092,10 +1092,60 @@ family_agent = durable.CodeWorkflow("family_agent_parent", version=1)
 def raise_family(ctx: durable.AgentContext) -> dict[str, Any]:
     failing = set(ctx.input.get("fail", ()))
     ids = durable.start_children(
-        ctx, [(kid.name, {"i": i, "fail": i in failing}, None) for i in range(ctx.input["n"])]
+        ctx,
+        [(kid.name, {"i": i, "fail": i in failing}, None) for i in range(ctx.input["n"])],
+        compensate=None,  # stopped, it leaves them to finish
     )
     report = durable.wait_for_children(ctx, wait="all")
     return {"children": ids, "counts": report["counts"], "ended": len(report["children"])}
+
+
+#: Children that wait for the signal `go` (WAITING, holding no worker): a charged one after
+#: its effect, a gated one before it. What a parent's cancel or failure finds them doing.
+charged_kid = durable.Workflow("fate_charged_child", version=1)
+charged_kid.step("work", kind="effect", compensate="undo_work")(kid_work)
+charged_kid.wait_for("go", signal="go")
+charged_kid.step("after", kind="read")(read)
+charged_kid.compensation("undo_work")(kid_undo)
+
+gated_kid = durable.Workflow("fate_gated_child", version=1)
+gated_kid.wait_for("go", signal="go")
+gated_kid.step("work", kind="effect", compensate="undo_work")(kid_work)
+gated_kid.step("after", kind="read")(read)
+gated_kid.compensation("undo_work")(kid_undo)
+
+#: What `input["fate"]` has the fated parent pass as `compensate=` ("unsaid": nothing).
+FATES: dict[str, str | None] = {"cancel": "cancel_kids", "leave": None, "unknown": "no_such"}
+
+
+def give_up(ctx: durable.StepContext) -> None:
+    _record(ctx)
+    raise durable.PermanentStepError("the parent gave up")
+
+
+#: An agent parent that says its children's fate (`input["fate"]`, see FATES): it starts
+#: `input["charged"]` charged children then `input["gated"]` gated ones at position 1, and
+#: waits for them all. `input["fail"]`: before its wait, it waits for the signal `go`, then
+#: fails for good (a later call that raises).
+fated_agent = durable.CodeWorkflow("family_agent_fated", version=1)
+
+
+@fated_agent.run
+def raise_fated_family(ctx: durable.AgentContext) -> dict[str, Any]:
+    charged, gated = ctx.input.get("charged", 0), ctx.input.get("gated", 0)
+    kids = [(charged_kid.name, {"i": i}, None) for i in range(charged)]
+    kids += [(gated_kid.name, {"i": charged + i}, None) for i in range(gated)]
+    fate = ctx.input["fate"]
+    said = {} if fate == "unsaid" else {"compensate": FATES[fate]}
+    ids = durable.start_children(ctx, kids, **said)  # type: ignore[arg-type]
+    if ctx.input.get("fail"):
+        ctx.wait_for("go")
+        ctx.step("give_up", give_up)
+    report = durable.wait_for_children(ctx, wait="all")
+    return {"children": ids, "counts": report["counts"]}
+
+
+fated_agent.compensation("cancel_kids")(durable.cancel_children)
 
 
 # --- priorities and concurrency keys (docs/workflows.md) ----------------------------------------

@@ -2,7 +2,7 @@
 `start_many` is a few statements per thousand runs and idempotent on business keys; a parent's
 children are started once whatever crashes, its wait counts them (a lost doorbell is repaired
 by the recheck), a child's failure reaches it as a value, and its compensation cancels the
-children still running."""
+children still running; an agent parent says which fate its children meet (`compensate=`)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from agentflow import _store as store
 from agentflow import durable
+from agentflow._base.context import StepContext
 from agentflow._base.states import RunStatus
 from agentflow._engine import runtime
-from agentflow.exceptions import InvalidInputError
-from agentflow.models import WorkflowRun
+from agentflow.exceptions import DefinitionError, InvalidInputError
+from agentflow.models import RunEvent, WorkflowRun
 from agentflow.testing import capture_messages, crash_at, run_to_end
 from tests.support import partner, workflows
 
@@ -258,3 +260,156 @@ def test_parent_cancelled_halfway__unfinished_children_cancelled_and_undone__fin
     assert sorted(undone.values()) == [1, 1]
     for kid in kids[2:]:
         assert not [k for k in partner.effects() if k.startswith(f"{kid.id}_")]
+
+
+# --- an agent parent says its children's fate ---------------------------------------------------
+def fated_parent(fate: str, *, charged: int = 2, gated: int = 2, fail: bool = False) -> str:
+    """An agent parent at its wait for its children (`fail`: at its wait for `go`), each child
+    at its own wait for `go`: the charged ones after their effect, the gated ones before it."""
+    parent_id = durable.start(
+        workflows.fated_agent.name,
+        input={"fate": fate, "charged": charged, "gated": gated, "fail": fail},
+    )
+    waiting = run_to_end(parent_id, retries=False)
+    assert waiting.status == RunStatus.WAITING, waiting.error
+    with capture_messages():
+        for kid in children_of(parent_id):
+            assert run_to_end(kid.id, retries=False).status == RunStatus.WAITING
+    return parent_id
+
+
+def partner_counts(run_id: str) -> list[int]:
+    """How many times each effect under the run's keys was made at the partner stand-in."""
+    return sorted(n for key, n in partner.effects().items() if key.startswith(f"{run_id}_"))
+
+
+def assert_cancelled_and_undone_once(parent_id: str) -> None:
+    """Each child CANCELLED by one cancel; a charged one's effect undone once, a gated one
+    never charged."""
+    for kid in children_of(parent_id):
+        assert durable.snapshot(kid.id).status == RunStatus.CANCELLED  # type: ignore[union-attr]
+        cancels = RunEvent.objects.filter(run_id=kid.id, kind=RunEvent.Kind.OPERATOR_CANCEL)
+        assert cancels.count() == 1
+        assert cancels.get().actor == f"parent {parent_id}"
+        charged = kid.workflow == workflows.charged_kid.name
+        assert partner_counts(kid.id) == ([1, 1] if charged else [])  # made and undone, once
+
+
+def test_agent_parent_cancelled__fate_cancel__charged_children_undone_the_others_cancelled() -> (
+    None
+):
+    parent_id = fated_parent("cancel")
+
+    with capture_messages():
+        durable.cancel(parent_id, actor="ops", reason="flight restored")
+    # At once, in the operator's request: the children that never charged are cancelled.
+    kids = children_of(parent_id)
+    gated = [k for k in kids if k.workflow == workflows.gated_kid.name]
+    assert {WorkflowRun.objects.get(pk=k.id).status for k in gated} == {RunStatus.CANCELLED}
+    parent = run_to_end(parent_id)
+    for kid in kids:
+        run_to_end(kid.id)
+
+    assert parent.status == RunStatus.CANCELLED, parent.error
+    assert_cancelled_and_undone_once(parent_id)
+    # The parent's compensation ran too, and cancelled none again: the charged children were
+    # still undoing, the others had ended.
+    [undo] = [s for s in parent.steps if s.name.startswith("cancel_kids")]
+    assert undo.output["cancelled"] == []
+    assert sorted(undo.output["refused"]) == sorted(k.id for k in kids if k not in gated)
+
+
+def test_agent_parent_failed__fate_cancel__its_compensation_cancels_the_children() -> None:
+    parent_id = fated_parent("cancel", fail=True)
+    durable.signal(parent_id, "go", signal_id="parent-go")
+
+    parent = run_to_end(parent_id)
+    for kid in children_of(parent_id):
+        run_to_end(kid.id)
+
+    assert parent.status == RunStatus.FAILED
+    assert "the parent gave up" in parent.error
+    assert_cancelled_and_undone_once(parent_id)
+    [undo] = [s for s in parent.steps if s.name.startswith("cancel_kids")]
+    assert sorted(undo.output["cancelled"]) == sorted(k.id for k in children_of(parent_id))
+
+
+@pytest.mark.parametrize("point", ["after_claim", "after_effect"])
+def test_agent_parent_failed__crash_in_its_compensation__each_child_cancelled_once(
+    point: str,
+) -> None:
+    parent_id = fated_parent("cancel", fail=True)
+    durable.signal(parent_id, "go", signal_id="parent-go")
+
+    with crash_at(f"cancel_kids:{point}"):  # after_effect: the children's cancels committed
+        parent = run_to_end(parent_id)
+    for kid in children_of(parent_id):
+        run_to_end(kid.id)
+
+    assert parent.status == RunStatus.FAILED
+    assert_cancelled_and_undone_once(parent_id)
+
+
+def test_agent_parent_cancelled__the_request_died_before_the_children__compensation_cancels() -> (
+    None
+):
+    parent_id = fated_parent("cancel")
+    # The operator's request committed the parent's cancel and died before its children's.
+    store.run_cancel(parent_id, actor="ops", reason="flight restored")
+    assert {k.status for k in children_of(parent_id)} == {RunStatus.WAITING}
+
+    parent = run_to_end(parent_id)
+    for kid in children_of(parent_id):
+        run_to_end(kid.id)
+
+    assert parent.status == RunStatus.CANCELLED
+    assert_cancelled_and_undone_once(parent_id)
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["cancelled", "failed"])
+def test_agent_parent_stopped__fate_leave__the_children_go_on_and_complete(fail: bool) -> None:
+    parent_id = fated_parent("leave", fail=fail)
+    if fail:
+        durable.signal(parent_id, "go", signal_id="parent-go")
+    else:
+        with capture_messages():
+            durable.cancel(parent_id, actor="ops", reason="flight restored")
+
+    parent = run_to_end(parent_id)
+
+    assert parent.status == (RunStatus.FAILED if fail else RunStatus.CANCELLED)
+    assert not [s for s in parent.steps if s.name.startswith("cancel_kids")]
+    kids = children_of(parent_id)
+    assert {k.status for k in kids} == {RunStatus.WAITING}  # left as they were
+    for kid in kids:
+        durable.signal(kid.id, "go", signal_id=f"{kid.id}-go")
+        assert run_to_end(kid.id).status == RunStatus.COMPLETED
+        assert partner_counts(kid.id) == [1]  # its effect made once, and kept
+
+
+@pytest.mark.parametrize(
+    ("fate", "says"),
+    [("unsaid", "says what happens to the children"), ("unknown", "declares none of that name")],
+)
+def test_agent_parent__a_start_without_a_fate_it_declares__fails_before_starting_any(
+    fate: str, says: str
+) -> None:
+    parent_id = durable.start(workflows.fated_agent.name, input={"fate": fate, "charged": 1})
+
+    failed = run_to_end(parent_id)
+
+    assert failed.status == RunStatus.FAILED
+    assert says in failed.error
+    assert not children_of(parent_id)
+
+
+def test_graph_step__start_children_with_compensate__refused_the_step_declares_it() -> None:
+    ctx = StepContext(
+        run_id="wf_x", workflow="family_parent", seq=1, step="start_kids", attempt=1,
+        input={}, load_outputs=dict,
+    )  # fmt: skip
+
+    with pytest.raises(DefinitionError, match="a graph step declares what undoes it"):
+        durable.start_children(ctx, [(workflows.kid.name, {}, None)], compensate=None)
+
+    assert not WorkflowRun.objects.exists()
