@@ -25,6 +25,7 @@ class AgentflowConfig(AppConfig):
         from agentflow._core import faults, outage, pooler, registry
         from agentflow._engine import checks, tasks  # noqa: F401
         from agentflow._tasks_backend import resolver
+        from agentflow.agent import checks as agent_checks  # noqa: F401
         from agentflow.conf import settings
 
         # Every process (web, worker, beat) must know every definition before it touches a run.

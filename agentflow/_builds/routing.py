@@ -48,7 +48,6 @@ from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow._builds import upgrades
 from agentflow._core import builds, dispatch, registry
 from agentflow.agent.batches import batch_span
-from agentflow.agent.loop import CodeWorkflow
 from agentflow.exceptions import partner_wait_reason
 from agentflow.models import RunEvent, WorkflowRun
 
@@ -335,7 +334,7 @@ def facts(run: store.StepState) -> upgrades.RunFacts:
 
 
 def _reads(run: store.StepState, workflow: registry.Workflow | None) -> upgrades.ReplayReads | None:
-    if not isinstance(workflow, CodeWorkflow):
+    if not isinstance(workflow, registry.CodeDefined):
         return None
     seq = run.current_seq
     return (

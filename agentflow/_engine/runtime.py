@@ -27,7 +27,7 @@ from agentflow._base.states import (
 from agentflow._builds import routing
 from agentflow._concurrency import HOLD
 from agentflow._core import builds, dispatch, faults, leases, pooler, registry
-from agentflow._core.registry import StepDef, Workflow
+from agentflow._core.registry import NEXT_CALL, CodeDefined, StepDef, Workflow
 from agentflow._core.serialization import NotJSONError, to_json
 from agentflow._engine import context_loader
 from agentflow._engine.attempts import (
@@ -43,8 +43,9 @@ from agentflow._observe import telemetry
 from agentflow._privacy import scope as privacy
 from agentflow._waits import waits
 from agentflow.agent import loop as agent_loop
+from agentflow.agent import telemetry as agent_telemetry
 from agentflow.agent.batches import batch_span
-from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
+from agentflow.agent.loop import CodeWorkflow
 from agentflow.agent.mcp_tools import tool_servers
 from agentflow.conf import settings
 from agentflow.exceptions import (
@@ -188,7 +189,7 @@ def _load(
         # which this statement does not know.
         if (
             workflow is not None
-            and not isinstance(workflow, CodeWorkflow)
+            and not isinstance(workflow, CodeDefined)
             and step is not None
             and step.kind in CLAIMED_KINDS
             # A hint from a publisher that did not know the step waits: its wait comes first.
@@ -292,10 +293,10 @@ def _next_call(
         outcome = agent_loop.Failed(reason=f"unexpected {type(exc).__name__}: {exc}")
     saved = getattr(outcome, "tokens_saved", 0)
     if saved:
-        telemetry.model_tokens(workflow=workflow, saved=saved)
+        agent_telemetry.model_tokens(workflow=workflow, saved=saved)
     cost_saved = getattr(outcome, "cost_saved", None)
     if cost_saved:
-        telemetry.model_cost_saved(workflow=workflow, saved=cost_saved)
+        agent_telemetry.model_cost_saved(workflow=workflow, saved=cost_saved)
     if isinstance(outcome, agent_loop.NextCall):
         telemetry.replayed(
             calls=outcome.replayed, turns=outcome.replayed_turns, tokens_saved=outcome.tokens_saved
@@ -317,7 +318,7 @@ def _next_call(
                         begun, workflow, seq, begun.checkpoint, (seq, last), batch=outcome.batch
                     )
             return None
-        return telemetry.traced_agent_call(outcome.step)
+        return agent_telemetry.traced_agent_call(outcome.step)
     if isinstance(outcome, agent_loop.Finished):
         store.run_finish(run.id, seq, outcome.output)
     elif isinstance(outcome, agent_loop.Failed):
@@ -422,9 +423,9 @@ def _run_batch_member(
         if isinstance(outcome, agent_loop.NextCall):
             batch = outcome.batch
             if outcome.tokens_saved:  # this task's replay, counted as every task's is
-                telemetry.model_tokens(workflow=workflow, saved=outcome.tokens_saved)
+                agent_telemetry.model_tokens(workflow=workflow, saved=outcome.tokens_saved)
             if outcome.cost_saved:
-                telemetry.model_cost_saved(workflow=workflow, saved=outcome.cost_saved)
+                agent_telemetry.model_cost_saved(workflow=workflow, saved=outcome.cost_saved)
     if len(batch) != last - first + 1 or (
         seen is not None and seen.name != batch[seq - first].name
     ):
@@ -437,7 +438,7 @@ def _run_batch_member(
             fence=_fence_at(run.id, first),
         )
         return
-    step = telemetry.traced_agent_call(batch[seq - first])
+    step = agent_telemetry.traced_agent_call(batch[seq - first])
     attempt = seen.attempts + 1 if seen else 1
     started = store.batch_started()
     logger.info("%s position %d %s: runs at once with positions %d-%d", run.id, seq, step.name,

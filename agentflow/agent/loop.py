@@ -30,15 +30,22 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from agentflow._base.canonical import canonical_json, digest
 from agentflow._base.context import StepContext, UndoneCall, idempotency_key
 from agentflow._base.retry import DEFAULT_RETRY, RetryPolicy
 from agentflow._base.states import StepKind, StepStatus
-from agentflow._core.registry import StepDef, Workflow, undo_name, undo_target, undoing
+from agentflow._core.registry import (
+    NEXT_CALL,
+    CodeDefined,
+    StepDef,
+    undo_name,
+    undo_target,
+    undoing,
+)
 from agentflow._core.replies import Replies
 from agentflow._core.sensitive import Sensitive
 from agentflow._core.serialization import to_json
-from agentflow.agent import budget, pricing, waiting
-from agentflow.agent.canonical import canonical_json, digest
+from agentflow.agent import budget, pricing, telemetry, waiting
 from agentflow.agent.clients import ModelClient, configured_client
 from agentflow.agent.conversation import Message, ModelRequest, ModelResponse, ToolCall
 from agentflow.agent.divergence import Change, Divergence, diverges
@@ -65,13 +72,9 @@ from agentflow.agent.turns import Turns, whole_request
 from agentflow.conf import settings
 from agentflow.exceptions import BudgetExceeded, DefinitionError, OutcomeUnknown, PermanentStepError
 
-#: The `current_step` of an agent run between calls: which call comes next is known only
-#: once the function is replayed up to it.
-NEXT_CALL = "(next call)"
-
 
 @dataclass(eq=False)
-class CodeWorkflow(Workflow):
+class CodeWorkflow(CodeDefined):
     """A workflow whose steps are the durable calls its function makes (see the module)."""
 
     #: The tools the model may call (their compensations undo them when the run fails).
@@ -207,6 +210,33 @@ class CodeWorkflow(Workflow):
         history = _history(earlier(), toolbox)
         found = prepared.reconcile(_tool_context(ctx, call.name, history))
         return found.as_json() if found is not None else None
+
+    def difference(
+        self,
+        *,
+        run_id: str,
+        input: Any,
+        seq: int,
+        branch: int,
+        recorded: Mapping[int, Any],
+        reusable: Callable[[], Sequence[Any]],
+        calls: Callable[[], Sequence[Any]],
+    ) -> Divergence | None:
+        outcome = replay(
+            self,
+            run_id=run_id,
+            input=input,
+            seq=seq,
+            branch=branch,
+            recorded=recorded,
+            reusable=reusable,
+            calls=calls,
+        )
+        return outcome.divergence if isinstance(outcome, Divergent) else None
+
+    def call_recorded(self, step: StepDef, output: Any) -> None:
+        if step.kind == StepKind.LLM:
+            telemetry.model_turn_recorded(workflow=self, output=output)
 
     def _undo_step(self, name: str, tool: str, seq: int, branch: int | None) -> StepDef:
         toolbox = self.toolbox
