@@ -44,7 +44,6 @@ from agentflow._privacy import scope as privacy
 from agentflow._waits import waits
 from agentflow.agent import loop as agent_loop
 from agentflow.agent import telemetry as agent_telemetry
-from agentflow.agent.batches import batch_span
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.agent.mcp_tools import tool_servers
 from agentflow.conf import settings
@@ -95,7 +94,7 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
         return
     if run.status == RunStatus.WAITING and run.hold.startswith(CONCURRENCY_HOLD):
         return  # not admitted by its concurrency key: a stray message (store.concurrency)
-    span = batch_span(run.current_step)
+    span = run.batch
     if seq > run.current_seq and not (span is not None and span[0] <= seq <= span[1]):
         return
     # Which build's code runs this step (docs/deploys.md, "Builds"): free when it is this one's.

@@ -130,6 +130,7 @@ def run_fork(
                 "fence_floor": max([run.fence_floor, *(cp.fence for cp in superseded)]),
                 "current_seq": position,
                 "current_step": NEXT_CALL,
+                "batch_last": None,
                 "compensations": [],
                 "cancel_requested": False,
                 "error": "",
