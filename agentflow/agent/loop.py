@@ -96,7 +96,7 @@ class CodeWorkflow(CodeDefined):
     #: When the next model request could pass a cap: "park" the run "budget reached" for an
     #: operator (nothing undone), or "fail" it (its compensations run).
     on_budget: str = "park"
-    #: Run a turn's consecutive read-only tool calls at once (`agent.batches`); False: one at
+    #: Run a turn's consecutive read-only tool calls at once (`agent.steps`); False: one at
     #: a time, as every call was before.
     parallel_tool_calls: bool = True
     fn: Callable[[AgentContext], Any] | None = field(default=None, repr=False)
@@ -316,7 +316,7 @@ class Failed:
 @dataclass(frozen=True, kw_only=True)
 class NextCall:
     step: StepDef
-    #: The calls that run at once from `step`'s position on (`agent.batches`): `step` alone,
+    #: The calls that run at once from `step`'s position on (`agent.steps`): `step` alone,
     #: or it and the read-only calls after it in the same turn, at consecutive positions.
     batch: tuple[StepDef, ...] = ()
     #: What the replay returned from checkpoints on the way: calls, model turns, and the
@@ -529,7 +529,7 @@ class AgentContext:
         prepared: PreparedCall,
     ) -> tuple[StepDef, ...]:
         """`step`, and the calls after it in the latest turn that run alongside it: each only
-        reads, so none needs another's result or its turn (`agent.batches`). A member checks
+        reads, so none needs another's result or its turn (`agent.steps`). A member checks
         its caps as the call would have been checked one at a time, in the model's order."""
         index = next((i for i, asked in enumerate(self._turn_asked) if asked.id == call.id), None)
         if not self.workflow.parallel_tool_calls or index is None or not _alongside(step, prepared):
