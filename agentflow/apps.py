@@ -23,9 +23,11 @@ class AgentflowConfig(AppConfig):
         from agentflow import _store as store
         from agentflow import tracing
         from agentflow._core import faults, outage, pooler, registry
-        from agentflow._engine import checks, tasks  # noqa: F401
+        from agentflow._engine import checks, runtime, tasks  # noqa: F401
         from agentflow._schedules import hooks as schedules
         from agentflow._tasks_backend import resolver
+        from agentflow.agent import checks as agent_checks  # noqa: F401
+        from agentflow.agent import steps as agent_steps
         from agentflow.conf import settings
 
         # Every process (web, worker, beat) must know every definition before it touches a run.
@@ -33,6 +35,8 @@ class AgentflowConfig(AppConfig):
         for module in settings.AGENTFLOW_WORKFLOW_MODULES:
             importlib.import_module(module)
         registry.validate_all()
+        # Agent mode: a feature beside the core, whose runs' steps the runtime hands to it.
+        runtime.serve_code_runs(agent_steps)
         # A worker handed a `@task`'s run imports the task's module if nothing did yet.
         registry.add_importer(resolver.PREFIX, resolver.import_task)
         # Features beside the core join its rounds (sweeps, retention, scrapes, checks).

@@ -27,6 +27,10 @@ class WorkflowRun(models.Model):
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PENDING)
     current_step = models.CharField(max_length=100, blank=True)
     current_seq = models.PositiveIntegerField(default=1)
+    #: Agent runs: while calls run at once (`agentflow.agent.steps`), the last of their
+    #: positions, `current_seq` being the first; `current_step` then says it in words, for
+    #: people ("(calls 5-6 at once)"). NULL: no calls run at once.
+    batch_last = models.PositiveIntegerField(null=True, blank=True)
     output = SealedJSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     business_key = models.CharField(max_length=200, null=True, blank=True)

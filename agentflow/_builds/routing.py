@@ -47,8 +47,6 @@ from agentflow import _store as store
 from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow._builds import upgrades
 from agentflow._core import builds, dispatch, registry
-from agentflow.agent.batches import batch_span
-from agentflow.agent.loop import CodeWorkflow
 from agentflow.exceptions import partner_wait_reason
 from agentflow.models import RunEvent, WorkflowRun
 
@@ -170,10 +168,9 @@ def run_reason(run: WorkflowRun) -> str:
     show it (empty: nothing holds it): the one reason surface for every kind of hold. A run
     in a parallel batch whose member waits for a partner's turn shows that member's reason
     while its siblings run (`store.batch_wait_turn`)."""
-    span = batch_span(run.current_step)
-    if not run.hold or (run.status != RunStatus.WAITING and span is None):
+    if not run.hold or (run.status != RunStatus.WAITING and run.batch_last is None):
         return ""
-    first, last = span or (run.current_seq, run.current_seq)
+    first, last = run.current_seq, (run.current_seq if run.batch_last is None else run.batch_last)
     stored = (
         RunEvent.objects.filter(
             run_id=run.id, kind=RunEvent.Kind.HELD, seq__gte=first, seq__lte=last
@@ -335,7 +332,7 @@ def facts(run: store.StepState) -> upgrades.RunFacts:
 
 
 def _reads(run: store.StepState, workflow: registry.Workflow | None) -> upgrades.ReplayReads | None:
-    if not isinstance(workflow, CodeWorkflow):
+    if not isinstance(workflow, registry.CodeDefined):
         return None
     seq = run.current_seq
     return (

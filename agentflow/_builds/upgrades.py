@@ -20,9 +20,7 @@ from typing import Any
 
 from agentflow._base import outcomes
 from agentflow._base.states import StepKind
-from agentflow._core.registry import Workflow, undo_target
-from agentflow.agent import loop as agent_loop
-from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
+from agentflow._core.registry import NEXT_CALL, CodeDefined, Workflow, undo_target
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +102,7 @@ def check(new: Workflow | None, run: RunFacts, reads: ReplayReads | None = None)
     an agent run's recorded calls, for its dry replay."""
     if new is None:
         return _differs(run, None, f"this build has no workflow {run.workflow!r}", "", "(none)")
-    if isinstance(new, CodeWorkflow):
+    if isinstance(new, CodeDefined):
         return _agent(new, run, reads)
     return _graph(new, run)
 
@@ -203,7 +201,7 @@ def _compensation_lost(new: Workflow, run: RunFacts, cp: Recorded) -> str:
 
 
 # --- agent runs -----------------------------------------------------------------------------------
-def _agent(new: CodeWorkflow, run: RunFacts, reads: ReplayReads | None) -> Check:
+def _agent(new: CodeDefined, run: RunFacts, reads: ReplayReads | None) -> Check:
     for planned in run.compensations:
         if new.step_named(planned) is None:
             return _differs(
@@ -216,8 +214,7 @@ def _agent(new: CodeWorkflow, run: RunFacts, reads: ReplayReads | None) -> Check
         return _differs(run, None, "its recorded calls were not read", "", "")
     recorded, reusable, calls = reads
     try:
-        outcome = agent_loop.replay(
-            new,
+        divergence = new.difference(
             run_id=run.id,
             input=run.input,
             seq=run.current_seq,
@@ -230,8 +227,7 @@ def _agent(new: CodeWorkflow, run: RunFacts, reads: ReplayReads | None) -> Check
         return _differs(
             run, None, f"replaying it raised {type(exc).__name__}: {exc}", "", "(raised)"
         )
-    if isinstance(outcome, agent_loop.Divergent):
-        divergence = outcome.divergence
+    if divergence is not None:
         return _differs(
             run, divergence.position, f"diverged from its recorded history: {divergence.text()}",
             divergence.recorded, divergence.now,

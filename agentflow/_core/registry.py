@@ -4,10 +4,10 @@ steps, registered by name."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from agentflow import _concurrency, _priority
 from agentflow._base import identifiers
@@ -434,6 +434,57 @@ class Workflow:
 
     def _is_compensation(self, name: str) -> bool:
         return name in self.steps and self.steps[name].compensation_only
+
+
+#: The `current_step` of a code-defined run between calls: which call comes next is known only
+#: once its function is replayed up to it.
+NEXT_CALL = "(next call)"
+
+
+class Difference(Protocol):
+    """Where a dry replay of a code-defined run left its recorded history: the position, the
+    two sides, and the whole difference as a person reads it."""
+
+    @property
+    def position(self) -> int: ...
+    @property
+    def recorded(self) -> str: ...
+    @property
+    def now(self) -> str: ...
+    def text(self) -> str: ...
+
+
+class CodeDefined(Workflow):
+    """A workflow whose steps are the calls a function makes, found by replaying it (agent
+    mode: `agentflow.agent.loop.CodeWorkflow`). All the core knows of one: its run is at
+    `NEXT_CALL` between calls, where agent mode's own step path (handed to the runtime when
+    the app starts) replays the function; and these methods."""
+
+    def ask_partner(
+        self, *, run_id: str, input: Any, call: Any, earlier: Callable[[], Sequence[Any]]
+    ) -> Any | None:
+        """Whether the recorded call `call` took effect, asked of its partner (a fork asks
+        before it sets the call aside): the output to adopt, or None when it did not happen."""
+        raise NotImplementedError
+
+    def difference(
+        self,
+        *,
+        run_id: str,
+        input: Any,
+        seq: int,
+        branch: int,
+        recorded: Mapping[int, Any],
+        reusable: Callable[[], Sequence[Any]],
+        calls: Callable[[], Sequence[Any]],
+    ) -> Difference | None:
+        """A dry replay of the run up to `seq` against its recorded calls: where it makes
+        another call than the one recorded (None: it makes the same ones). Asks no partner,
+        no model, writes nothing."""
+        raise NotImplementedError
+
+    def call_recorded(self, step: StepDef, output: Any) -> None:
+        """A new call of its run was just asked and recorded (a model turn is counted)."""
 
 
 #: A workflow's choices of `versioning`.

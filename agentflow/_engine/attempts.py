@@ -23,11 +23,9 @@ from agentflow import _store as store
 from agentflow._base.context import StepContext
 from agentflow._base.states import StepKind
 from agentflow._core import faults, pooler
-from agentflow._core.registry import StepDef, Workflow
+from agentflow._core.registry import CodeDefined, StepDef, Workflow
 from agentflow._core.serialization import NotJSONError, to_json
 from agentflow._limits import limiter
-from agentflow._observe import telemetry
-from agentflow.agent.loop import CodeWorkflow
 from agentflow.conf import settings
 from agentflow.exceptions import (
     AnswerLost,
@@ -142,8 +140,8 @@ class ClaimedAttempt:
                 logger.warning(
                     "%s step %s: fenced out, result discarded", self.ctx.run_id, self.seq
                 )
-            elif self.step.kind == StepKind.LLM and isinstance(self.workflow, CodeWorkflow):
-                telemetry.model_turn_recorded(workflow=self.workflow, output=output)
+            elif isinstance(self.workflow, CodeDefined):
+                self.workflow.call_recorded(self.step, output)
             return
 
     def _window(self) -> float | None:

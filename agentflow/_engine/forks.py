@@ -12,8 +12,8 @@ from functools import partial
 from agentflow import _store as store
 from agentflow._base import outcomes
 from agentflow._core import registry
+from agentflow._core.registry import CodeDefined
 from agentflow._privacy import scope as privacy
-from agentflow.agent.loop import CodeWorkflow
 from agentflow.models import WorkflowRun
 
 logger = logging.getLogger("agentflow.forks")  # the name hosts' LOGGING knows
@@ -29,7 +29,7 @@ def fork(run_id: str, *, position: int, actor: str, reason: str) -> None:
 def _ask_partners(run_id: str, position: int) -> dict[int, store.Settled]:
     run = WorkflowRun.objects.filter(pk=run_id).first()
     workflow = registry.lookup(run.workflow, run.version) if run is not None else None
-    if run is None or not isinstance(workflow, CodeWorkflow):
+    if run is None or not isinstance(workflow, CodeDefined):
         return {}  # the store refuses with the reason
     live = {seq for seq, _ in store.live_calls(run_id)}
     answers = {}

@@ -4,13 +4,16 @@ operations is the protocol.
 This module takes a step message from load to the step's kind: read and db steps run here;
 effect and llm steps are claimed here and carried out by `agentflow._engine.attempts`, which holds
 the
-rule for effects (docs/protocol.md, "Unknown outcomes").
+rule for effects (docs/protocol.md, "Unknown outcomes"). A code-defined (agent) run between calls
+or in a batch is handed to agent mode's step path (`CodeRuns`); its next call then runs here as
+any step does.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Protocol
 
 from django.db import IntegrityError, connection, transaction
 
@@ -27,7 +30,7 @@ from agentflow._base.states import (
 from agentflow._builds import routing
 from agentflow._concurrency import HOLD
 from agentflow._core import builds, dispatch, faults, leases, pooler, registry
-from agentflow._core.registry import StepDef, Workflow
+from agentflow._core.registry import NEXT_CALL, CodeDefined, StepDef, Workflow
 from agentflow._core.serialization import NotJSONError, to_json
 from agentflow._engine import context_loader
 from agentflow._engine.attempts import (
@@ -42,22 +45,55 @@ from agentflow._limits import limiter
 from agentflow._observe import telemetry
 from agentflow._privacy import scope as privacy
 from agentflow._waits import waits
-from agentflow.agent import loop as agent_loop
-from agentflow.agent.batches import batch_span
-from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
-from agentflow.agent.mcp_tools import tool_servers
 from agentflow.conf import settings
-from agentflow.exceptions import (
-    NeedsAttention,
-    PartnerWait,
-    PermanentStepError,
-    ToolServerUnavailable,
-    partner_wait_reason,
-)
+from agentflow.exceptions import NeedsAttention, PartnerWait, PermanentStepError
 from agentflow.models import RunEvent
 
 logger = logging.getLogger("agentflow.runtime")  # the name hosts' LOGGING knows
 CONCURRENCY_HOLD = HOLD + ":"
+
+
+class CodeRuns(Protocol):
+    """Agent mode's half of a step (`agentflow.agent.steps`), handed over when the app starts
+    (`AgentflowConfig.ready`): a code-defined run between calls, or in a batch, goes there. The
+    runtime imports none of it: a graph run never enters agent code."""
+
+    def next_call(
+        self,
+        run: store.StepState,
+        workflow: CodeDefined,
+        seq: int,
+        seen: store.CheckpointRow | None,
+    ) -> StepDef | None:
+        """Replay the run's function up to its next call: that call as this task's step, or
+        None when the run was finished, failed, parked, or began a batch instead."""
+
+    def batch_member(
+        self,
+        run: store.StepState,
+        workflow: CodeDefined,
+        seq: int,
+        seen: store.CheckpointRow | None,
+        span: tuple[int, int],
+        *,
+        redelivered: bool,
+        own: bool,
+    ) -> None:
+        """Run and record the batch's member at `seq`."""
+
+
+_code_runs: list[CodeRuns] = []
+
+
+def serve_code_runs(runs: CodeRuns) -> None:
+    """Code-defined runs' steps go to `runs` (agent mode's, `agentflow.agent.steps`)."""
+    _code_runs[:] = [runs]
+
+
+def _code() -> CodeRuns:
+    if not _code_runs:
+        raise RuntimeError("a code-defined run, and no step path for it: is agentflow ready?")
+    return _code_runs[0]
 
 
 def run_step(
@@ -94,7 +130,7 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
         return
     if run.status == RunStatus.WAITING and run.hold.startswith(CONCURRENCY_HOLD):
         return  # not admitted by its concurrency key: a stray message (store.concurrency)
-    span = batch_span(run.current_step)
+    span = run.batch
     if seq > run.current_seq and not (span is not None and span[0] <= seq <= span[1]):
         return
     # Which build's code runs this step (docs/deploys.md, "Builds"): free when it is this one's.
@@ -108,16 +144,16 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
         _park_for_version(run, seq, seen)
         return
     privacy.enter_run(run.id, workflow.personal)
-    if span is not None and isinstance(workflow, CodeWorkflow):
+    if span is not None and isinstance(workflow, CodeDefined):
         own = fresh is not None and len(fresh) == 3 and fresh[2] == run.current_step
-        _run_batch_member(run, workflow, seq, seen, span, redelivered=redelivered, own=own)
+        _code().batch_member(run, workflow, seq, seen, span, redelivered=redelivered, own=own)
         return
     in_flight = seen is not None and seen.status == StepStatus.IN_PROGRESS
-    if isinstance(workflow, CodeWorkflow) and run.current_step == NEXT_CALL:
+    if isinstance(workflow, CodeDefined) and run.current_step == NEXT_CALL:
         if run.cancel_requested and not in_flight and not _settles_first(None, seen):
             store.cancel_begin(run.id, seq)
             return
-        step = _next_call(run, workflow, seq, seen)
+        step = _code().next_call(run, workflow, seq, seen)
         if step is None:
             return  # finished, failed or parked by the replay
     else:
@@ -188,7 +224,7 @@ def _load(
         # which this statement does not know.
         if (
             workflow is not None
-            and not isinstance(workflow, CodeWorkflow)
+            and not isinstance(workflow, CodeDefined)
             and step is not None
             and step.kind in CLAIMED_KINDS
             # A hint from a publisher that did not know the step waits: its wait comes first.
@@ -259,252 +295,6 @@ def _settle_wait(
         unrun = replace(step, kind=StepKind.READ, waits_for=None)
         _record_unclaimed_failure(run, workflow, unrun, seq, seen, 1, failed)
         return None
-
-
-# --- agent runs: replay the function up to its next call -------------------------------------
-def _next_call(
-    run: store.StepState, workflow: CodeWorkflow, seq: int, seen: store.CheckpointRow | None
-) -> StepDef | None:
-    """Replay the run's function against its recorded calls (docs/agent.md). Returns its next
-    call as this task's step, or None when the run was finished, failed or parked instead."""
-    outage = _tool_servers_outage(workflow)
-    if outage is not None:
-        partner, why, seconds = outage
-        store.step_wait_turn(run.id, seq, partner=partner, why=why, seconds=seconds, seen=seen)
-        return None
-    try:
-        outcome = agent_loop.replay(
-            workflow,
-            run_id=run.id,
-            input=run.input,
-            seq=seq,
-            branch=run.branch,
-            recorded=store.replay_load(run.id, seq + 1),
-            reusable=lambda: store.superseded_reusable(run.id, workflow),
-            calls=lambda: store.calls_load(run.id, seq + 1),
-            attempts=lambda: store.model_attempts(run.id, seq + 1),
-            first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
-        )
-    except Exception as exc:  # a bug in the run's function: fail readably, do not loop
-        if pooler.database_trouble(exc):
-            raise  # the engine's own reads failed, not the function: the message is retried
-        log_raised(logger, run.id, workflow, "%s: the function of %s raised", run.id, workflow.name)
-        outcome = agent_loop.Failed(reason=f"unexpected {type(exc).__name__}: {exc}")
-    saved = getattr(outcome, "tokens_saved", 0)
-    if saved:
-        telemetry.model_tokens(workflow=workflow, saved=saved)
-    cost_saved = getattr(outcome, "cost_saved", None)
-    if cost_saved:
-        telemetry.model_cost_saved(workflow=workflow, saved=cost_saved)
-    if isinstance(outcome, agent_loop.NextCall):
-        telemetry.replayed(
-            calls=outcome.replayed, turns=outcome.replayed_turns, tokens_saved=outcome.tokens_saved
-        )
-        logger.info(
-            "%s position %d %s: replayed %d calls from checkpoints (%d model turns, %d tokens "
-            "not spent again)",
-            run.id, seq, outcome.step.name, outcome.replayed, outcome.replayed_turns,
-            outcome.tokens_saved,
-        )  # fmt: skip
-        if len(outcome.batch) > 1:
-            # Read-only calls that run at once: the others' tasks are published once the batch
-            # is begun, and this task runs the first.
-            last = seq + len(outcome.batch) - 1
-            if store.batch_begin(run, seq, last):
-                begun = store.state_load(run.id, seq)
-                if begun is not None:
-                    _run_batch_member(
-                        begun, workflow, seq, begun.checkpoint, (seq, last), batch=outcome.batch
-                    )
-            return None
-        return telemetry.traced_agent_call(outcome.step)
-    if isinstance(outcome, agent_loop.Finished):
-        store.run_finish(run.id, seq, outcome.output)
-    elif isinstance(outcome, agent_loop.Failed):
-        store.run_fail_between_calls(run.id, workflow, seq, outcome.reason)
-    elif isinstance(outcome, agent_loop.OverBudget):
-        if seen is not None and seen.status == StepStatus.IN_PROGRESS and not seen.claimable:
-            return None  # a duplicate message: the request in flight was checked when claimed
-        store.run_park(
-            run.id,
-            seq,
-            outcome.reason,
-            kind=RunEvent.Kind.NEEDS_ATTENTION,
-            fence=seen.fence if seen else None,
-            data={"budget": outcome.figures},
-        )
-    else:
-        divergence = outcome.divergence
-        store.run_park(
-            run.id,
-            seq,
-            f"diverged from its recorded history: {divergence.text()}",
-            kind=RunEvent.Kind.DIVERGENCE,
-            fence=seen.fence if seen else None,
-            data=divergence.as_json(),
-        )
-    return None
-
-
-def _tool_servers_outage(workflow: CodeWorkflow) -> tuple[str, str, float] | None:
-    """List the MCP servers the run's tools come from, once per process, each as a call to its
-    partner key (`mcp:<name>`) through the limiter, before the replay shows the model their
-    tools. A server that cannot be listed (not started yet, crashed), or one the limiter gives
-    no turn (its breaker open), is an outage the run waits out, as any partner's: the partner,
-    why, and how long until it is asked again; None when every server is listed."""
-    for server in tool_servers(workflow.toolbox):
-        if server.is_listed:
-            continue
-        try:
-            with limiter.partner_call(server.partner, "list_tools"):
-                server.ensure_listed()
-        except PartnerWait as wait:
-            return wait.partner, str(wait), wait.wait_seconds
-        except ToolServerUnavailable as exc:
-            seconds = exc.retry_after_seconds or 0.0
-            logger.warning("%s: %s; asked again in %.0f s", exc.partner, exc, seconds)
-            return exc.partner, partner_wait_reason(exc.partner, str(exc)), seconds
-    return None
-
-
-def _run_batch_member(
-    run: store.StepState,
-    workflow: CodeWorkflow,
-    seq: int,
-    seen: store.CheckpointRow | None,
-    span: tuple[int, int],
-    *,
-    redelivered: bool = False,
-    own: bool = False,
-    batch: tuple[StepDef, ...] | None = None,
-) -> None:
-    """One read-only call of a batch (`agentflow.agent.batches`): found by replaying the
-    function up to the batch's first position (or handed over, `batch`, by the task that
-    began it and runs the first), run, and recorded; the last member recorded moves the run
-    on (`store.batches`).
-
-    Only the task that began the batch runs its first position without a message of its own,
-    so a message for the first position is the sweeper's doorbell for a stalled batch (or a
-    redelivery): it publishes again every member not recorded yet, whose message or worker
-    may have been lost. A member keeps the batch's wake-up time pushed on while it runs, so
-    the doorbell never rings for a read that is only slow (it would run twice, and its second
-    run could be the one recorded); and a member's own message (`own`: its countdown after a
-    partner wait or a retry, `dispatch.member_hint`) is no doorbell, even at the first
-    position, for the same reason."""
-    first, last = span
-    if batch is None and not own and (seq == first or redelivered):
-        store.batch_republish(run.id, first, last, but=seq)
-    if seen is not None and seen.status == StepStatus.COMPLETED:
-        return
-    if store.claim_blocker(seen) is not None:
-        return  # a retry not yet due (an early duplicate), or a failure for good
-    if batch is None:
-        outage = _tool_servers_outage(workflow)
-        if outage is not None:
-            partner, why, seconds = outage
-            store.batch_wait_turn(
-                run, workflow, seq, seen, partner=partner, why=why, seconds=seconds
-            )
-            return
-        outcome = agent_loop.replay(
-            workflow,
-            run_id=run.id,
-            input=run.input,
-            seq=first,
-            branch=run.branch,
-            recorded=store.replay_load(run.id, first + 1),
-            reusable=lambda: store.superseded_reusable(run.id, workflow),
-            calls=lambda: store.calls_load(run.id, first + 1),
-            attempts=lambda: store.model_attempts(run.id, first + 1),
-            first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
-        )
-        batch = ()
-        if isinstance(outcome, agent_loop.NextCall):
-            batch = outcome.batch
-            if outcome.tokens_saved:  # this task's replay, counted as every task's is
-                telemetry.model_tokens(workflow=workflow, saved=outcome.tokens_saved)
-            if outcome.cost_saved:
-                telemetry.model_cost_saved(workflow=workflow, saved=outcome.cost_saved)
-    if len(batch) != last - first + 1 or (
-        seen is not None and seen.name != batch[seq - first].name
-    ):
-        store.run_park(
-            run.id,
-            first,
-            f"the calls at positions {first}-{last} were begun at once, and the function now "
-            "makes other calls there; fork or retry once the code matches",
-            kind=RunEvent.Kind.DIVERGENCE,
-            fence=_fence_at(run.id, first),
-        )
-        return
-    step = telemetry.traced_agent_call(batch[seq - first])
-    attempt = seen.attempts + 1 if seen else 1
-    started = store.batch_started()
-    logger.info("%s position %d %s: runs at once with positions %d-%d", run.id, seq, step.name,
-                first, last)  # fmt: skip
-    ctx = context_loader.step_context(run, step, seq, attempt)
-    if run.hold:
-        store.batch_member_goes(run, seq)  # if it held the run's reason, it holds it no more
-    try:
-        with leases.kept_alive(
-            renew=lambda conn: store.batch_keep_alive(run.id, first, last, conn=conn),
-            on_lost=lambda: None,  # the run left the batch: the record is fenced out anyway
-        ):
-            output = to_json(step.fn(ctx), f"output of step {step.name}")
-        faults.crash_point(step.name, "after_effect", attempt)
-        store.batch_record(
-            run, workflow, step, seq, seen, output, started_at=started, attempt=attempt
-        )
-    except store.Fenced:
-        return
-    except PartnerWait as wait:
-        if not limiter.failed_calls():
-            # No turn at the partner: nothing of the member ran past its request, no attempt
-            # spent; its siblings go on, and it runs again when its turn comes.
-            logger.info("%s step %s (%s): %s; waits %.2f s", run.id, seq, step.name, wait,
-                        wait.wait_seconds)  # fmt: skip
-            store.batch_wait_turn(
-                run, workflow, seq, seen, partner=wait.partner, why=str(wait),
-                seconds=wait.wait_seconds,
-            )  # fmt: skip
-            return
-        # A call of this attempt went and failed before the wait: the attempt was spent.
-        exhausted = step.retry.exhausted(attempt)
-        message = f"gave up after {attempt} attempts: {wait}" if exhausted else str(wait)
-        try:
-            store.batch_fail(
-                run, workflow, step, seq, seen, message, started_at=started, attempt=attempt,
-                retry_in_seconds=None if exhausted else wait.wait_seconds,
-            )  # fmt: skip
-        except store.Fenced:
-            return
-    except Exception as exc:
-        if pooler.database_trouble(exc):
-            raise  # the engine's own statement failed: the message is retried
-        delay: float | None = None
-        if isinstance(exc, PermanentStepError | NotJSONError):
-            message = str(exc)
-        elif transient(exc) and not step.retry.exhausted(attempt):
-            message, delay = describe(exc), retry_delay(step, attempt, exc)
-        else:
-            logger.exception("%s step %s (%s) raised", run.id, seq, step.name)
-            message = (
-                f"unexpected {type(exc).__name__}: {exc}"
-                if not transient(exc)
-                else (f"gave up after {attempt} attempts: {describe(exc)}")
-            )
-        try:
-            store.batch_fail(
-                run, workflow, step, seq, seen, message, started_at=started, attempt=attempt,
-                retry_in_seconds=delay,
-            )  # fmt: skip
-        except store.Fenced:
-            return
-
-
-def _fence_at(run_id: str, seq: int) -> int | None:
-    state = store.state_load(run_id, seq)
-    return state.checkpoint.fence if state is not None and state.checkpoint else None
 
 
 # --- effect and llm steps: claim, call, fenced completion ----------------------------------------

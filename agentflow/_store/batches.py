@@ -1,4 +1,4 @@
-"""Parallel read-only tool calls (`agentflow.agent.batches`): begin a batch, record a member,
+"""Parallel read-only tool calls (`agentflow.agent.steps`): begin a batch, record a member,
 join when all are recorded. The only writer of a batch's rows.
 
 A batch begins with one compare-and-set on the run (still at its first position, between
@@ -12,6 +12,10 @@ lost) is published again when the batch stalls: the sweeper rings for the run at
 first position, whose task publishes every member not yet recorded. A member still running
 keeps the run's wake-up time pushed on (`batch_keep_alive`, as a claimed step's lease renewal
 does), so "stalled" means no member is running any more, never only "slower than a lease".
+
+While a batch runs, the run's `current_seq` is its first position and `batch_last` its last;
+every write of a member is fenced on both. `current_step` says it in words for people
+(`batch_text`), and nothing reads it back.
 """
 
 from __future__ import annotations
@@ -26,18 +30,21 @@ from django.db import transaction
 from agentflow._base.context import idempotency_key
 from agentflow._base.states import RunStatus, StepStatus
 from agentflow._core import builds, dispatch, faults
-from agentflow._core.registry import StepDef, Workflow
+from agentflow._core.registry import NEXT_CALL, StepDef, Workflow
 from agentflow._store import sql
 from agentflow._store.events import event_add
 from agentflow._store.runs import Fenced, begin_undo, enqueue_grace
 from agentflow._store.steps import ACTIVE, CheckpointRow, StepState, state_load
 from agentflow._store.turns import PARTNER_HOLD
-from agentflow.agent.batches import batch_span, batch_step
-from agentflow.agent.loop import NEXT_CALL
 from agentflow.conf import settings
 from agentflow.models import RunEvent
 
 logger = logging.getLogger("agentflow.store.batches")  # the name hosts' LOGGING knows
+
+
+def batch_text(first: int, last: int) -> str:
+    """The run's `current_step` while positions `first`..`last` run at once: for people."""
+    return f"(calls {first}-{last} at once)"
 
 
 def batch_started() -> datetime:
@@ -52,7 +59,8 @@ def batch_begin(run: StepState, first: int, last: int) -> bool:
     duplicate began it first, a cancel, a fork): then nothing is published here."""
     with transaction.atomic():
         changes = {
-            "current_step": batch_step(first, last),
+            "current_step": batch_text(first, last),
+            "batch_last": last,
             "updated_at": sql.at_now(),
             "wake_at": sql.at_now_plus(enqueue_grace().total_seconds()),
         }
@@ -76,10 +84,10 @@ def batch_keep_alive(run_id: str, first: int, last: int, *, conn: Any = None) ->
     `conn`: the process's liveness connection (psycopg, autocommit), as `lease_renew` takes it;
     without it, this thread's Django connection."""
     lease = float(settings.AGENTFLOW_LEASE_SECONDS)
-    params = [run_id, first, batch_step(first, last), *ACTIVE]
+    params = [run_id, first, last, *ACTIVE]
     if conn is None:
         where = (
-            f"id = %s AND current_seq = %s AND current_step = %s "
+            f"id = %s AND current_seq = %s AND batch_last = %s "
             f"AND status IN ({sql.placeholders(ACTIVE)})"
         )
         changes = {"wake_at": sql.at_now_plus(lease), "updated_at": sql.at_now()}
@@ -91,7 +99,7 @@ def batch_keep_alive(run_id: str, first: int, last: int, *, conn: Any = None) ->
 
 _KEEP_ALIVE_STATEMENT = f"""
     UPDATE {sql.RUNS} SET wake_at = now() + %s * interval '1 second', updated_at = now()
-    WHERE id = %s AND current_seq = %s AND current_step = %s
+    WHERE id = %s AND current_seq = %s AND batch_last = %s
       AND status IN ({", ".join(["%s"] * len(ACTIVE))})
 """
 
@@ -133,7 +141,7 @@ def batch_record(
     """Record member `seq` COMPLETED, and if it was the last of its batch to be, move the run
     past the batch (publishing the next call once that commits). False, writing nothing, when
     the run is no longer at this batch (fenced) or the member was recorded already."""
-    span = batch_span(run.current_step)
+    span = run.batch
     assert span is not None
     first, last = span
     with transaction.atomic():
@@ -178,7 +186,7 @@ def batch_fail(
     """Member `seq` failed: with `retry_in_seconds`, recorded FAILED (retryable) and published
     again after it; else the run fails past the whole batch (its compensations after `last`,
     never at a member's position). False when fenced."""
-    span = batch_span(run.current_step)
+    span = run.batch
     assert span is not None
     first, last = span
     with transaction.atomic():
@@ -209,9 +217,9 @@ def batch_fail(
         # Failing from the batch's last position: compensations start after every member.
         moved = sql.update(
             sql.RUNS,
-            {"current_seq": last, "current_step": batch_step(first, last)},
-            "id = %s AND current_seq = %s AND current_step = %s",
-            [run.id, first, run.current_step],
+            {"current_seq": last},
+            "id = %s AND current_seq = %s AND batch_last = %s",
+            [run.id, first, last],
         )
         if not moved:
             raise Fenced
@@ -239,7 +247,7 @@ def batch_wait_turn(
     batch), and the run's wake-up time is put at least that far on so the sweeper rings for
     the batch only after it (a lost message costs latency, never the run). False when fenced."""
     seconds = max(float(seconds), 0.0)
-    span = batch_span(run.current_step)
+    span = run.batch
     assert span is not None
     first, last = span
     hold = f"{PARTNER_HOLD}:{partner}"
@@ -284,7 +292,7 @@ def batch_wait_turn(
 def batch_member_goes(run: StepState, seq: int) -> None:
     """Member `seq`, which waited for a turn, runs now: the run holds its reason no more,
     unless a sibling began waiting since (the batch's last held event is then the sibling's)."""
-    span = batch_span(run.current_step)
+    span = run.batch
     assert span is not None
     first, last = span
     with transaction.atomic():
@@ -295,8 +303,8 @@ def batch_member_goes(run: StepState, seq: int) -> None:
             sql.update(
                 sql.RUNS,
                 {"hold": "", "updated_at": sql.at_now()},
-                "id = %s AND current_seq = %s AND current_step = %s",
-                [run.id, first, run.current_step],
+                "id = %s AND current_seq = %s AND batch_last = %s",
+                [run.id, first, last],
             )
 
 
@@ -318,7 +326,7 @@ def _locked(run: StepState, seq: int) -> StepState | None:
         locked is None
         or locked.status not in ACTIVE
         or locked.current_seq != run.current_seq
-        or locked.current_step != run.current_step
+        or locked.batch_last != run.batch_last
         or locked.branch != run.branch
         or locked.cancel_requested != run.cancel_requested
     ):
@@ -363,6 +371,7 @@ def _join(run: StepState, first: int, last: int) -> None:
     changes = {
         "current_seq": last + 1,
         "current_step": NEXT_CALL,
+        "batch_last": None,
         "status": RunStatus.RUNNING,
         "hold": "",  # a member's partner wait, if it held the reason, is over
         "updated_at": sql.at_now(),
@@ -371,8 +380,8 @@ def _join(run: StepState, first: int, last: int) -> None:
     moved = sql.update(
         sql.RUNS,
         changes,
-        "id = %s AND current_seq = %s AND current_step = %s",
-        [run.id, first, batch_step(first, last)],
+        "id = %s AND current_seq = %s AND batch_last = %s",
+        [run.id, first, last],
     )
     if not moved:
         raise Fenced

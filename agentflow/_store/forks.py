@@ -18,11 +18,10 @@ from django.db import transaction
 from agentflow._base import outcomes
 from agentflow._base.states import RunStatus, StepStatus
 from agentflow._core import dispatch, registry
-from agentflow._core.registry import Workflow
+from agentflow._core.registry import NEXT_CALL, CodeDefined, Workflow
 from agentflow._store import sql
 from agentflow._store.events import event_add
 from agentflow._store.operator import locked_run, refuse_if_undone, wake_soon
-from agentflow.agent.loop import NEXT_CALL, CodeWorkflow
 from agentflow.exceptions import ActionRefused
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 
@@ -79,7 +78,7 @@ def run_fork(
     with transaction.atomic():
         run = locked_run(run_id)
         workflow = registry.lookup(run.workflow, run.version)
-        if not isinstance(workflow, CodeWorkflow):
+        if not isinstance(workflow, CodeDefined):
             raise ActionRefused("only agent (agent) runs can be forked")
         if run.status not in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED):
             raise ActionRefused(
@@ -131,6 +130,7 @@ def run_fork(
                 "fence_floor": max([run.fence_floor, *(cp.fence for cp in superseded)]),
                 "current_seq": position,
                 "current_step": NEXT_CALL,
+                "batch_last": None,
                 "compensations": [],
                 "cancel_requested": False,
                 "error": "",

@@ -406,6 +406,7 @@ def begin_undo(
         changes.update(
             status=RunStatus.RUNNING,
             current_step=plan[0],
+            batch_last=None,  # a batch that failed: its compensations run one at a time
             current_seq=next_seq,
             compensations=plan[1:],
             wake_at=sql.at_now_plus(enqueue_grace().total_seconds()),

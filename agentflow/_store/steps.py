@@ -85,6 +85,14 @@ class StepState:
     concurrency_key: str = ""
     #: Started by another run (`store.parents` rings that run when this one ends).
     child: bool = False
+    #: Agent runs: the last position of the calls running at once from `current_seq` on
+    #: (`agentflow.agent.steps`); None when no batch runs.
+    batch_last: int | None = None
+
+    @property
+    def batch(self) -> tuple[int, int] | None:
+        """(first, last) of the calls running at once, or None."""
+        return None if self.batch_last is None else (self.current_seq, self.batch_last)
 
 
 _STATE_COLUMNS = f"""
@@ -95,14 +103,14 @@ _STATE_COLUMNS = f"""
     COALESCE(c.lease_expires_at <= {sql.now()}, false),
     c.first_started_at, c.started_at, c.lease_expires_at, {sql.seconds_since("c.first_started_at")},
     r.branch, c.kind, r.build, r.pinned, r.hold, r.priority, r.concurrency_key,
-    r.parent_id IS NOT NULL
+    r.parent_id IS NOT NULL, r.batch_last
 """
 _STATE_FROM = f"""
     FROM {sql.RUNS} r
     LEFT JOIN {sql.STEPS} c ON c.run_id = r.id AND c.seq = %s
     WHERE r.id = %s
 """
-_STATE_WIDTH = 31
+_STATE_WIDTH = 32
 
 
 def state_load(run_id: str, seq: int, *, lock: bool = False) -> StepState | None:
@@ -155,6 +163,7 @@ def _state_from_row(run_id: str, row: tuple[Any, ...] | None) -> StepState | Non
         priority=row[28],
         concurrency_key=row[29],
         child=bool(row[30]),
+        batch_last=row[31],
     )
 
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from agentflow._base.states import ACTIVE_RUN_STATUSES, WaitKind
-from agentflow.agent.loop import NEXT_CALL
+from agentflow._core.registry import NEXT_CALL
 from agentflow.models import RunWait, WorkflowRun
 
 

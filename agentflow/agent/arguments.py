@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import pydantic
 from pydantic.json_schema import GenerateJsonSchema
 
-from agentflow.agent.canonical import NotCanonicalError, normalise
+from agentflow._base.canonical import NotCanonicalError, normalise
 from agentflow.exceptions import DefinitionError
 
 _PARAMETER_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)

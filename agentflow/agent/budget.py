@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from agentflow._base.canonical import canonical_json
 from agentflow.agent import pricing
-from agentflow.agent.canonical import canonical_json
 from agentflow.conf import settings
 from agentflow.exceptions import BudgetExceeded
 

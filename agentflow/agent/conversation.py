@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow.agent.canonical import readable_json
+from agentflow._base.canonical import readable_json
 
 Message = dict[str, Any]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any
 
-from agentflow.agent.canonical import canonical_json
+from agentflow._base.canonical import canonical_json
 from agentflow.agent.fingerprint import Fingerprint
 
 #: A rendered value longer than this is cut, around its first difference for strings.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from agentflow.agent.canonical import canonical_json, digest, normalise, plain
+from agentflow._base.canonical import canonical_json, digest, normalise, plain
 
 #: The checkpoint name of every model turn (tools and steps are named by their own names), so
 #: `AGENTFLOW_CRASH_AT=llm:after_effect` reads naturally.

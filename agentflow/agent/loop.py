@@ -30,15 +30,22 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from agentflow._base.canonical import canonical_json, digest
 from agentflow._base.context import StepContext, UndoneCall, idempotency_key
 from agentflow._base.retry import DEFAULT_RETRY, RetryPolicy
 from agentflow._base.states import StepKind, StepStatus
-from agentflow._core.registry import StepDef, Workflow, undo_name, undo_target, undoing
+from agentflow._core.registry import (
+    NEXT_CALL,
+    CodeDefined,
+    StepDef,
+    undo_name,
+    undo_target,
+    undoing,
+)
 from agentflow._core.replies import Replies
 from agentflow._core.sensitive import Sensitive
 from agentflow._core.serialization import to_json
-from agentflow.agent import budget, pricing, waiting
-from agentflow.agent.canonical import canonical_json, digest
+from agentflow.agent import budget, pricing, telemetry, waiting
 from agentflow.agent.clients import ModelClient, configured_client
 from agentflow.agent.conversation import Message, ModelRequest, ModelResponse, ToolCall
 from agentflow.agent.divergence import Change, Divergence, diverges
@@ -65,9 +72,6 @@ from agentflow.agent.turns import Turns, whole_request
 from agentflow.conf import settings
 from agentflow.exceptions import BudgetExceeded, DefinitionError, OutcomeUnknown, PermanentStepError
 
-#: The `current_step` of an agent run between calls: which call comes next is known only
-#: once the function is replayed up to it.
-NEXT_CALL = "(next call)"
 #: The call `durable.start_children` records in an agent run. Its output names the
 #: compensation its function chose for the children (`{"children", "compensate"}`), which
 #: undoes the call when the run fails or is cancelled, as a tool's compensation undoes a tool
@@ -76,7 +80,7 @@ START_CHILDREN = "start_children"
 
 
 @dataclass(eq=False)
-class CodeWorkflow(Workflow):
+class CodeWorkflow(CodeDefined):
     """A workflow whose steps are the durable calls its function makes (see the module)."""
 
     #: The tools the model may call (their compensations undo them when the run fails).
@@ -98,7 +102,7 @@ class CodeWorkflow(Workflow):
     #: When the next model request could pass a cap: "park" the run "budget reached" for an
     #: operator (nothing undone), or "fail" it (its compensations run).
     on_budget: str = "park"
-    #: Run a turn's consecutive read-only tool calls at once (`agent.batches`); False: one at
+    #: Run a turn's consecutive read-only tool calls at once (`agent.steps`); False: one at
     #: a time, as every call was before.
     parallel_tool_calls: bool = True
     fn: Callable[[AgentContext], Any] | None = field(default=None, repr=False)
@@ -217,6 +221,33 @@ class CodeWorkflow(Workflow):
         found = prepared.reconcile(_tool_context(ctx, call.name, history))
         return found.as_json() if found is not None else None
 
+    def difference(
+        self,
+        *,
+        run_id: str,
+        input: Any,
+        seq: int,
+        branch: int,
+        recorded: Mapping[int, Any],
+        reusable: Callable[[], Sequence[Any]],
+        calls: Callable[[], Sequence[Any]],
+    ) -> Divergence | None:
+        outcome = replay(
+            self,
+            run_id=run_id,
+            input=input,
+            seq=seq,
+            branch=branch,
+            recorded=recorded,
+            reusable=reusable,
+            calls=calls,
+        )
+        return outcome.divergence if isinstance(outcome, Divergent) else None
+
+    def call_recorded(self, step: StepDef, output: Any) -> None:
+        if step.kind == StepKind.LLM:
+            telemetry.model_turn_recorded(workflow=self, output=output)
+
     def _undo_step(self, name: str, tool: str, seq: int, branch: int | None) -> StepDef:
         toolbox = self.toolbox
         assert toolbox is not None
@@ -295,7 +326,7 @@ class Failed:
 @dataclass(frozen=True, kw_only=True)
 class NextCall:
     step: StepDef
-    #: The calls that run at once from `step`'s position on (`agent.batches`): `step` alone,
+    #: The calls that run at once from `step`'s position on (`agent.steps`): `step` alone,
     #: or it and the read-only calls after it in the same turn, at consecutive positions.
     batch: tuple[StepDef, ...] = ()
     #: What the replay returned from checkpoints on the way: calls, model turns, and the
@@ -508,7 +539,7 @@ class AgentContext:
         prepared: PreparedCall,
     ) -> tuple[StepDef, ...]:
         """`step`, and the calls after it in the latest turn that run alongside it: each only
-        reads, so none needs another's result or its turn (`agent.batches`). A member checks
+        reads, so none needs another's result or its turn (`agent.steps`). A member checks
         its caps as the call would have been checked one at a time, in the model's order."""
         index = next((i for i, asked in enumerate(self._turn_asked) if asked.id == call.id), None)
         if not self.workflow.parallel_tool_calls or index is None or not _alongside(step, prepared):

@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentflow._base.canonical import NotCanonicalError, normalise
 from agentflow.agent.arguments import InvalidArguments, Problem
-from agentflow.agent.canonical import NotCanonicalError, normalise
 from agentflow.agent.tools import Tool, ToolContext, check_declared
 from agentflow.exceptions import (
     AnswerLost,

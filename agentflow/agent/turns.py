@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow.agent.canonical import canonical_json, digest, normalise, unchanged
+from agentflow._base.canonical import canonical_json, digest, normalise, unchanged
 from agentflow.agent.fingerprint import (
     CHAIN_START,
     LLM_CALL_NAME,

@@ -30,7 +30,6 @@ from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, StepStatus
 from agentflow._core import dispatch, faults, leases
 from agentflow._engine import runtime
 from agentflow._store import aging
-from agentflow.agent.batches import batch_span
 from agentflow.models import StepCheckpoint, WorkflowRun
 
 __all__ = [
@@ -266,10 +265,15 @@ def crash_at(where: str, *, must_fire: bool = True) -> Iterator[Crash]:
 
 
 # --- driving a run ------------------------------------------------------------------------------
-def next_batch_member(run_id: str, current_step: str) -> int | None:
-    """While read-only calls run at once (`agentflow.agent.batches`), the first of them not
+def next_batch_member(run_id: str) -> int | None:
+    """While read-only calls run at once (`agentflow.agent.steps`), the first of them not
     recorded yet: a worker would have its message (the run stays at the batch's first)."""
-    span = batch_span(current_step)
+    run = WorkflowRun.objects.filter(pk=run_id).values_list("current_seq", "batch_last").first()
+    span = None if run is None or run[1] is None else (run[0], run[1])
+    return _first_unrecorded(run_id, span)
+
+
+def _first_unrecorded(run_id: str, span: tuple[int, int] | None) -> int | None:
     if span is None:
         return None
     done = set(
@@ -284,7 +288,7 @@ def _where(run_id: str) -> tuple[Any, ...] | None:
     """What a delivery can change: the run's status and position, its step's checkpoint."""
     run = (
         WorkflowRun.objects.filter(pk=run_id)
-        .values_list("status", "current_seq", "current_step", "cancel_requested")
+        .values_list("status", "current_seq", "current_step", "cancel_requested", "batch_last")
         .first()
     )
     if run is None:
@@ -381,7 +385,8 @@ def run_to_end(
                             break
                         _let_the_wait_pass(run_id)
                         before = _where(run_id)
-                seq = (before is not None and next_batch_member(run_id, before[2])) or seq
+                span = None if before is None or before[4] is None else (before[1], before[4])
+                seq = _first_unrecorded(run_id, span) or seq
                 delivered, redelivered, redeliver = redeliver or seq, redeliver is not None, None
                 try:
                     with _commit_hooks_run():
@@ -392,7 +397,7 @@ def run_to_end(
                 member_recorded = (
                     before is not None
                     and seq != before[1]
-                    and next_batch_member(run_id, before[2]) != seq
+                    and _first_unrecorded(run_id, span) != seq
                 )
                 if not redelivered and not member_recorded and _where(run_id) == before:
                     raise AssertionError(f"run {run_id} does not move: {_stuck(run_id, seq)}")

@@ -51,12 +51,12 @@ def drive() -> Drive:
                 return run
             before = (run.status, run.current_seq, run.current_step)
             # Read-only calls running at once: play the worker of each one not yet recorded.
-            member = next_batch_member(run_id, run.current_step)
+            member = next_batch_member(run_id)
             if member is None:
                 runtime.run_step(run_id, run.current_seq)
             while member is not None:
                 runtime.run_step(run_id, member)
-                now = next_batch_member(run_id, WorkflowRun.objects.get(pk=run_id).current_step)
+                now = next_batch_member(run_id)
                 member = now if now != member else None
             after = WorkflowRun.objects.get(pk=run_id)
             if (

@@ -16,6 +16,7 @@ from kombu import Queue
 
 from agentflow._core import builds, dispatch
 from agentflow._engine import checks
+from agentflow.agent import checks as agent_checks
 
 
 @contextmanager
@@ -59,8 +60,8 @@ def test_eager_prefetch_and_a_time_limit_past_the_visibility_timeout__warn() -> 
 
 def test_a_model_server_without_a_model__is_an_error() -> None:
     with override_settings(AGENTFLOW_LLM_BASE_URL="http://127.0.0.1:9/v1", AGENTFLOW_LLM_MODEL=""):
-        assert [m.id for m in checks.model_settings()] == ["agentflow.E001"]
-    assert checks.model_settings() == []
+        assert [m.id for m in agent_checks.model_settings()] == ["agentflow.E001"]
+    assert agent_checks.model_settings() == []
 
 
 def test_rabbitmq__a_step_that_can_outlast_the_consumer_timeout__warns() -> None:

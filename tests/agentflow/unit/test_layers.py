@@ -77,6 +77,40 @@ def test_a_hosts_migrations_name_only_public_paths() -> None:
     assert not [m.name for m in migrations if "agentflow._" in m.read_text()]
 
 
+#: Agent mode, and what may use it: the public API and what Django loads by name above it, the
+#: tasks framework's runs, runs started from an agent's call.
+AGENT_AND_ABOVE = {
+    "agent",
+    "durable",
+    "_children",
+    "_tasks_backend",
+    "tasks_backend",
+    "admin",
+    "apps",
+    "urls",
+    "templatetags",
+    "migrations",
+    "webhooks",
+    "middleware",
+    "testing",
+    "management",
+}
+
+
+def test_the_agent_contract_names_every_module_of_the_core() -> None:
+    """Agent mode is a feature beside the core: every other module is listed as one that never
+    imports it, so a new module of the core must join the list."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    [contract] = [
+        c for c in config["contracts"] if c.get("forbidden_modules") == ["agentflow.agent"]
+    ]
+    package = ROOT / "agentflow"
+    modules = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+    packages = {p.parent.name for p in package.glob("*/__init__.py")}
+    listed = {name.removeprefix("agentflow.") for name in contract["source_modules"]}
+    assert listed == (modules | packages) - AGENT_AND_ABOVE
+
+
 def test_no_module_imports_one_that_imports_it_back() -> None:
     """As Python runs imports, function-level ones included: importing `agentflow._store.traces`
     runs `agentflow/_store/__init__.py` first, so it is an import of `agentflow._store` too (the

@@ -17,8 +17,8 @@ import genai_prices
 import pytest
 
 from agentflow import durable
+from agentflow._base.canonical import canonical_json, normalise
 from agentflow.agent import budget, pricing
-from agentflow.agent.canonical import canonical_json, normalise
 from agentflow.models import RunEvent, StepCheckpoint, WorkflowRun
 from refunds import steps
 from refunds.agent import prompts

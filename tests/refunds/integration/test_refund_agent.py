@@ -85,7 +85,7 @@ def test_agent_engine__a_fork_sets_the_charge_aside_then_fails__that_charge_refu
             break
         run = WorkflowRun.objects.get(pk=run_id)
         # read-only calls run at once stay at the batch's first position: play each member
-        member = next_batch_member(run_id, run.current_step)
+        member = next_batch_member(run_id)
         runtime.run_step(run_id, run.current_seq if member is None else member)
     charge = charged.get()
     assert store.run_park(run_id, charge.seq + 1, "diverged (the prompt changed)", fence=None)

@@ -8,8 +8,7 @@ from decimal import Decimal
 import pytest
 from django.test import override_settings
 
-from agentflow._engine import checks
-from agentflow.agent import budget
+from agentflow.agent import budget, checks
 from agentflow.agent.conversation import ModelRequest, ModelResponse, Usage
 from agentflow.agent.fallbacks import FallbackModel, ModelServer, fallback_servers
 from agentflow.exceptions import PermanentStepError, RetryableStepError

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agentflow.agent.canonical import NotCanonicalError, canonical_json, digest, normalise
+from agentflow._base.canonical import NotCanonicalError, canonical_json, digest, normalise
 
 VALUE = {
     "b": [1, 2.5, {"z": None, "a": True}],
@@ -85,7 +85,7 @@ def test_normalise__gives_the_value_its_text_stands_for() -> None:
 def test_canonical_json__same_text_in_another_process() -> None:
     """Another interpreter, another hash seed: the text (and so the digest) is the same."""
     script = (
-        "import json, sys; from agentflow.agent.canonical import canonical_json; "
+        "import json, sys; from agentflow._base.canonical import canonical_json; "
         "print(canonical_json(json.loads(sys.stdin.read())))"
     )
     result = subprocess.run(
