@@ -90,18 +90,12 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
         _republish_current(run)
     if arrival is not Arrival.DUE:
         return
-    # Route: which build's code runs this step (docs/deploys.md, "Builds"), free when it is
-    # this one's; then its definition.
-    admitted = routing.admit(run, seq)
-    if admitted is None:
+    # Route: to its build's code and its definition.
+    routed = _route(run, seq)
+    if routed is None:
         return  # forwarded to its build's queue, held, or parked: nothing of it runs here
-    run = admitted
+    run, workflow = routed
     seen = run.checkpoint
-    workflow = registry.lookup(run.workflow, run.version)
-    if workflow is None:
-        _park_for_version(run, seq, seen)
-        return
-    privacy.enter_run(run.id, workflow.personal)
     if span is not None and isinstance(workflow, CodeWorkflow):
         own = fresh is not None and len(fresh) == 3 and fresh[2] == run.current_step
         _run_batch_member(run, workflow, seq, seen, span, redelivered=redelivered, own=own)
@@ -116,17 +110,10 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
             return  # finished, failed or parked by the replay
     else:
         step = workflow.step_named(run.current_step)
-    if step is not None and step.key is None and run.branch:
-        step = replace(step, key=idempotency_key(run.id, seq, run.branch))  # a compensation
+    step = _keyed(run, seq, step)
     mismatch = _mismatch(run, seq, step, seen)
     if mismatch is not None:
-        store.run_park(
-            run.id,
-            seq,
-            mismatch,
-            kind=RunEvent.Kind.VERSION_MISMATCH,
-            fence=seen.fence if seen else None,
-        )
+        _park_mismatch(run, seq, seen, mismatch)
         return
     assert step is not None  # `_mismatch` says when it is not
     if _cancels_now(run, step, seen):
@@ -173,6 +160,29 @@ def _arrival(
     return Arrival.EARLY
 
 
+def _route(run: store.StepState, seq: int) -> tuple[store.StepState, Workflow] | None:
+    """Which build's code runs this step (docs/deploys.md, "Builds"), free when it is this
+    one's; and the definition it runs under, here. The run as it goes on, or None when nothing
+    of it runs here (forwarded, held, or parked: a definition this code does not have)."""
+    admitted = routing.admit(run, seq)
+    if admitted is None:
+        return None
+    workflow = registry.lookup(admitted.workflow, admitted.version)
+    if workflow is None:
+        _park_for_version(admitted, seq, admitted.checkpoint)
+        return None
+    privacy.enter_run(admitted.id, workflow.personal)
+    return admitted, workflow
+
+
+def _keyed(run: store.StepState, seq: int, step: StepDef | None) -> StepDef | None:
+    """A compensation in a forked branch: its key names the branch (docs/protocol.md, "The
+    idempotency key")."""
+    if step is None or step.key is not None or not run.branch:
+        return step
+    return replace(step, key=idempotency_key(run.id, seq, run.branch))
+
+
 def _republish_current(run: store.StepState) -> None:
     queue = builds.route(run.build, run.pinned)
     if queue is None:
@@ -193,6 +203,14 @@ def _mismatch(
             f"but the definition now says {step.name!r}"
         )
     return None
+
+
+def _park_mismatch(
+    run: store.StepState, seq: int, seen: store.CheckpointRow | None, reason: str
+) -> None:
+    store.run_park(
+        run.id, seq, reason, kind=RunEvent.Kind.VERSION_MISMATCH, fence=seen.fence if seen else None
+    )
 
 
 def _cancels_now(run: store.StepState, step: StepDef, seen: store.CheckpointRow | None) -> bool:
