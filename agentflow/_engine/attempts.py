@@ -4,7 +4,8 @@ The rule for effects (docs/protocol.md, "Unknown outcomes"): once an effect's ca
 the step ends only COMPLETED (made, replayed, or found by its reconcile) or parked NEEDS_ATTENTION
 with "outcome unknown" — never FAILED — unless its reconcile proves the effect did not happen.
 FAILED means "did not happen", so a failed run undoes exactly the effects that are known to have
-happened.
+happened. Which failure ends how is `failures.classify`'s; this module asks it and records the
+verdict.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Replay-or-execute one step of a run (docs/protocol.md, "One step, in order"): the order of
-operations is the protocol.
+operations is the protocol, and `_run_step` reads in it: load, route, claim, run, record.
 
-This module takes a step message from load to the step's kind: read and db steps run here;
-effect and llm steps are claimed here and carried out by `agentflow._engine.attempts`, which holds
-the
-rule for effects (docs/protocol.md, "Unknown outcomes").
+Read and db steps run here; effect and llm steps are claimed here and carried out by
+`agentflow._engine.attempts`. What any failure means is decided in one place,
+`agentflow._engine.failures` (docs/protocol.md, "What a failure means").
 """
 
 from __future__ import annotations
