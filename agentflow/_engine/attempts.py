@@ -4,7 +4,8 @@ The rule for effects (docs/protocol.md, "Unknown outcomes"): once an effect's ca
 the step ends only COMPLETED (made, replayed, or found by its reconcile) or parked NEEDS_ATTENTION
 with "outcome unknown" — never FAILED — unless its reconcile proves the effect did not happen.
 FAILED means "did not happen", so a failed run undoes exactly the effects that are known to have
-happened.
+happened. Which failure ends how is `failures.classify`'s; this module asks it and records the
+verdict.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import time
 import traceback
 from typing import Any
 
-from celery.exceptions import SoftTimeLimitExceeded
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from agentflow import _store as store
@@ -25,17 +25,11 @@ from agentflow._base.states import StepKind
 from agentflow._core import faults, pooler
 from agentflow._core.registry import CodeDefined, StepDef, Workflow
 from agentflow._core.serialization import NotJSONError, to_json
+from agentflow._engine import failures
+from agentflow._engine.failures import Cause, Moment
 from agentflow._limits import limiter
 from agentflow.conf import settings
-from agentflow.exceptions import (
-    AnswerLost,
-    NeedsAttention,
-    OutcomeUnknown,
-    PartnerWait,
-    PermanentStepError,
-    RepeatUnsafe,
-    RetryableStepError,
-)
+from agentflow.exceptions import PartnerWait
 from agentflow.models import RunEvent
 
 logger = logging.getLogger("agentflow.attempts")  # the name hosts' LOGGING knows
@@ -43,16 +37,13 @@ logger = logging.getLogger("agentflow.attempts")  # the name hosts' LOGGING know
 #: How long a finished effect waits for a lost database before giving its result up (its
 #: lease, renewed meanwhile, still holds it; a takeover would reconcile).
 COMPLETION_RETRY_SECONDS = (0.5, 1.0, 2.0, 4.0)
-#: Errors that say "try again later under the same key": the partner's, the database's, and a
-#: soft time limit (a slow partner; the hard limit kills the process, which is a crash).
-TRANSIENT = (RetryableStepError, OperationalError, InterfaceError, SoftTimeLimitExceeded)
 
 
 def transient(exc: BaseException) -> bool:
     """Try again later under the same key: TRANSIENT, or any database error that is the
     database's or a pooler's (a lost prepared statement, a serialization failure), never the
     step's bug (agentflow._core.pooler)."""
-    return isinstance(exc, TRANSIENT) or pooler.database_trouble(exc)
+    return isinstance(exc, failures.TRANSIENT) or pooler.database_trouble(exc)
 
 
 class _Parked(Exception):
@@ -88,22 +79,8 @@ class ClaimedAttempt:
             output = self._produce()
         except _Parked:
             return
-        except PartnerWait as wait:
-            if self._spent_at_bound(wait):
-                return
-            self._wait_turn(wait)
-            return
-        except NotJSONError as exc:
-            # The call returned, so its effect may stand: an operator decides.
-            self._park(
-                f"{self.step.name} ran but its result cannot be recorded ({exc}); check the "
-                "partner before retrying",
-                kind=RunEvent.Kind.NEEDS_ATTENTION,
-                error=str(exc),
-            )
-            return
         except Exception as exc:
-            self._after_error(exc)
+            self._act(failures.classify(self._facts(exc)))
             return
         faults.crash_point(self.step.name, "after_effect", self.claim.attempt)
         self._complete(output)
@@ -153,38 +130,45 @@ class ClaimedAttempt:
     def _produce(self) -> Any:
         """Reconcile an unknown outcome, apply the key-age guard, or run the step."""
         if self.settling:
-            return self._settle()
+            return self._adopt(self._reconcile(Moment.SETTLE))
         window = self._window()
         too_old = window is not None and self.claim.key_age_seconds > window
         if self.claim.outcome_unknown or too_old:
-            if self.step.reconcile is None:
-                if too_old:
-                    self._park_unknown(
-                        f"its first attempt is older than the partner's idempotency window "
-                        f"({window:.0f} s) and there is no way to ask the partner what happened"
-                    )
-                    raise _Parked
-            else:
-                try:
-                    found = self.step.reconcile(self.ctx)
-                except PartnerWait:
-                    raise  # its turn at the partner comes later: ask then
-                except RepeatUnsafe as exc:
-                    self._park_unknown(describe(exc))  # no key makes a repeat safe
-                    raise _Parked from None
-                except Exception as exc:
-                    if too_old:
-                        self._park_unknown(
-                            f"its first attempt is older than the partner's idempotency window "
-                            f"({window:.0f} s) and the partner could not say whether it "
-                            f"happened ({describe(exc)})"
-                        )
-                        raise _Parked from None
-                    found = None  # inside the window the idempotency key protects the retry
-                else:
-                    if found is not None:
-                        return self._adopt(found)
+            found = self._reconcile(Moment.TAKEOVER, window_seconds=window, too_old=too_old)
+            if found is not None:
+                return self._adopt(found)
         return to_json(self._call(), f"output of step {self.step.name}")
+
+    def _reconcile(self, moment: Moment, **facts: Any) -> Any:
+        """What the step's reconcile found at the partner; None when the attempt goes on
+        without it (`failures.Proceed`). Any other verdict is recorded, then raises _Parked."""
+        if self.step.reconcile is None:
+            verdict = failures.classify(self._facts(None, moment, cause=Cause.UNASKED, **facts))
+        else:
+            try:
+                found = self.step.reconcile(self.ctx)
+            except Exception as exc:
+                verdict = failures.classify(self._facts(exc, moment, **facts))
+            else:
+                if found is not None:
+                    return found
+                verdict = failures.classify(self._facts(None, moment, cause=Cause.ABSENT, **facts))
+        if isinstance(verdict, failures.Proceed):
+            return None
+        self._act(verdict)
+        raise _Parked
+
+    def _facts(
+        self,
+        exc: BaseException | None,
+        moment: Moment = Moment.RUN,
+        *,
+        cause: Cause | None = None,
+        **facts: Any,
+    ) -> failures.Failure:
+        return failure_facts(
+            self.step, self.claim.attempt, exc, moment=moment, cause=cause, **facts
+        )
 
     def _call(self) -> Any:
         """The step itself; a model request takes its turn at partner `llm` (or the model's
@@ -195,74 +179,55 @@ class ClaimedAttempt:
         with limiter.partner_call(partner, self.step.name):
             return self.step.fn(self.ctx)
 
-    def _wait_turn(self, wait: PartnerWait, *, unknown: bool = False) -> None:
+    def _act(self, verdict: failures.Verdict) -> None:
+        """Record what the failure means (`failures.classify`)."""
+        if verdict.log_traceback:
+            log_raised(logger, self.ctx.run_id, self.workflow, "%s step %s (%s) raised",
+                       self.ctx.run_id, self.seq, self.step.name)  # fmt: skip
+        if isinstance(verdict, failures.Retry):
+            self._fail(verdict.error, retry_in_seconds=verdict.delay_seconds)
+        elif isinstance(verdict, failures.Fail):
+            self._fail(verdict.error, retry_in_seconds=None)
+        elif isinstance(verdict, failures.Wait):
+            self._wait_turn(verdict)
+        elif isinstance(verdict, failures.Park):
+            self._park(verdict.reason, kind=verdict.kind, error=verdict.error)
+        elif isinstance(verdict, failures.Ask):
+            self._ask(verdict)
+
+    def _wait_turn(self, wait: failures.Wait) -> None:
         """No turn at the partner: the step waits for it, giving its attempt back; whatever
-        this attempt's earlier calls may have done stays "may have happened". `unknown`: the
-        attempt's own call may have happened and only its reconcile can tell: the next claim
-        asks it first, as a takeover does."""
+        this attempt's earlier calls may have done stays "may have happened". `wait.unknown`:
+        the attempt's own call may have happened and only its reconcile can tell: the next
+        claim asks it first, as a takeover does."""
         logger.info(
             "%s step %s (%s): %s; waits %.2f s",
-            self.ctx.run_id, self.seq, self.step.name, wait, wait.wait_seconds,
+            self.ctx.run_id, self.seq, self.step.name, wait.why, wait.seconds,
         )  # fmt: skip
         store.step_wait_turn(
             self.ctx.run_id,
             self.seq,
             partner=wait.partner,
-            why=str(wait),
-            seconds=wait.wait_seconds,
+            why=wait.why,
+            seconds=wait.seconds,
             claim=self.claim,
-            unknown=unknown,
+            unknown=wait.unknown,
             spent=limiter.failed_calls() > 0,
         )
 
-    def _spent_at_bound(self, wait: PartnerWait) -> bool:
-        """A wait after a call of this attempt went and failed (a reconcile Stripe refused, a
-        request that was not answered) is no free wait: the attempt was spent. At the bound the
-        step ends as an exhausted attempt does (an effect parks "outcome unknown", never FAILED)
-        instead of waiting for ever for a partner that keeps failing. True when it ended."""
-        attempt = self.claim.attempt
-        if not limiter.failed_calls() or not self.step.retry.exhausted(attempt):
-            return False
-        reason = f"gave up after {attempt} attempts: {wait}"
-        if self.is_effect:
-            self._park_unknown(reason)
-        else:
-            self._fail(reason, retry_in_seconds=None)
-        return True
-
-    def _settle(self) -> Any:
-        """The run is cancelled and this effect may have happened: found at the partner, it is
-        adopted (and then undone by the cancel); proven absent, the step fails and the cancel
-        has nothing of it to undo; when the partner cannot tell, it is asked again after a
-        back-off, then the run parks "outcome unknown"."""
-        if self.step.reconcile is None:
-            self._park_unknown("the run was cancelled and there is no way to ask the partner")
-            raise _Parked
+    def _ask(self, ask: failures.Ask) -> None:
+        """The call may have reached the partner and no answer says what it did: ask it.
+        Found, the effect is adopted and recorded as the step's outcome."""
         try:
-            found = self.step.reconcile(self.ctx)
-        except PartnerWait:
-            raise
-        except Exception as exc:
-            attempt = self.claim.attempt
-            retry = transient(exc) or isinstance(exc, OutcomeUnknown)
-            if retry and not self.step.retry.exhausted(attempt):
-                self._fail(
-                    f"cancelled; asking whether it took effect: {describe(exc)}",
-                    retry_in_seconds=retry_delay(self.step, attempt, exc),
-                )
-            else:
-                self._park_unknown(
-                    f"the run was cancelled and the partner could not say whether it "
-                    f"happened ({describe(exc)})"
-                )
-            raise _Parked from None
-        if found is None:
-            self._fail(
-                "cancelled before it took effect (the partner confirms it did not happen)",
-                retry_in_seconds=None,
-            )
-            raise _Parked
-        return self._adopt(found)
+            found = self._reconcile(Moment.ASK, asked=ask)
+        except _Parked:
+            return
+        try:
+            output = self._adopt(found)
+        except NotJSONError as exc:
+            self._act(failures.classify(self._facts(exc, Moment.ADOPT)))
+            return
+        self._complete(output)
 
     def _adopt(self, found: Any) -> Any:
         output = to_json(found, f"reconcile of {self.step.name}")
@@ -278,84 +243,6 @@ class ClaimedAttempt:
             data={"attempt": self.claim.attempt, "fence": self.claim.fence, "output": output},
         )
         return output
-
-    def _after_error(self, exc: Exception) -> None:
-        attempt = self.claim.attempt
-        if isinstance(exc, NeedsAttention):
-            self._park(f"{self.step.name}: {exc}", kind=RunEvent.Kind.NEEDS_ATTENTION,
-                       error=str(exc))  # fmt: skip
-            return
-        if isinstance(exc, PermanentStepError):
-            # The partner refused: the effect did not happen, so the run may fail and undo.
-            self._fail(str(exc), retry_in_seconds=None)
-            return
-        if transient(exc):
-            message = describe(exc)
-            if isinstance(exc, AnswerLost) and self.is_effect and self.step.reconcile is not None:
-                # The call went and its answer was lost: it may have happened, so the retry
-                # asks first, as a takeover does (docs/protocol.md, "Unknown outcomes"); never calls
-                # again blindly.
-                self._resolve_unknown(message, retry=exc)
-                return
-            if not self.step.retry.exhausted(attempt):
-                self._fail(message, retry_in_seconds=retry_delay(self.step, attempt, exc))
-                return
-            reason = f"gave up after {attempt} attempts: {message}"
-            if pooler.database_trouble(exc):
-                # The database kept failing the engine's own statements: never the step's
-                # failure, and a reconcile that finds nothing must not fail the run either.
-                self._park_database(reason)
-                return
-        else:
-            log_raised(logger, self.ctx.run_id, self.workflow, "%s step %s (%s) raised",
-                       self.ctx.run_id, self.seq, self.step.name)  # fmt: skip
-            reason = f"unexpected {type(exc).__name__}: {exc}"
-        if not self.is_effect:
-            self._fail(reason, retry_in_seconds=None)  # a model call changes nothing outside
-            return
-        self._resolve_unknown(reason)
-
-    def _resolve_unknown(self, reason: str, *, retry: Exception | None = None) -> None:
-        """The call may have reached the partner and no answer says what it did: ask it.
-
-        `retry`: the error of a lost answer with attempts left to try: proven absent, the
-        step is tried again after its back-off (the next call is no repeat)."""
-        if self.step.reconcile is None:
-            self._park_unknown(reason)
-            return
-        try:
-            found = self.step.reconcile(self.ctx)
-        except RepeatUnsafe as exc:
-            self._park_unknown(f"{reason}; {describe(exc)}")  # nothing can ask, nothing keys it
-            return
-        except PartnerWait as wait:
-            if limiter.failed_calls() and self.step.retry.exhausted(self.claim.attempt):
-                # The attempts are spent on a partner that keeps failing: ask no more.
-                self._park_unknown(f"{reason}; the partner could not say whether it "
-                                   f"happened ({wait})")  # fmt: skip
-                return
-            self._wait_turn(wait, unknown=True)  # it asks once its turn comes
-            return
-        except Exception as exc:
-            self._park_unknown(f"{reason}; the partner could not say whether it happened "
-                               f"({describe(exc)})")  # fmt: skip
-            return
-        if found is None:
-            attempt = self.claim.attempt
-            if retry is not None and not self.step.retry.exhausted(attempt):
-                self._fail(
-                    f"{reason} (the partner confirms it did not happen)",
-                    retry_in_seconds=retry_delay(self.step, attempt, retry),
-                )
-                return
-            self._fail(f"{reason} (the partner confirms it did not happen)", retry_in_seconds=None)
-            return
-        try:
-            output = self._adopt(found)
-        except NotJSONError as exc:
-            self._park_unknown(f"the partner has it but it cannot be recorded ({exc})")
-            return
-        self._complete(output)
 
     def _fail(self, error: str, *, retry_in_seconds: float | None) -> None:
         if retry_in_seconds is None:
@@ -375,24 +262,6 @@ class ClaimedAttempt:
             retry_in_seconds=retry_in_seconds,
         )
 
-    def _park_database(self, reason: str) -> None:
-        if self.is_effect:
-            self._park_unknown(f"the database kept failing ({reason})")
-        else:
-            self._park(
-                f"{self.step.name}: the database kept failing ({reason}); retry once it is back",
-                kind=RunEvent.Kind.NEEDS_ATTENTION,
-                error=reason,
-            )
-
-    def _park_unknown(self, reason: str) -> None:
-        self._park(
-            f"outcome unknown: {self.step.name} may or may not have taken effect: {reason}. "
-            "Retry asks the partner first and never repeats it blindly.",
-            kind=RunEvent.Kind.OUTCOME_UNKNOWN,
-            error=reason,
-        )
-
     def _park(self, message: str, *, kind: str, error: str) -> None:
         """Park the run, releasing our claim: the checkpoint stays IN_PROGRESS (its effect may
         stand), so an operator's retry takes it over and asks the partner first."""
@@ -405,6 +274,40 @@ class ClaimedAttempt:
             claimed=True,
             data={"attempt": self.claim.attempt, "fence": self.claim.fence, "error": error},
         )
+
+
+def failure_facts(
+    step: StepDef,
+    attempt: int,
+    exc: BaseException | None = None,
+    *,
+    moment: Moment = Moment.RUN,
+    cause: Cause | None = None,
+    max_attempts: int | None = None,
+    **facts: Any,
+) -> failures.Failure:
+    """The plain facts `failures.classify` decides on: `exc` raised at `step`'s attempt (or
+    `cause`, when nothing raised)."""
+    if cause is None:
+        assert exc is not None, "a failure without an error names its cause"
+        cause = failures.cause_of(exc)
+    wait = exc if isinstance(exc, PartnerWait) else None
+    return failures.Failure(
+        cause=cause,
+        moment=moment,
+        step=step.name,
+        kind=step.kind,
+        detail="" if exc is None else str(exc),
+        error_type="" if exc is None else type(exc).__name__,
+        attempt=attempt,
+        max_attempts=step.retry.max_attempts if max_attempts is None else max_attempts,
+        reconcile=step.reconcile is not None,
+        spent=limiter.failed_calls() > 0,
+        backoff_seconds=0.0 if exc is None else retry_delay(step, attempt, exc),
+        partner=wait.partner if wait is not None else "",
+        wait_seconds=wait.wait_seconds if wait is not None else 0.0,
+        **facts,
+    )
 
 
 def describe(exc: BaseException) -> str:

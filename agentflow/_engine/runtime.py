@@ -1,18 +1,18 @@
 """Replay-or-execute one step of a run (docs/protocol.md, "One step, in order"): the order of
-operations is the protocol.
+operations is the protocol, and `_run_step` reads in it: load, route, claim, run, record.
 
-This module takes a step message from load to the step's kind: read and db steps run here;
-effect and llm steps are claimed here and carried out by `agentflow._engine.attempts`, which holds
-the
-rule for effects (docs/protocol.md, "Unknown outcomes"). A code-defined (agent) run between calls
-or in a batch is handed to agent mode's step path (`CodeRuns`); its next call then runs here as
-any step does.
+Read and db steps run here; effect and llm steps are claimed here and carried out by
+`agentflow._engine.attempts`. What any failure means is decided in one place,
+`agentflow._engine.failures` (docs/protocol.md, "What a failure means").
+A code-defined (agent) run between calls or in a batch is handed to agent mode's step path
+(`CodeRuns`); its next call then runs here as any step does.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from enum import StrEnum
 from typing import Protocol
 
 from django.db import IntegrityError, connection, transaction
@@ -31,22 +31,20 @@ from agentflow._builds import routing
 from agentflow._concurrency import HOLD
 from agentflow._core import builds, dispatch, faults, leases, pooler, registry
 from agentflow._core.registry import NEXT_CALL, CodeDefined, StepDef, Workflow
-from agentflow._core.serialization import NotJSONError, to_json
-from agentflow._engine import context_loader
+from agentflow._core.serialization import to_json
+from agentflow._engine import context_loader, failures
 from agentflow._engine.attempts import (
     ClaimedAttempt,
-    describe,
+    failure_facts,
     log_raised,
     masked,
-    retry_delay,
-    transient,
 )
+from agentflow._engine.failures import Cause
 from agentflow._limits import limiter
 from agentflow._observe import telemetry
 from agentflow._privacy import scope as privacy
 from agentflow._waits import waits
 from agentflow.conf import settings
-from agentflow.exceptions import NeedsAttention, PartnerWait, PermanentStepError
 from agentflow.models import RunEvent
 
 logger = logging.getLogger("agentflow.runtime")  # the name hosts' LOGGING knows
@@ -110,40 +108,26 @@ def run_step(
 
 
 def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh | None) -> None:
+    """One step message in the protocol's order (docs/protocol.md, "One step, in order"): load,
+    route, claim, run, record; the record's commit publishes what comes next."""
+    # Load: the run and its checkpoint at `seq` (a fresh effect step's claim with them).
     _drop_broken_connection()
     run, claim = _load(run_id, seq, fresh)
     if run is None:
         telemetry.unknown_run(run_id)  # deleted here, or another deployment's message
         return
-    if run.status not in ACTIVE_RUN_STATUSES:
-        return  # terminal, cancelled or parked: nothing to do
-    if seq < run.current_seq:
-        # Done already. A crash right after the completion commit loses the successor's
-        # message: republish it for that crash's redelivery, or when the run is overdue. A plain
-        # duplicate must not, or it rides along to the run's end, one extra message per step.
-        if redelivered or run.overdue:
-            queue = builds.route(run.build, run.pinned)
-            if queue is None:
-                dispatch.send_step(run.id, run.current_seq, priority=run.priority)
-            else:
-                dispatch.send_step(run.id, run.current_seq, queue=queue, priority=run.priority)
-        return
-    if run.status == RunStatus.WAITING and run.hold.startswith(CONCURRENCY_HOLD):
-        return  # not admitted by its concurrency key: a stray message (store.concurrency)
     span = run.batch
-    if seq > run.current_seq and not (span is not None and span[0] <= seq <= span[1]):
+    arrival = _arrival(run, seq, span, redelivered=redelivered)
+    if arrival is Arrival.REPUBLISH:
+        _republish_current(run)
+    if arrival is not Arrival.DUE:
         return
-    # Which build's code runs this step (docs/deploys.md, "Builds"): free when it is this one's.
-    admitted = routing.admit(run, seq)
-    if admitted is None:
+    # Route: to its build's code and its definition.
+    routed = _route(run, seq)
+    if routed is None:
         return  # forwarded to its build's queue, held, or parked: nothing of it runs here
-    run = admitted
+    run, workflow = routed
     seen = run.checkpoint
-    workflow = registry.lookup(run.workflow, run.version)
-    if workflow is None:
-        _park_for_version(run, seq, seen)
-        return
-    privacy.enter_run(run.id, workflow.personal)
     if span is not None and isinstance(workflow, CodeDefined):
         own = fresh is not None and len(fresh) == 3 and fresh[2] == run.current_step
         _code().batch_member(run, workflow, seq, seen, span, redelivered=redelivered, own=own)
@@ -158,56 +142,117 @@ def _run_step(run_id: str, seq: int, *, redelivered: bool, fresh: dispatch.Fresh
             return  # finished, failed or parked by the replay
     else:
         step = workflow.step_named(run.current_step)
-    if step is not None and step.key is None and run.branch:
-        step = replace(step, key=idempotency_key(run.id, seq, run.branch))  # a compensation
-    if step is None:
-        store.run_park(
-            run.id,
-            seq,
-            f"step {run.current_step!r} is not in {run.workflow} v{run.version}",
-            kind=RunEvent.Kind.VERSION_MISMATCH,
-            fence=seen.fence if seen else None,
-        )
+    step = _keyed(run, seq, step)
+    mismatch = _mismatch(run, seq, step, seen)
+    if mismatch is not None:
+        _park_mismatch(run, seq, seen, mismatch)
         return
-    if seen is not None and seen.name != step.name:
-        store.run_park(
-            run.id,
-            seq,
-            f"non-deterministic definition: step {seq} was recorded as {seen.name!r} "
-            f"but the definition now says {step.name!r}",
-            kind=RunEvent.Kind.VERSION_MISMATCH,
-            fence=seen.fence,
-        )
-        return
-    # An operator asked: undo instead of going on. But if whether this effect happened is not
-    # known, its claimed attempt first asks the partner (never making it), and the cancel
-    # then undoes what it found.
-    cancelling = run.cancel_requested and not step.compensation_only and not in_flight
-    if cancelling and not _settles_first(step.kind, seen):
+    assert step is not None  # `_mismatch` says when it is not
+    if _cancels_now(run, step, seen):
         store.cancel_begin(run.id, seq)
         return
     if step.waits_for is not None:
-        settled = _settle_wait(run, workflow, step, seq, seen)
-        if settled is None:
+        step = _settle_wait(run, workflow, step, seq, seen)
+        if step is None:
             return  # WAITING for its timer, signal or approval; or the run moved on
-        step = settled
+    # Claim, run, record: an effect or llm step claims first and may have acted after; a read
+    # or db step records in one commit (docs/protocol.md, "One step, in order").
     if step.kind in CLAIMED_KINDS:
         _run_claimed(run, workflow, step, seq, seen, claim)
-        return
-    if redelivered:
-        # Its worker died mid-step: count that attempt, and stop once the bound is reached.
-        seen = store.attempt_lost(run.id, step, seq)
-        if seen is None or seen.status == StepStatus.COMPLETED:
-            return
-        if seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS:
-            store.run_park(
-                run.id,
-                seq,
-                f"{step.name} killed its worker {seen.attempts} times",
-                fence=seen.fence,
-            )
-            return
-    _run_unclaimed(run, workflow, step, seq, seen)
+    else:
+        _run_unclaimed(run, workflow, step, seq, seen, redelivered=redelivered)
+
+
+class Arrival(StrEnum):
+    """What a step message finds its run doing (`_arrival`)."""
+
+    DUE = "due"  # the run is at this step: it runs
+    ENDED = "ended"  # terminal, cancelled or parked: nothing to do
+    DONE = "done"  # the run is past it: a duplicate
+    REPUBLISH = "republish"  # past it, and its successor's message may be lost
+    HELD = "held"  # not admitted by its concurrency key: a stray message (store.concurrency)
+    EARLY = "early"  # a step the run has not reached
+
+
+def _arrival(
+    run: store.StepState, seq: int, span: tuple[int, int] | None, *, redelivered: bool
+) -> Arrival:
+    """Does this message run its step? A crash right after the completion commit loses the
+    successor's message: republish it for that crash's redelivery, or when the run is overdue.
+    A plain duplicate must not, or it rides along to the run's end, one extra message per
+    step. A batch of calls at once runs every position of its span."""
+    if run.status not in ACTIVE_RUN_STATUSES:
+        return Arrival.ENDED
+    if seq < run.current_seq:
+        return Arrival.REPUBLISH if redelivered or run.overdue else Arrival.DONE
+    if run.status == RunStatus.WAITING and run.hold.startswith(CONCURRENCY_HOLD):
+        return Arrival.HELD
+    if seq == run.current_seq or (span is not None and span[0] <= seq <= span[1]):
+        return Arrival.DUE
+    return Arrival.EARLY
+
+
+def _route(run: store.StepState, seq: int) -> tuple[store.StepState, Workflow] | None:
+    """Which build's code runs this step (docs/deploys.md, "Builds"), free when it is this
+    one's; and the definition it runs under, here. The run as it goes on, or None when nothing
+    of it runs here (forwarded, held, or parked: a definition this code does not have)."""
+    admitted = routing.admit(run, seq)
+    if admitted is None:
+        return None
+    workflow = registry.lookup(admitted.workflow, admitted.version)
+    if workflow is None:
+        _park_for_version(admitted, seq, admitted.checkpoint)
+        return None
+    privacy.enter_run(admitted.id, workflow.personal)
+    return admitted, workflow
+
+
+def _keyed(run: store.StepState, seq: int, step: StepDef | None) -> StepDef | None:
+    """A compensation in a forked branch: its key names the branch (docs/protocol.md, "The
+    idempotency key")."""
+    if step is None or step.key is not None or not run.branch:
+        return step
+    return replace(step, key=idempotency_key(run.id, seq, run.branch))
+
+
+def _republish_current(run: store.StepState) -> None:
+    queue = builds.route(run.build, run.pinned)
+    if queue is None:
+        dispatch.send_step(run.id, run.current_seq, priority=run.priority)
+    else:
+        dispatch.send_step(run.id, run.current_seq, queue=queue, priority=run.priority)
+
+
+def _mismatch(
+    run: store.StepState, seq: int, step: StepDef | None, seen: store.CheckpointRow | None
+) -> str | None:
+    """Why the definition in this code cannot run the run's step (it parks), or None."""
+    if step is None:
+        return f"step {run.current_step!r} is not in {run.workflow} v{run.version}"
+    if seen is not None and seen.name != step.name:
+        return (
+            f"non-deterministic definition: step {seq} was recorded as {seen.name!r} "
+            f"but the definition now says {step.name!r}"
+        )
+    return None
+
+
+def _park_mismatch(
+    run: store.StepState, seq: int, seen: store.CheckpointRow | None, reason: str
+) -> None:
+    store.run_park(
+        run.id, seq, reason, kind=RunEvent.Kind.VERSION_MISMATCH, fence=seen.fence if seen else None
+    )
+
+
+def _cancels_now(run: store.StepState, step: StepDef, seen: store.CheckpointRow | None) -> bool:
+    """An operator asked: undo instead of going on. But if whether this effect happened is not
+    known, its claimed attempt first asks the partner (never making it), and the cancel then
+    undoes what it found."""
+    in_flight = seen is not None and seen.status == StepStatus.IN_PROGRESS
+    if not run.cancel_requested or step.compensation_only or in_flight:
+        return False
+    return not _settles_first(step.kind, seen)
 
 
 def _load(
@@ -273,27 +318,16 @@ def _settle_wait(
     except Exception as exc:
         if pooler.database_trouble(exc):
             raise  # the engine's own statement failed: the message is retried
-        log_raised(logger, run.id, workflow, "%s step %s (%s): deciding its wait raised",
-                   run.id, seq, step.name)  # fmt: skip
-        why = f"deciding what it waits for raised {type(exc).__name__}: {exc}"
-        if seen is not None and outcomes.unsettled(
+        unsettled = seen is not None and outcomes.unsettled(
             kind=seen.kind, status=seen.status, retryable=seen.retryable
-        ):
-            # Claimed before (approved, or then needing no approval): its effect may have
-            # happened, which a failure would write off as never made
-            # (docs/protocol.md, "Unknown outcomes", "I8: money").
-            store.run_park(
-                run.id,
-                seq,
-                f"outcome unknown: {step.name} may have taken effect, and {why}; fix that, "
-                "then retry (it asks the partner first)",
-                kind=RunEvent.Kind.OUTCOME_UNKNOWN,
-                fence=seen.fence,
-            )
-            return None
-        failed = PermanentStepError(why)
-        unrun = replace(step, kind=StepKind.READ, waits_for=None)
-        _record_unclaimed_failure(run, workflow, unrun, seq, seen, 1, failed)
+        )
+        unrun = replace(step, kind=StepKind.READ, waits_for=None)  # nothing of the step ran
+        facts = failure_facts(unrun, 1, exc, cause=Cause.WAIT_RULE, unsettled=unsettled)
+        verdict = failures.classify(facts)
+        if verdict.log_traceback:
+            log_raised(logger, run.id, workflow, "%s step %s (%s): deciding its wait raised",
+                       run.id, seq, step.name)  # fmt: skip
+        _record_unclaimed(run, workflow, unrun, seq, seen, verdict)
         return None
 
 
@@ -328,24 +362,19 @@ def _run_claimed(
 def _claim(
     run: store.StepState, step: StepDef, seq: int, seen: store.CheckpointRow | None
 ) -> store.Claim | None:
-    if (
-        seen is not None
-        and seen.status == StepStatus.IN_PROGRESS
-        and seen.attempts >= settings.AGENTFLOW_MAX_ATTEMPTS
-        and seen.claimable
-    ):
-        # Bounds the redelivery loop of a step that kills its worker every time.
-        store.run_park(
-            run.id,
-            seq,
-            f"outcome unknown: {step.name} was attempted {seen.attempts} times without "
-            "finishing (the worker kept dying); check the partner, then retry (it asks the "
-            "partner first)",
-            kind=RunEvent.Kind.OUTCOME_UNKNOWN,
-            fence=seen.fence,
-            data={"attempt": seen.attempts, "fence": seen.fence, "error": "worker kept dying"},
-        )
-        return None
+    if seen is not None and seen.status == StepStatus.IN_PROGRESS and seen.claimable:
+        # Its owner is gone: the worker died, maybe again and again (`failures`, a lost worker).
+        verdict = failures.classify(_lost_worker(step, seen))
+        if isinstance(verdict, failures.Park):
+            store.run_park(
+                run.id,
+                seq,
+                verdict.reason,
+                kind=verdict.kind,
+                fence=seen.fence,
+                data={"attempt": seen.attempts, "fence": seen.fence, "error": verdict.error},
+            )
+            return None
     return store.step_claim(run, step, seq, seen)
 
 
@@ -356,8 +385,19 @@ def _run_unclaimed(
     step: StepDef,
     seq: int,
     seen: store.CheckpointRow | None,
+    *,
+    redelivered: bool,
 ) -> None:
     """read: run, then one commit. db: run and commit together, under the run's row lock."""
+    if redelivered:
+        # Its worker died mid-step: count that attempt, and stop once the bound is reached.
+        seen = store.attempt_lost(run.id, step, seq)
+        if seen is None or seen.status == StepStatus.COMPLETED:
+            return
+        verdict = failures.classify(_lost_worker(step, seen))
+        if not isinstance(verdict, failures.Proceed):
+            _record_unclaimed(run, workflow, step, seq, seen, verdict)
+            return
     if store.claim_blocker(seen) is not None:
         return  # a retry not yet due (an early duplicate), or a failure for good
     attempt = seen.attempts + 1 if seen else 1
@@ -374,13 +414,11 @@ def _run_unclaimed(
             return  # only our own rows are written here: another worker recorded it first
     except store.Fenced:
         return
-    except PartnerWait as wait:
-        # No turn at the partner: nothing of the step ran past its request; no attempt spent.
-        store.step_wait_turn(
-            run.id, seq, partner=wait.partner, why=str(wait), seconds=wait.wait_seconds, seen=seen
-        )
     except Exception as exc:
-        _record_unclaimed_failure(run, workflow, step, seq, seen, attempt, exc)
+        verdict = failures.classify(failure_facts(step, attempt, exc))
+        if verdict.log_traceback:
+            log_raised(logger, run.id, workflow, "%s step %s (%s) raised", run.id, seq, step.name)
+        _record_unclaimed(run, workflow, step, seq, seen, verdict)
 
 
 def _run_db_step(
@@ -406,46 +444,38 @@ def _run_db_step(
             raise store.Fenced  # rolls the step's own writes back too
 
 
-def _record_unclaimed_failure(
+def _record_unclaimed(
     run: store.StepState,
     workflow: Workflow,
     step: StepDef,
     seq: int,
     seen: store.CheckpointRow | None,
-    attempt: int,
-    exc: Exception,
+    verdict: failures.Verdict,
 ) -> None:
-    delay: float | None
-    if isinstance(exc, NeedsAttention):  # the step asks for a person: park, with its reason
-        store.run_park(run.id, seq, f"{step.name}: {exc}", fence=seen.fence if seen else None)
+    """Record what a read or db step's failure means (`failures.classify`); nothing of such a
+    step stands outside, so it never asks the partner."""
+    if isinstance(verdict, failures.Wait):
+        # No turn at the partner: nothing of the step ran past its request; no attempt spent.
+        store.step_wait_turn(
+            run.id, seq, partner=verdict.partner, why=verdict.why, seconds=verdict.seconds,
+            seen=seen,
+        )  # fmt: skip
         return
-    if isinstance(exc, PermanentStepError | NotJSONError):
-        delay, message = None, str(exc)
-    elif transient(exc):
-        message = describe(exc)
-        if step.retry.exhausted(attempt):
-            if pooler.database_trouble(exc):
-                # The database kept failing, not the step: an operator retries once it is back.
-                store.run_park(
-                    run.id,
-                    seq,
-                    f"{step.name}: the database kept failing (gave up after {attempt} "
-                    f"attempts: {message}); retry once it is back",
-                    fence=seen.fence if seen else None,
-                )
-                return
-            delay, message = None, f"gave up after {attempt} attempts: {message}"
-        else:
-            delay = retry_delay(step, attempt, exc)
-    else:
-        # A bug in a step is not transient: fail with a readable reason instead of looping.
-        log_raised(logger, run.id, workflow, "%s step %s (%s) raised", run.id, seq, step.name)
-        delay, message = None, f"unexpected {type(exc).__name__}: {exc}"
-    if delay is None:
+    if isinstance(verdict, failures.Park):
+        store.run_park(
+            run.id, seq, verdict.reason, kind=verdict.kind, fence=seen.fence if seen else None
+        )
+        return
+    if isinstance(verdict, failures.Fail):
+        delay, message = None, verdict.error
         logger.warning(
             "%s step %s (%s) failed permanently: %s",
             run.id, seq, step.name, masked(run.id, workflow, message),
         )  # fmt: skip
+    elif isinstance(verdict, failures.Retry):
+        delay, message = verdict.delay_seconds, verdict.error
+    else:
+        return
     store.step_fail(
         run,
         workflow,
@@ -455,6 +485,16 @@ def _record_unclaimed_failure(
         seen=seen,
         error=message,
         retry_in_seconds=delay,
+    )
+
+
+def _lost_worker(step: StepDef, seen: store.CheckpointRow) -> failures.Failure:
+    """The facts of a step whose worker died during its attempt, `seen.attempts` times so far."""
+    return failure_facts(
+        step,
+        seen.attempts,
+        cause=Cause.WORKER_LOST,
+        max_attempts=settings.AGENTFLOW_MAX_ATTEMPTS,
     )
 
 
