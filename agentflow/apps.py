@@ -21,14 +21,14 @@ class AgentflowConfig(AppConfig):
         from django.db.backends.signals import connection_created
 
         from agentflow import _store as store
-        from agentflow import tracing
+        from agentflow._conf import settings
         from agentflow._core import faults, outage, pooler, registry
         from agentflow._engine import checks, runtime, tasks  # noqa: F401
+        from agentflow._observe import tracing
         from agentflow._schedules import hooks as schedules
         from agentflow._tasks_backend import resolver
         from agentflow.agent import checks as agent_checks  # noqa: F401
         from agentflow.agent import steps as agent_steps
-        from agentflow.conf import settings
 
         # Every process (web, worker, beat) must know every definition before it touches a run.
         autodiscover_modules("workflows")

@@ -22,9 +22,9 @@ from typing import Any
 
 from celery.beat import PersistentScheduler
 
+from agentflow._conf import settings
 from agentflow._core import outage
 from agentflow._recovery import sweeper
-from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from agentflow._base.context import Decision, StepContext, UndoneCall, idempoten
 from agentflow._base.retry import RetryPolicy
 from agentflow._base.states import TERMINAL_RUN_STATUSES, RunStatus, StepKind, StepStatus, WaitKind
 from agentflow._builds import routing
+from agentflow._conf import settings
 from agentflow._core import registry
 from agentflow._core.links import Link, RunRef, StepRef
 from agentflow._core.links import register as register_links
@@ -50,7 +51,6 @@ from agentflow._privacy.personal import Personal
 from agentflow._schedules import Schedule
 from agentflow.agent.loop import AgentContext, CodeWorkflow
 from agentflow.agent.waiting import Waited
-from agentflow.conf import settings
 from agentflow.exceptions import (
     ActionRefused,
     AgentflowError,

@@ -1,5 +1,8 @@
-"""Pages while the database does not answer: 503 with `Retry-After`, never the 500 page with a
-traceback per request (docs/operating.md, "When the database is down").
+"""The middleware a host puts in MIDDLEWARE: `RequestSpanMiddleware`, first, a server span per
+request so a run's trace starts at the request that started it (removed at start-up when
+tracing is off); `DatabaseOutageMiddleware`, pages while the database does not answer: 503
+with `Retry-After`, never the 500 page with a traceback per request (docs/operating.md, "When
+the database is down").
 
 With `agentflow.middleware.DatabaseOutageMiddleware` in MIDDLEWARE, a view (or the template it
 renders) that finds the database unreachable answers an operator on an admin page that the
@@ -18,6 +21,15 @@ from django.template.loader import render_to_string
 from django.urls import Resolver404, resolve
 
 from agentflow._core import outage
+from agentflow._observe.tracing import RequestSpanMiddleware
+
+__all__ = [
+    "DatabaseOutageMiddleware",
+    "RequestSpanMiddleware",
+    "database_unreachable",
+    "retry_later",
+    "unavailable",
+]
 
 OPERATOR_TEMPLATE = "agentflow/database_unreachable.html"
 CUSTOMER_TEMPLATE = "503.html"

@@ -53,7 +53,7 @@ class WorkflowRun(models.Model):
     #: `updated_at`, which the sweeper leaves alone): while nobody answers, the gap to its next
     #: re-publish doubles from this (`agentflow._sweeps.backoff`). NULL: never rung.
     rung_at = models.DateTimeField(null=True, blank=True)
-    #: The W3C traceparent its steps hang under when tracing is on (see agentflow.tracing),
+    #: The W3C traceparent its steps hang under when tracing is on (see agentflow._observe.tracing),
     #: so a step re-published without one (by the sweeper) stays in the run's trace.
     trace_parent = models.CharField(max_length=55, blank=True, db_default="")
     #: The build whose code runs it now (docs/deploys.md, "Builds"): the one it started on, until it

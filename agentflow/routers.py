@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from agentflow.conf import settings
+from agentflow._conf import settings
 
 #: The keystore's one model (`agentflow._privacy.models.SubjectKey`), as routers name it.
 KEYSTORE_MODEL = "subjectkey"

@@ -50,8 +50,8 @@ from django.views.decorators.http import require_POST
 
 from agentflow import _store as store
 from agentflow import durable
+from agentflow._conf import settings
 from agentflow._core.serialization import MAX_DEPTH
-from agentflow.conf import settings
 
 logger = logging.getLogger(__name__)
 

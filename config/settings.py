@@ -53,7 +53,7 @@ if django.VERSION < (6, 0):
     INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
-    "agentflow.tracing.RequestSpanMiddleware",  # first, so the span covers the whole request
+    "agentflow.middleware.RequestSpanMiddleware",  # first, so the span covers the whole request
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",  # a Content-Security-Policy on every response (below)
     "whitenoise.middleware.WhiteNoiseMiddleware",  # static files without a separate server
@@ -271,7 +271,7 @@ CELERY_TASK_QUEUE_MAX_PRIORITY = 9
 CELERY_BEAT_SCHEDULER = "agentflow.beat:Scheduler"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
-# --- Engine (each has a default in agentflow.conf; this site reads them from the environment) --
+# --- Engine (each has a default in agentflow._conf; this site reads them from the environment) --
 AGENTFLOW_LEASE_SECONDS = env_int("AGENTFLOW_LEASE_SECONDS", 10, minimum=1)
 # Every second: a whole worker's death is noticed through its freed advisory lock at the next
 # sweep, so this is what recovery takes (the query reads only active runs: ~1-6 ms).

@@ -1,7 +1,8 @@
 """This site's OpenTelemetry SDK: spans batched to OTEL_EXPORTER_OTLP_ENDPOINT over OTLP/HTTP.
 
-The engine only speaks the API (`agentflow.tracing`) and traces once a global provider is set;
-each process entry point (wsgi, the Celery app) calls `configure` once Django's settings load.
+The engine only speaks the API (`agentflow._observe.tracing`) and traces once a global provider
+is set; each process entry point (wsgi, the Celery app) calls `configure` once Django's settings
+load.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from django.db import close_old_connections, connection
 
 from agentflow import _store as store
 from agentflow._builds import routing
+from agentflow._conf import settings
 from agentflow._core import builds, leases, outage
-from agentflow.conf import settings
 
 logger = logging.getLogger("agentflow.roster")  # the name hosts' LOGGING knows
 

@@ -30,6 +30,7 @@ from agentflow import _concurrency, _priority
 from agentflow import _store as store
 from agentflow._base.context import StepContext
 from agentflow._base.states import TERMINAL_RUN_STATUSES, StepKind, WaitKind
+from agentflow._conf import settings
 from agentflow._core import registry
 from agentflow._core.registry import DefinitionError, WaitSpec, Workflow, undo_target
 from agentflow._core.serialization import NotJSONError, storable_text, to_json
@@ -38,7 +39,6 @@ from agentflow._privacy import keystore
 from agentflow._store.children import ChildEnd, NewRun
 from agentflow.agent.loop import START_CHILDREN, AgentContext, CodeWorkflow
 from agentflow.agent.waiting import WaitCall
-from agentflow.conf import settings
 from agentflow.exceptions import InvalidInputError, PermanentStepError
 from agentflow.models import WorkflowRun
 

@@ -26,8 +26,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from agentflow._base import identifiers
+from agentflow._conf import settings
 from agentflow._core.registry import StepDef, Workflow, definitions, generation, on_demand
-from agentflow.conf import settings
 
 #: Every worker consumes the shared step queue and this one, of its own build.
 QUEUE_PREFIX = "agentflow.build."

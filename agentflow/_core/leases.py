@@ -29,8 +29,8 @@ import dj_database_url
 import psycopg
 from django.db import close_old_connections, connection
 
+from agentflow._conf import settings
 from agentflow._core import outage
-from agentflow.conf import settings
 
 logger = logging.getLogger("agentflow.leases")  # the name hosts' LOGGING knows
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentflow._base import identifiers
-from agentflow.conf import settings
+from agentflow._conf import settings
 
 #: After a 429 the key runs at half what it ran at, never below this share of its limit: slow
 #: enough to stop the 429s of a partner that halved its own limit, and it still moves.

@@ -23,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError
 from psycopg.pq import TransactionStatus
 
-from agentflow.conf import settings
+from agentflow._conf import settings
 
 logger = logging.getLogger("agentflow.pooler")  # the name hosts' LOGGING knows
 

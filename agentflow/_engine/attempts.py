@@ -22,13 +22,13 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from agentflow import _store as store
 from agentflow._base.context import StepContext
 from agentflow._base.states import StepKind
+from agentflow._conf import settings
 from agentflow._core import faults, pooler
 from agentflow._core.registry import CodeDefined, StepDef, Workflow
 from agentflow._core.serialization import NotJSONError, to_json
 from agentflow._engine import failures
 from agentflow._engine.failures import Cause, Moment
 from agentflow._limits import limiter
-from agentflow.conf import settings
 from agentflow.exceptions import PartnerWait
 from agentflow.models import RunEvent
 

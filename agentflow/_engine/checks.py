@@ -14,11 +14,11 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from agentflow import _priority, routers
 from agentflow import _store as store
+from agentflow._conf import DEFAULTS, settings
 from agentflow._core import builds, dispatch, limits, registry
 from agentflow._engine.tasks import STEP_TIME_LIMIT
 from agentflow._observe import metrics
 from agentflow._privacy import keys as privacy_keys
-from agentflow.conf import DEFAULTS, settings
 
 
 @checks.register(checks.Tags.security)

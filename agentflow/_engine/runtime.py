@@ -29,6 +29,7 @@ from agentflow._base.states import (
 )
 from agentflow._builds import routing
 from agentflow._concurrency import HOLD
+from agentflow._conf import settings
 from agentflow._core import builds, dispatch, faults, leases, pooler, registry
 from agentflow._core.registry import NEXT_CALL, CodeDefined, StepDef, Workflow
 from agentflow._core.serialization import to_json
@@ -44,7 +45,6 @@ from agentflow._limits import limiter
 from agentflow._observe import telemetry
 from agentflow._privacy import scope as privacy
 from agentflow._waits import waits
-from agentflow.conf import settings
 from agentflow.models import RunEvent
 
 logger = logging.getLogger("agentflow.runtime")  # the name hosts' LOGGING knows

@@ -15,10 +15,10 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from agentflow import _store as store
 from agentflow import beat
 from agentflow._builds import roster
+from agentflow._conf import settings
 from agentflow._core import builds, dispatch, features, outage, pooler
 from agentflow._engine import runtime
 from agentflow._observe import telemetry
-from agentflow.conf import settings
 
 logger = logging.getLogger("agentflow.tasks")  # the name hosts' LOGGING knows
 

@@ -8,9 +8,9 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from agentflow import _store as store
+from agentflow._conf import settings
 from agentflow._core import features, limits, outage
 from agentflow._observe import metrics as run_metrics
-from agentflow.conf import settings
 
 #: The sweeper is late once this many intervals passed without a sweep: one missed tick is
 #: noise (a busy worker), three mean nobody is sweeping and recovery has stopped.

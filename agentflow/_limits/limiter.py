@@ -19,9 +19,9 @@ from contextvars import ContextVar
 from django.db import DatabaseError
 
 from agentflow import _store as store
+from agentflow._conf import settings
 from agentflow._core import limits
 from agentflow._observe import telemetry
-from agentflow.conf import settings
 from agentflow.exceptions import (
     PartnerRateLimited,
     PartnerUnavailable,

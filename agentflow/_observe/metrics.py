@@ -31,8 +31,8 @@ from django.db.models import Count, F, Min, Q, QuerySet
 from django.db.models.functions import Now
 
 from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, WaitKind
+from agentflow._conf import settings
 from agentflow._core import outage, registry
-from agentflow.conf import settings
 from agentflow.models import Build, RunWait, WorkflowRun
 
 #: Builds listed by `agentflow_runs_by_build` even with no run left (newest first).

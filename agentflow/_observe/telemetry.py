@@ -21,11 +21,11 @@ from celery import current_app
 from celery.signals import beat_init, worker_process_init
 from django.db import transaction
 
-from agentflow import logs, tracing
+from agentflow import logs
 from agentflow._base.context import idempotency_key
+from agentflow._conf import settings
 from agentflow._core import dispatch, leases, origin
-from agentflow._observe import metrics
-from agentflow.conf import settings
+from agentflow._observe import metrics, tracing
 from agentflow.exceptions import PermanentStepError, RetryableStepError
 from agentflow.models import WorkflowRun
 

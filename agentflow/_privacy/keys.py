@@ -18,7 +18,7 @@ from functools import lru_cache
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from agentflow.conf import settings
+from agentflow._conf import settings
 from agentflow.exceptions import MasterKeyError
 
 #: AES-256: the key size every current guidance recommends for data kept for years.

@@ -23,9 +23,9 @@ from django.db import DatabaseError, close_old_connections, transaction
 
 from agentflow import _store as store
 from agentflow._builds import routing
+from agentflow._conf import settings
 from agentflow._core import dispatch, features, limits, outage
 from agentflow._observe import telemetry
-from agentflow.conf import settings
 
 logger = logging.getLogger("agentflow.sweeper")  # the name hosts' LOGGING knows
 

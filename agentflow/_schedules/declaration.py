@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from agentflow._conf import settings
 from agentflow._core.serialization import NotJSONError, to_json
 from agentflow._schedules.slots import ScheduleError, check_cron, zone
-from agentflow.conf import settings
 
 #: What a slot does while the run of the previous slot has not finished (Temporal's overlap
 #: policies, by the names an operator reads): skip it; queue it (one at most: a further slot

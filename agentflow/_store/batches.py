@@ -29,6 +29,7 @@ from django.db import transaction
 
 from agentflow._base.context import idempotency_key
 from agentflow._base.states import RunStatus, StepStatus
+from agentflow._conf import settings
 from agentflow._core import builds, dispatch, faults
 from agentflow._core.registry import NEXT_CALL, StepDef, Workflow
 from agentflow._store import sql
@@ -36,7 +37,6 @@ from agentflow._store.events import event_add
 from agentflow._store.runs import Fenced, begin_undo, enqueue_grace
 from agentflow._store.steps import ACTIVE, CheckpointRow, StepState, state_load
 from agentflow._store.turns import PARTNER_HOLD
-from agentflow.conf import settings
 from agentflow.models import RunEvent
 
 logger = logging.getLogger("agentflow.store.batches")  # the name hosts' LOGGING knows

@@ -19,11 +19,11 @@ from typing import Any
 from django.db import transaction
 
 from agentflow._base.states import RunStatus, StepStatus
+from agentflow._conf import settings
 from agentflow._core import builds, leases
 from agentflow._store import sql
 from agentflow._store.events import event_add
 from agentflow._store.steps import ACTIVE
-from agentflow.conf import settings
 from agentflow.models import RunEvent
 
 #: A worker whose heartbeat is older than this is not counted live, lock or not (a host that

@@ -20,6 +20,7 @@ from django.db import transaction
 
 from agentflow import _concurrency
 from agentflow._base.states import ACTIVE_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
+from agentflow._conf import settings
 from agentflow._core import builds, dispatch
 from agentflow._core.registry import Workflow
 from agentflow._privacy import scope
@@ -32,7 +33,6 @@ from agentflow._store.concurrency import (
     concurrency_release_on_commit,
 )
 from agentflow._store.subject_keys import runs_subject_bind_many
-from agentflow.conf import settings
 from agentflow.models import new_run_id
 
 #: Rows per INSERT: a statement's parameters stay far below Postgres' 65,535 (23 a row).

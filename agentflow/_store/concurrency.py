@@ -25,11 +25,11 @@ from django.db import DatabaseError, transaction
 
 from agentflow import _concurrency
 from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
+from agentflow._conf import settings
 from agentflow._core import dispatch
 from agentflow._observe import telemetry
 from agentflow._store import sql
 from agentflow._store.events import event_add
-from agentflow.conf import settings
 from agentflow.models import ConcurrencyKey, RunEvent
 
 logger = logging.getLogger("agentflow.store.concurrency")  # the name hosts' LOGGING knows

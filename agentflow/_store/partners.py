@@ -17,11 +17,11 @@ from typing import Any
 
 from django.db import transaction
 
+from agentflow._conf import settings
 from agentflow._core import builds, dispatch, leases, limits
 from agentflow._core.limits import CLOSED, HALF_OPEN, OPEN, Limit
 from agentflow._store import sql
 from agentflow._store.steps import ACTIVE
-from agentflow.conf import settings
 from agentflow.models import PartnerEvent, PartnerSlot, PartnerState, PartnerWaiter
 
 logger = logging.getLogger("agentflow.store.partners")  # the name hosts' LOGGING knows

@@ -21,6 +21,7 @@ from agentflow._base import outcomes
 from agentflow._base.context import idempotency_key
 from agentflow._base.states import RunStatus, StepKind, StepStatus
 from agentflow._concurrency import reason, token
+from agentflow._conf import settings
 from agentflow._core import builds, dispatch
 from agentflow._core.registry import StepDef, Workflow
 from agentflow._observe import telemetry
@@ -36,7 +37,6 @@ from agentflow._store.events import event_add, event_time
 from agentflow._store.parents import run_ended
 from agentflow._store.sensitive import masked
 from agentflow._store.steps import ACTIVE, CheckpointRow, Claim, state_load
-from agentflow.conf import settings
 from agentflow.models import RunEvent, StepCheckpoint, SupersededStep, WorkflowRun
 
 logger = logging.getLogger("agentflow.store.runs")  # the name hosts' LOGGING knows

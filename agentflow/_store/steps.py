@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 
 from agentflow._base.context import idempotency_key
 from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus, StepKind, StepStatus
+from agentflow._conf import settings
 from agentflow._core import builds, dispatch, faults, leases
 from agentflow._core.registry import StepDef, Workflow
 from agentflow._observe import telemetry
@@ -27,7 +28,6 @@ from agentflow._store import sql
 from agentflow._store.concurrency import concurrency_run_ended
 from agentflow._store.events import event_add, event_time
 from agentflow._store.parents import run_ended
-from agentflow.conf import settings
 from agentflow.models import RunEvent
 
 ACTIVE: list[str] = [str(status) for status in ACTIVE_RUN_STATUSES]

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from agentflow._conf import settings
 from agentflow._core import leases
 from agentflow._store import sql
 from agentflow._store.events import event_add
 from agentflow._store.steps import ACTIVE
 from agentflow._sweeps import backoff
-from agentflow.conf import settings
 from agentflow.models import RunEvent
 
 DEFAULT_SWEEPER = "sweeper"

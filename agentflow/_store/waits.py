@@ -25,6 +25,7 @@ from agentflow._base import outcomes
 from agentflow._base.canonical import digest, normalise
 from agentflow._base.context import Decision
 from agentflow._base.states import RunStatus, WaitKind
+from agentflow._conf import settings
 from agentflow._core import dispatch
 from agentflow._core.registry import WaitSpec
 from agentflow._store import sql
@@ -32,7 +33,6 @@ from agentflow._store.events import event_add, event_time
 from agentflow._store.operator import locked_run, wake_soon
 from agentflow._store.runs import run_park
 from agentflow._store.steps import ACTIVE, StepState, state_load
-from agentflow.conf import settings
 from agentflow.exceptions import ActionRefused
 from agentflow.models import RunEvent, RunWait, WorkflowRun
 

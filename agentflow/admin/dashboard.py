@@ -25,11 +25,11 @@ from django.utils.http import urlencode
 from agentflow import _store as store
 from agentflow._base.states import ACTIVE_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
 from agentflow._builds import roster
+from agentflow._conf import settings
 from agentflow._observe import metrics
 from agentflow.admin import counting
 from agentflow.admin.counting import count_label, planner_estimate
 from agentflow.admin.display import duration
-from agentflow.conf import settings
 from agentflow.models import RunEvent, WorkflowRun
 
 #: Events read to count the last hour's activity: a few milliseconds at any history size.

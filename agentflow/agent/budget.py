@@ -35,8 +35,8 @@ from decimal import Decimal
 from typing import Any
 
 from agentflow._base.canonical import canonical_json
+from agentflow._conf import settings
 from agentflow.agent import pricing
-from agentflow.conf import settings
 from agentflow.exceptions import BudgetExceeded
 
 #: Tokens a chat request costs beyond its text (the chat format's per-request priming), added

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core import checks
 
+from agentflow._conf import settings
 from agentflow.agent.fallbacks import fallback_servers
-from agentflow.conf import settings
 
 
 @checks.register()

@@ -12,9 +12,9 @@ from typing import Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 
+from agentflow._conf import settings
 from agentflow.agent.conversation import ModelRequest, ModelResponse
 from agentflow.agent.fallbacks import FallbackModel, fallback_servers
-from agentflow.conf import settings
 
 
 class ModelClient(Protocol):

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agentflow._conf import settings
 from agentflow.agent.conversation import ModelRequest, ModelResponse
-from agentflow.conf import settings
 from agentflow.exceptions import PermanentStepError, RetryableStepError
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentflow.conf import settings
+from agentflow._conf import settings
 from agentflow.exceptions import BudgetExceeded
 
 #: Tool calls one model turn may have run: a turn asking for sixty gets the first ten.

@@ -34,6 +34,7 @@ from agentflow._base.canonical import canonical_json, digest
 from agentflow._base.context import StepContext, UndoneCall, idempotency_key
 from agentflow._base.retry import DEFAULT_RETRY, RetryPolicy
 from agentflow._base.states import StepKind, StepStatus
+from agentflow._conf import settings
 from agentflow._core.registry import (
     NEXT_CALL,
     CodeDefined,
@@ -69,7 +70,6 @@ from agentflow.agent.tools import (
     refused_call,
 )
 from agentflow.agent.turns import Turns, whole_request
-from agentflow.conf import settings
 from agentflow.exceptions import BudgetExceeded, DefinitionError, OutcomeUnknown, PermanentStepError
 
 #: The call `durable.start_children` records in an agent run. Its output names the

@@ -17,6 +17,7 @@ from typing import Any
 
 import openai
 
+from agentflow._conf import settings
 from agentflow.agent.conversation import (
     OPENAI_PROVIDER,
     ModelRequest,
@@ -25,7 +26,6 @@ from agentflow.agent.conversation import (
     Usage,
 )
 from agentflow.agent.conversation import assistant_message as _assistant_message
-from agentflow.conf import settings
 from agentflow.exceptions import (
     PartnerRateLimited,
     PartnerUnavailable,

@@ -8,14 +8,13 @@ from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
-from agentflow import tracing
 from agentflow._base.context import StepContext
+from agentflow._conf import settings
 from agentflow._core.registry import StepDef
-from agentflow._observe import metrics
+from agentflow._observe import metrics, tracing
 from agentflow.agent import pricing
 from agentflow.agent.conversation import OPENAI_PROVIDER, ModelResponse
 from agentflow.agent.fingerprint import CallKind
-from agentflow.conf import settings
 
 #: The GenAI provider name of a workflow's own offline model (a scripted planner).
 OFFLINE_PROVIDER = "agentflow.scripted"

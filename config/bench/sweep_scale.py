@@ -12,7 +12,7 @@ from django.db import DatabaseError, connection, transaction
 
 from agentflow import _store as store
 from agentflow._base.states import TERMINAL_RUN_STATUSES, RunStatus
-from agentflow.conf import settings
+from agentflow._conf import settings
 from agentflow.models import WorkflowRun
 from config.bench import synthetic, workload
 from config.bench.scrape import ScrapeFigure, scrape_at_scale

@@ -16,8 +16,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from agentflow import durable, tracing
-from agentflow._observe import telemetry
+from agentflow import durable
+from agentflow._observe import telemetry, tracing
 from agentflow.models import WorkflowRun
 from agentflow.testing.processes import RedisServer
 from config import tracing as site_tracing

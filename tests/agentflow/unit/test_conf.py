@@ -6,7 +6,7 @@ from pathlib import Path
 
 from django.test import override_settings
 
-from agentflow.conf import DEFAULTS, settings
+from agentflow._conf import DEFAULTS, settings
 
 SETTINGS_PAGE = (Path(__file__).resolve().parents[3] / "docs" / "settings.md").read_text()
 

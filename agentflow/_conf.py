@@ -1,6 +1,6 @@
 """Every `AGENTFLOW_*` setting and its default: a host sets only what it changes.
 
-Engine code reads settings through `agentflow.conf.settings`, which answers a host's own value
+Engine code reads settings through `agentflow._conf.settings`, which answers a host's own value
 when it has one and the default here otherwise; any other name is Django's setting as usual,
 so it is a drop-in for `django.conf.settings` (and `override_settings` works on both). The
 manual's settings table (docs/settings.md) lists the same names, defaults and meanings.
