@@ -51,11 +51,15 @@ def erase(subject: str, *, actor: str, reason: str, cancel_in_flight: bool = Fal
         .values_list("id", flat=True)
     )
     if live:
-        raise ErasureRefused(_in_flight(live, actor, reason) if cancel_in_flight else (
-            f"{len(live)} run(s) of this subject are still in flight ({_named(live)}): they "
-            "need the data to finish or be undone. Cancel them (--cancel-in-flight) or wait "
-            "for them to end, then erase again"
-        ))  # fmt: skip
+        raise ErasureRefused(
+            _in_flight(live, actor, reason)
+            if cancel_in_flight
+            else (
+                f"{len(live)} run(s) of this subject are still in flight ({_named(live)}): they "
+                "need the data to finish or be undone. Cancel them (--cancel-in-flight) or wait "
+                "for them to end, then erase again"
+            )
+        )
     found = store.subject_erase(subject, actor=actor, reason=reason)
     return Erasure(keys=found.keys, runs=found.runs)
 

@@ -29,8 +29,12 @@ FORMATS = ("json", "text")
 #: call's span and the step line say it), and django-axes's "BEGIN version" at the start of
 #: every process, management commands included. Their warnings and errors still show.
 _CHATTY_LOGGERS = (
-    "celery.worker.strategy", "celery.app.trace", "celery.beat", "stripe", "axes.apps",
-)  # fmt: skip
+    "celery.worker.strategy",
+    "celery.app.trace",
+    "celery.beat",
+    "stripe",
+    "axes.apps",
+)
 
 #: Fields the engine passes as `extra=` that belong in the line (others stay out of it).
 EXTRA_FIELDS = ("duration_ms", "events", "run_ids", "parked_run_ids", "query_ms")

@@ -98,9 +98,14 @@ def signal_webhook(request: HttpRequest, partner: str) -> JsonResponse:
         # Django's request logger would add a second line ("Bad Request: ..."): this one,
         # with the reason, stands for it.
         log_response(
-            "webhook of %s refused: %s", partner, refused.reason,
-            response=response, request=request, logger=logger, level="warning",
-        )  # fmt: skip
+            "webhook of %s refused: %s",
+            partner,
+            refused.reason,
+            response=response,
+            request=request,
+            logger=logger,
+            level="warning",
+        )
         return response
     return JsonResponse({"result": delivery, "signal_id": message["signal_id"]})
 

@@ -17,10 +17,17 @@ AGENT = "refund_agent"
 #: What the customer sees of an agent run: its tool calls, in the order a refund takes them
 #: (model turns and the owner check in code are the engine's business).
 AGENT_STEPS = (
-    "load_request", "fetch_booking", "check_cancellation_policy", waivers.STEP,
-    "charge_customer", "cancel_seat", "issue_boarding_pass", "update_crm",
-    "send_confirmation_email", "capture_fee",
-)  # fmt: skip
+    "load_request",
+    "fetch_booking",
+    "check_cancellation_policy",
+    waivers.STEP,
+    "charge_customer",
+    "cancel_seat",
+    "issue_boarding_pass",
+    "update_crm",
+    "send_confirmation_email",
+    "capture_fee",
+)
 #: Its compensations, shown once they start (named after the call they undo: `refund_fee@7`).
 AGENT_COMPENSATIONS = ("refund_fee", "reinstate_seat", "notify_failure")
 _UNDO_SUFFIX = "@"

@@ -717,9 +717,17 @@ def _boarding_pass(data: dict[str, Any], reference: str, flight: str, date: str)
 
 
 _BOOKING_FIELDS = (
-    "reference", "contact_email", "flight", "date", "origin", "destination", "seat",
-    "fare_class", "payment_method", "status",
-)  # fmt: skip
+    "reference",
+    "contact_email",
+    "flight",
+    "date",
+    "origin",
+    "destination",
+    "seat",
+    "fare_class",
+    "payment_method",
+    "status",
+)
 
 
 class BookingNotFound(PermanentStepError):

@@ -50,9 +50,13 @@ def airline_notice(request: HttpRequest) -> JsonResponse:
         reason = refused.reason if isinstance(refused, webhooks.Refused) else "unreadable"
         response = JsonResponse({"error": reason}, status=status)
         log_response(
-            "airline notice refused: %s", reason,
-            response=response, request=request, logger=logger, level="warning",
-        )  # fmt: skip
+            "airline notice refused: %s",
+            reason,
+            response=response,
+            request=request,
+            logger=logger,
+            level="warning",
+        )
         return response
     run_id = durable.start(
         "flight_cancelled",

@@ -18,33 +18,68 @@ INTENTS = ("rebook", "cancel", "refund", "unknown")
 #: who says "cancel and rebook" wants a new flight, and "cancel and refund" wants money back.
 _INTENT_KEYWORDS: dict[str, tuple[str, ...]] = {
     "rebook": (
-        "rebook", "re-book", "reschedul", "re-schedul", "change", "move", "switch", "swap",
-        "transfer", "postpone", "different flight", "another flight", "later flight",
-        "earlier flight", "next flight", "new flight", "instead",
+        "rebook",
+        "re-book",
+        "reschedul",
+        "re-schedul",
+        "change",
+        "move",
+        "switch",
+        "swap",
+        "transfer",
+        "postpone",
+        "different flight",
+        "another flight",
+        "later flight",
+        "earlier flight",
+        "next flight",
+        "new flight",
+        "instead",
     ),
     "refund": (
-        "refund", "money back", "reimburs", "repay", "chargeback", "my money", "compensat",
+        "refund",
+        "money back",
+        "reimburs",
+        "repay",
+        "chargeback",
+        "my money",
+        "compensat",
     ),
     "cancel": (
-        "cancel", "can't make it", "cant make it", "cannot make it", "can not make it",
-        "won't be flying", "not flying", "drop my", "call off",
+        "cancel",
+        "can't make it",
+        "cant make it",
+        "cannot make it",
+        "can not make it",
+        "won't be flying",
+        "not flying",
+        "drop my",
+        "call off",
     ),
-}  # fmt: skip
+}
 _NEGATIONS = re.compile(r"\b(?:don'?t|do not|not|no|never|without|nor)\s+(?:\w+\s+){0,2}$")
 
 _MONTHS = {
     name: number
     for number, names in enumerate(
         [
-            ("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"),
-            ("may",), ("june", "jun"), ("july", "jul"), ("august", "aug"),
-            ("september", "sept", "sep"), ("october", "oct"), ("november", "nov"),
+            ("january", "jan"),
+            ("february", "feb"),
+            ("march", "mar"),
+            ("april", "apr"),
+            ("may",),
+            ("june", "jun"),
+            ("july", "jul"),
+            ("august", "aug"),
+            ("september", "sept", "sep"),
+            ("october", "oct"),
+            ("november", "nov"),
             ("december", "dec"),
         ],
         start=1,
     )
     for name in names
-}  # fmt: skip
+}
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _MONTH = r"(?P<month>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 _DAY = r"(?P<day>\d{1,2})(?:st|nd|rd|th)?"
@@ -68,10 +103,36 @@ _DATE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 _FLIGHT = re.compile(r"\b(?P<code>[A-Za-z0-9]{2})(?P<sep>[ -]?)(?P<number>\d{1,4})\b")
 _FLIGHT_CUE = re.compile(r"\bflight\s*(?:no\.?|number|nr\.?|#)?\s*:?\s*(?:is\s+)?$", re.IGNORECASE)
 #: Short words that look like a designator when followed by a number ("TO 1400", "ON 12").
-_NOT_AIRLINES = frozenset({
-    "AM", "AN", "AS", "AT", "BE", "BY", "DO", "GO", "HI", "IF", "IN", "IS", "IT", "ME", "MY",
-    "NO", "OF", "OK", "ON", "OR", "PM", "SO", "TO", "UP", "US", "WE",
-})  # fmt: skip
+_NOT_AIRLINES = frozenset(
+    {
+        "AM",
+        "AN",
+        "AS",
+        "AT",
+        "BE",
+        "BY",
+        "DO",
+        "GO",
+        "HI",
+        "IF",
+        "IN",
+        "IS",
+        "IT",
+        "ME",
+        "MY",
+        "NO",
+        "OF",
+        "OK",
+        "ON",
+        "OR",
+        "PM",
+        "SO",
+        "TO",
+        "UP",
+        "US",
+        "WE",
+    }
+)
 _REFERENCE = re.compile(r"\b[A-Za-z0-9]{6}\b")
 _REFERENCE_CUE = re.compile(
     r"\b(?:booking|reference|ref|pnr|confirmation|record locator|code)\b[\s:#.-]*(?:is\s+)?$",

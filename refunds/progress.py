@@ -118,18 +118,34 @@ def describe(
     undoing = not _is_finished(status) and bool(current_step) and current_step not in planned
     awaiting = "" if _is_finished(status) else awaiting_approval
     rows = [
-        _row(name, latest.get(name), status=status, current_step=current_step,
-             stopped=undoing or _is_finished(status), fee=fee, waived=waived, awaiting=awaiting)
+        _row(
+            name,
+            latest.get(name),
+            status=status,
+            current_step=current_step,
+            stopped=undoing or _is_finished(status),
+            fee=fee,
+            waived=waived,
+            awaiting=awaiting,
+        )
         for name in planned
-    ]  # fmt: skip
+    ]
     extra = sorted(
         (cp for name, cp in latest.items() if name not in planned), key=lambda cp: cp.seq
     )
     rows += [
-        _row(cp.name, cp, status=status, current_step=current_step, stopped=False, fee=fee,
-             waived=waived, awaiting=awaiting)
+        _row(
+            cp.name,
+            cp,
+            status=status,
+            current_step=current_step,
+            stopped=False,
+            fee=fee,
+            waived=waived,
+            awaiting=awaiting,
+        )
         for cp in extra
-    ]  # fmt: skip
+    ]
     money = Money.of(outputs or {})
     outcome, headline, message = _summary(
         status, latest, money, undoing=undoing, fee=fee, emailed=emailed, awaiting=awaiting

@@ -140,16 +140,25 @@ def match(
     result.update({kind: [] for kind in MISMATCHES})
     sides = (
         ("payment", payments, {r.taken["payment_intent_id"]: r for r in runs if r.taken}, "taken"),
-        ("refund", refunds, {r.given_back["refund_id"]: r for r in runs if r.given_back},
-         "given_back"),
-    )  # fmt: skip
+        (
+            "refund",
+            refunds,
+            {r.given_back["refund_id"]: r for r in runs if r.given_back},
+            "given_back",
+        ),
+    )
     for kind, at_stripe, by_id, field in sides:
         seen = set()
         for item in at_stripe:
             cents = item.get("amount_received_cents", item["amount_cents"]) or item["amount_cents"]
             run = by_id.get(item["id"])
-            entry = {"kind": kind, "id": item["id"], "stripe_cents": cents,
-                     "run_id": run.run_id if run else None, "run_cents": None}  # fmt: skip
+            entry = {
+                "kind": kind,
+                "id": item["id"],
+                "stripe_cents": cents,
+                "run_id": run.run_id if run else None,
+                "run_cents": None,
+            }
             if run is None:
                 result["payment_without_run"].append(entry)
                 continue
@@ -191,15 +200,20 @@ def report(result: dict[str, Any]) -> tuple[str, str]:
     subject = f"Reconciliation {day}: {len(wrong)} unmatched, waiting for an operator"
     body = [f"Stripe and the refund runs disagree on {day}:", ""]
     body += [f"- {_line(kind, entry)}" for kind, entry in wrong]
-    body += ["", f"{len(result['matched'])} matched. The reconciliation run is parked for an "
-             "operator; nothing was moved."]  # fmt: skip
+    body += [
+        "",
+        f"{len(result['matched'])} matched. The reconciliation run is parked for an "
+        "operator; nothing was moved.",
+    ]
     return subject, "\n".join(body) + "\n"
 
 
 def _line(kind: str, entry: dict[str, Any]) -> str:
-    what = {"payment_without_run": f"{entry['kind']} without a completed run",
-            "run_without_payment": f"run without its {entry['kind']}",
-            "amount_differs": "amount differs"}[kind]  # fmt: skip
+    what = {
+        "payment_without_run": f"{entry['kind']} without a completed run",
+        "run_without_payment": f"run without its {entry['kind']}",
+        "amount_differs": "amount differs",
+    }[kind]
     amounts = []
     if entry["stripe_cents"] is not None:
         amounts.append(f"Stripe {policy.format_amount(entry['stripe_cents'], policy.CURRENCY)}")

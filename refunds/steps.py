@@ -308,9 +308,11 @@ def _failure_reason(ctx: StepContext) -> str:
     run = durable.snapshot(ctx.run_id)
     if run is not None and run.cancel_requested:
         return wording.TEAM_STOPPED
-    failed = next(
-        (s for s in reversed(run.steps) if s.status == durable.StepStatus.FAILED), None
-    ) if run else None  # fmt: skip
+    failed = (
+        next((s for s in reversed(run.steps) if s.status == durable.StepStatus.FAILED), None)
+        if run
+        else None
+    )
     if failed is None:  # it failed between steps: a limit, or the agent stopped short
         return wording.failure(None, run.error if run else "")
     return wording.failure(failed.name.split("@", 1)[0], failed.error)

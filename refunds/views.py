@@ -196,8 +196,13 @@ def _refund_or_404(public_id: str) -> RefundRequest:
 
 def _same_request(refund: RefundRequest, data: dict[str, Any]) -> bool:
     fields = (
-        "email", "booking_reference", "last_name", "message", "waiver_reason", "waiver_details",
-    )  # fmt: skip
+        "email",
+        "booking_reference",
+        "last_name",
+        "message",
+        "waiver_reason",
+        "waiver_details",
+    )
     return all(getattr(refund, name) == data[name] for name in fields)
 
 

@@ -30,11 +30,16 @@ from refunds.gateways import (
 #: with the new code first (tests/refunds/acceptance/test_deploys.py deploys a read step just before
 #: the fee this way). (Its first line stays as it is: test_deploys.py writes the next release by
 #: editing it.)
-refund = durable.Workflow("refund", version=4, on_failure="notify_failure",
-                          sensitive_input=waivers.STATUS_PAGE_KEY,
-                          personal=privacy.REFUND, priority=priorities.CUSTOMER,
-                          concurrency_key=priorities.booking_of,
-                          concurrency_limit=priorities.PER_BOOKING)  # fmt: skip
+refund = durable.Workflow(
+    "refund",
+    version=4,
+    on_failure="notify_failure",
+    sensitive_input=waivers.STATUS_PAGE_KEY,
+    personal=privacy.REFUND,
+    priority=priorities.CUSTOMER,
+    concurrency_key=priorities.booking_of,
+    concurrency_limit=priorities.PER_BOOKING,
+)
 
 refund.step("load_request", kind="read")(steps.load_request)
 refund.step("parse_flight_details", kind="read")(steps.parse_flight_details)

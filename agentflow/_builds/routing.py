@@ -241,10 +241,14 @@ def _decide(run: store.StepState, seq: int, own: str) -> store.StepState | None:
     check = upgrades.check(workflow, facts(run), reads=_reads(run, workflow))
     if check.safe and workflow is not None and workflow.versioning != "pinned":
         moved = store.run_move(
-            run.id, seq, from_build=run.build, to_build=own, version=workflow.version,
+            run.id,
+            seq,
+            from_build=run.build,
+            to_build=own,
+            version=workflow.version,
             reason=f"moved from build {run.build or '(none)'} to {own} "
             f"({run.workflow} v{run.version} -> v{workflow.version})",
-        )  # fmt: skip
+        )
         if not moved:
             # A live claim of its own build runs the step (it publishes what comes next), or
             # another worker moved or pinned it first: theirs to carry on.
@@ -382,11 +386,16 @@ def move(run_id: str, *, actor: str, reason: str) -> str | None:
         )
     store.build_known(own)
     moved = store.run_move(
-        run_id, seq, from_build=run.build, to_build=own, version=workflow.version,
-        kind=RunEvent.Kind.OPERATOR_MOVE, actor=actor,
+        run_id,
+        seq,
+        from_build=run.build,
+        to_build=own,
+        version=workflow.version,
+        kind=RunEvent.Kind.OPERATOR_MOVE,
+        actor=actor,
         reason=f"moved from build {run.build or '(none)'} to {own}: {reason}",
         statuses=[*ACTIVE_RUN_STATUSES, RunStatus.NEEDS_ATTENTION],
-    )  # fmt: skip
+    )
     if not moved:
         raise store.ActionRefused("it changed meanwhile, or a worker is running its step")
     if status == RunStatus.NEEDS_ATTENTION:
@@ -447,6 +456,10 @@ def hold_due(route: Route) -> bool:
     assert route.hold is not None
     run = route.run
     return store.run_hold(
-        run.id, run.seq, build=run.build, hold=route.hold.token,
-        reason=route.hold.reason(), recheck_seconds=HOLD_RECHECK_SECONDS,
-    )  # fmt: skip
+        run.id,
+        run.seq,
+        build=run.build,
+        hold=route.hold.token,
+        reason=route.hold.reason(),
+        recheck_seconds=HOLD_RECHECK_SECONDS,
+    )

@@ -117,28 +117,39 @@ def _graph(new: Workflow, run: RunFacts) -> Check:
             found = new.step_named(cp.name)
             if found is None or not found.compensation_only:
                 return _differs(
-                    run, cp.seq, f"compensation {cp.name!r} it ran is not in this build",
-                    _side(cp.seq, cp.name, cp.kind), "(no such compensation)",
-                )  # fmt: skip
+                    run,
+                    cp.seq,
+                    f"compensation {cp.name!r} it ran is not in this build",
+                    _side(cp.seq, cp.name, cp.kind),
+                    "(no such compensation)",
+                )
             continue
         step = new.steps.get(cp.name)
         if step is None or step.compensation_only:
             return _differs(
-                run, cp.seq, f"step {cp.name!r} it recorded at {cp.seq} is not in this build",
-                _side(cp.seq, cp.name, cp.kind), f"{cp.seq} (no step {cp.name!r})",
-            )  # fmt: skip
+                run,
+                cp.seq,
+                f"step {cp.name!r} it recorded at {cp.seq} is not in this build",
+                _side(cp.seq, cp.name, cp.kind),
+                f"{cp.seq} (no step {cp.name!r})",
+            )
         if step.kind != cp.kind:
             return _differs(
-                run, cp.seq, f"step {cp.name!r} was a {cp.kind} step, now it is {step.kind}",
-                _side(cp.seq, cp.name, cp.kind), _side(cp.seq, cp.name, step.kind),
-            )  # fmt: skip
+                run,
+                cp.seq,
+                f"step {cp.name!r} was a {cp.kind} step, now it is {step.kind}",
+                _side(cp.seq, cp.name, cp.kind),
+                _side(cp.seq, cp.name, step.kind),
+            )
         index = where[cp.name]
         if last is not None and index <= last[0]:
             return _differs(
-                run, cp.seq, f"order: it ran {last[1]!r} before {cp.name!r}; now "
-                f"{cp.name!r} comes first", _side(cp.seq, cp.name, cp.kind),
+                run,
+                cp.seq,
+                f"order: it ran {last[1]!r} before {cp.name!r}; now {cp.name!r} comes first",
+                _side(cp.seq, cp.name, cp.kind),
                 f"{cp.name!r} before {last[1]!r}",
-            )  # fmt: skip
+            )
         last = (index, cp.name)
         lost = _compensation_lost(new, run, cp)
         if lost:
@@ -146,27 +157,38 @@ def _graph(new: Workflow, run: RunFacts) -> Check:
     at = new.step_named(run.current_step)
     if at is None:
         return _differs(
-            run, run.current_seq, f"the step it is at, {run.current_step!r}, is not in this build",
-            f"{run.current_seq} {run.current_step}", f"{run.current_seq} (no such step)",
-        )  # fmt: skip
+            run,
+            run.current_seq,
+            f"the step it is at, {run.current_step!r}, is not in this build",
+            f"{run.current_seq} {run.current_step}",
+            f"{run.current_seq} (no such step)",
+        )
     if run.waiting and at.waits_for is None:
         return _differs(
-            run, run.current_seq, f"it waits at {run.current_step!r}, which no longer waits",
+            run,
+            run.current_seq,
+            f"it waits at {run.current_step!r}, which no longer waits",
             f"{run.current_seq} {run.current_step} (waits)",
             f"{run.current_seq} {run.current_step} (runs at once)",
-        )  # fmt: skip
+        )
     for planned in run.compensations:
         if new.step_named(planned) is None:
             return _differs(
-                run, run.current_seq, f"compensation {planned!r} it plans is not in this build",
-                planned, "(no such compensation)",
-            )  # fmt: skip
+                run,
+                run.current_seq,
+                f"compensation {planned!r} it plans is not in this build",
+                planned,
+                "(no such compensation)",
+            )
     old_failure = (run.old_shape or {}).get("on_failure")
     if old_failure and new.on_failure != old_failure:
         return _differs(
-            run, None, f"its on_failure step {old_failure!r} is not this build's "
-            f"({new.on_failure!r})", f"on_failure {old_failure}", f"on_failure {new.on_failure}",
-        )  # fmt: skip
+            run,
+            None,
+            f"its on_failure step {old_failure!r} is not this build's ({new.on_failure!r})",
+            f"on_failure {old_failure}",
+            f"on_failure {new.on_failure}",
+        )
     return SAFE
 
 
@@ -205,9 +227,12 @@ def _agent(new: CodeDefined, run: RunFacts, reads: ReplayReads | None) -> Check:
     for planned in run.compensations:
         if new.step_named(planned) is None:
             return _differs(
-                run, run.current_seq, f"compensation {planned!r} it plans is not in this build",
-                planned, "(no such compensation)",
-            )  # fmt: skip
+                run,
+                run.current_seq,
+                f"compensation {planned!r} it plans is not in this build",
+                planned,
+                "(no such compensation)",
+            )
     if run.current_step != NEXT_CALL:
         return SAFE  # compensating: its planned steps are all there
     if reads is None:
@@ -229,9 +254,12 @@ def _agent(new: CodeDefined, run: RunFacts, reads: ReplayReads | None) -> Check:
         )
     if divergence is not None:
         return _differs(
-            run, divergence.position, f"diverged from its recorded history: {divergence.text()}",
-            divergence.recorded, divergence.now,
-        )  # fmt: skip
+            run,
+            divergence.position,
+            f"diverged from its recorded history: {divergence.text()}",
+            divergence.recorded,
+            divergence.now,
+        )
     return SAFE
 
 

@@ -240,9 +240,12 @@ def wait_for_children(
     if wait not in WAITS:
         raise DefinitionError(f"{workflow.name}: {name!r}: wait is one of {WAITS}, not {wait!r}")
     workflow._add(  # a wait step, as `Workflow.wait_for` declares one
-        name, kind=StepKind.READ, next=next, compensation_only=False,
+        name,
+        kind=StepKind.READ,
+        next=next,
+        compensation_only=False,
         waits_for=_waits_for(name, wait),
-    )(_waited)  # fmt: skip
+    )(_waited)
 
 
 def _waits_for(name: str, wait: str) -> Callable[[StepContext], WaitSpec]:

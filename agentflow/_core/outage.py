@@ -76,8 +76,9 @@ def noticed(exc: BaseException, doing: str) -> None:
         logger.error(
             "the database is unreachable (%s) while %s; this process keeps trying and says "
             "once more when it answers again",
-            describe(exc), doing,
-        )  # fmt: skip
+            describe(exc),
+            doing,
+        )
     else:
         logger.debug("the database is still unreachable while %s (%s)", doing, describe(exc))
 

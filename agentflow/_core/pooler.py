@@ -124,8 +124,10 @@ def _pooled(connection: Any) -> bool:
             "a pooler is between this process and Postgres (it reported backend pid %s, the "
             "server runs %s): no server-side prepared statements on this connection "
             "(AGENTFLOW_DB_PREPARED_STATEMENTS=on keeps them: PgBouncer 1.21+ with "
-            "max_prepared_statements)", raw.info.backend_pid, row[0],
-        )  # fmt: skip
+            "max_prepared_statements)",
+            raw.info.backend_pid,
+            row[0],
+        )
     return pooled
 
 

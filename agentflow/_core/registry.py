@@ -314,9 +314,12 @@ class Workflow:
             raise DefinitionError(f"{self.name}: wait_for {name!r}: timeout must be above 0")
         spec = WaitSpec(kind=WaitKind.SIGNAL, name=signal, seconds=timeout)
         self._add(
-            name, kind=StepKind.READ, next=next, compensation_only=False,
+            name,
+            kind=StepKind.READ,
+            next=next,
+            compensation_only=False,
             waits_for=lambda ctx: spec,
-        )(_waited)  # fmt: skip
+        )(_waited)
 
     def compensation(
         self,

@@ -100,8 +100,11 @@ class ClaimedAttempt:
                     raise  # out of patience, or a lock timeout rather than a lost server
                 logger.warning(
                     "%s step %s: the database went away before the result was recorded; "
-                    "trying again in %.1f s", self.ctx.run_id, self.seq, pause,
-                )  # fmt: skip
+                    "trying again in %.1f s",
+                    self.ctx.run_id,
+                    self.seq,
+                    pause,
+                )
                 connection.close()
                 time.sleep(pause)
                 continue
@@ -182,8 +185,15 @@ class ClaimedAttempt:
     def _act(self, verdict: failures.Verdict) -> None:
         """Record what the failure means (`failures.classify`)."""
         if verdict.log_traceback:
-            log_raised(logger, self.ctx.run_id, self.workflow, "%s step %s (%s) raised",
-                       self.ctx.run_id, self.seq, self.step.name)  # fmt: skip
+            log_raised(
+                logger,
+                self.ctx.run_id,
+                self.workflow,
+                "%s step %s (%s) raised",
+                self.ctx.run_id,
+                self.seq,
+                self.step.name,
+            )
         if isinstance(verdict, failures.Retry):
             self._fail(verdict.error, retry_in_seconds=verdict.delay_seconds)
         elif isinstance(verdict, failures.Fail):
@@ -202,8 +212,12 @@ class ClaimedAttempt:
         claim asks it first, as a takeover does."""
         logger.info(
             "%s step %s (%s): %s; waits %.2f s",
-            self.ctx.run_id, self.seq, self.step.name, wait.why, wait.seconds,
-        )  # fmt: skip
+            self.ctx.run_id,
+            self.seq,
+            self.step.name,
+            wait.why,
+            wait.seconds,
+        )
         store.step_wait_turn(
             self.ctx.run_id,
             self.seq,
@@ -233,8 +247,10 @@ class ClaimedAttempt:
         output = to_json(found, f"reconcile of {self.step.name}")
         logger.info(
             "%s step %d %s: the partner already has it; adopted, not repeated",
-            self.ctx.run_id, self.seq, self.step.name,
-        )  # fmt: skip
+            self.ctx.run_id,
+            self.seq,
+            self.step.name,
+        )
         store.event_add(
             self.ctx.run_id,
             RunEvent.Kind.RECONCILED,
@@ -248,9 +264,11 @@ class ClaimedAttempt:
         if retry_in_seconds is None:
             logger.warning(
                 "%s step %s (%s) failed permanently: %s",
-                self.ctx.run_id, self.seq, self.step.name,
+                self.ctx.run_id,
+                self.seq,
+                self.step.name,
                 masked(self.ctx.run_id, self.workflow, error),
-            )  # fmt: skip
+            )
         store.step_fail(
             self.run_state,
             self.workflow,

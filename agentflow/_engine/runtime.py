@@ -325,8 +325,15 @@ def _settle_wait(
         facts = failure_facts(unrun, 1, exc, cause=Cause.WAIT_RULE, unsettled=unsettled)
         verdict = failures.classify(facts)
         if verdict.log_traceback:
-            log_raised(logger, run.id, workflow, "%s step %s (%s): deciding its wait raised",
-                       run.id, seq, step.name)  # fmt: skip
+            log_raised(
+                logger,
+                run.id,
+                workflow,
+                "%s step %s (%s): deciding its wait raised",
+                run.id,
+                seq,
+                step.name,
+            )
         _record_unclaimed(run, workflow, unrun, seq, seen, verdict)
         return None
 
@@ -347,8 +354,11 @@ def _run_claimed(
     if claim.outcome_unknown:
         logger.info(
             "%s step %d %s: attempt %d takes over from a lost owner; asks the partner first",
-            run.id, seq, step.name, claim.attempt,
-        )  # fmt: skip
+            run.id,
+            seq,
+            step.name,
+            claim.attempt,
+        )
     ctx = context_loader.step_context(run, step, seq, claim.attempt)
     faults.crash_point(step.name, "after_claim", claim.attempt)
     attempt = ClaimedAttempt(run, workflow, step, seq, claim, ctx)
@@ -457,9 +467,13 @@ def _record_unclaimed(
     if isinstance(verdict, failures.Wait):
         # No turn at the partner: nothing of the step ran past its request; no attempt spent.
         store.step_wait_turn(
-            run.id, seq, partner=verdict.partner, why=verdict.why, seconds=verdict.seconds,
+            run.id,
+            seq,
+            partner=verdict.partner,
+            why=verdict.why,
+            seconds=verdict.seconds,
             seen=seen,
-        )  # fmt: skip
+        )
         return
     if isinstance(verdict, failures.Park):
         store.run_park(
@@ -470,8 +484,11 @@ def _record_unclaimed(
         delay, message = None, verdict.error
         logger.warning(
             "%s step %s (%s) failed permanently: %s",
-            run.id, seq, step.name, masked(run.id, workflow, message),
-        )  # fmt: skip
+            run.id,
+            seq,
+            step.name,
+            masked(run.id, workflow, message),
+        )
     elif isinstance(verdict, failures.Retry):
         delay, message = verdict.delay_seconds, verdict.error
     else:

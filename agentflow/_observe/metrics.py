@@ -265,38 +265,63 @@ def parked_runs_query() -> QuerySet[WorkflowRun, tuple[str, int]]:
 
 #: The gauges read from the database at scrape time: name, help, labels.
 GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("agentflow_runs_active", "Runs not finished, by workflow and status.",
-     ("workflow", "status")),
-    ("agentflow_runs_overdue", "Active runs past their wake-up time (the sweeper's backlog).",
-     ("workflow",)),
-    ("agentflow_runs_needs_attention", "Runs parked for an operator (NEEDS_ATTENTION).",
-     ("workflow",)),
-    ("agentflow_runs_waiting_for_approval",
-     "Runs waiting for an operator to approve or reject a call.", ("workflow",)),
-    ("agentflow_sweeper_seconds_since_last_sweep",
-     "Seconds since the recovery sweeper last finished a pass, by the database's clock "
-     "(+Inf if it never ran against this database).", ()),
-    ("agentflow_runs_by_build",
-     "Runs not finished, by the build whose code runs them: a build whose count is "
-     "0 has drained.", ("build",)),
-)  # fmt: skip
+    ("agentflow_runs_active", "Runs not finished, by workflow and status.", ("workflow", "status")),
+    (
+        "agentflow_runs_overdue",
+        "Active runs past their wake-up time (the sweeper's backlog).",
+        ("workflow",),
+    ),
+    (
+        "agentflow_runs_needs_attention",
+        "Runs parked for an operator (NEEDS_ATTENTION).",
+        ("workflow",),
+    ),
+    (
+        "agentflow_runs_waiting_for_approval",
+        "Runs waiting for an operator to approve or reject a call.",
+        ("workflow",),
+    ),
+    (
+        "agentflow_sweeper_seconds_since_last_sweep",
+        "Seconds since the recovery sweeper last finished a pass, by the database's clock "
+        "(+Inf if it never ran against this database).",
+        (),
+    ),
+    (
+        "agentflow_runs_by_build",
+        "Runs not finished, by the build whose code runs them: a build whose count is "
+        "0 has drained.",
+        ("build",),
+    ),
+)
 PARTNER_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("agentflow_partner_in_flight", "Calls to the partner in flight now.", ("partner",)),
-    ("agentflow_partner_waiting_runs",
-     "Steps waiting for their turn at the partner, by what they wait for.",
-     ("partner", "reason")),
-    ("agentflow_partner_breaker_state",
-     "The partner's breaker: 0 closed, 1 half open (a probe is out), 2 open; 3 paused by an "
-     "operator.", ("partner",)),
-)  # fmt: skip
+    (
+        "agentflow_partner_waiting_runs",
+        "Steps waiting for their turn at the partner, by what they wait for.",
+        ("partner", "reason"),
+    ),
+    (
+        "agentflow_partner_breaker_state",
+        "The partner's breaker: 0 closed, 1 half open (a probe is out), 2 open; 3 paused by an "
+        "operator.",
+        ("partner",),
+    ),
+)
 SCHEDULE_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("agentflow_schedule_seconds_since_last_slot",
-     "Seconds since the run of the schedule's latest slot was started, by the schedules' clock "
-     "(+Inf if none ever was): above its period plus a sweep, a slot is late.", ("schedule",)),
-    ("agentflow_schedule_missed_slots",
-     "Slots of the schedule skipped as missed: older than its catch-up window when a beat or "
-     "sweeper first saw them.", ("schedule",)),
-)  # fmt: skip
+    (
+        "agentflow_schedule_seconds_since_last_slot",
+        "Seconds since the run of the schedule's latest slot was started, by the schedules' clock "
+        "(+Inf if none ever was): above its period plus a sweep, a slot is late.",
+        ("schedule",),
+    ),
+    (
+        "agentflow_schedule_missed_slots",
+        "Slots of the schedule skipped as missed: older than its catch-up window when a beat or "
+        "sweeper first saw them.",
+        ("schedule",),
+    ),
+)
 #: A gauge's series: its label values -> its value.
 Series = dict[tuple[str, ...], float]
 
@@ -398,8 +423,11 @@ def _unknown(name: str) -> Series:
             for workflow in known
             for status in ACTIVE_RUN_STATUSES
         )
-    elif name in ("agentflow_runs_overdue", "agentflow_runs_needs_attention",
-                  "agentflow_runs_waiting_for_approval"):  # fmt: skip
+    elif name in (
+        "agentflow_runs_overdue",
+        "agentflow_runs_needs_attention",
+        "agentflow_runs_waiting_for_approval",
+    ):
         series.update(((workflow,), math.nan) for workflow in known)
     elif name == "agentflow_sweeper_seconds_since_last_sweep":
         series[()] = math.nan

@@ -49,9 +49,19 @@ class _Message:
     """What the worker learned while handling one step message."""
 
     __slots__ = (
-        "events", "key", "kind", "log_tokens", "origin", "parent", "replayed", "run_id", "span",
-        "started", "step", "workflow",
-    )  # fmt: skip
+        "events",
+        "key",
+        "kind",
+        "log_tokens",
+        "origin",
+        "parent",
+        "replayed",
+        "run_id",
+        "span",
+        "started",
+        "step",
+        "workflow",
+    )
 
     def __init__(self, run_id: str, parent: Any, origin: str | None = None) -> None:
         self.run_id = run_id
@@ -212,9 +222,14 @@ def unknown_run(run_id: str) -> None:
         "database and queue (%r). Each takes the other's step messages and drops them, so their "
         "runs move only when their own sweeper publishes them again. Give each deployment a "
         "broker database or vhost, or a queue, of its own",
-        count, "" if count == 1 else "s", own or "unnamed", since, run_id,
-        " and ".join(publishers), dispatch.shared_queue(current_app._get_current_object()),
-    )  # fmt: skip
+        count,
+        "" if count == 1 else "s",
+        own or "unnamed",
+        since,
+        run_id,
+        " and ".join(publishers),
+        dispatch.shared_queue(current_app._get_current_object()),
+    )
 
 
 # --- runs -----------------------------------------------------------------------------------
@@ -263,8 +278,10 @@ def replayed(*, calls: int, turns: int, tokens_saved: int) -> None:
     message = _message.get()
     if message is not None:
         message.replayed = {
-            "replayed_calls": calls, "replayed_turns": turns, "tokens_saved": tokens_saved
-        }  # fmt: skip
+            "replayed_calls": calls,
+            "replayed_turns": turns,
+            "tokens_saved": tokens_saved,
+        }
 
 
 # --- the sweeper ----------------------------------------------------------------------------

@@ -109,8 +109,14 @@ def from_settings() -> dict[str, Schedule]:
     for name, spec in raw.items():
         if not isinstance(spec, dict):
             raise ScheduleError(f"AGENTFLOW_SCHEDULES[{name!r}] is a dict")
-        unknown = set(spec) - {"workflow", "cron", "time_zone", "input", "catch_up_seconds",
-                               "overlap"}  # fmt: skip
+        unknown = set(spec) - {
+            "workflow",
+            "cron",
+            "time_zone",
+            "input",
+            "catch_up_seconds",
+            "overlap",
+        }
         if unknown:
             raise ScheduleError(
                 f"AGENTFLOW_SCHEDULES[{name!r}]: unknown keys {', '.join(sorted(unknown))}"

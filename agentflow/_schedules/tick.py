@@ -59,11 +59,15 @@ def tick() -> TickReport:
             logger.info("schedule %s: slot %s started run %s", schedule.name, iso(slot), run_id)
             report.started.append(run_id)
         for slot in acted.queued:
-            logger.info("schedule %s: slot %s queued behind the running one", schedule.name,
-                        iso(slot))  # fmt: skip
+            logger.info(
+                "schedule %s: slot %s queued behind the running one", schedule.name, iso(slot)
+            )
         if acted.skipped:
-            logger.warning("schedule %s: %d slot(s) skipped (see its admin page for why)",
-                           schedule.name, len(acted.skipped))  # fmt: skip
+            logger.warning(
+                "schedule %s: %d slot(s) skipped (see its admin page for why)",
+                schedule.name,
+                len(acted.skipped),
+            )
         report.skipped += len(acted.skipped)
     return report
 

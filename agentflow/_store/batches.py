@@ -122,8 +122,13 @@ def batch_republish(run_id: str, first: int, last: int, *, but: int | None = Non
     twice: a recorded member writes nothing)."""
     for seq in batch_missing(run_id, first, last):
         if seq != but:
-            logger.info("%s batch %d-%d: position %d is published again (not recorded)",
-                        run_id, first, last, seq)  # fmt: skip
+            logger.info(
+                "%s batch %d-%d: position %d is published again (not recorded)",
+                run_id,
+                first,
+                last,
+                seq,
+            )
             dispatch.send_step(run_id, seq)
 
 

@@ -349,11 +349,17 @@ def run_steps_recorded(run_id: str) -> list[RecordedStep]:
     )
     return [
         RecordedStep(
-            seq=int(r[0]), name=r[1], kind=r[2], status=r[3], retryable=bool(r[4]),
-            idempotency_key=r[5], output=sql.read_json(r[6]), arguments=sql.read_json(r[7]),
+            seq=int(r[0]),
+            name=r[1],
+            kind=r[2],
+            status=r[3],
+            retryable=bool(r[4]),
+            idempotency_key=r[5],
+            output=sql.read_json(r[6]),
+            arguments=sql.read_json(r[7]),
         )
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def open_wait_at(run_id: str, seq: int, branch: int) -> bool:

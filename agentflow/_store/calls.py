@@ -40,8 +40,15 @@ ReplayedCall = tuple[str, str, str, Any]
 
 
 _CALL_FIELDS = (
-    "seq", "name", "kind", "status", "attempts", "arguments", "output", "idempotency_key",
-)  # fmt: skip
+    "seq",
+    "name",
+    "kind",
+    "status",
+    "attempts",
+    "arguments",
+    "output",
+    "idempotency_key",
+)
 
 
 def replay_load(run_id: str, before_seq: int) -> dict[int, ReplayedCall]:

@@ -154,15 +154,24 @@ def _insert(
             f"%s, %s, %s, %s, {created_at}, {sql.now()}, %s, %s, %s, %s, %s)"
         )
         params += [
-            run_id, item.workflow.name, item.workflow.version,
-            _stored_input(item), RunStatus.PENDING if admit else RunStatus.WAITING,
-            item.workflow.first_step(), item.business_key,
-            grace if admit else WAIT_WAKE_SECONDS, build, build,
+            run_id,
+            item.workflow.name,
+            item.workflow.version,
+            _stored_input(item),
+            RunStatus.PENDING if admit else RunStatus.WAITING,
+            item.workflow.first_step(),
+            item.business_key,
+            grace if admit else WAIT_WAKE_SECONDS,
+            build,
+            build,
             item.workflow.versioning == "pinned",
             "" if admit else _concurrency.token(item.concurrency_key),
-            parent[0] if parent else None, parent[1] if parent else None,
-            item.priority, item.concurrency_key, item.limit,
-        ]  # fmt: skip
+            parent[0] if parent else None,
+            parent[1] if parent else None,
+            item.priority,
+            item.concurrency_key,
+            item.limit,
+        ]
     returned = sql.fetch_all(
         f"""INSERT INTO {sql.RUNS} (id, workflow, version, input, status, current_step,
             current_seq, error, business_key, compensations, cancel_requested, branch,

@@ -154,9 +154,11 @@ def concurrency_held_many(held: Sequence[tuple[str, str, str]]) -> None:
     for run_id, why, digest in held:
         rows.append(f"(%s, {sql.now()}, %s, 'engine', %s, 1, %s)")
         params += [
-            run_id, RunEvent.Kind.HELD, why,
+            run_id,
+            RunEvent.Kind.HELD,
+            why,
             sql.adapt("data", {"hold": _concurrency.token(digest)}),
-        ]  # fmt: skip
+        ]
     sql.execute(
         f"INSERT INTO {sql.EVENTS} (run_id, at, kind, actor, detail, seq, data) "
         f"VALUES {', '.join(rows)}",
@@ -246,9 +248,12 @@ def concurrency_sweep(limit: int | None = None) -> int:
     keys = sql.fetch_all(
         f"SELECT concurrency_key FROM {sql.RUNS} WHERE hold LIKE %s AND status = %s "
         "GROUP BY concurrency_key ORDER BY min(created_at) LIMIT %s",
-        [f"{_concurrency.HOLD}:%", RunStatus.WAITING,
-         limit or settings.AGENTFLOW_CONCURRENCY_SWEEP_KEYS],
-    )  # fmt: skip
+        [
+            f"{_concurrency.HOLD}:%",
+            RunStatus.WAITING,
+            limit or settings.AGENTFLOW_CONCURRENCY_SWEEP_KEYS,
+        ],
+    )
     admitted = 0
     for (digest,) in keys:
         try:

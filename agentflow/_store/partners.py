@@ -40,8 +40,12 @@ GRANT_SECONDS = 30.0
 RESUME_BATCH = 1000
 
 RATE, CONCURRENCY, BREAKER, PAUSED, RESUMED = (
-    "rate limit", "concurrency", "breaker open", "paused", "resumed",
-)  # fmt: skip
+    "rate limit",
+    "concurrency",
+    "breaker open",
+    "paused",
+    "resumed",
+)
 
 
 @dataclass(frozen=True, kw_only=True)

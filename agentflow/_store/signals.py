@@ -54,9 +54,14 @@ def signal_deliver(run_id: str, name: str, payload: Any, *, signal_id: str) -> D
             with transaction.atomic():
                 sql.insert(
                     sql.SIGNALS,
-                    {"run_id": run.id, "signal_id": signal_id, "name": name, "payload": payload,
-                     "received_at": sql.at_now()},
-                )  # fmt: skip
+                    {
+                        "run_id": run.id,
+                        "signal_id": signal_id,
+                        "name": name,
+                        "payload": payload,
+                        "received_at": sql.at_now(),
+                    },
+                )
         except IntegrityError:
             return "duplicate"
         found = wait_at(run.id, run.branch, run.current_seq)
@@ -90,9 +95,12 @@ def signal_deliver(run_id: str, name: str, payload: Any, *, signal_id: str) -> D
                 f"kept since {event_time(taken.received_at)}",
                 actor="signal",
                 seq=run.current_seq,
-                data={"name": name, "signal_id": taken.signal_id,
-                      "kept_since": event_time(taken.received_at)},
-            )  # fmt: skip
+                data={
+                    "name": name,
+                    "signal_id": taken.signal_id,
+                    "kept_since": event_time(taken.received_at),
+                },
+            )
         if taken is not None:
             wake_waiting(run)
     return "delivered"
@@ -115,9 +123,13 @@ def webhook_receipt_add(
         with transaction.atomic():
             sql.insert(
                 sql.RECEIPTS,
-                {"partner": partner[:100], "digest": digest, "signed_at": signed_at,
-                 "received_at": sql.at_now()},
-            )  # fmt: skip
+                {
+                    "partner": partner[:100],
+                    "digest": digest,
+                    "signed_at": signed_at,
+                    "received_at": sql.at_now(),
+                },
+            )
     except IntegrityError:
         raise Replayed("this signed request was received before (a replay)") from None
 

@@ -377,9 +377,17 @@ def move_run_and_step(
     if postgres():
         relaxed = not synchronous and connection.get_autocommit() and not connection.in_atomic_block
         return _move_one_statement(
-            run_id, seq, active, run_changes, step_insert, step_where, step_changes, expected,
-            returning, relaxed,
-        )  # fmt: skip
+            run_id,
+            seq,
+            active,
+            run_changes,
+            step_insert,
+            step_where,
+            step_changes,
+            expected,
+            returning,
+            relaxed,
+        )
     expected_sql, expected_values = _expected(expected, "")
     run_fence = f"id = %s AND current_seq = %s AND status IN ({placeholders(active)})"
     try:

@@ -225,14 +225,30 @@ def state_load_claiming(
     lease = _lease_seconds()
     build = builds.current()  # only a worker of the run's build claims (docs/deploys.md, "Builds")
     params = [
-        RunStatus.RUNNING, lease,
-        run_id, seq, RunStatus.PENDING, RunStatus.RUNNING,
-        workflow.name, workflow.version, step.name, build,
+        RunStatus.RUNNING,
+        lease,
+        run_id,
         seq,
-        seq, step.name, step.kind, idempotency_key(run_id, seq), StepStatus.IN_PROGRESS,
-        owner, lock, server, lease, build,
-        seq, run_id,
-    ]  # fmt: skip
+        RunStatus.PENDING,
+        RunStatus.RUNNING,
+        workflow.name,
+        workflow.version,
+        step.name,
+        build,
+        seq,
+        seq,
+        step.name,
+        step.kind,
+        idempotency_key(run_id, seq),
+        StepStatus.IN_PROGRESS,
+        owner,
+        lock,
+        server,
+        lease,
+        build,
+        seq,
+        run_id,
+    ]
     try:
         row = sql.fetch_one(_load_and_claim_query(), params)
     except IntegrityError:

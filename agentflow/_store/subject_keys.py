@@ -78,10 +78,13 @@ def subject_keys_for_many(subjects: Iterable[str]) -> dict[str, str]:
             nonce, wrapped = keys.seal(master.secret, secret, keystore.aad(key_id))
             rows.append(
                 SubjectKey(
-                    id=key_id, subject_digest=digest, master_key_id=master.id,
-                    wrapped_nonce=nonce, wrapped=wrapped,
+                    id=key_id,
+                    subject_digest=digest,
+                    master_key_id=master.id,
+                    wrapped_nonce=nonce,
+                    wrapped=wrapped,
                 )
-            )  # fmt: skip
+            )
             secrets_by_id[key_id] = secret
         # A person another process gave a key meanwhile keeps theirs (the one live key each).
         SubjectKey.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
@@ -116,9 +119,12 @@ def _create(key_id: str, digest: str, secret: bytes) -> None:
         raise keys.MasterKeyError("no master key is configured (AGENTFLOW_MASTER_KEYS)")
     nonce, wrapped = keys.seal(master.secret, secret, keystore.aad(key_id))
     SubjectKey.objects.create(
-        id=key_id, subject_digest=digest, master_key_id=master.id, wrapped_nonce=nonce,
+        id=key_id,
+        subject_digest=digest,
+        master_key_id=master.id,
+        wrapped_nonce=nonce,
         wrapped=wrapped,
-    )  # fmt: skip
+    )
 
 
 def run_subject_bind(run_id: str, key_id: str, fields: list[str]) -> None:
@@ -163,9 +169,13 @@ def _tombstone(key_ids: list[str], *, when: datetime, actor: str, reason: str) -
         live = SubjectKey.objects.select_for_update().filter(id__in=key_ids, erased_at__isnull=True)
         erased = list(live.values_list("id", flat=True))
         SubjectKey.objects.filter(id__in=erased).update(
-            wrapped="", wrapped_nonce="", master_key_id="", erased_at=when,
-            erased_by=actor, erase_reason=reason,
-        )  # fmt: skip
+            wrapped="",
+            wrapped_nonce="",
+            master_key_id="",
+            erased_at=when,
+            erased_by=actor,
+            erase_reason=reason,
+        )
     return erased
 
 
@@ -178,10 +188,12 @@ def erasures_replay() -> ErasuresReplayed:
     for entry in journal:
         erased_now += len(
             _tombstone(
-                [str(k) for k in entry.key_ids], when=entry.erased_at, actor=entry.erased_by,
+                [str(k) for k in entry.key_ids],
+                when=entry.erased_at,
+                actor=entry.erased_by,
                 reason=entry.reason,
             )
-        )  # fmt: skip
+        )
     journaled = {str(k) for entry in journal for k in entry.key_ids}
     missing: dict[tuple[datetime, str, str], list[str]] = {}
     tombstones = SubjectKey.objects.filter(erased_at__isnull=False).order_by("erased_at", "id")

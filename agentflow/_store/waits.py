@@ -149,9 +149,12 @@ def wait_settle(run: StepState, spec: WaitSpec, seq: int) -> Any | None:
                     f"kept since {event_time(taken.received_at)}",
                     actor="signal",
                     seq=seq,
-                    data={"name": found.name, "signal_id": taken.signal_id,
-                          "kept_since": event_time(taken.received_at)},
-                )  # fmt: skip
+                    data={
+                        "name": found.name,
+                        "signal_id": taken.signal_id,
+                        "kept_since": event_time(taken.received_at),
+                    },
+                )
                 return {"payload": taken.payload}
         if found.due:
             return _time_out(run.id, seq, found)
@@ -205,9 +208,13 @@ def _record(run: StepState, seq: int, spec: WaitSpec, wanted: str) -> None:
             "for the byte-identical call",
             actor=reused.actor,
             seq=seq,
-            data={"call": spec.name, "arguments": arguments, "digest": wanted,
-                  "reused_from": {"branch": reused.branch, "seq": reused.seq}},
-        )  # fmt: skip
+            data={
+                "call": spec.name,
+                "arguments": arguments,
+                "digest": wanted,
+                "reused_from": {"branch": reused.branch, "seq": reused.seq},
+            },
+        )
         return
     what = {
         WaitKind.TIMER: "a timer",
@@ -219,10 +226,15 @@ def _record(run: StepState, seq: int, spec: WaitSpec, wanted: str) -> None:
         RunEvent.Kind.WAITING,
         f"waiting for {what}",
         seq=seq,
-        data={"kind": str(spec.kind), "name": spec.name, "arguments": arguments,
-              "digest": wanted or None, "seconds": seconds,
-              "until": event_time(spec.until)},
-    )  # fmt: skip
+        data={
+            "kind": str(spec.kind),
+            "name": spec.name,
+            "arguments": arguments,
+            "digest": wanted or None,
+            "seconds": seconds,
+            "until": event_time(spec.until),
+        },
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,10 +325,17 @@ def _set_aside(run_id: str, branch: int, seq: int, found: OpenWait, spec: WaitSp
         f"the wait at {seq} is now for {spec.kind} {spec.name}; the earlier one "
         f"({found.kind} {found.name}, and any decision on it) no longer applies",
         seq=seq,
-        data={"replaced": {"kind": found.kind, "name": found.name, "digest": found.digest,
-                           "arguments": found.arguments, "outcome": found.outcome},
-              "signals_kept_again": released},
-    )  # fmt: skip
+        data={
+            "replaced": {
+                "kind": found.kind,
+                "name": found.name,
+                "digest": found.digest,
+                "arguments": found.arguments,
+                "outcome": found.outcome,
+            },
+            "signals_kept_again": released,
+        },
+    )
 
 
 def _time_out(run_id: str, seq: int, found: OpenWait) -> Any:
@@ -462,9 +481,13 @@ def wait_decide(
             reason or "(no reason given)",
             actor=actor,
             seq=run.current_seq,
-            data={"call": found.name, "arguments": found.arguments, "digest": found.digest,
-                  "reply": reply},
-        )  # fmt: skip
+            data={
+                "call": found.name,
+                "arguments": found.arguments,
+                "digest": found.digest,
+                "reply": reply,
+            },
+        )
 
 
 def wake_waiting(run: WorkflowRun) -> None:

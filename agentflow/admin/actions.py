@@ -236,9 +236,15 @@ def action_view(model_admin: Any, request: HttpRequest, object_id: str, verb: st
         return back
     preview = decision.reply_text if decision.is_valid() else None
     return confirmation(
-        model_admin, request, chosen, [run], decision, from_list=False, pending=pending,
+        model_admin,
+        request,
+        chosen,
+        [run],
+        decision,
+        from_list=False,
+        pending=pending,
         preview=preview,
-    )  # fmt: skip
+    )
 
 
 def _replies(run: WorkflowRun, pending: dict[str, Any] | None) -> Replies | None:

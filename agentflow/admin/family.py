@@ -36,11 +36,15 @@ def family(run: WorkflowRun) -> str:
             " · ",
             '<a href="{}?{}">{} {}</a>',
             (
-                (listing, urlencode({"parent": run.id, "status": status}), n,
-                 RunStatus(status).label.lower())
+                (
+                    listing,
+                    urlencode({"parent": run.id, "status": status}),
+                    n,
+                    RunStatus(status).label.lower(),
+                )
                 for status, n in sorted(counts.items())
             ),
-        )  # fmt: skip
+        )
         every = f"{listing}?{urlencode({'parent': run.id})}"
         parts.append(
             format_html(

@@ -35,9 +35,19 @@ from agentflow.admin.inlines import EventInline, StepInline
 from agentflow.models import StepCheckpoint, WorkflowRun
 
 RUN_FIELDS = (
-    "id", "definition", "status_badge", "current", "current_attempts", "business_key_block",
-    "related", "family_block", "wake_up", "created", "updated", "build_block",
-)  # fmt: skip
+    "id",
+    "definition",
+    "status_badge",
+    "current",
+    "current_attempts",
+    "business_key_block",
+    "related",
+    "family_block",
+    "wake_up",
+    "created",
+    "updated",
+    "build_block",
+)
 PAYLOAD_FIELDS = ("error_block", "output_block", "input_block", "compensations_block")
 WAIT_FIELDS = ("pending_block", "waits_block", "signals_block")
 
@@ -45,9 +55,15 @@ WAIT_FIELDS = ("pending_block", "waits_block", "signals_block")
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(admin.ModelAdmin):
     list_display = (
-        "id", "definition", "status_badge", "current", "current_attempts", "created",
-        "updated", "wake_up",
-    )  # fmt: skip
+        "id",
+        "definition",
+        "status_badge",
+        "current",
+        "current_attempts",
+        "created",
+        "updated",
+        "wake_up",
+    )
     list_display_links = ("id",)
     list_filter = ("status", WorkflowFilter, WakeFilter, family.ParentFilter)
     #: Only orderings an index serves; sorting a million rows by status is never worth it.
@@ -133,8 +149,13 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         (docs/deploys.md, "Builds")."""
         own = builds.current()
         shown = privacy.attached(run)  # a difference quotes the calls: their arguments masked
-        parts: list[str] = [format_html("<code>{}</code> (started on <code>{}</code>)",
-                                        run.build or "—", run.started_build or "—")]  # fmt: skip
+        parts: list[str] = [
+            format_html(
+                "<code>{}</code> (started on <code>{}</code>)",
+                run.build or "—",
+                run.started_build or "—",
+            )
+        ]
         if run.pinned:
             parts.append(" · pinned: it finishes on its build")
         held = routing.run_reason(run)

@@ -260,9 +260,10 @@ def _read_view(view: Mapping[int, Any], calls: dict[int, Call]) -> None:
         if call.turn is None:  # a row two branches share was read with the same history
             call.turn = turn
             call.added = [
-                said(m) for m in conversation
+                said(m)
+                for m in conversation
                 if m.get("role") not in ("assistant", "tool") and _key(m) not in sent
-            ]  # fmt: skip
+            ]
         sent = {_key(m) for m in conversation}
 
 

@@ -90,9 +90,13 @@ def next_call(
         logger.info(
             "%s position %d %s: replayed %d calls from checkpoints (%d model turns, %d tokens "
             "not spent again)",
-            run.id, seq, outcome.step.name, outcome.replayed, outcome.replayed_turns,
+            run.id,
+            seq,
+            outcome.step.name,
+            outcome.replayed,
+            outcome.replayed_turns,
             outcome.tokens_saved,
-        )  # fmt: skip
+        )
         if len(outcome.batch) > 1:
             # Read-only calls that run at once: the others' tasks are published once the batch
             # is begun, and this task runs the first.
@@ -229,8 +233,9 @@ def batch_member(
     step = agent_telemetry.traced_agent_call(batch[seq - first])
     attempt = seen.attempts + 1 if seen else 1
     started = store.batch_started()
-    logger.info("%s position %d %s: runs at once with positions %d-%d", run.id, seq, step.name,
-                first, last)  # fmt: skip
+    logger.info(
+        "%s position %d %s: runs at once with positions %d-%d", run.id, seq, step.name, first, last
+    )
     ctx = context_loader.step_context(run, step, seq, attempt)
     if run.hold:
         store.batch_member_goes(run, seq)  # if it held the run's reason, it holds it no more
@@ -250,21 +255,34 @@ def batch_member(
         if not limiter.failed_calls():
             # No turn at the partner: nothing of the member ran past its request, no attempt
             # spent; its siblings go on, and it runs again when its turn comes.
-            logger.info("%s step %s (%s): %s; waits %.2f s", run.id, seq, step.name, wait,
-                        wait.wait_seconds)  # fmt: skip
+            logger.info(
+                "%s step %s (%s): %s; waits %.2f s", run.id, seq, step.name, wait, wait.wait_seconds
+            )
             store.batch_wait_turn(
-                run, workflow, seq, seen, partner=wait.partner, why=str(wait),
+                run,
+                workflow,
+                seq,
+                seen,
+                partner=wait.partner,
+                why=str(wait),
                 seconds=wait.wait_seconds,
-            )  # fmt: skip
+            )
             return
         # A call of this attempt went and failed before the wait: the attempt was spent.
         exhausted = step.retry.exhausted(attempt)
         message = f"gave up after {attempt} attempts: {wait}" if exhausted else str(wait)
         try:
             store.batch_fail(
-                run, workflow, step, seq, seen, message, started_at=started, attempt=attempt,
+                run,
+                workflow,
+                step,
+                seq,
+                seen,
+                message,
+                started_at=started,
+                attempt=attempt,
                 retry_in_seconds=None if exhausted else wait.wait_seconds,
-            )  # fmt: skip
+            )
         except store.Fenced:
             return
     except Exception as exc:
@@ -284,9 +302,16 @@ def batch_member(
             )
         try:
             store.batch_fail(
-                run, workflow, step, seq, seen, message, started_at=started, attempt=attempt,
+                run,
+                workflow,
+                step,
+                seq,
+                seen,
+                message,
+                started_at=started,
+                attempt=attempt,
                 retry_in_seconds=delay,
-            )  # fmt: skip
+            )
         except store.Fenced:
             return
 

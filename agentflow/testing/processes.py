@@ -130,9 +130,23 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise ProcessStartError("redis-server is not installed (apt-get install redis-server)")
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
-                "--logfile", str(self.workdir / "redis.log")]  # fmt: skip
+        args = [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.workdir / "redis.log"),
+        ]
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
         _until_ready(self._pong, timeout=15, what=f"redis-server on port {self.port}")
         return self
@@ -201,8 +215,9 @@ class RabbitMQServer:
         if not Path(binary).exists():
             binary = shutil.which("rabbitmq-server") or binary
         if not Path(binary).exists():
-            raise ProcessStartError("rabbitmq-server is not installed (apt-get install "
-                                    "rabbitmq-server)")  # fmt: skip
+            raise ProcessStartError(
+                "rabbitmq-server is not installed (apt-get install rabbitmq-server)"
+            )
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "enabled_plugins").write_text("[].\n")
         (self.workdir / "rabbitmq.conf").write_text(
@@ -221,13 +236,21 @@ class RabbitMQServer:
         }
         with open(self.workdir / "rabbitmq.out", "ab") as log:
             self.proc = subprocess.Popen(
-                [binary], env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.workdir,
-            )  # fmt: skip
+                [binary],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.workdir,
+            )
         _until_ready(
-            self._answers, timeout=timeout, what=f"rabbitmq on port {self.port}",
-            interval=0.1, on_timeout=self.kill,
-        )  # fmt: skip
+            self._answers,
+            timeout=timeout,
+            what=f"rabbitmq on port {self.port}",
+            interval=0.1,
+            on_timeout=self.kill,
+        )
         return self
 
     def _answers(self) -> bool:
@@ -327,14 +350,42 @@ class PostgresServer:
         fresh = self.base is None
         if fresh:
             self.base = Path(tempfile.mkdtemp(prefix="agentflow-pg-"))
-            self._run_as_owner([_pg_binary("initdb"), "-D", str(self.base / "data"),
-                                "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale",
-                                "--no-sync"], wait=True)  # fmt: skip
+            self._run_as_owner(
+                [
+                    _pg_binary("initdb"),
+                    "-D",
+                    str(self.base / "data"),
+                    "-U",
+                    "postgres",
+                    "-A",
+                    "trust",
+                    "-E",
+                    "UTF8",
+                    "--no-locale",
+                    "--no-sync",
+                ],
+                wait=True,
+            )
         assert self.base is not None
-        self.proc = self._run_as_owner([_pg_binary("postgres"), "-D", str(self.base / "data"),
-            "-p", str(self.port), "-c", "listen_addresses=127.0.0.1",
-            "-c", f"unix_socket_directories={self.base}", "-c", "fsync=off",
-            "-c", "full_page_writes=off", "-c", "max_connections=200"])  # fmt: skip
+        self.proc = self._run_as_owner(
+            [
+                _pg_binary("postgres"),
+                "-D",
+                str(self.base / "data"),
+                "-p",
+                str(self.port),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                f"unix_socket_directories={self.base}",
+                "-c",
+                "fsync=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_connections=200",
+            ]
+        )
         _until_ready(self._accepts, timeout=timeout, what=f"postgres on port {self.port}")
         if fresh:
             with self.connect("postgres") as conn:
@@ -343,9 +394,13 @@ class PostgresServer:
 
     def connect(self, dbname: str | None = None) -> psycopg.Connection:
         return psycopg.connect(
-            host="127.0.0.1", port=self.port, user="postgres", dbname=dbname or self.dbname,
-            connect_timeout=5, autocommit=True,
-        )  # fmt: skip
+            host="127.0.0.1",
+            port=self.port,
+            user="postgres",
+            dbname=dbname or self.dbname,
+            connect_timeout=5,
+            autocommit=True,
+        )
 
     @contextlib.contextmanager
     def serving_django(self) -> Iterator[None]:
@@ -438,9 +493,14 @@ class PostgresServer:
             os.chown(self.base, account.pw_uid, account.pw_gid)
         with open(self.log_path, "ab") as log:
             proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.base, **owner,
-            )  # fmt: skip
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.base,
+                **owner,
+            )
         if wait and proc.wait(timeout=120) != 0:
             raise ProcessStartError(f"{Path(args[0]).name} failed: see {self.log_path}")
         return proc
@@ -517,9 +577,14 @@ class PgBouncerServer:
                 os.chown(path, owner["user"], owner["group"])
         with open(self.log_path, "ab") as log:  # it logs to stderr when not daemonized
             self.proc = subprocess.Popen(
-                [_pgbouncer_binary(), str(ini)], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.base, **owner,
-            )  # fmt: skip
+                [_pgbouncer_binary(), str(ini)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.base,
+                **owner,
+            )
         _until_ready(self._accepts, timeout=timeout, what=f"pgbouncer on port {self.port}")
         return self
 
@@ -528,9 +593,13 @@ class PgBouncerServer:
             raise ProcessStartError(f"pgbouncer exited: see {self.log_path}")
         try:
             psycopg.connect(
-                host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
-                connect_timeout=2, autocommit=True,
-            ).close()  # fmt: skip
+                host="127.0.0.1",
+                port=self.port,
+                user="postgres",
+                dbname="postgres",
+                connect_timeout=2,
+                autocommit=True,
+            ).close()
         except psycopg.OperationalError:
             return False
         return True
@@ -691,12 +760,25 @@ class WorkerProcess:
     def start(self, *, timeout: float = 30.0) -> WorkerProcess:
         args = [
             *self.wrapper,
-            sys.executable, "-m", "celery", "-A", self.app, "worker",
-            "-P", "prefork", "-c", str(self.concurrency), "-n", f"{self.name}@%h",
-            "--without-mingle", "--without-gossip", "-l", "info",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            self.app,
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(self.concurrency),
+            "-n",
+            f"{self.name}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            "-l",
+            "info",
             *(["-B", "-s", str(self.log_path.with_suffix(".beat"))] if self.beat else []),
             *self.extra_args,
-        ]  # fmt: skip
+        ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 args,

@@ -118,10 +118,15 @@ def _ensure_mix(progress: Callable[[str], None]) -> None:
     first = 1
     for status, count, wake_at in MIX:
         synthetic.runs_insert(
-            prefix=PREFIX, workflow=WORKFLOW, status=status, first=first,
-            last=first + count - 1, at_step=("step_3", 3), wake_at=wake_at or "NULL",
+            prefix=PREFIX,
+            workflow=WORKFLOW,
+            status=status,
+            first=first,
+            last=first + count - 1,
+            at_step=("step_3", 3),
+            wake_at=wake_at or "NULL",
             created_at="now() - g * interval '37 second'",
-        )  # fmt: skip
+        )
         first += count
 
 
@@ -132,11 +137,18 @@ def _ensure_events(history: int, count: int, progress: Callable[[str], None]) ->
         return
     progress(f"inserting {count:,} old events and a last hour of activity")
     synthetic.events_insert(
-        prefix=HISTORY_ID_PREFIX, runs=history, count=count,
+        prefix=HISTORY_ID_PREFIX,
+        runs=history,
+        count=count,
         at="now() - interval '2 hours' - (%(count)s - g) * interval '1 second'",
-        kinds=["attempt_failed", "sweep_requeue", "operator_retry"], detail="old",
-    )  # fmt: skip
+        kinds=["attempt_failed", "sweep_requeue", "operator_retry"],
+        detail="old",
+    )
     synthetic.events_insert(
-        prefix=PREFIX, runs=500, count=3000, at="now() - (3600 - g) * interval '1 second'",
-        kinds=["attempt_failed", "sweep_requeue", "takeover"], detail="recent",
-    )  # fmt: skip
+        prefix=PREFIX,
+        runs=500,
+        count=3000,
+        at="now() - (3600 - g) * interval '1 second'",
+        kinds=["attempt_failed", "sweep_requeue", "takeover"],
+        detail="recent",
+    )

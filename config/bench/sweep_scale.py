@@ -137,6 +137,12 @@ def _insert(prefix: str, workflow: str, status: str, first: int, last: int, *, s
         wake_at = "NULL"
         created_at = "now() - g * interval '1 second'"
     return synthetic.runs_insert(
-        prefix=prefix, workflow=workflow, status=status, first=first, last=last,
-        at_step=("step_9", 11), wake_at=wake_at, created_at=created_at,
-    )  # fmt: skip
+        prefix=prefix,
+        workflow=workflow,
+        status=status,
+        first=first,
+        last=last,
+        at_step=("step_9", 11),
+        wake_at=wake_at,
+        created_at=created_at,
+    )

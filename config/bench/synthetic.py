@@ -57,9 +57,14 @@ def runs_insert(
         table=WorkflowRun._meta.db_table, wake_at=wake_at, created_at=created_at
     )
     params: dict[str, Any] = {
-        "prefix": prefix, "workflow": workflow, "status": status, "step": step, "seq": seq,
-        "first": first, "last": last,
-    }  # fmt: skip
+        "prefix": prefix,
+        "workflow": workflow,
+        "status": status,
+        "step": step,
+        "seq": seq,
+        "first": first,
+        "last": last,
+    }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
@@ -71,9 +76,13 @@ def events_insert(
     """`count` events spread over the runs `prefix` + 1..`runs`, cycling through `kinds`."""
     sql = _EVENTS_INSERT.format(table=RunEvent._meta.db_table, at=at)
     params: dict[str, Any] = {
-        "prefix": prefix, "runs": runs, "count": count, "kinds": kinds,
-        "kind_count": len(kinds), "detail": detail,
-    }  # fmt: skip
+        "prefix": prefix,
+        "runs": runs,
+        "count": count,
+        "kinds": kinds,
+        "kind_count": len(kinds),
+        "detail": detail,
+    }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
 
@@ -84,9 +93,13 @@ def finished_template(*, workflow: str, steps: int, events: int) -> str:
     template `runs_clone` copies."""
     now = timezone.now()
     run = WorkflowRun.objects.create(
-        workflow=workflow, version=1, status=RunStatus.COMPLETED,
-        current_step="", current_seq=steps + 1, output={"done": True},
-    )  # fmt: skip
+        workflow=workflow,
+        version=1,
+        status=RunStatus.COMPLETED,
+        current_step="",
+        current_seq=steps + 1,
+        output={"done": True},
+    )
     StepCheckpoint.objects.bulk_create(
         StepCheckpoint(
             run=run,
@@ -115,8 +128,13 @@ def runs_clone(template: str, *, prefix: str, epoch: Any, first: int, last: int)
     run_id = "%(prefix)s || lpad(g::text, 12, '0')"
     created = "%(epoch)s::timestamptz + g * interval '1 second'"
     params = {"prefix": prefix, "epoch": epoch, "first": first, "last": last}
-    _clone(WorkflowRun, "id", template, {"id": run_id, "created_at": created,
-                                         "updated_at": created}, params)  # fmt: skip
+    _clone(
+        WorkflowRun,
+        "id",
+        template,
+        {"id": run_id, "created_at": created, "updated_at": created},
+        params,
+    )
     key = f"{run_id} || '_step_' || t.seq"
     _clone(StepCheckpoint, "run_id", template, {"run_id": run_id, "idempotency_key": key}, params)
     _clone(RunEvent, "run_id", template, {"run_id": run_id}, params)
@@ -211,25 +229,39 @@ def floor_step(run_id: str, seq: int, *, effect: bool, last: bool) -> None:
     finished = {"status": StepStatus.COMPLETED, "finished_at": sql.at_now()}
     if not effect:
         sql.move_run_and_step(
-            run_id=run_id, seq=seq, active=(RunStatus.RUNNING,), run_changes=advance,
-            step_insert={**checkpoint, **finished}, synchronous=last,
-        )  # fmt: skip
+            run_id=run_id,
+            seq=seq,
+            active=(RunStatus.RUNNING,),
+            run_changes=advance,
+            step_insert={**checkpoint, **finished},
+            synchronous=last,
+        )
         return
     claimed = sql.move_run_and_step(
-        run_id=run_id, seq=seq, active=(RunStatus.RUNNING,),
+        run_id=run_id,
+        seq=seq,
+        active=(RunStatus.RUNNING,),
         run_changes={"wake_at": sql.at_now_plus(60), "updated_at": sql.at_now()},
         step_insert={
-            **checkpoint, "status": StepStatus.IN_PROGRESS, "lease_owner": "floor",
+            **checkpoint,
+            "status": StepStatus.IN_PROGRESS,
+            "lease_owner": "floor",
             "lease_expires_at": sql.at_now_plus(60),
         },
         returning=("fence",),
-    )  # fmt: skip
+    )
     assert claimed is not None, f"the floor's claim of {run_id} #{seq} was fenced out"
     sql.move_run_and_step(
-        run_id=run_id, seq=seq, active=(RunStatus.RUNNING,), run_changes=advance,
+        run_id=run_id,
+        seq=seq,
+        active=(RunStatus.RUNNING,),
+        run_changes=advance,
         step_where=sql.StepWhere("{c}.status = 'IN_PROGRESS' AND {c}.fence = %s", (claimed[0],)),
         step_changes={
-            **finished, "fence": claimed[0] + 1, "lease_expires_at": None, "lease_owner": "",
+            **finished,
+            "fence": claimed[0] + 1,
+            "lease_expires_at": None,
+            "lease_owner": "",
         },
         synchronous=last,
-    )  # fmt: skip
+    )

@@ -44,8 +44,11 @@ def child_kill_recovery(worker: WorkerProcess, *, samples: int) -> Recovery:
         os.kill(owner_pid, signal.SIGKILL)
         workload.redis_client().set(workload.release_key(run_id), 1)
         seconds.append(_completed_at(run_id).timestamp() - killed_at)
-        wait_until(lambda: len(worker.children()) >= worker.concurrency or None, timeout=30,
-                   what=lambda: "the pool to replace its child")  # fmt: skip
+        wait_until(
+            lambda: len(worker.children()) >= worker.concurrency or None,
+            timeout=30,
+            what=lambda: "the pool to replace its child",
+        )
     return Recovery(samples=seconds)
 
 

@@ -34,9 +34,13 @@ EFFECT_STEPS = {
 }
 #: What a completed refund must have made, exactly once each...
 ONE_PER_REFUND = (
-    "authorizations", "payments", "seat_cancellations", "boarding_passes", "crm_updates",
+    "authorizations",
+    "payments",
+    "seat_cancellations",
+    "boarding_passes",
+    "crm_updates",
     "emails",
-)  # fmt: skip
+)
 #: ...and what it must not have made at all (undoing belongs to failed runs).
 NONE_PER_COMPLETED = ("refunds", "authorization_cancels", "seat_reinstatements")
 _MESSAGE_ID_KEY = re.compile(r"^<?(?P<key>[^@<>]+)@")
@@ -129,9 +133,18 @@ def gather(workflow_ids: list[str], ledger: dict[str, Any]) -> Evidence:
     runs = {run.id: run for run in WorkflowRun.objects.filter(id__in=workflow_ids)}
     checkpoints = {}
     for row in StepCheckpoint.objects.filter(run_id__in=workflow_ids).values(
-        "run_id", "seq", "name", "kind", "status", "attempts", "idempotency_key",
-        "lease_expires_at", "first_started_at", "started_at", "finished_at",
-    ):  # fmt: skip
+        "run_id",
+        "seq",
+        "name",
+        "kind",
+        "status",
+        "attempts",
+        "idempotency_key",
+        "lease_expires_at",
+        "first_started_at",
+        "started_at",
+        "finished_at",
+    ):
         cp = Checkpoint(**row)
         checkpoints[(cp.run_id, cp.seq)] = cp
     events: Counter[str] = Counter()
@@ -232,13 +245,25 @@ def claim_mark(run_id: str, seq: int) -> tuple[Any, ...] | None:
 def run_rows(run_id: str) -> tuple[Any, ...]:
     """One run's row and checkpoints as they stand, events aside: what a fenced-out worker
     must leave exactly as it found them (I5)."""
-    run = WorkflowRun.objects.filter(pk=run_id).values(
-        "status", "current_seq", "current_step", "error", "output", "compensations",
-        "cancel_requested", "branch",
-    ).first()  # fmt: skip
-    steps = StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list(
-        "seq", "name", "status", "fence", "attempts", "output", "error"
-    )  # fmt: skip
+    run = (
+        WorkflowRun.objects.filter(pk=run_id)
+        .values(
+            "status",
+            "current_seq",
+            "current_step",
+            "error",
+            "output",
+            "compensations",
+            "cancel_requested",
+            "branch",
+        )
+        .first()
+    )
+    steps = (
+        StepCheckpoint.objects.filter(run_id=run_id)
+        .order_by("seq")
+        .values_list("seq", "name", "status", "fence", "attempts", "output", "error")
+    )
     return run, list(steps)
 
 

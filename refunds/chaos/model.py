@@ -62,9 +62,14 @@ WAIVER_DETAILS = "I was admitted to hospital on Sunday and cannot fly this week.
 #: Partner calls the machine can make misbehave, one call at a time or all at once (outage).
 #: The charge and the fee refund have rules of their own (where the money is); these share one.
 ENDPOINTS = (
-    "payment_intents.search", "refunds.list", "airline.cancel_seat", "airline.boarding_pass",
-    "seat_cancellation.lookup", "crm.update", "smtp",
-)  # fmt: skip
+    "payment_intents.search",
+    "refunds.list",
+    "airline.cancel_seat",
+    "airline.boarding_pass",
+    "seat_cancellation.lookup",
+    "crm.update",
+    "smtp",
+)
 #: One call's outcome: applied then the answer lost; refused before applying (declined); the
 #: partner timing out before applying (504); a plain 5xx.
 OUTCOMES = {

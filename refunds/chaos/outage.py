@@ -143,9 +143,13 @@ class DatabaseOutage:
         login = self.operator.get("/admin/login/")
         answer = self.operator.post(
             "/admin/login/",
-            {**login.hidden_inputs(), "username": "chaos-operator", "password": password,
-             "next": ADMIN_PAGE},
-        )  # fmt: skip
+            {
+                **login.hidden_inputs(),
+                "username": "chaos-operator",
+                "password": password,
+                "next": ADMIN_PAGE,
+            },
+        )
         if answer.status != 302:
             raise RuntimeError(f"the operator could not log in: HTTP {answer.status}")
         form = self.visitor.get(FORM_PAGE)

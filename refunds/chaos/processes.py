@@ -125,9 +125,19 @@ class Sandbox:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, env: dict[str, str]) -> Sandbox:
-        args = [sys.executable, "manage.py", "sandbox", "--port", str(self.port),
-                "--smtp-port", str(self.smtp_port), "--state", str(self.state),
-                "--today-offset-days", str(settings.SANDBOX_TODAY_OFFSET_DAYS)]  # fmt: skip
+        args = [
+            sys.executable,
+            "manage.py",
+            "sandbox",
+            "--port",
+            str(self.port),
+            "--smtp-port",
+            str(self.smtp_port),
+            "--state",
+            str(self.state),
+            "--today-offset-days",
+            str(settings.SANDBOX_TODAY_OFFSET_DAYS),
+        ]
         self.proc = _spawn(args, self.workdir / "sandbox.log", env)
         _wait(self._healthy, timeout=30, what=f"sandbox on port {self.port}")
         return self
@@ -143,9 +153,11 @@ class Sandbox:
     def call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
-            f"{self.url}{path}", data=data, method=method,
+            f"{self.url}{path}",
+            data=data,
+            method=method,
             headers={"Content-Type": "application/json"},
-        )  # fmt: skip
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read() or b"null")
 
@@ -172,8 +184,18 @@ class Beat:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Beat:
-        args = [sys.executable, "-m", "celery", "-A", "config.celery_app", "beat", "-l", "info",
-                "-s", str(self.workdir / "celerybeat-schedule")]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config.celery_app",
+            "beat",
+            "-l",
+            "info",
+            "-s",
+            str(self.workdir / "celerybeat-schedule"),
+        ]
         self.proc = _spawn(args, self.workdir / "beat.log", self.env)
         return self
 
@@ -197,8 +219,17 @@ class Web:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Web:
-        args = [sys.executable, "-m", "gunicorn", "config.wsgi", "--no-control-socket",
-                "--bind", f"127.0.0.1:{self.port}", "--workers", str(self.workers)]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.wsgi",
+            "--no-control-socket",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(self.workers),
+        ]
         self.proc = _spawn(args, self.log_path, self.env)
         _wait(self._answers, timeout=60, what=f"gunicorn on port {self.port}")
         return self

@@ -61,10 +61,15 @@ FAULTS: list[dict[str, Any]] = [
     {"endpoint": "airline.booking", "latency_ms": 50, "error_rate": 0.1, "error_status": 503},
     {"endpoint": "airline.cancel_seat", "latency_ms": 200, "error_rate": 0.05, "drop_rate": 0.1},
     {"endpoint": "airline.boarding_pass", "latency_ms": 150, "error_rate": 0.05, "drop_rate": 0.1},
-    {"endpoint": "crm.update", "latency_ms": 100, "error_rate": 0.1, "error_status": 429,
-     "drop_rate": 0.1},
+    {
+        "endpoint": "crm.update",
+        "latency_ms": 100,
+        "error_rate": 0.1,
+        "error_status": 429,
+        "drop_rate": 0.1,
+    },
     {"endpoint": "smtp", "latency_ms": 50, "error_rate": 0.05, "drop_rate": 0.05},
-]  # fmt: skip
+]
 POLL_SECONDS = 0.25
 PROGRESS_SECONDS = 5.0
 
@@ -312,8 +317,10 @@ def _erase(
 def _pgbouncer_for(config: ChaosConfig, db_url: str, workdir: Path) -> PgBouncerServer:
     parsed = dj_database_url.parse(db_url)
     if parsed.get("HOST") not in ("127.0.0.1", "localhost", ""):
-        raise ChaosError("--pgbouncer puts a PgBouncer on this machine in front of a local "
-                         f"Postgres, not {parsed.get('HOST')}")  # fmt: skip
+        raise ChaosError(
+            "--pgbouncer puts a PgBouncer on this machine in front of a local "
+            f"Postgres, not {parsed.get('HOST')}"
+        )
     return PgBouncerServer(
         workdir,
         upstream_port=int(parsed.get("PORT") or 5432),

@@ -27,14 +27,42 @@ from refunds.sandbox.state import Store, add_effect
 
 REFERENCE = re.compile(r"[A-Za-z0-9]{6}")
 FIRST_NAMES = (
-    "Astrid", "Bjorn", "Camille", "Dmitri", "Elena", "Farah", "Goran", "Hana",
-    "Ines", "Jonas", "Kaito", "Lena", "Mateo", "Nadia", "Oskar", "Priya",
-)  # fmt: skip
+    "Astrid",
+    "Bjorn",
+    "Camille",
+    "Dmitri",
+    "Elena",
+    "Farah",
+    "Goran",
+    "Hana",
+    "Ines",
+    "Jonas",
+    "Kaito",
+    "Lena",
+    "Mateo",
+    "Nadia",
+    "Oskar",
+    "Priya",
+)
 #: Some with accents and spaces, as real passengers' names have.
 LAST_NAMES = (
-    "Andersen", "Berg", "Costa", "Dahl", "Eriksen", "Müller", "Åberg", "Ivanova",
-    "Jensen", "Kowalski", "Lund", "Moreau", "Nakamura", "Olsen", "Patel", "da Silva",
-)  # fmt: skip
+    "Andersen",
+    "Berg",
+    "Costa",
+    "Dahl",
+    "Eriksen",
+    "Müller",
+    "Åberg",
+    "Ivanova",
+    "Jensen",
+    "Kowalski",
+    "Lund",
+    "Moreau",
+    "Nakamura",
+    "Olsen",
+    "Patel",
+    "da Silva",
+)
 #: Where the sandbox's passengers receive mail (RFC 2606: never a real mailbox).
 CONTACT_DOMAIN = "example.com"
 AIRPORTS = ("CPH", "OSL", "ARN", "HEL", "LHR", "CDG", "FRA", "AMS", "BCN", "FCO", "JFK", "KEF")

@@ -117,9 +117,15 @@ def _fault_row(spec: dict[str, Any]) -> tuple[Any, ...]:
         spec, "barrier_timeout_ms", BARRIER_TIMEOUT_MS, int, 0, MAX_LATENCY_MS
     )
     return (
-        endpoint, latency_ms, error_rate, error_status, drop_rate, count, barrier,
+        endpoint,
+        latency_ms,
+        error_rate,
+        error_status,
+        drop_rate,
+        count,
+        barrier,
         barrier_timeout_ms,
-    )  # fmt: skip
+    )
 
 
 def _number(

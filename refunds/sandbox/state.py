@@ -73,9 +73,14 @@ CREATE TABLE IF NOT EXISTS cancelled_flights (
 """
 
 TABLES = (
-    "idempotency_keys", "effects", "emails", "counters", "faults", "unknown_bookings",
+    "idempotency_keys",
+    "effects",
+    "emails",
+    "counters",
+    "faults",
+    "unknown_bookings",
     "cancelled_flights",
-)  # fmt: skip
+)
 
 
 class Store:

@@ -25,8 +25,13 @@ CAPTURE_PARAMS = frozenset({"amount_to_capture", "expand"})
 CANCEL_PARAMS = frozenset({"cancellation_reason", "expand"})
 CANCELLATION_REASONS = frozenset({"duplicate", "fraudulent", "requested_by_customer", "abandoned"})
 #: Statuses from which Stripe lets an intent be cancelled.
-CANCELLABLE = ("requires_payment_method", "requires_capture", "requires_confirmation",
-               "requires_action", "processing")  # fmt: skip
+CANCELLABLE = (
+    "requires_payment_method",
+    "requires_capture",
+    "requires_confirmation",
+    "requires_action",
+    "processing",
+)
 
 
 def expire(store: Store, *, after_seconds: float) -> None:
@@ -128,9 +133,13 @@ def cancel(intent_id: str) -> Effect:
 
 def _effect(name: str, parse: Any, execute: Any) -> Effect:
     return Effect(
-        name=name, scope="stripe", key_required=False, parse=parse, execute=execute,
+        name=name,
+        scope="stripe",
+        key_required=False,
+        parse=parse,
+        execute=execute,
         injected=injected,
-    )  # fmt: skip
+    )
 
 
 def _intent(db: sqlite3.Connection, intent_id: str) -> dict[str, Any] | None:

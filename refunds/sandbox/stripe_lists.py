@@ -78,8 +78,9 @@ def _listed(
 
 def _limit(raw: str) -> int:
     if not (raw.isdigit() and 1 <= int(raw) <= 100):
-        raise Invalid(stripe_error(400, "invalid_request_error", "limit must be 1..100",
-                                   param="limit"))  # fmt: skip
+        raise Invalid(
+            stripe_error(400, "invalid_request_error", "limit must be 1..100", param="limit")
+        )
     return int(raw)
 
 
@@ -91,8 +92,11 @@ def _created(query: dict[str, str]) -> tuple[str, list[int]]:
         if raw is None:
             continue
         if not raw.isdigit():
-            raise Invalid(stripe_error(400, "invalid_request_error", "Invalid integer: created",
-                                       param="created"))  # fmt: skip
+            raise Invalid(
+                stripe_error(
+                    400, "invalid_request_error", "Invalid integer: created", param="created"
+                )
+            )
         where += f" AND json_extract(body, '$.created') {operator} ?"  # fixed operators only
         params.append(int(raw))
     return where, params

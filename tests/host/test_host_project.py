@@ -157,9 +157,14 @@ class Host:
         or does not end within `timeout` seconds."""
         try:
             done = subprocess.run(
-                args, cwd=cwd or self.project, env={**self.env, **(env or {})}, text=True,
-                capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+                args,
+                cwd=cwd or self.project,
+                env={**self.env, **(env or {})},
+                text=True,
+                capture_output=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired as late:
             said = _text(late.stdout)[-4000:] + _text(late.stderr)[-4000:]
             raise AssertionError(f"{' '.join(args)} still ran after {timeout} s:\n{said}") from None
@@ -200,8 +205,11 @@ def _build_wheel(workdir: Path) -> Path:
     dist = workdir / "dist"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(source), "-w", str(dist)],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     [wheel] = dist.glob("django_agentflow-*.whl")
     return wheel
@@ -213,9 +221,15 @@ def _pip(host: Host, *args: str) -> subprocess.CompletedProcess[str]:
     # checkout's metadata for an installed agentflow and skip the wheel.
     env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     return host.run(
-        host.python, "-m", "pip", "--disable-pip-version-check", *args,
-        cwd=host.workdir, env=env, timeout=600,
-    )  # fmt: skip
+        host.python,
+        "-m",
+        "pip",
+        "--disable-pip-version-check",
+        *args,
+        cwd=host.workdir,
+        env=env,
+        timeout=600,
+    )
 
 
 #: The versions the host ended up with, read in its venv.
@@ -345,9 +359,15 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         with phase("build the wheel"):
             wheel = _build_wheel(workdir)
         host = Host(
-            workdir=workdir, venv=venv, project=workdir / "shop", wheel=wheel, server=server,
-            database=database, broker=broker, env=_clean_env(venv),
-        )  # fmt: skip
+            workdir=workdir,
+            venv=venv,
+            project=workdir / "shop",
+            wheel=wheel,
+            server=server,
+            database=database,
+            broker=broker,
+            env=_clean_env(venv),
+        )
         if HOST_STACK:
             with phase(f"the host's own stack: pip install {' '.join(HOST_STACK)}"):
                 _pip(host, "install", "-q", "--no-compile", *HOST_STACK)
@@ -419,8 +439,14 @@ def test_wheel__metadata_is_what_a_package_index_shows(host: Host) -> None:
         assert f"Framework :: Django :: {minor}" in classifiers
     assert "Framework :: Celery" in classifiers
     assert set(metadata.get_all("Provides-Extra")) == {
-        "agent", "mcp", "prometheus", "otel", "redis", "tasks", "testing",
-    }  # fmt: skip
+        "agent",
+        "mcp",
+        "prometheus",
+        "otel",
+        "redis",
+        "tasks",
+        "testing",
+    }
     requires = " ".join(metadata.get_all("Requires-Dist"))
     for ours in ("stripe", "gunicorn", "dbos", "pytest", "kombu"):
         assert ours not in requires, requires
@@ -444,9 +470,14 @@ class Process:
         self.log = host.workdir / f"{name}.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                args, cwd=host.project, env={**host.env, **env}, stdout=out,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                args,
+                cwd=host.project,
+                env={**host.env, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -476,25 +507,52 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
     assert not host.test_tools, "this test must run before the test tools are installed"
     celery = str(host.venv / "bin" / "celery")
     host.manage(
-        "createsuperuser", "--noinput", "--username", ADMIN[0], "--email", "ops@example.com",
+        "createsuperuser",
+        "--noinput",
+        "--username",
+        ADMIN[0],
+        "--email",
+        "ops@example.com",
         env={"DJANGO_SUPERUSER_PASSWORD": ADMIN[1]},
-    )  # fmt: skip
+    )
     started: list[Process] = []
     try:
         with phase("start worker and beat"):
             worker = Process(
-                host, "worker",
-                [celery, "-A", "shop", "worker", "-l", "info", "-c", "1",
-                 "-n", f"shop{os.getpid()}@%h", "--without-mingle", "--without-gossip"],
+                host,
+                "worker",
+                [
+                    celery,
+                    "-A",
+                    "shop",
+                    "worker",
+                    "-l",
+                    "info",
+                    "-c",
+                    "1",
+                    "-n",
+                    f"shop{os.getpid()}@%h",
+                    "--without-mingle",
+                    "--without-gossip",
+                ],
                 {"AGENTFLOW_FAULTS": "1", "AGENTFLOW_CRASH_AT": CRASH_AT},
-            )  # fmt: skip
+            )
             started.append(worker)
             beat = Process(
-                host, "beat",
-                [celery, "-A", "shop", "beat", "-l", "info",
-                 "-s", str(host.workdir / "celerybeat-schedule")],
+                host,
+                "beat",
+                [
+                    celery,
+                    "-A",
+                    "shop",
+                    "beat",
+                    "-l",
+                    "info",
+                    "-s",
+                    str(host.workdir / "celerybeat-schedule"),
+                ],
                 {},
-            )  # fmt: skip
+            )
             started.append(beat)
             worker.wait_for_log(" ready.")
             # kombu 5.7 masks the (empty) password ("Connected to redis://:**@127.0.0.1:6379/3"),
@@ -505,11 +563,16 @@ def test_run__survives_a_worker_killed_after_its_effect__and_the_admin_shows_it(
             beat.wait_for_log("beat: Starting...")
 
         with phase("start a run; the worker crashes after the effect; the run completes"):
-            run_id = host.manage(
-                "shell", "-c",
-                "from agentflow import durable; print(durable.start('fulfil_order', "
-                "input={'order': 42}, business_key='order-42'))",
-            ).stdout.strip().splitlines()[-1]  # fmt: skip
+            run_id = (
+                host.manage(
+                    "shell",
+                    "-c",
+                    "from agentflow import durable; print(durable.start('fulfil_order', "
+                    "input={'order': 42}, business_key='order-42'))",
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )
 
             def finished() -> str | None:
                 assert worker.alive(), worker.text()[-4000:]
@@ -597,18 +660,40 @@ def test_django_tasks__transactional_durable_and_readable_from_another_process(
     try:
         with phase("tasks: start worker and beat"):
             worker = Process(
-                host, "tasks-worker",
-                [celery, "-A", "shop", "worker", "-l", "info", "-c", "1",
-                 "-n", f"tasks{os.getpid()}@%h", "--without-mingle", "--without-gossip"],
+                host,
+                "tasks-worker",
+                [
+                    celery,
+                    "-A",
+                    "shop",
+                    "worker",
+                    "-l",
+                    "info",
+                    "-c",
+                    "1",
+                    "-n",
+                    f"tasks{os.getpid()}@%h",
+                    "--without-mingle",
+                    "--without-gossip",
+                ],
                 {"AGENTFLOW_FAULTS": "1", "AGENTFLOW_CRASH_AT": TASK_CRASH_AT},
-            )  # fmt: skip
+            )
             started.append(worker)
             beat = Process(
-                host, "tasks-beat",
-                [celery, "-A", "shop", "beat", "-l", "info",
-                 "-s", str(host.workdir / "tasks-celerybeat-schedule")],
+                host,
+                "tasks-beat",
+                [
+                    celery,
+                    "-A",
+                    "shop",
+                    "beat",
+                    "-l",
+                    "info",
+                    "-s",
+                    str(host.workdir / "tasks-celerybeat-schedule"),
+                ],
                 {},
-            )  # fmt: skip
+            )
             started.append(beat)
             worker.wait_for_log(" ready.")
             beat.wait_for_log("beat: Starting...")
@@ -656,8 +741,9 @@ def tooled(migrated: Host) -> Host:
     'django-agentflow[testing]' pytest pytest-django`, from the index as well."""
     host = migrated
     with phase("pip install the host's test tools"):
-        _pip(host, "install", "-q", "--no-compile", f"{host.wheel}[{TEST_TOOLS_EXTRAS}]",
-             *TEST_TOOLS)  # fmt: skip
+        _pip(
+            host, "install", "-q", "--no-compile", f"{host.wheel}[{TEST_TOOLS_EXTRAS}]", *TEST_TOOLS
+        )
         _pip(host, "check")
     host.test_tools = True
     return host
@@ -671,11 +757,15 @@ def test_import_agentflow__has_no_side_effects(tooled: Host, tmp_path: Path) -> 
     temporary.mkdir()
     with phase("import probe"):
         done = host.run(
-            host.python, str(HERE / "scripts" / "import_probe.py"),
-            "agentflow", "agentflow.testing", "agentflow.testing.pytest_plugin",
+            host.python,
+            str(HERE / "scripts" / "import_probe.py"),
+            "agentflow",
+            "agentflow.testing",
+            "agentflow.testing.pytest_plugin",
             # A temporary directory of its own: other tests' servers come and go in /tmp.
-            cwd=empty, env={"PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(temporary)},
-        )  # fmt: skip
+            cwd=empty,
+            env={"PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(temporary)},
+        )
     report = json.loads(done.stdout)
     assert report["changed"] == {}, json.dumps(report, indent=2)
 

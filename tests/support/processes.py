@@ -113,9 +113,11 @@ def _drop_queue_declared_otherwise(url: str, queue: str = "celery") -> None:
         channel = conn.channel()
         try:
             channel.queue_declare(
-                queue, durable=True, auto_delete=False,
+                queue,
+                durable=True,
+                auto_delete=False,
                 arguments={"x-max-priority": settings.CELERY_TASK_QUEUE_MAX_PRIORITY},
-            )  # fmt: skip
+            )
         except Exception as exc:
             if "PRECONDITION_FAILED" not in str(exc):
                 raise

@@ -21,9 +21,15 @@ from tests.support.sandbox import SandboxProcess
 #: What a customer writes by default (`NewFlight.words`).
 WORDS = "Hi, please move me to {flight} on {date}. Thanks!"
 EFFECT_LISTS = (
-    "authorizations", "payments", "authorization_cancels", "refunds", "seat_cancellations",
-    "seat_reinstatements", "boarding_passes", "crm_updates",
-)  # fmt: skip
+    "authorizations",
+    "payments",
+    "authorization_cancels",
+    "refunds",
+    "seat_cancellations",
+    "seat_reinstatements",
+    "boarding_passes",
+    "crm_updates",
+)
 
 
 def submit(

@@ -70,10 +70,18 @@ class SandboxProcess:
 
     def start(self) -> None:
         command = [
-            sys.executable, "manage.py", "sandbox", "--port", str(self.port),
-            "--smtp-port", str(self.smtp_port), "--state", str(self.state_path),
-            "--today-offset-days", str(settings.SANDBOX_TODAY_OFFSET_DAYS),
-        ]  # fmt: skip
+            sys.executable,
+            "manage.py",
+            "sandbox",
+            "--port",
+            str(self.port),
+            "--smtp-port",
+            str(self.smtp_port),
+            "--state",
+            str(self.state_path),
+            "--today-offset-days",
+            str(settings.SANDBOX_TODAY_OFFSET_DAYS),
+        ]
         if self.key_window_seconds is not None:
             command += ["--key-window-seconds", str(self.key_window_seconds)]
         if self.authorization_seconds is not None:

@@ -51,9 +51,14 @@ class _Process:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.args, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                self.args,
+                env=self.env,
+                cwd=self.cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -81,8 +86,17 @@ class WebProcess(_Process):
         """`cwd`: the checkout it serves (a second tree, for a deploy)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "gunicorn", "config.wsgi", "--no-control-socket",
-                "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers)]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.wsgi",
+            "--no-control-socket",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(workers),
+        ]
         super().__init__(args, env, log_path, cwd=cwd)
 
     def start(self) -> None:
@@ -140,8 +154,18 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 class BeatProcess(_Process):
     def __init__(self, env: Mapping[str, str], log_path: Path, *, cwd: Path = ROOT) -> None:
         schedule = log_path.with_suffix(".schedule")
-        args = [sys.executable, "-m", "celery", "-A", "config.celery_app", "beat", "-l", "info",
-                "--schedule", str(schedule)]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config.celery_app",
+            "beat",
+            "-l",
+            "info",
+            "--schedule",
+            str(schedule),
+        ]
         super().__init__(args, env, log_path, cwd=cwd)
 
 

@@ -17,10 +17,17 @@ from agentflow.models import RunEvent, RunWait, StepCheckpoint, WorkflowRun
 SVG = "{http://www.w3.org/2000/svg}"
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 REFUND_STEPS = (
-    "load_request", "parse_flight_details", "fetch_booking", "check_cancellation_policy",
-    "calculate_penalty_fee", "cancel_seat", "charge_customer", "issue_boarding_pass",
-    "update_crm", "send_confirmation_email",
-)  # fmt: skip
+    "load_request",
+    "parse_flight_details",
+    "fetch_booking",
+    "check_cancellation_policy",
+    "calculate_penalty_fee",
+    "cancel_seat",
+    "charge_customer",
+    "issue_boarding_pass",
+    "update_crm",
+    "send_confirmation_email",
+)
 
 
 def at(seconds: float) -> datetime:
@@ -186,8 +193,9 @@ def eight_retries_run(run_id: str = "wf_eightretries") -> Rows:
                 detail="WAITING at step 2, 0.2 s past its wake-up time",
                 data={"status": "WAITING", "reason": "overdue", "late_seconds": 0.2},
             )
-    rows.step(2, "charge", start=clock, end=clock + 0.3, attempts=9, fence=9,
-              first_started_at=at(0.05))  # fmt: skip
+    rows.step(
+        2, "charge", start=clock, end=clock + 0.3, attempts=9, fence=9, first_started_at=at(0.05)
+    )
     rows.step(3, "finish", start=clock + 0.35, end=clock + 0.36)
     rows.run.updated_at = at(clock + 0.36)
     return rows

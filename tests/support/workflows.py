@@ -439,9 +439,12 @@ def effect_then_lose_the_database(ctx: durable.StepContext) -> dict[str, Any]:
     backend = connection.connection.info.backend_pid
     settings = connection.settings_dict
     with psycopg.connect(
-        host=settings["HOST"] or None, port=settings["PORT"] or None, dbname=settings["NAME"],
-        user=settings["USER"] or None, autocommit=True,
-    ) as other:  # fmt: skip
+        host=settings["HOST"] or None,
+        port=settings["PORT"] or None,
+        dbname=settings["NAME"],
+        user=settings["USER"] or None,
+        autocommit=True,
+    ) as other:
         other.execute("SELECT pg_terminate_backend(%s)", [backend])
     return result
 

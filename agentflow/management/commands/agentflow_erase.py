@@ -40,9 +40,15 @@ class Command(BaseCommand):
         )
 
     def handle(
-        self, *args: Any, subject: str | None, reason: str, actor: str, cancel_in_flight: bool,
-        replay: bool, **options: Any,
-    ) -> None:  # fmt: skip
+        self,
+        *args: Any,
+        subject: str | None,
+        reason: str,
+        actor: str,
+        cancel_in_flight: bool,
+        replay: bool,
+        **options: Any,
+    ) -> None:
         if replay:
             if subject is not None:
                 raise CommandError("--replay erases what the journal names: give no --subject")

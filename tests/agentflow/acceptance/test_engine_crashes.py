@@ -379,18 +379,26 @@ def test_embedded_default__whole_worker_killed__only_the_sweeper_saves_the_run(
         return found[0][0] if found and found[0][0] == RunStatus.COMPLETED else None
 
     wait_for(status, timeout=40, what="the embedded run to complete")
-    steps = _sqlite(db, "SELECT seq, name, status FROM agentflow_stepcheckpoint WHERE run_id = ?",
-                    run_id)  # fmt: skip
-    assert sorted(steps) == [(1, "prepare", "COMPLETED"), (2, "hold", "COMPLETED"),
-                             (3, "finish", "COMPLETED")]  # fmt: skip
+    steps = _sqlite(
+        db, "SELECT seq, name, status FROM agentflow_stepcheckpoint WHERE run_id = ?", run_id
+    )
+    assert sorted(steps) == [
+        (1, "prepare", "COMPLETED"),
+        (2, "hold", "COMPLETED"),
+        (3, "finish", "COMPLETED"),
+    ]
     assert partner.execution_counts(run_id) == {
         (run_id, 1, "prepare"): 1,
         (run_id, 2, "hold"): 2,
         (run_id, 3, "finish"): 1,
     }
     assert partner.effects() == {key_of(run_id): 1}
-    assert _sqlite(db, "SELECT 1 FROM agentflow_runevent WHERE run_id = ? AND kind = ?",
-                   run_id, RunEvent.Kind.SWEEP_REQUEUE)  # fmt: skip
+    assert _sqlite(
+        db,
+        "SELECT 1 FROM agentflow_runevent WHERE run_id = ? AND kind = ?",
+        run_id,
+        RunEvent.Kind.SWEEP_REQUEUE,
+    )
 
 
 def _manage(env: dict[str, str], *args: str) -> str:

@@ -160,8 +160,12 @@ def test_liveness__same_hostname_separate_pid_namespaces__no_steal_and_takeover_
 
     first.kill()
     killed_at = time.time()
-    wait_for(lambda: run_id in sweeper.sweep().requeued, timeout=10, interval=0.1,
-             what="the sweeper to see the owner gone")  # fmt: skip
+    wait_for(
+        lambda: run_id in sweeper.sweep().requeued,
+        timeout=10,
+        interval=0.1,
+        what="the sweeper to see the owner gone",
+    )
     taker = wait_execution(run_id, "hold", attempt=2)["pid"]
     assert taker in namespaced_pids(second)
     assert namespaced_pids(first) == set() and checkpoint(run_id).lease_owner != owner

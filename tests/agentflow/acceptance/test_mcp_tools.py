@@ -52,8 +52,13 @@ def test_mcp_effect__sigkill__applied_once_under_the_steps_key(
         assert log_has(worker, f"fault injection: SIGKILL at {point}")
     steps = StepCheckpoint.objects.filter(run_id=run_id).order_by("seq")
     assert [s.name for s in steps] == [
-        "llm", "lookup_order", "drop_orders", "llm", "add_note", "llm",
-    ]  # fmt: skip
+        "llm",
+        "lookup_order",
+        "drop_orders",
+        "llm",
+        "add_note",
+        "llm",
+    ]
     note = steps.get(name="add_note")
     assert note.kind == StepKind.EFFECT  # the host's word, not the server's readOnlyHint
     calls = mcp_server.calls(ledger)

@@ -109,10 +109,13 @@ def _keep_the_log_in_memory(postgres: PostgresServer) -> None:
     disk then stays in the server's memory, so a crash loses exactly those commits (with
     everything after them), deterministically."""
     with postgres.connect() as conn:
-        writers = [pid for (pid,) in conn.execute(
-            "SELECT pid FROM pg_stat_activity"
-            " WHERE backend_type IN ('walwriter', 'background writer')"
-        )]  # fmt: skip
+        writers = [
+            pid
+            for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE backend_type IN ('walwriter', 'background writer')"
+            )
+        ]
     assert len(writers) == 2
     for pid in writers:
         os.kill(pid, signal.SIGSTOP)
@@ -147,9 +150,11 @@ def test_crash__a_completion_lost_with_the_server_is_made_again_and_its_effect_s
 
         partner.release(run_id)
         workers.start(
-            beat=True, DATABASE_URL=postgres.url, AGENTFLOW_LEASE_SECONDS="2",
+            beat=True,
+            DATABASE_URL=postgres.url,
+            AGENTFLOW_LEASE_SECONDS="2",
             AGENTFLOW_SWEEP_INTERVAL="1",
-        )  # fmt: skip
+        )
         wait_finished(run_id, timeout=30)
         assert_completed_once(run_id, reexecuted={"charge": 2}, reads_may_repeat=True)
 
@@ -232,11 +237,26 @@ def test_chaos__one_postgres_restart_loses_nothing_and_doubles_nothing() -> None
         pytest.skip("chaos starts its own redis-server, which is not installed")
     out = io.StringIO()
     call_command(
-        "chaos", "--refunds", "8", "--seed", "5", "--postgres-restarts", "1",
-        "--child-kills", "0", "--worker-kills", "0", "--no-broker-restart",
-        "--double-submits", "1", "--timeout", "60", "--json",
-        stdout=out, stderr=io.StringIO(),
-    )  # fmt: skip
+        "chaos",
+        "--refunds",
+        "8",
+        "--seed",
+        "5",
+        "--postgres-restarts",
+        "1",
+        "--child-kills",
+        "0",
+        "--worker-kills",
+        "0",
+        "--no-broker-restart",
+        "--double-submits",
+        "1",
+        "--timeout",
+        "60",
+        "--json",
+        stdout=out,
+        stderr=io.StringIO(),
+    )
     report: dict[str, Any] = json.loads(out.getvalue())
 
     assert report["kills"]["postgres_restarts"] == 1

@@ -41,8 +41,14 @@ def slot(k: int) -> datetime:
 
 
 def schedule_env(clock: Path, *, window_seconds: float = 3600) -> dict[str, str]:
-    spec = {NAME: {"workflow": "schedule_probe", "cron": "* * * * *",
-                   "catch_up_seconds": window_seconds, "overlap": "run_beside"}}  # fmt: skip
+    spec = {
+        NAME: {
+            "workflow": "schedule_probe",
+            "cron": "* * * * *",
+            "catch_up_seconds": window_seconds,
+            "overlap": "run_beside",
+        }
+    }
     return {
         "AGENTFLOW_FAULTS": "1",
         "AGENTFLOW_SCHEDULE_CLOCK_FILE": str(clock),
@@ -66,8 +72,11 @@ def clock(tmp_path: Path) -> Callable[[datetime], None]:
 
 
 def seen_by_a_beat() -> ScheduleState:
-    return wait_for(lambda: ScheduleState.objects.filter(name=NAME).first(), timeout=SLOW,
-                    what="a beat to see the schedule")  # fmt: skip
+    return wait_for(
+        lambda: ScheduleState.objects.filter(name=NAME).first(),
+        timeout=SLOW,
+        what="a beat to see the schedule",
+    )
 
 
 def slot_recorded(at: datetime) -> ScheduleSlot:

@@ -57,9 +57,13 @@ def neighbour() -> Iterator[str]:
 def _server() -> psycopg.Connection[Any]:
     db = connection.settings_dict
     return psycopg.connect(
-        host=db["HOST"] or None, port=db["PORT"] or None, user=db["USER"] or None,
-        password=db["PASSWORD"] or None, dbname="postgres", autocommit=True,
-    )  # fmt: skip
+        host=db["HOST"] or None,
+        port=db["PORT"] or None,
+        user=db["USER"] or None,
+        password=db["PASSWORD"] or None,
+        dbname="postgres",
+        autocommit=True,
+    )
 
 
 @contextlib.contextmanager
@@ -115,9 +119,11 @@ def test_shared_broker__each_deployment_warns_once_naming_the_other_and_counts_t
     quick = {"AGENTFLOW_LEASE_SECONDS": "2", "AGENTFLOW_SWEEP_INTERVAL": "1"}
     ours = workers.start(beat=True, PROMETHEUS_MULTIPROC_DIR=str(ours_metrics), **quick)
     theirs = workers.start(
-        beat=True, DATABASE_URL=_url(neighbour), PROMETHEUS_MULTIPROC_DIR=str(theirs_metrics),
+        beat=True,
+        DATABASE_URL=_url(neighbour),
+        PROMETHEUS_MULTIPROC_DIR=str(theirs_metrics),
         **quick,
-    )  # fmt: skip
+    )
     our_database = connection.settings_dict["NAME"]
 
     our_runs = [durable.start(workflows.chain.name) for _ in range(RUNS)]

@@ -178,8 +178,10 @@ def test_timeline__a_run_that_waited_for_an_approval__shows_the_wait(
 
     [bar] = elements(svg, "af-tl-wait-bar")
     assert (bar.get("data-seq"), bar.get("data-kind"), bar.get("data-ended")) == (
-        "2", "approval", "approved"
-    )  # fmt: skip
+        "2",
+        "approval",
+        "approved",
+    )
     assert "waited for approval of charge: approved by alice" in title(bar)
     [charge] = [a for a in elements(svg, "af-tl-attempt") if a.get("data-seq") == "2"]
     assert box(bar)[0] < box(charge)[0]  # the wait came before the call it gated

@@ -40,11 +40,24 @@ class Standby(PostgresServer):
         if self.base is None:
             self.workdir.mkdir(parents=True, exist_ok=True)
             self.base = Path(tempfile.mkdtemp(prefix="agentflow-standby-"))
-            self._run_as_owner([_pg_binary("pg_basebackup"), "-h", "127.0.0.1",
-                                "-p", str(self.primary.port), "-U", "postgres",
-                                "-D", str(self.base / "data"), "-R", "-X", "stream",
-                                "--checkpoint=fast"],
-                               wait=True)  # fmt: skip
+            self._run_as_owner(
+                [
+                    _pg_binary("pg_basebackup"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.primary.port),
+                    "-U",
+                    "postgres",
+                    "-D",
+                    str(self.base / "data"),
+                    "-R",
+                    "-X",
+                    "stream",
+                    "--checkpoint=fast",
+                ],
+                wait=True,
+            )
         return super().start(timeout=timeout)  # a base already there: no initdb, no database
 
     def caught_up(self) -> bool:

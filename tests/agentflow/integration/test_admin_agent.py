@@ -334,11 +334,18 @@ def test_fork__refused_for_a_graph_run_and_past_an_unknown_outcome__as_messages(
         runtime.run_step(agent, seq)
     now = timezone.now()  # the buy was in flight when its worker died; nobody can say more
     StepCheckpoint.objects.create(
-        run_id=agent, seq=5, name="buy", kind=StepKind.EFFECT, status=StepStatus.IN_PROGRESS,
-        attempts=1, idempotency_key=durable.idempotency_key(agent, 5), lease_expires_at=now,
-        first_started_at=now, started_at=now,
+        run_id=agent,
+        seq=5,
+        name="buy",
+        kind=StepKind.EFFECT,
+        status=StepStatus.IN_PROGRESS,
+        attempts=1,
+        idempotency_key=durable.idempotency_key(agent, 5),
+        lease_expires_at=now,
+        first_started_at=now,
+        started_at=now,
         arguments={"kind": "tool", "name": "buy", "position": 5, "arguments": {}},
-    )  # fmt: skip
+    )
     assert store.run_park(agent, 5, "outcome unknown: buy", fence=1)
 
     refused_graph = admin_client.post(
@@ -430,13 +437,16 @@ def test_odd_data__checkpoints_and_events_in_unexpected_shapes_never_break_the_p
     rows.filter(seq=2).update(
         arguments=[1, 2, 3], output={"ok": True, "result": {"html": "<script>alert(1)</script>"}}
     )
-    rows.filter(seq=3).update(arguments={"kind": "tool", "arguments": ["not", "an", "object"]},
-                              output=huge)  # fmt: skip
+    rows.filter(seq=3).update(
+        arguments={"kind": "tool", "arguments": ["not", "an", "object"]}, output=huge
+    )
     rows.filter(seq=4).update(
         arguments={"kind": "llm", "arguments": {"messages": "nope"}},
-        output={"message": {"content": {"parts": [1]}, "tool_calls": [{"function": 7}, "junk"]},
-                "usage": {"total_tokens": -3}},
-    )  # fmt: skip
+        output={
+            "message": {"content": {"parts": [1]}, "tool_calls": [{"function": 7}, "junk"]},
+            "usage": {"total_tokens": -3},
+        },
+    )
     rows.filter(seq=5).update(arguments={"kind": "tool", "name": "buy"}, output=None)
     rows.filter(seq=6).update(arguments="llm", output={"message": {"content": huge}})
     now = timezone.now()
@@ -450,14 +460,31 @@ def test_odd_data__checkpoints_and_events_in_unexpected_shapes_never_break_the_p
         RunEvent.objects.create(run=run, kind=kind, seq=5, data=data, detail="odd")
     WorkflowRun.objects.filter(pk=run.pk).update(branch=F("branch") + 1)
     SupersededStep.objects.create(
-        run=run, branch=7, seq=2, name="lookup", kind="read", status="COMPLETED", attempts=1,
-        idempotency_key="k-odd", arguments={"kind": "tool", "reused": "yes"}, output=huge,
+        run=run,
+        branch=7,
+        seq=2,
+        name="lookup",
+        kind="read",
+        status="COMPLETED",
+        attempts=1,
+        idempotency_key="k-odd",
+        arguments={"kind": "tool", "reused": "yes"},
+        output=huge,
         superseded_at=now,
-    )  # fmt: skip
+    )
     SupersededStep.objects.create(
-        run=run, branch=0, seq=3, name="llm", kind="llm", status="COMPLETED", attempts=0,
-        idempotency_key="k-odd-2", arguments=None, output=None, superseded_at=now,
-    )  # fmt: skip
+        run=run,
+        branch=0,
+        seq=3,
+        name="llm",
+        kind="llm",
+        status="COMPLETED",
+        attempts=0,
+        idempotency_key="k-odd-2",
+        arguments=None,
+        output=None,
+        superseded_at=now,
+    )
 
     response = admin_client.get(detail_url(run))
 

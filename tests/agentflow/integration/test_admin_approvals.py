@@ -98,8 +98,10 @@ def test_approve__confirmation_shows_the_call__the_decision_is_recorded_with_ope
     assert (event.actor, event.detail) == ("approver", "fee confirmed by phone")
     wait = run.waits.get()
     assert (wait.actor, wait.reason, wait.outcome["approved"]) == (
-        "approver", "fee confirmed by phone", True
-    )  # fmt: skip
+        "approver",
+        "fee confirmed by phone",
+        True,
+    )
     assert run_to_end(run.pk).status == RunStatus.COMPLETED
     page = text(approver.get(detail_url(run)))
     assert "approved</strong> by approver" in page and "fee confirmed by phone" in page

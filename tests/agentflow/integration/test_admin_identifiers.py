@@ -181,9 +181,12 @@ def odd_runs(settings: Any, odd_partners: None) -> dict[str, str]:
     pinned = durable.start(workflows.odd_names.name)
     store.build_record(OLD_BUILD, builds.definitions_summary())
     WorkflowRun.objects.filter(pk=pinned).update(
-        build=OLD_BUILD, started_build=OLD_BUILD, pinned=True, hold=f"build:{OLD_BUILD}",
+        build=OLD_BUILD,
+        started_build=OLD_BUILD,
+        pinned=True,
+        hold=f"build:{OLD_BUILD}",
         status=RunStatus.WAITING,
-    )  # fmt: skip
+    )
     return {"done": done, "waiting": waiting, "pinned": pinned}
 
 

@@ -217,10 +217,16 @@ def test_logs_traces_and_metrics__never_carry_the_note(
 
     scraped = Client().get("/metrics").content.decode()
     traced = [
-        json.dumps([s.name, dict(s.attributes or {}), [(e.name, dict(e.attributes or {}))
-                    for e in s.events]], default=str)
+        json.dumps(
+            [
+                s.name,
+                dict(s.attributes or {}),
+                [(e.name, dict(e.attributes or {})) for e in s.events],
+            ],
+            default=str,
+        )
         for s in spans.get_finished_spans()
-    ]  # fmt: skip
+    ]
     logged = [record.getMessage() + (record.exc_text or "") for record in caplog.records]
 
     assert traced and any(run.pk in t for t in traced)  # the run was traced
@@ -333,6 +339,8 @@ def test_agent_tool__its_decision_reply_reaches_the_tool_and_the_models_rejectio
     assert done.status == RunStatus.COMPLETED
     rejected = next(s for s in done.steps if s.name == "file_claim").output["result"]
     assert rejected == {
-        "rejected": True, "reason": "internal", "timed_out": False,
+        "rejected": True,
+        "reason": "internal",
+        "timed_out": False,
         "reply": "We couldn't approve it.",
-    }  # fmt: skip
+    }

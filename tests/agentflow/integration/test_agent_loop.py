@@ -47,8 +47,10 @@ def test_agent__one_call_per_task_replayed_from_the_top__completes_with_its_answ
     assert partner.effects() == {durable.idempotency_key(run_id, 5): 1}
     # Each body ran once although every task replayed the function from the top.
     assert partner.execution_counts(run_id) == {
-        (run_id, 2, "lookup"): 1, (run_id, 3, "lookup"): 1, (run_id, 5, "buy"): 1,
-    }  # fmt: skip
+        (run_id, 2, "lookup"): 1,
+        (run_id, 3, "lookup"): 1,
+        (run_id, 5, "buy"): 1,
+    }
 
 
 def test_agent__memo_by_position_and_arguments__the_same_tool_twice_gets_two_real_results(
@@ -165,10 +167,17 @@ def test_fork__refused_for_graph_runs_and_past_an_unknown_effect(
         runtime.run_step(run_id, seq)
     now = timezone.now()  # the buy was in flight when its worker died; nobody can say more
     StepCheckpoint.objects.create(
-        run_id=run_id, seq=5, name="buy", kind=StepKind.EFFECT, status=StepStatus.IN_PROGRESS,
-        attempts=1, idempotency_key=durable.idempotency_key(run_id, 5), lease_expires_at=now,
-        first_started_at=now, started_at=now,
-    )  # fmt: skip
+        run_id=run_id,
+        seq=5,
+        name="buy",
+        kind=StepKind.EFFECT,
+        status=StepStatus.IN_PROGRESS,
+        attempts=1,
+        idempotency_key=durable.idempotency_key(run_id, 5),
+        lease_expires_at=now,
+        first_started_at=now,
+        started_at=now,
+    )
     assert store.run_park(run_id, 5, "outcome unknown: buy", fence=1)
 
     with pytest.raises(

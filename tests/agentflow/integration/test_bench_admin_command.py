@@ -21,9 +21,15 @@ def test_bench_admin__builds_the_mix_and_the_events_then_times_every_page() -> N
     out = io.StringIO()
 
     call_command(
-        "bench_admin", "--json", "--history", "300", "--events", "600",
-        stdout=out, stderr=io.StringIO(),
-    )  # fmt: skip
+        "bench_admin",
+        "--json",
+        "--history",
+        "300",
+        "--events",
+        "600",
+        stdout=out,
+        stderr=io.StringIO(),
+    )
 
     report = json.loads(out.getvalue())
     mix = dict(
@@ -32,20 +38,30 @@ def test_bench_admin__builds_the_mix_and_the_events_then_times_every_page() -> N
         .annotate(n=Count("id"))
     )
     assert mix == {
-        "FAILED": 20_000, "CANCELLED": 2_000, "NEEDS_ATTENTION": 200, "WAITING": 500,
+        "FAILED": 20_000,
+        "CANCELLED": 2_000,
+        "NEEDS_ATTENTION": 200,
+        "WAITING": 500,
         "RUNNING": 500,
-    }  # fmt: skip
+    }
     assert WorkflowRun.objects.filter(workflow="bench_history").count() == 300
     overdue = WorkflowRun.objects.filter(workflow="bench_admin", status="RUNNING").first()
     assert overdue is not None and overdue.current_step == "step_3" and overdue.wake_at
     events = dict(RunEvent.objects.values_list("detail").annotate(n=Count("id")))
     assert events == {"old": 600, "recent": 3000}
     assert set(RunEvent.objects.values_list("kind", flat=True)) == {
-        "attempt_failed", "sweep_requeue", "operator_retry", "takeover",
-    }  # fmt: skip
+        "attempt_failed",
+        "sweep_requeue",
+        "operator_retry",
+        "takeover",
+    }
     assert (report["runs"], report["events"]) == (300 + 23_200, 3_600)
     pages = {page["name"]: page for page in report["pages"]}
     assert set(pages) == {
-        "dashboard alone", "run list", "run list, failed only", "run list, stuck now", "run page",
-    }  # fmt: skip
+        "dashboard alone",
+        "run list",
+        "run list, failed only",
+        "run list, stuck now",
+        "run page",
+    }
     assert all(page["ms"] > 0 and page["queries"] > 0 for page in pages.values())

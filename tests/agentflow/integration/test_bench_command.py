@@ -139,8 +139,12 @@ def test_bench__on_a_database_not_migrated__says_to_migrate_and_runs_nothing() -
         env = {**os.environ, "DATABASE_URL": url + name, "DJANGO_DEBUG": "1"}
         done = subprocess.run(
             [sys.executable, "manage.py", "bench", "--json"],
-            env=env, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     finally:
         with psycopg.connect(url + "postgres", autocommit=True) as server:
             server.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

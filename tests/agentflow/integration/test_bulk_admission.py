@@ -56,9 +56,12 @@ def test_start_many__over_the_key_cap__waiting_with_the_reason__admitted_in_the_
     a1, b1, a2, c1, b2 = ids
 
     assert statuses(ids) == [
-        RunStatus.WAITING, RunStatus.PENDING, RunStatus.WAITING, RunStatus.PENDING,
         RunStatus.WAITING,
-    ]  # fmt: skip
+        RunStatus.PENDING,
+        RunStatus.WAITING,
+        RunStatus.PENDING,
+        RunStatus.WAITING,
+    ]
     assert [m.run_id for m in outbox.messages] == [b1, c1]  # the waiting publish nothing
     for waiting in (a1, a2, b2):
         snapshot = durable.snapshot(waiting)
@@ -123,9 +126,12 @@ def test_start_many__a_key_given_twice_is_one_run__a_place_it_did_not_take_is_ha
     durable.cancel(old, actor="test", reason="ended before the list came again")
     with capture_messages() as outbox:
         ids = durable.start_many(
-            [(KEYED, {"key": "A"}, "a-old"), (KEYED, {"key": "A"}, "a-new"),
-             (KEYED, {"key": "A"}, "a-new")]
-        )  # fmt: skip
+            [
+                (KEYED, {"key": "A"}, "a-old"),
+                (KEYED, {"key": "A"}, "a-new"),
+                (KEYED, {"key": "A"}, "a-new"),
+            ]
+        )
 
     assert ids[0] == old and ids[1] == ids[2]
     assert statuses([old, ids[1]]) == [RunStatus.CANCELLED, RunStatus.PENDING]

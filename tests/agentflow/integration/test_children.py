@@ -72,9 +72,12 @@ def test_start_many__idempotent_on_business_keys__returns_the_same_ids_and_publi
     )
     with capture_messages() as outbox:
         again = durable.start_many(
-            [(workflows.chain.name, {}, "k-2"), (workflows.chain.name, {}, "k-3"),
-             (workflows.chain.name, {}, "k-1")]
-        )  # fmt: skip
+            [
+                (workflows.chain.name, {}, "k-2"),
+                (workflows.chain.name, {}, "k-3"),
+                (workflows.chain.name, {}, "k-1"),
+            ]
+        )
     assert again[0] == first[1] and again[2] == first[0]
     assert [m.run_id for m in outbox.messages] == [again[1]]
     assert durable.start(workflows.chain.name, business_key="k-3") == again[1]
@@ -405,9 +408,14 @@ def test_agent_parent__a_start_without_a_fate_it_declares__fails_before_starting
 
 def test_graph_step__start_children_with_compensate__refused_the_step_declares_it() -> None:
     ctx = StepContext(
-        run_id="wf_x", workflow="family_parent", seq=1, step="start_kids", attempt=1,
-        input={}, load_outputs=dict,
-    )  # fmt: skip
+        run_id="wf_x",
+        workflow="family_parent",
+        seq=1,
+        step="start_kids",
+        attempt=1,
+        input={},
+        load_outputs=dict,
+    )
 
     with pytest.raises(DefinitionError, match="a graph step declares what undoes it"):
         durable.start_children(ctx, [(workflows.kid.name, {}, None)], compensate=None)

@@ -135,8 +135,12 @@ def test_claim__on_the_embedded_sqlite_default__a_stale_worker_charges_nothing_e
     def manage(*args: str) -> str:
         done = subprocess.run(
             [sys.executable, "manage.py", *args],
-            cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            cwd=settings.BASE_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -208,9 +212,15 @@ def test_replay__raises_while_an_effect_attempt_is_recorded_next__parked_outcome
     state = store.state_load(run_id, 2)
     assert state is not None
     outcome = agent_loop.replay(
-        workflows.moody, run_id=run_id, input=state.input, seq=2, branch=0,
-        recorded=store.replay_load(run_id, 3), reusable=list, calls=list,
-    )  # fmt: skip
+        workflows.moody,
+        run_id=run_id,
+        input=state.input,
+        seq=2,
+        branch=0,
+        recorded=store.replay_load(run_id, 3),
+        reusable=list,
+        calls=list,
+    )
     assert isinstance(outcome, agent_loop.NextCall)
     claim = store.step_claim(state, outcome.step, 2, None)  # the charge's worker dies...
     assert claim is not None

@@ -70,8 +70,11 @@ def test_start__over_the_cap_waits_with_the_reason__keys_apart() -> None:
         first, second, third = (start(one_at_a_time, "ABC123") for _ in range(3))
         other = start(one_at_a_time, "XYZ789")
     assert [status(r) for r in (first, second, third, other)] == [
-        RunStatus.PENDING, RunStatus.WAITING, RunStatus.WAITING, RunStatus.PENDING,
-    ]  # fmt: skip
+        RunStatus.PENDING,
+        RunStatus.WAITING,
+        RunStatus.WAITING,
+        RunStatus.PENDING,
+    ]
     assert {m.run_id for m in outbox.messages} == {first, other}  # nothing out for a waiter
     held = durable.snapshot(second)
     assert held is not None and held.held == (
@@ -184,9 +187,13 @@ def test_priority__the_default_setting_for_a_workflow_without_one(settings: Any)
 
 @pytest.mark.parametrize(
     ("options", "input"),
-    [({"priority": 10}, {"booking": "A"}), ({"priority": "high"}, {"booking": "A"}),
-     ({}, {"no booking": "A"}), ({}, {"booking": ""})],
-)  # fmt: skip
+    [
+        ({"priority": 10}, {"booking": "A"}),
+        ({"priority": "high"}, {"booking": "A"}),
+        ({}, {"no booking": "A"}),
+        ({}, {"booking": ""}),
+    ],
+)
 def test_bad_start__invalid_input__nothing_created(options: dict[str, Any], input: Any) -> None:
     with testing.capture_messages(), pytest.raises(durable.InvalidInputError):
         durable.start(one_at_a_time.name, input=input, **options)

@@ -70,11 +70,18 @@ def test_fork__refused_while_any_call_is_running_on_a_live_worker() -> None:
         runtime.run_step(run_id, seq)
     now = timezone.now()
     StepCheckpoint.objects.create(
-        run_id=run_id, seq=4, name="llm", kind=StepKind.LLM, status=StepStatus.IN_PROGRESS,
-        attempts=1, idempotency_key=durable.idempotency_key(run_id, 4),
-        lease_owner="a live worker", lease_expires_at=now + timedelta(minutes=5),
-        first_started_at=now, started_at=now,
-    )  # fmt: skip
+        run_id=run_id,
+        seq=4,
+        name="llm",
+        kind=StepKind.LLM,
+        status=StepStatus.IN_PROGRESS,
+        attempts=1,
+        idempotency_key=durable.idempotency_key(run_id, 4),
+        lease_owner="a live worker",
+        lease_expires_at=now + timedelta(minutes=5),
+        first_started_at=now,
+        started_at=now,
+    )
     assert store.run_park(run_id, 4, "diverged", fence=1)
 
     with pytest.raises(durable.ActionRefused, match=r"llm \(position 4\) is running on a live"):

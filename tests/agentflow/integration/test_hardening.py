@@ -193,8 +193,9 @@ def test_cancel__a_waiting_run__asks_whether_the_step_happened_then_undoes_its_e
     assert outcome is not None
     assert outcome.startswith("cancel requested: whether confirm took effect is unknown")
     assert run.status == RunStatus.CANCELLED and run.wake_at is None
-    names = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list(
-        "name", "status"))  # fmt: skip
+    names = list(
+        StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list("name", "status")
+    )
     assert names == [
         ("book", StepStatus.COMPLETED),
         ("charge", StepStatus.COMPLETED),
@@ -258,9 +259,15 @@ def test_cancel__requested_while_the_charge_is_in_flight_then_it_times_out__refu
     outcome = durable.cancel(run_id, actor="ops", reason="customer withdrew")
     assert outcome is not None and outcome.startswith("cancel requested: charge is running")
     assert store.step_fail(  # ...and its answer times out: it backs off
-        state, workflows.lost_answer, charge, 2, claim=claim, seen=None,
-        error="read timed out", retry_in_seconds=0.0,
-    )  # fmt: skip
+        state,
+        workflows.lost_answer,
+        charge,
+        2,
+        claim=claim,
+        seen=None,
+        error="read timed out",
+        retry_in_seconds=0.0,
+    )
     run = drive(run_id)
 
     assert run.status == RunStatus.CANCELLED, run.error
@@ -315,8 +322,9 @@ def test_cancel__a_step_in_flight__it_finishes_first_and_is_undone_too(
     run = drive(run_id)  # ...finishes, and the next step boundary carries the cancel out
 
     assert run.status == RunStatus.CANCELLED
-    names = list(StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list(
-        "name", flat=True))  # fmt: skip
+    names = list(
+        StepCheckpoint.objects.filter(run_id=run_id).order_by("seq").values_list("name", flat=True)
+    )
     assert names == ["book", "charge", "refund", "unbook", "notify"]
 
 

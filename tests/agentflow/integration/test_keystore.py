@@ -115,9 +115,11 @@ def test_check__keys_beside_the_data_in_production__warned() -> None:
     # Another alias for the same database keeps nothing apart.
     same = keystore_databases(NAME=settings.DATABASES["default"]["NAME"])
     assert found(
-        DEBUG=False, AGENTFLOW_KEYSTORE_DATABASE="keystore", DATABASES=same,
+        DEBUG=False,
+        AGENTFLOW_KEYSTORE_DATABASE="keystore",
+        DATABASES=same,
         DATABASE_ROUTERS=["agentflow.routers.KeystoreRouter"],
-    ) == ["agentflow.W009"]  # fmt: skip
+    ) == ["agentflow.W009"]
 
 
 # --- the erasure journal and --replay -----------------------------------------------------------

@@ -38,8 +38,11 @@ def write(metrics_dir: Path, jobs: int, seconds: float) -> str:
     done = subprocess.run(
         [sys.executable, "-c", WRITER, str(jobs), str(seconds)],
         env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PATH": "/usr/bin:/bin"},
-        cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.strip()
 
 
@@ -72,8 +75,9 @@ def test_fold__dead_processes_files_become_one_archive_and_no_count_moves(
     names = sorted(p.name for p in metrics_dir.glob("*.db"))
     assert names == ["counter_archive-1.db", "histogram_archive-1.db"]
     assert json.loads((metrics_dir / "archive.json").read_text()) == {
-        "generation": 1, "folded": sorted([first, second]),
-    }  # fmt: skip
+        "generation": 1,
+        "folded": sorted([first, second]),
+    }
     assert totals() == before
 
     third = write(metrics_dir, 4, 2)
@@ -82,8 +86,9 @@ def test_fold__dead_processes_files_become_one_archive_and_no_count_moves(
     assert after[("t_jobs_total", (("kind", "a"),))] == 12
     assert after[("t_seconds_count", ())] == 3
     assert sorted(p.name for p in metrics_dir.glob("*.db")) == [
-        "counter_archive-2.db", "histogram_archive-2.db",
-    ]  # fmt: skip
+        "counter_archive-2.db",
+        "histogram_archive-2.db",
+    ]
     assert json.loads((metrics_dir / "archive.json").read_text())["folded"] == [third]
 
 
@@ -91,9 +96,11 @@ def test_fold__leaves_live_processes_and_other_hosts_alone(metrics_dir: Path) ->
     live = subprocess.Popen(
         [sys.executable, "-c", WRITER, "2", "0.1", "stay"],
         env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PATH": "/usr/bin:/bin"},
-        cwd=Path(__file__).resolve().parents[3], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[3],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     try:
         ident = live.stdout.readline().strip() if live.stdout else ""
         # The same pid in another PID namespace under this very hostname: not ours to judge.
@@ -145,9 +152,11 @@ def test_fold__a_process_killed_before_its_file_was_sized_breaks_no_scrape(
     creating = subprocess.Popen(
         [sys.executable, "-c", CREATING],
         env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PATH": "/usr/bin:/bin"},
-        cwd=Path(__file__).resolve().parents[3], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[3],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     ident = creating.stdout.readline().strip() if creating.stdout else ""
     empty = metrics_dir / f"counter_{ident}.db"
     assert empty.exists() and empty.stat().st_size == 0

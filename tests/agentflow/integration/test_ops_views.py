@@ -74,8 +74,11 @@ def test_healthz__ok_with_a_recent_sweep(client: Client) -> None:
     assert response.status_code == 200
     body = response.json()
     assert {key: body[key] for key in ("status", "database", "broker", "sweeper")} == {
-        "status": "ok", "database": "ok", "broker": "ok", "sweeper": "ok",
-    }  # fmt: skip
+        "status": "ok",
+        "database": "ok",
+        "broker": "ok",
+        "sweeper": "ok",
+    }
     assert body["sweeper_age_seconds"] >= 0  # and inside the limit, or the status says error
 
 
@@ -163,14 +166,25 @@ def test_metrics__scrape_reads_only_active_and_parked_runs_through_their_partial
 def test_metrics__gauge_counts_runs_waiting_for_approval_by_workflow(client: Client) -> None:
     waiting = _run(RunStatus.WAITING, wake_in_seconds=3600)
     RunWait.objects.create(
-        run=waiting, branch=0, seq=1, kind=WaitKind.APPROVAL, name="charge",
-        requested_at=timezone.now(), deadline=waiting.wake_at,
-    )  # fmt: skip
+        run=waiting,
+        branch=0,
+        seq=1,
+        kind=WaitKind.APPROVAL,
+        name="charge",
+        requested_at=timezone.now(),
+        deadline=waiting.wake_at,
+    )
     decided = _run(RunStatus.RUNNING, wake_in_seconds=30)
     RunWait.objects.create(
-        run=decided, branch=0, seq=1, kind=WaitKind.APPROVAL, name="charge",
-        requested_at=timezone.now(), resolved_at=timezone.now(), outcome={"approved": True},
-    )  # fmt: skip
+        run=decided,
+        branch=0,
+        seq=1,
+        kind=WaitKind.APPROVAL,
+        name="charge",
+        requested_at=timezone.now(),
+        resolved_at=timezone.now(),
+        outcome={"approved": True},
+    )
 
     samples = scrape(client)
 

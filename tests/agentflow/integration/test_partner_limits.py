@@ -345,8 +345,9 @@ def test_partner_wait_of_a_pinned_run__a_routing_hold__its_turn_goes_to_its_buil
         "send_step",
         lambda run_id, seq, *, queue=None, **_: sent.append((run_id, seq, queue)) or True,
     )
-    store.worker_beat(name="w-other", build="other", queue=builds.queue("other"), lock=None,
-                      server="")  # fmt: skip
+    store.worker_beat(
+        name="w-other", build="other", queue=builds.queue("other"), lock=None, server=""
+    )
     past = timezone.now() - timedelta(seconds=30)
     WorkflowRun.objects.filter(pk=run_id).update(build="other", pinned=True, wake_at=past)
 

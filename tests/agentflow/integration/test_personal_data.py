@@ -86,8 +86,10 @@ def test_personal_fields__sealed_in_the_rows__read_in_clear_by_the_steps_and_the
     assert '""amount_cents"": 1250' in stored and '""kept"": ""visible""' in stored
     outputs = {s.name: s.output for s in run.steps}
     assert outputs["greet"] == {
-        "name": NAME, "amount_cents": 1250, "note": {"text": NOTE, "kept": "visible"},
-    }  # fmt: skip
+        "name": NAME,
+        "amount_cents": 1250,
+        "note": {"text": NOTE, "kept": "visible"},
+    }
     assert outputs["confirm"] == {"email": EMAIL, "name": NAME}
     assert WorkflowRun.objects.get(id=run_id).input["email"] == EMAIL
     assert RunSubject.objects.get(run_id=run_id).fields == ["email", "name", "note.text"]
@@ -104,17 +106,23 @@ def test_erase__personal_fields_read_erased__the_run_and_its_amounts_stay() -> N
     assert run is not None and run.status == durable.RunStatus.COMPLETED
     greet_out = StepCheckpoint.objects.get(run_id=gone, name="greet").output
     assert greet_out == {
-        "name": "erased", "amount_cents": 1250, "note": {"text": "erased", "kept": "visible"},
-    }  # fmt: skip
+        "name": "erased",
+        "amount_cents": 1250,
+        "note": {"text": "erased", "kept": "visible"},
+    }
     assert WorkflowRun.objects.get(id=gone).input == {
-        "email": "erased", "name": "erased", "note": {"text": "erased"},
-    }  # fmt: skip
+        "email": "erased",
+        "name": "erased",
+        "note": {"text": "erased"},
+    }
     other = durable.snapshot(kept)
     assert other is not None and other.steps[1].output["email"] == "grace.other@example.org"
     [tombstone] = SubjectKey.objects.filter(erased_at__isnull=False)
     assert (tombstone.erased_by, tombstone.erase_reason, tombstone.wrapped) == (
-        "dpo", "GDPR request #77", "",
-    )  # fmt: skip
+        "dpo",
+        "GDPR request #77",
+        "",
+    )
     # A copy written later (a fork keeps its copies) holds nothing left to seal.
     with scope.sealing(tombstone.id, (("name",),)):
         assert scope.seal_stored({"name": NAME, "amount_cents": 5}) == {

@@ -82,10 +82,9 @@ def test_pgbouncer_1_18__a_second_client_preparing_the_same_statement__already_e
     """The failure mode as psycopg meets it, without the engine in between."""
     assert pgbouncer.version()[:2] == (1, 18)
     first, second = (
-        psycopg.connect(pgbouncer.url_for("postgres"), autocommit=True,
-                        prepare_threshold=THRESHOLD)
+        psycopg.connect(pgbouncer.url_for("postgres"), autocommit=True, prepare_threshold=THRESHOLD)
         for _ in range(2)
-    )  # fmt: skip
+    )
     with first, second:
         _prepared_by(first)
         with pytest.raises(psycopg.errors.DuplicatePreparedStatement, match="_pg3_0"):
@@ -213,8 +212,10 @@ def test_a_lost_prepared_statement_in_a_read_and_after_an_effect__retried_under_
     assert run.status == RunStatus.COMPLETED, run.error
     steps = {cp.name: cp for cp in StepCheckpoint.objects.filter(run_id=run_id)}
     assert {name: cp.attempts for name, cp in steps.items()} == {
-        "lookup": 2, "charge": 2, "finish": 1,
-    }  # fmt: skip
+        "lookup": 2,
+        "charge": 2,
+        "finish": 1,
+    }
     key = durable.idempotency_key(run_id, steps["charge"].seq)
     assert partner.effects()[key] == 1  # the retry replayed the key: one effect
     assert partner.requests()[key] == 2

@@ -81,9 +81,13 @@ def test_sweep__terminal_and_parked_runs__never_touched(engine: RedisServer) -> 
     past = timezone.now() - timedelta(minutes=5)
     for status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.NEEDS_ATTENTION):
         WorkflowRun.objects.create(
-            workflow=workflows.chain.name, version=1, status=status, current_step="charge",
-            current_seq=2, updated_at=past,
-        )  # fmt: skip
+            workflow=workflows.chain.name,
+            version=1,
+            status=status,
+            current_step="charge",
+            current_seq=2,
+            updated_at=past,
+        )
 
     assert sweeper.sweep().requeued == []
     assert engine.queue_length() == 0
@@ -95,9 +99,15 @@ def test_sweep__one_broken_run__skipped_and_the_rest_still_republished(
     good = lost_runs(engine, 3, settings)
     past = timezone.now() - timedelta(seconds=30)
     broken = WorkflowRun.objects.create(
-        workflow=workflows.chain.name, version=1, status=RunStatus.RUNNING,
-        current_step="charge", current_seq=2, wake_at=past, build="gone", pinned=True,
-    )  # fmt: skip
+        workflow=workflows.chain.name,
+        version=1,
+        status=RunStatus.RUNNING,
+        current_step="charge",
+        current_seq=2,
+        wake_at=past,
+        build="gone",
+        pinned=True,
+    )
     real_hold = store.run_hold
 
     def hold(run_id: str, *args: Any, **kwargs: Any) -> bool:
@@ -122,9 +132,15 @@ def test_sweep__pinned_run_of_a_build_without_workers__held_with_the_reason_not_
     good = lost_runs(engine, 1, settings)
     past = timezone.now() - timedelta(seconds=30)
     pinned = WorkflowRun.objects.create(
-        workflow=workflows.chain.name, version=1, status=RunStatus.RUNNING,
-        current_step="charge", current_seq=2, wake_at=past, build="old", pinned=True,
-    )  # fmt: skip
+        workflow=workflows.chain.name,
+        version=1,
+        status=RunStatus.RUNNING,
+        current_step="charge",
+        current_seq=2,
+        wake_at=past,
+        build="old",
+        pinned=True,
+    )
 
     report = sweeper.sweep()
 

@@ -98,9 +98,16 @@ def supersede(run_id: str) -> int:
     """A checkpoint an operator's fork set aside, kept as history of the run."""
     now = timezone.now()
     return SupersededStep.objects.create(
-        run_id=run_id, branch=0, seq=1, name="step_1", kind="read", status=StepStatus.COMPLETED,
-        attempts=1, idempotency_key=f"{run_id}_step_1", superseded_at=now,
-    ).pk  # fmt: skip
+        run_id=run_id,
+        branch=0,
+        seq=1,
+        name="step_1",
+        kind="read",
+        status=StepStatus.COMPLETED,
+        attempts=1,
+        idempotency_key=f"{run_id}_step_1",
+        superseded_at=now,
+    ).pk
 
 
 def nonzero(counts: dict[str, int]) -> dict[str, int]:

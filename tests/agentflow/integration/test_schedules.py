@@ -147,8 +147,11 @@ def test_trigger__starts_one_slot_now_recorded_with_actor_and_reason(declare, cl
     run_id = operator.trigger(NAME, actor="carol", reason="finance asked for a rerun")
     row = ScheduleSlot.objects.get(run_id=run_id)
     assert (row.outcome, row.why, row.actor, row.reason) == (
-        "started", "by_hand", "carol", "finance asked for a rerun",
-    )  # fmt: skip
+        "started",
+        "by_hand",
+        "carol",
+        "finance asked for a rerun",
+    )
     assert WorkflowRun.objects.get(pk=run_id).business_key == "schedule:probe:2031-05-04T10:00:37Z"
     with pytest.raises(_schedules.ScheduleError, match="already has a slot"):
         operator.trigger(NAME, actor="carol", reason="twice in the same second")
@@ -211,11 +214,13 @@ def test_bad_settings__said_on_the_tick_and_the_page_never_a_traceback(clock) ->
     [
         ('{"nightly": {"workflow": "schedule_probe", "cron": "0 2 * *"}}', "five fields"),
         ('{"nightly": {"workflow": "no_such_flow", "cron": "0 2 * * *"}}', "which no module"),
-        ('{"nightly": {"workflow": "schedule_probe", "cron": "0 2 * * *", "when": 1}}',
-         "unknown keys when"),
+        (
+            '{"nightly": {"workflow": "schedule_probe", "cron": "0 2 * * *", "when": 1}}',
+            "unknown keys when",
+        ),
         ("{not json", "not JSON"),
     ],
-)  # fmt: skip
+)
 def test_system_check__a_schedule_that_cannot_run_fails_at_deploy(value: str, problem: str) -> None:
     from agentflow._schedules.hooks import schedules_check
 

@@ -271,9 +271,15 @@ def test_completion__fenced_after_takeover__changes_nothing() -> None:
     assert not store.step_complete(run, workflows.race, step, 1, first, {"late": True})
     assert not store.lease_renew(run.id, 1, first.fence)
     assert not store.step_fail(
-        run, workflows.race, step, 1, claim=first, seen=None,
-        error="late failure", retry_in_seconds=None,
-    )  # fmt: skip
+        run,
+        workflows.race,
+        step,
+        1,
+        claim=first,
+        seen=None,
+        error="late failure",
+        retry_in_seconds=None,
+    )
     assert not store.run_park(run.id, 1, "late park", fence=first.fence, claimed=True)
     assert not store.run_park(run.id, 1, "late park", fence=first.fence)
     assert rows(run.id) == before

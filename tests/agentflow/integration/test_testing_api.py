@@ -234,7 +234,11 @@ def test_layers__testing_never_imports_this_repositorys_tests() -> None:
     the site or domain is pyproject.toml's import contracts.)"""
     for path in sorted((ROOT / "agentflow" / "testing").rglob("*.py")):
         tree = ast.parse(path.read_text())
-        found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                 for alias in node.names}  # fmt: skip
+        found = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        }
         found |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert not [m for m in found if m.split(".")[0] == "tests"], path.relative_to(ROOT)

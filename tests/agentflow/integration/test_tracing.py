@@ -64,9 +64,14 @@ def test_form_post__its_span_names_the_run_and_step_one_carries_its_context(
     token = form.split('name="submission_token" value="', 1)[1].split('"', 1)[0]
     response = client.post(
         "/refunds/new/",
-        {"email": owner.email, "last_name": owner.last_name, "booking_reference": "TRC123",
-         "submission_token": token, "message": new_flight().words()},
-    )  # fmt: skip
+        {
+            "email": owner.email,
+            "last_name": owner.last_name,
+            "booking_reference": "TRC123",
+            "submission_token": token,
+            "message": new_flight().words(),
+        },
+    )
     assert response.status_code == 303
 
     [post] = [s for s in spans.get_finished_spans() if s.name == "POST /refunds/new/"]
@@ -113,13 +118,21 @@ def test_partner_call__a_client_span_under_its_step_with_run_step_and_key(
     gateway = PaymentGateway(api_key="sk_test_x", api_base=clean_sandbox.url)
     with telemetry.step_message("wf_trace", 7):
         telemetry.step_started(
-            run_id="wf_trace", workflow="refund", seq=7, step="charge_customer", kind="effect",
+            run_id="wf_trace",
+            workflow="refund",
+            seq=7,
+            step="charge_customer",
+            kind="effect",
             attempt=2,
-        )  # fmt: skip
+        )
         gateway.authorize(
-            amount_cents=4500, currency="usd", payment_method="pm_card_visa", description="fee",
-            key="wf_trace_step_7", workflow_id="wf_trace",
-        )  # fmt: skip
+            amount_cents=4500,
+            currency="usd",
+            payment_method="pm_card_visa",
+            description="fee",
+            key="wf_trace_step_7",
+            workflow_id="wf_trace",
+        )
 
     finished = {s.name: s for s in spans.get_finished_spans()}
     charge, step = finished["stripe authorize"], finished["step charge_customer"]
@@ -137,9 +150,13 @@ def test_partner_call__an_error_marks_the_span(
     gateway = PaymentGateway(api_key="sk_test_x", api_base=clean_sandbox.url)
     with pytest.raises(durable.RetryableStepError):
         gateway.authorize(
-            amount_cents=4500, currency="usd", payment_method="pm_card_visa", description="fee",
-            key="wf_err_step_7", workflow_id="wf_err",
-        )  # fmt: skip
+            amount_cents=4500,
+            currency="usd",
+            payment_method="pm_card_visa",
+            description="fee",
+            key="wf_err_step_7",
+            workflow_id="wf_err",
+        )
     # Each request is a partner call of its own (the gateway's retries included, so the
     # partner's limit counts them): every one answered 500 is a span marked with the error.
     charges = [s for s in spans.get_finished_spans() if s.name == "stripe authorize"]

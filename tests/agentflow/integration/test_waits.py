@@ -91,9 +91,12 @@ def test_approval__reject__the_step_does_not_run_and_the_branch_takes_the_reject
     assert [s.name for s in done.steps] == ["prepare", "charge", "declined"]
     charge = done.steps[1]
     assert charge.output == {
-        "approved": False, "actor": "bob", "reason": "looks like fraud", "timed_out": False,
+        "approved": False,
+        "actor": "bob",
+        "reason": "looks like fraud",
+        "timed_out": False,
         "reply": "We can't take it.",
-    }  # fmt: skip
+    }
     assert charge.kind == StepKind.READ  # nothing acted: nothing may have happened
     assert not durable.may_have_happened(charge)
     assert charge_keys(run_id) == {}

@@ -78,24 +78,32 @@ def test_rabbitmq__a_step_that_can_outlast_the_consumer_timeout__warns() -> None
 def test_numeric_settings__the_defaults_pass__a_bad_value_is_an_error_naming_it() -> None:
     assert checks.numeric_settings() == []
     for name, bad in (
-        ("AGENTFLOW_APPROVAL_TIMEOUT", 0), ("AGENTFLOW_APPROVAL_TIMEOUT", "48h"),
-        ("AGENTFLOW_LEASE_SECONDS", -5), ("AGENTFLOW_LEASE_SECONDS", None),
-        ("AGENTFLOW_MAX_ATTEMPTS", 2.5), ("AGENTFLOW_MAX_ATTEMPTS", True),
-        ("AGENTFLOW_SWEEP_BATCH", "1000"), ("AGENTFLOW_RETENTION_DAYS", -1),
+        ("AGENTFLOW_APPROVAL_TIMEOUT", 0),
+        ("AGENTFLOW_APPROVAL_TIMEOUT", "48h"),
+        ("AGENTFLOW_LEASE_SECONDS", -5),
+        ("AGENTFLOW_LEASE_SECONDS", None),
+        ("AGENTFLOW_MAX_ATTEMPTS", 2.5),
+        ("AGENTFLOW_MAX_ATTEMPTS", True),
+        ("AGENTFLOW_SWEEP_BATCH", "1000"),
+        ("AGENTFLOW_RETENTION_DAYS", -1),
         ("AGENTFLOW_KEY_WINDOW_SECONDS", float("nan")),
-        ("AGENTFLOW_AGENT_MAX_COST_USD", 0), ("AGENTFLOW_AGENT_MAX_COST_USD", "5"),
+        ("AGENTFLOW_AGENT_MAX_COST_USD", 0),
+        ("AGENTFLOW_AGENT_MAX_COST_USD", "5"),
         ("AGENTFLOW_LLM_MAX_OUTPUT_TOKENS", 0),
-    ):  # fmt: skip
+    ):
         with override_settings(**{name: bad}):
             [message] = checks.numeric_settings()
             assert message.id == "agentflow.E003" and message.msg.startswith(name), (name, bad)
             assert repr(bad) in message.msg and "The default is" in (message.hint or "")
     for name, good in (
-        ("AGENTFLOW_APPROVAL_TIMEOUT", 600), ("AGENTFLOW_RETENTION_DAYS", 0),
-        ("AGENTFLOW_MAX_ATTEMPTS", 3.0), ("AGENTFLOW_CLOCK_OFFSET_SECONDS", -2.5),
-        ("AGENTFLOW_AGENT_MAX_COST_USD", None), ("AGENTFLOW_AGENT_MAX_COST_USD", 0.5),
+        ("AGENTFLOW_APPROVAL_TIMEOUT", 600),
+        ("AGENTFLOW_RETENTION_DAYS", 0),
+        ("AGENTFLOW_MAX_ATTEMPTS", 3.0),
+        ("AGENTFLOW_CLOCK_OFFSET_SECONDS", -2.5),
+        ("AGENTFLOW_AGENT_MAX_COST_USD", None),
+        ("AGENTFLOW_AGENT_MAX_COST_USD", 0.5),
         ("AGENTFLOW_AGENT_MAX_COST_USD", Decimal("0.25")),
-    ):  # fmt: skip
+    ):
         with override_settings(**{name: good}):
             assert checks.numeric_settings() == [], (name, good)
 

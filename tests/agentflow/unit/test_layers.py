@@ -24,9 +24,19 @@ TOOLING = {"testing", "management"}
 
 #: ORM calls that write rows.
 WRITES = {
-    "create", "bulk_create", "bulk_update", "update", "delete", "get_or_create",
-    "update_or_create", "save", "add", "remove", "clear", "set",
-}  # fmt: skip
+    "create",
+    "bulk_create",
+    "bulk_update",
+    "update",
+    "delete",
+    "get_or_create",
+    "update_or_create",
+    "save",
+    "add",
+    "remove",
+    "clear",
+    "set",
+}
 #: A raw statement that writes to an engine table, named in the SQL or a model's `db_table`.
 RAW_WRITE = re.compile(
     r"\b(INSERT\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE)\s+(agentflow_|\{[^}]*\bdb_table\b)"

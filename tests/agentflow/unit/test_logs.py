@@ -41,8 +41,11 @@ def test_json__one_object_with_the_bound_step_and_the_allowed_extras() -> None:
 
     assert line["event"] == "step charge_customer took 12.3 ms"
     assert (line["run_id"], line["seq"], line["step"], line["attempt"]) == (
-        "wf_1", 7, "charge_customer", 2,
-    )  # fmt: skip
+        "wf_1",
+        7,
+        "charge_customer",
+        2,
+    )
     assert line["duration_ms"] == 12.34 and "password" not in line
     assert line["level"] == "info" and line["logger"] == "agentflow.steps"
     assert {"timestamp", "process", "pid"} <= line.keys()

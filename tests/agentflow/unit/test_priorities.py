@@ -15,9 +15,18 @@ from agentflow.exceptions import DefinitionError, InvalidInputError
 
 @pytest.mark.parametrize(
     ("value", "refused"),
-    [(None, False), (0, False), (9, False), (5, False), (-1, True), (10, True), (True, True),
-     (2.0, True), ("3", True)],
-)  # fmt: skip
+    [
+        (None, False),
+        (0, False),
+        (9, False),
+        (5, False),
+        (-1, True),
+        (10, True),
+        (True, True),
+        (2.0, True),
+        ("3", True),
+    ],
+)
 def test_priority__zero_to_nine_or_none(value: object, refused: bool) -> None:
     assert bool(_priority.problem(value)) is refused
     if refused:
@@ -29,9 +38,15 @@ def test_priority__zero_to_nine_or_none(value: object, refused: bool) -> None:
 
 @pytest.mark.parametrize(
     ("driver", "priority", "on_message"),
-    [("redis", 9, 0), ("redis", 0, 9), ("redis", 7, 2), ("amqp", 9, 9), ("amqp", 0, 0),
-     ("filesystem", 4, 4)],
-)  # fmt: skip
+    [
+        ("redis", 9, 0),
+        ("redis", 0, 9),
+        ("redis", 7, 2),
+        ("amqp", 9, 9),
+        ("amqp", 0, 0),
+        ("filesystem", 4, 4),
+    ],
+)
 def test_on_message__redis_reads_low_first_rabbitmq_high_first(
     driver: str, priority: int, on_message: int
 ) -> None:
@@ -71,9 +86,16 @@ def test_config_problems__what_each_broker_needs(app: Celery, says: str) -> None
 
 @pytest.mark.parametrize(
     ("key", "limit", "result"),
-    [(None, None, None), (len, None, 1), (len, 3, 3), (None, 2, DefinitionError),
-     ("booking", 1, DefinitionError), (len, 0, DefinitionError), (len, True, DefinitionError)],
-)  # fmt: skip
+    [
+        (None, None, None),
+        (len, None, 1),
+        (len, 3, 3),
+        (None, 2, DefinitionError),
+        ("booking", 1, DefinitionError),
+        (len, 0, DefinitionError),
+        (len, True, DefinitionError),
+    ],
+)
 def test_concurrency_declared__a_key_function_and_a_cap_of_at_least_one(
     key: Any, limit: Any, result: Any
 ) -> None:

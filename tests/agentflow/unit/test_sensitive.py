@@ -90,9 +90,13 @@ def test_tool__declares_sensitive_parameters_it_takes_and_replies_for_its_approv
     with pytest.raises(DefinitionError, match="does not take"):
         box.tool("other", read_only=True, description="x", sensitive=Sensitive("nope"))(file)
     box.tool(  # a sensitive approval argument, shown to the operator beside the call
-        "fourth", read_only=True, description="x", requires_approval=True,
-        approval_arguments=lambda ctx, arguments: {"story": ""}, sensitive=Sensitive("story"),
-    )(file)  # fmt: skip
+        "fourth",
+        read_only=True,
+        description="x",
+        requires_approval=True,
+        approval_arguments=lambda ctx, arguments: {"story": ""},
+        sensitive=Sensitive("story"),
+    )(file)
     with pytest.raises(DefinitionError, match="requires_approval"):
         box.tool("fifth", read_only=True, description="x", approval_arguments=dict)(file)
     with pytest.raises(DefinitionError, match="requires_approval"):

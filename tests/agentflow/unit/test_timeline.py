@@ -83,8 +83,16 @@ def test_eight_retries__nine_bars_eight_waits_and_the_sweep_between_them() -> No
 def test_takeover__lost_claim_then_crash_gap_then_the_next_attempt() -> None:
     rows = new_run("wf_crash", "RUNNING")
     rows.step(1, "prepare", start=0.01, end=0.02)
-    rows.step(2, "hold", start=10.1, end=None, attempts=2, fence=2, first_started_at=at(0.05),
-              lease_owner="celery@w2:99:def")  # fmt: skip
+    rows.step(
+        2,
+        "hold",
+        start=10.1,
+        end=None,
+        attempts=2,
+        fence=2,
+        first_started_at=at(0.05),
+        lease_owner="celery@w2:99:def",
+    )
     rows.takeover(2, claimed=0.05, taken=10.1, reason="lease_expired", recorded=10.3)
 
     svg = draw(rows, now=14)
@@ -118,8 +126,13 @@ def test_operator_and_park_marks__run_lane_for_run_events_step_lane_for_step_eve
     rows = new_run("wf_marks", "NEEDS_ATTENTION")
     rows.step(1, "charge", start=0.1, end=None)
     rows.run.updated_at = at(4)
-    rows.event(RunEvent.Kind.OUTCOME_UNKNOWN, when=4, seq=1, detail="partner unreachable",
-               data={"attempt": 1, "fence": 1, "error": "timeout"})  # fmt: skip
+    rows.event(
+        RunEvent.Kind.OUTCOME_UNKNOWN,
+        when=4,
+        seq=1,
+        detail="partner unreachable",
+        data={"attempt": 1, "fence": 1, "error": "timeout"},
+    )
     rows.event(RunEvent.Kind.OPERATOR_RESUME, when=2, actor="ops-ana", detail="customer called")
 
     drawn = timeline.build(rows.run, rows.steps, rows.events, now=at(9))
@@ -162,8 +175,14 @@ def test_odd_event_data__dropped_detail_never_an_error(data: object) -> None:
 
 def test_html_in_names_errors_and_reasons__escaped_and_still_valid_xml() -> None:
     rows = new_run("wf_<b>html</b>", "FAILED")
-    rows.step(1, "<script>alert(1)</script>" * 3, start=0.1, end=0.2, status="FAILED",
-              error="<html><body>502 Bad Gateway & more</body></html>")  # fmt: skip
+    rows.step(
+        1,
+        "<script>alert(1)</script>" * 3,
+        start=0.1,
+        end=0.2,
+        status="FAILED",
+        error="<html><body>502 Bad Gateway & more</body></html>",
+    )
     rows.event(RunEvent.Kind.OPERATOR_CANCEL, when=0.3, actor="<i>", detail='"quoted" & <b>')
 
     svg = draw(rows)
@@ -221,8 +240,17 @@ def test_failed_checkpoint_told_by_its_event_too__drawn_once() -> None:
     rows = new_run("wf_failedonce", "FAILED")
     rows.failed_attempt(1, 1, start=1.0, end=1.2, retry_in=0.5)
     rows.failed_attempt(1, 2, start=1.8, end=2.0, retry_in=None)
-    rows.step(1, "charge", start=1.8, end=2.0, status="FAILED", attempts=2, fence=3,
-              first_started_at=at(1.0), error="card declined")  # fmt: skip
+    rows.step(
+        1,
+        "charge",
+        start=1.8,
+        end=2.0,
+        status="FAILED",
+        attempts=2,
+        fence=3,
+        first_started_at=at(1.0),
+        error="card declined",
+    )
 
     drawn = timeline.build(rows.run, rows.steps, rows.events, now=at(3))
 
@@ -236,9 +264,16 @@ def test_failed_read_step__its_event_has_no_start_and_is_drawn_at_its_end() -> N
         RunEvent.Kind.ATTEMPT_FAILED,
         when=1.0,
         seq=1,
-        data={"attempt": 1, "fence": None, "started_at": None, "ended_at": iso(1.0),
-              "error": "timeout", "retry_at": iso(1.5), "owner": ""},
-    )  # fmt: skip
+        data={
+            "attempt": 1,
+            "fence": None,
+            "started_at": None,
+            "ended_at": iso(1.0),
+            "error": "timeout",
+            "retry_at": iso(1.5),
+            "owner": "",
+        },
+    )
     rows.step(1, "lookup", start=1.6, end=1.6, kind="read", attempts=2, fence=2)
 
     drawn = timeline.build(rows.run, rows.steps, rows.events, now=at(2))
@@ -266,10 +301,16 @@ def approved_run() -> Rows:
     rows = new_run("wf_approved")
     rows.step(1, "prepare", start=0.0, end=0.1, kind="read")
     rows.wait(
-        2, "approval", "charge", start=0.2, end=30.2, deadline=0.2 + 48 * 3600,
+        2,
+        "approval",
+        "charge",
+        start=0.2,
+        end=30.2,
+        deadline=0.2 + 48 * 3600,
         outcome={"approved": True, "actor": "alice", "reason": "ok", "timed_out": False},
-        actor="alice", reason="ok",
-    )  # fmt: skip
+        actor="alice",
+        reason="ok",
+    )
     rows.step(2, "charge", start=30.3, end=30.8, kind="effect")
     rows.step(3, "finish", start=30.9, end=31.0, kind="read")
     rows.run.updated_at = at(31)
@@ -282,8 +323,10 @@ def test_approval_wait__a_bar_from_the_request_to_the_decision__labelled_with_bo
 
     [bar] = elements(svg, "af-tl-wait-bar")
     assert (bar.get("data-seq"), bar.get("data-kind"), bar.get("data-ended")) == (
-        "2", "approval", "approved"
-    )  # fmt: skip
+        "2",
+        "approval",
+        "approved",
+    )
     [charge] = [a for a in elements(svg, "af-tl-attempt") if a.get("data-seq") == "2"]
     assert box(bar)[1] <= box(charge)[0] + 0.1  # the wait ends where the call begins
     assert box(bar)[1] - box(bar)[0] > 500  # 30 s of a 31 s run
@@ -320,20 +363,68 @@ def test_waiting_for_a_signal__its_own_lane_before_any_checkpoint__open_to_now()
     ("kind", "name", "start", "end", "outcome", "fields", "label", "ended"),
     [
         ("timer", "sleep", 1.0, 61.0, {"woke_at": "x"}, {}, "a timer: its time came", "woke"),
-        ("signal", "reply", 1.0, 61.0, {"timed_out": True}, {}, "signal 'reply': timed out",
-         "timed_out"),
-        ("signal", "reply", 1.0, 20.0, {"payload": 1}, {"actor": "signal", "reason": "sms-7"},
-         "signal 'reply': received (sms-7)", "received"),
-        ("signal", "reply", 1.0, 1.0, {"payload": 1}, {"actor": "signal", "reason": "sms-7"},
-         "signal 'reply': taken at once, sent earlier (sms-7)", "taken"),
-        ("approval", "charge", 1.0, 61.0, {"approved": False, "timed_out": True}, {},
-         "approval of charge: rejected: no decision in time", "timed_out"),
-        ("approval", "charge", 1.0, 20.0, {"approved": False}, {"actor": "bob"},
-         "approval of charge: rejected by bob", "rejected"),
-        ("signal", "reply", 1.0, None, None, {}, "signal 'reply': unanswered (the run is "
-         "cancelled)", "unanswered"),
+        (
+            "signal",
+            "reply",
+            1.0,
+            61.0,
+            {"timed_out": True},
+            {},
+            "signal 'reply': timed out",
+            "timed_out",
+        ),
+        (
+            "signal",
+            "reply",
+            1.0,
+            20.0,
+            {"payload": 1},
+            {"actor": "signal", "reason": "sms-7"},
+            "signal 'reply': received (sms-7)",
+            "received",
+        ),
+        (
+            "signal",
+            "reply",
+            1.0,
+            1.0,
+            {"payload": 1},
+            {"actor": "signal", "reason": "sms-7"},
+            "signal 'reply': taken at once, sent earlier (sms-7)",
+            "taken",
+        ),
+        (
+            "approval",
+            "charge",
+            1.0,
+            61.0,
+            {"approved": False, "timed_out": True},
+            {},
+            "approval of charge: rejected: no decision in time",
+            "timed_out",
+        ),
+        (
+            "approval",
+            "charge",
+            1.0,
+            20.0,
+            {"approved": False},
+            {"actor": "bob"},
+            "approval of charge: rejected by bob",
+            "rejected",
+        ),
+        (
+            "signal",
+            "reply",
+            1.0,
+            None,
+            None,
+            {},
+            "signal 'reply': unanswered (the run is cancelled)",
+            "unanswered",
+        ),
     ],
-)  # fmt: skip
+)
 def test_each_kind_of_wait__says_what_it_waited_for_and_how_it_ended(
     kind: str,
     name: str,
@@ -360,8 +451,7 @@ def test_each_kind_of_wait__says_what_it_waited_for_and_how_it_ended(
 
 def test_wait_label__inside_a_wide_bar__under_a_narrow_one() -> None:
     rows = approved_run()
-    rows.wait(3, "signal", "late", start=30.85, end=30.85, outcome={"payload": None},
-              reason="s-1")  # fmt: skip
+    rows.wait(3, "signal", "late", start=30.85, end=30.85, outcome={"payload": None}, reason="s-1")
     svg = draw(rows)
 
     wide, narrow = elements(svg, "af-tl-wait-bar")

@@ -49,24 +49,40 @@ def tool(seq: int, **fields: Any) -> dict[str, Any]:
 
 def checkpoint(row: dict[str, Any]) -> StepCheckpoint:
     return StepCheckpoint(
-        run_id=RUN, status="COMPLETED", attempts=1, idempotency_key=f"k{row['seq']}",
-        started_at=at(row["seq"]), finished_at=at(row["seq"]), **row,
-    )  # fmt: skip
+        run_id=RUN,
+        status="COMPLETED",
+        attempts=1,
+        idempotency_key=f"k{row['seq']}",
+        started_at=at(row["seq"]),
+        finished_at=at(row["seq"]),
+        **row,
+    )
 
 
 def set_aside(branch: int, row: dict[str, Any], *, when: float) -> SupersededStep:
     return SupersededStep(
-        run_id=RUN, branch=branch, status="COMPLETED", attempts=1,
-        idempotency_key=f"b{branch}-k{row['seq']}", started_at=at(row["seq"]),
-        finished_at=at(row["seq"]), superseded_at=at(when), **row,
-    )  # fmt: skip
+        run_id=RUN,
+        branch=branch,
+        status="COMPLETED",
+        attempts=1,
+        idempotency_key=f"b{branch}-k{row['seq']}",
+        started_at=at(row["seq"]),
+        finished_at=at(row["seq"]),
+        superseded_at=at(when),
+        **row,
+    )
 
 
 def fork(position: int, branch: int, *, when: float) -> RunEvent:
     return RunEvent(
-        run_id=RUN, kind=RunEvent.Kind.FORK, at=at(when), actor="ops", seq=position,
-        detail=f"fork {branch}", data={"position": position, "branch": branch},
-    )  # fmt: skip
+        run_id=RUN,
+        kind=RunEvent.Kind.FORK,
+        at=at(when),
+        actor="ops",
+        seq=position,
+        detail=f"fork {branch}",
+        data={"position": position, "branch": branch},
+    )
 
 
 def test_compact__short_values_on_one_line_long_ones_cut_with_their_size() -> None:

@@ -40,16 +40,30 @@ def define(
 def facts(recorded: list[tuple[str, str]], at: str, **extra: object) -> upgrades.RunFacts:
     steps = [
         upgrades.Recorded(
-            seq=seq, name=name, kind=kind, status=StepStatus.COMPLETED, retryable=False,
-            idempotency_key=f"wf_x_step_{seq}", output={"amount_cents": 4500},
+            seq=seq,
+            name=name,
+            kind=kind,
+            status=StepStatus.COMPLETED,
+            retryable=False,
+            idempotency_key=f"wf_x_step_{seq}",
+            output={"amount_cents": 4500},
         )
         for seq, (name, kind) in enumerate(recorded, start=1)
-    ]  # fmt: skip
+    ]
     return upgrades.RunFacts(
-        id="wf_x", workflow=NAME, version=1, build="old", input={}, current_step=at,
-        current_seq=len(recorded) + 1, branch=0, compensations=[], waiting=False,
-        recorded=steps, **extra,  # type: ignore[arg-type]
-    )  # fmt: skip
+        id="wf_x",
+        workflow=NAME,
+        version=1,
+        build="old",
+        input={},
+        current_step=at,
+        current_seq=len(recorded) + 1,
+        branch=0,
+        compensations=[],
+        waiting=False,
+        recorded=steps,
+        **extra,  # type: ignore[arg-type]
+    )
 
 
 def test_added_step_after_its_position__safe(defined: list[durable.Workflow]) -> None:

@@ -68,9 +68,11 @@ def test_tool__requires_approval_is_true_false_or_a_predicate() -> None:
         toolbox.tool("pay", side_effect=True, description="Pay.", requires_approval="yes")  # type: ignore[arg-type]
 
     @toolbox.tool(
-        "charge", side_effect=True, description="Charge.",
+        "charge",
+        side_effect=True,
+        description="Charge.",
         requires_approval=lambda args: args["cents"] > 100,
-    )  # fmt: skip
+    )
     def charge(ctx: ToolContext, cents: int) -> dict:
         return {}
 

@@ -288,9 +288,14 @@ def test_make_run__a_worker_and_beat_killed_with_sigkill_are_started_again(stack
         )
     started = subprocess.run(
         [sys.executable, "manage.py", "start_workflow", "demo", "--input", '{"name": "again"}'],
-        cwd=REPO, env=stack["env"], capture_output=True, text=True, timeout=60, check=True,
+        cwd=REPO,
+        env=stack["env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
         umask=0o077,
-    )  # fmt: skip
+    )
     run_id = started.stdout.strip().splitlines()[-1]
     wait_for(
         lambda: _run_status(var, run_id)[0] == "COMPLETED",

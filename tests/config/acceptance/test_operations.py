@@ -246,8 +246,10 @@ def test_metrics__a_pool_child_killed_mid_step_loses_no_series(stack: Stack) -> 
     assert (_metrics_dir(stack) / "archive.json").exists()
     takeovers = ("agentflow_run_events_total", (("kind", "takeover"),))
     assert after[takeovers] == before.get(takeovers, 0) + 1  # the redelivery took the step over
-    steps = ("agentflow_step_duration_seconds_count", (
-        ("kind", "read"), ("step", "finish"), ("workflow", workflows.held.name)))  # fmt: skip
+    steps = (
+        "agentflow_step_duration_seconds_count",
+        (("kind", "read"), ("step", "finish"), ("workflow", workflows.held.name)),
+    )
     assert after[steps] == before.get(steps, 0) + 1
 
 
@@ -506,7 +508,7 @@ def test_quiet__idle_sweeps_log_nothing_and_a_republish_names_its_run(
         current_step="prepare",
         current_seq=1,
         wake_at=timezone.now() - timedelta(minutes=1),
-    )  # fmt: skip  (its message was lost)
+    )  # its message was lost
     wait_finished(run.id, timeout=30)
     log = worker.log_path.read_text(errors="replace")
     [line] = [line for line in log.splitlines() if "sweep re-published" in line]

@@ -91,9 +91,13 @@ def test_manage_py_without_a_key__says_why_in_one_line_not_a_traceback(
 ) -> None:
     done = subprocess.run(
         [sys.executable, "manage.py", command],
-        cwd=ROOT, env=environment(tmp_path, DJANGO_SECRET_KEY=None), capture_output=True,
-        text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=environment(tmp_path, DJANGO_SECRET_KEY=None),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode != 0 and done.stdout == ""
     assert "Traceback" not in done.stderr, done.stderr
     [line] = done.stderr.splitlines()
@@ -115,9 +119,14 @@ def production_variables() -> dict[str, str]:
 
 def test_check_deploy__documented_production_variables_give_no_warning(tmp_path: Path) -> None:
     variables = production_variables()
-    for needed in ("DJANGO_HTTPS", "DJANGO_SECURE_PROXY_SSL_HEADER", "DJANGO_CSRF_TRUSTED_ORIGINS",
-                   "DJANGO_ALLOWED_HOSTS", "AGENTFLOW_TRUSTED_PROXIES",
-                   "AGENTFLOW_METRICS_TOKEN"):  # fmt: skip
+    for needed in (
+        "DJANGO_HTTPS",
+        "DJANGO_SECURE_PROXY_SSL_HEADER",
+        "DJANGO_CSRF_TRUSTED_ORIGINS",
+        "DJANGO_ALLOWED_HOSTS",
+        "AGENTFLOW_TRUSTED_PROXIES",
+        "AGENTFLOW_METRICS_TOKEN",
+    ):
         assert needed in variables
     done = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
@@ -142,6 +151,11 @@ def test_check_deploy__without_them_it_warns(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode != 0
-    for warning in ("security.W004", "security.W008", "security.W012", "security.W016",
-                    "agentflow.W001"):  # fmt: skip
+    for warning in (
+        "security.W004",
+        "security.W008",
+        "security.W012",
+        "security.W016",
+        "agentflow.W001",
+    ):
         assert warning in done.stderr

@@ -21,11 +21,25 @@ DOCS = ROOT / "docs"
 
 def sphinx_build(source: Path, out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q",
-         "-d", str(out / "doctrees"), str(source), str(out / "html")],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-n",
+            "-q",
+            "-d",
+            str(out / "doctrees"),
+            str(source),
+            str(out / "html"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_docs__build_with_no_warning(tmp_path: Path) -> None:
@@ -34,9 +48,13 @@ def test_docs__build_with_no_warning(tmp_path: Path) -> None:
     html = tmp_path / "html"
     api = (html / "api.html").read_text()
     documented = set(re.findall(r'id="(agentflow\.[\w.]+)"', api))
-    wanted = {"agentflow.durable.start", "agentflow.durable.Workflow.step",
-              "agentflow.testing.run_to_end", "agentflow.testing.crash_at",
-              "agentflow.testing.assert_effects_once"}  # fmt: skip
+    wanted = {
+        "agentflow.durable.start",
+        "agentflow.durable.Workflow.step",
+        "agentflow.testing.run_to_end",
+        "agentflow.testing.crash_at",
+        "agentflow.testing.assert_effects_once",
+    }
     assert wanted <= documented, f"the API reference lacks {wanted - documented}"
     assert (html / "_images" / "admin-run.png").exists()  # the README's pictures, copied in
 

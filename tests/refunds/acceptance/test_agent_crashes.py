@@ -30,9 +30,13 @@ from tests.support.sandbox import SandboxProcess
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EFFECTS = (
-    "authorizations", "payments", "seat_cancellations", "boarding_passes", "crm_updates",
+    "authorizations",
+    "payments",
+    "seat_cancellations",
+    "boarding_passes",
+    "crm_updates",
     "emails",
-)  # fmt: skip
+)
 
 
 def trajectory(run_id: str) -> list[str]:
@@ -65,14 +69,24 @@ def test_uninterrupted__six_turns_one_request_each_one_effect_each(
 
 #: What an uninterrupted refund agent run records, in order.
 UNINTERRUPTED = [
-    "verify_ownership", "check_flight",
-    "llm", "load_request",
-    "llm", "fetch_booking", "check_cancellation_policy",
-    "llm", "charge_customer", "cancel_seat",
-    "llm", "issue_boarding_pass",
-    "llm", "update_crm", "send_confirmation_email",
-    "llm", "capture_fee",
-]  # fmt: skip
+    "verify_ownership",
+    "check_flight",
+    "llm",
+    "load_request",
+    "llm",
+    "fetch_booking",
+    "check_cancellation_policy",
+    "llm",
+    "charge_customer",
+    "cancel_seat",
+    "llm",
+    "issue_boarding_pass",
+    "llm",
+    "update_crm",
+    "send_confirmation_email",
+    "llm",
+    "capture_fee",
+]
 
 #: crash point -> requests per model turn the server must see.
 CRASHES = {

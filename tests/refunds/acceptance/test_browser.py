@@ -108,8 +108,11 @@ def test_customer__submits_the_form_and_watches_it_finish_without_reloading(
     assert email["to"] == [owner.email]  # the contact on file, not the address as typed
     # What changed, on the page and in the e-mail, in the customer's words.
     details = page.locator("#status-details").inner_text()
-    for words in (f"New flight: {issued['flight']} on ", f"New seat: {issued['seat']}",
-                  "Change fee: $45, charged to your card"):  # fmt: skip
+    for words in (
+        f"New flight: {issued['flight']} on ",
+        f"New seat: {issued['seat']}",
+        "Change fee: $45, charged to your card",
+    ):
         assert words in details
     for words in (f"New seat:       {issued['seat']}", "Change fee:     $45.00, charged"):
         assert words in email["body"]

@@ -30,11 +30,24 @@ from refunds.chaos.processes import airline_today
 from refunds.models import RefundRequest
 
 REPORT_KEYS = {
-    "runs", "completed", "failed", "needs_attention", "stuck", "kills", "payments_per_refund",
-    "duplicate_effects", "seat_cancellations_per_refund", "boarding_passes_per_refund",
-    "crm_updates_per_refund", "emails", "recovery_seconds", "double_submits", "invariants",
-    "seed", "elapsed_seconds",
-}  # fmt: skip
+    "runs",
+    "completed",
+    "failed",
+    "needs_attention",
+    "stuck",
+    "kills",
+    "payments_per_refund",
+    "duplicate_effects",
+    "seat_cancellations_per_refund",
+    "boarding_passes_per_refund",
+    "crm_updates_per_refund",
+    "emails",
+    "recovery_seconds",
+    "double_submits",
+    "invariants",
+    "seed",
+    "elapsed_seconds",
+}
 
 
 def chaos(*args: str) -> dict[str, Any]:
@@ -50,9 +63,20 @@ def chaos(*args: str) -> dict[str, Any]:
 @pytest.mark.django_db(transaction=True)
 def test_chaos__small_run_completes_every_refund_once_despite_a_child_kill() -> None:
     report = chaos(
-        "--refunds", "5", "--seed", "3", "--child-kills", "1", "--worker-kills", "0",
-        "--no-broker-restart", "--double-submits", "2", "--timeout", "120",
-    )  # fmt: skip
+        "--refunds",
+        "5",
+        "--seed",
+        "3",
+        "--child-kills",
+        "1",
+        "--worker-kills",
+        "0",
+        "--no-broker-restart",
+        "--double-submits",
+        "2",
+        "--timeout",
+        "120",
+    )
 
     assert report.keys() >= REPORT_KEYS
     assert (report["runs"], report["completed"], report["stuck"]) == (5, 5, 0)
@@ -74,9 +98,22 @@ def test_chaos__customers_erased_after_their_refunds__every_invariant_still_hold
     """Erasure leaves the money's history (docs/privacy.md): the invariants, read from the
     sandbox's ledger and the runs' rows, add up with two customers' personal data gone."""
     report = chaos(
-        "--refunds", "4", "--seed", "13", "--child-kills", "1", "--worker-kills", "0",
-        "--no-broker-restart", "--double-submits", "0", "--erase", "2", "--timeout", "120",
-    )  # fmt: skip
+        "--refunds",
+        "4",
+        "--seed",
+        "13",
+        "--child-kills",
+        "1",
+        "--worker-kills",
+        "0",
+        "--no-broker-restart",
+        "--double-submits",
+        "0",
+        "--erase",
+        "2",
+        "--timeout",
+        "120",
+    )
 
     assert report["erased"]["customers"] == 2
     assert (report["runs"], report["completed"], report["stuck"]) == (4, 4, 0)
@@ -98,10 +135,24 @@ def test_chaos__through_pgbouncer_in_transaction_mode__every_refund_once_none_fa
             pytest.fail("pgbouncer is not installed (.ci/run installs it)")
         pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
     report = chaos(
-        "--refunds", "6", "--seed", "7", "--pgbouncer", "transaction", "--pgbouncer-pool", "2",
-        "--child-kills", "1", "--worker-kills", "0", "--no-broker-restart",
-        "--double-submits", "0", "--timeout", "120",
-    )  # fmt: skip
+        "--refunds",
+        "6",
+        "--seed",
+        "7",
+        "--pgbouncer",
+        "transaction",
+        "--pgbouncer-pool",
+        "2",
+        "--child-kills",
+        "1",
+        "--worker-kills",
+        "0",
+        "--no-broker-restart",
+        "--double-submits",
+        "0",
+        "--timeout",
+        "120",
+    )
 
     assert (report["runs"], report["completed"], report["failed"], report["stuck"]) == (6, 6, 0, 0)
     assert report["payments_per_refund"]["min"] == report["payments_per_refund"]["max"] == 1
@@ -133,10 +184,23 @@ def test_chaos__agent_engine__invariants_hold_and_the_model_s_requests_are_count
     """The same refunds as agent runs asking the sandbox's model through the real SDK, one
     pool child killed: one of each effect, and at most the killed step's turn asked again."""
     report = chaos(
-        "--refunds", "4", "--seed", "5", "--engine", "agent", "--child-kills", "1",
-        "--worker-kills", "0", "--no-broker-restart", "--double-submits", "0", "--no-faults",
-        "--timeout", "120",
-    )  # fmt: skip
+        "--refunds",
+        "4",
+        "--seed",
+        "5",
+        "--engine",
+        "agent",
+        "--child-kills",
+        "1",
+        "--worker-kills",
+        "0",
+        "--no-broker-restart",
+        "--double-submits",
+        "0",
+        "--no-faults",
+        "--timeout",
+        "120",
+    )
 
     assert (report["runs"], report["completed"], report["stuck"]) == (4, 4, 0), report
     assert report["invariants"] == dict.fromkeys(("I1", "I2", "I3", "I4", "I7", "I8"), True)
@@ -153,18 +217,31 @@ def test_invariants__a_second_charge_for_one_refund_breaks_i1_and_i4() -> None:
     now = datetime.now(UTC)
     run = WorkflowRun(id="wf_a", status=RunStatus.COMPLETED, current_seq=11)
     cp = Checkpoint(
-        run_id="wf_a", seq=7, name="charge_customer", kind="effect",
-        status=StepStatus.COMPLETED, attempts=1, idempotency_key="wf_a_step_7",
-        lease_expires_at=None, first_started_at=now, started_at=now, finished_at=now,
-    )  # fmt: skip
+        run_id="wf_a",
+        seq=7,
+        name="charge_customer",
+        kind="effect",
+        status=StepStatus.COMPLETED,
+        attempts=1,
+        idempotency_key="wf_a_step_7",
+        lease_expires_at=None,
+        first_started_at=now,
+        started_at=now,
+        finished_at=now,
+    )
     charges = [
         Effect(kind="payments", key=key, workflow_id="wf_a", created=now.timestamp() + 1)
         for key in ("wf_a_step_7", "wf_a_step_8")
     ]
     found = Evidence(
-        runs={"wf_a": run}, checkpoints={("wf_a", 7): cp}, by_key={cp.idempotency_key: cp},
-        effects=charges, ledger={}, events=Counter(), requeues={},
-    )  # fmt: skip
+        runs={"wf_a": run},
+        checkpoints={("wf_a", 7): cp},
+        by_key={cp.idempotency_key: cp},
+        effects=charges,
+        ledger={},
+        events=Counter(),
+        requeues={},
+    )
 
     broken = invariants.check_all(found, now)
 
@@ -191,9 +268,14 @@ def test_invariants__a_failed_run_that_keeps_its_fee_breaks_i8() -> None:
         Effect(kind="refunds", key="wf_even_step_9", workflow_id="wf_even", created=2, amount=4500),
     ]
     found = Evidence(
-        runs=runs, checkpoints={}, by_key={}, effects=money, ledger={}, events=Counter(),
+        runs=runs,
+        checkpoints={},
+        by_key={},
+        effects=money,
+        ledger={},
+        events=Counter(),
         requeues={},
-    )  # fmt: skip
+    )
 
     broken = invariants.check_all(found, now)["I8"]
 

@@ -38,12 +38,31 @@ def test_postgres_stopped__503s_naming_the_database_then_every_run_completes_onc
         pytest.skip("chaos starts its own redis-server, which is not installed")
     out = io.StringIO()
     call_command(
-        "chaos", "--refunds", "8", "--seed", "37", "--postgres-outage", "10",
-        "--workers", str(WORKERS), "--concurrency", str(CONCURRENCY),
-        "--child-kills", "0", "--worker-kills", "0", "--no-broker-restart", "--no-faults",
-        "--double-submits", "1", "--timeout", "240", "--json",
-        stdout=out, stderr=io.StringIO(),
-    )  # fmt: skip
+        "chaos",
+        "--refunds",
+        "8",
+        "--seed",
+        "37",
+        "--postgres-outage",
+        "10",
+        "--workers",
+        str(WORKERS),
+        "--concurrency",
+        str(CONCURRENCY),
+        "--child-kills",
+        "0",
+        "--worker-kills",
+        "0",
+        "--no-broker-restart",
+        "--no-faults",
+        "--double-submits",
+        "1",
+        "--timeout",
+        "240",
+        "--json",
+        stdout=out,
+        stderr=io.StringIO(),
+    )
     report: dict[str, Any] = json.loads(out.getvalue())
     outage = report["database_outage"]
 
@@ -52,12 +71,17 @@ def test_postgres_stopped__503s_naming_the_database_then_every_run_completes_onc
     assert outage["steps_in_flight"] >= 1, "the outage hit no step in flight"
     down = outage["while_down"]
     assert down["admin"] == {
-        "status": 503, "retry_after": "30", "says_database_unreachable": True,
+        "status": 503,
+        "retry_after": "30",
+        "says_database_unreachable": True,
         "shows_customer_error_page": False,
-    }  # fmt: skip
+    }
     assert down["form"] == {
-        "status": 503, "retry_after": "30", "kept_what_was_typed": True, "same_token": True,
-    }  # fmt: skip
+        "status": 503,
+        "retry_after": "30",
+        "kept_what_was_typed": True,
+        "same_token": True,
+    }
     assert down["metrics"]["database_up"] == 0 and down["metrics"]["sweeper_gauge"] == "NaN"
     assert down["metrics"]["runs_active_unknown"] == down["metrics"]["runs_active_series"] > 0
     assert down["healthz"]["http_status"] == 503

@@ -82,9 +82,12 @@ def deploy_check(where: Path, env: dict[str, str]) -> tuple[int, dict[str, Any]]
     """`manage.py agentflow_deploy_check --json` with that tree's code."""
     done = subprocess.run(
         [sys.executable, "manage.py", "agentflow_deploy_check", "--json"],
-        cwd=where, env={**os.environ, **env, "PYTHONPATH": str(where)},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=where,
+        env={**os.environ, **env, "PYTHONPATH": str(where)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.stdout, done.stderr[-3000:]
     return done.returncode, json.loads(done.stdout)
 
@@ -99,15 +102,21 @@ class Stack:
 
     def env(self, build: str, where: Path, engine: str = "graph") -> dict[str, str]:
         return worker_env(
-            self.sandbox, AGENTFLOW_BUILD_ID=build, PYTHONPATH=str(where), REFUNDS_ENGINE=engine,
+            self.sandbox,
+            AGENTFLOW_BUILD_ID=build,
+            PYTHONPATH=str(where),
+            REFUNDS_ENGINE=engine,
             AGENTFLOW_SWEEP_INTERVAL="1",
-        )  # fmt: skip
+        )
 
     def worker(self, build: str, where: Path, engine: str = "graph") -> WorkerProcess:
         worker = WorkerProcess(
-            concurrency=2, env=self.env(build, where, engine), cwd=where, name=f"w{build}",
+            concurrency=2,
+            env=self.env(build, where, engine),
+            cwd=where,
+            name=f"w{build}",
             log_dir=self.logs,
-        )  # fmt: skip
+        )
         self.started.append(worker)
         return worker.start(timeout=60)
 
@@ -245,8 +254,12 @@ def test_agent_refund_under_a_new_prompt__checked_at_its_first_divergence__finis
     )
     assert run["diff"].startswith("- ")
     assert report["summary"] == {
-        "runs": 1, "upgrade": 0, "pinned": 1, "park": 0, "builds_to_keep": ["A"]
-    }  # fmt: skip
+        "runs": 1,
+        "upgrade": 0,
+        "pinned": 1,
+        "park": 0,
+        "builds_to_keep": ["A"],
+    }
 
     # The admin of build D offers the move, with the diff, and refuses it.
     monkeypatch.setattr(prompts, "SYSTEM_PROMPT", f"{PROMPT_LINE}\n{prompts.SYSTEM_PROMPT}")

@@ -125,9 +125,14 @@ def test_flight_cancelled_while_customers_write_in__theirs_first__one_booking_at
     )
 
     call_command(
-        "sandbox", "cancel-flight", flight.flight, "--date", flight.date,
-        "--passengers", str(PASSENGERS),
-    )  # fmt: skip
+        "sandbox",
+        "cancel-flight",
+        flight.flight,
+        "--date",
+        flight.date,
+        "--passengers",
+        str(PASSENGERS),
+    )
     parent_id = WorkflowRun.objects.get(workflow="flight_cancelled").id
     kids = alive_while(
         worker,

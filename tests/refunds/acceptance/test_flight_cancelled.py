@@ -62,9 +62,14 @@ def cancel_flight() -> tuple[str, str, str]:
     """Cancel SK1236 some weeks ahead through the command; the parent run's id, flight, day."""
     flight = new_flight("SK1236", weeks_ahead=6)
     call_command(
-        "sandbox", "cancel-flight", flight.flight, "--date", flight.date,
-        "--passengers", str(PASSENGERS),
-    )  # fmt: skip
+        "sandbox",
+        "cancel-flight",
+        flight.flight,
+        "--date",
+        flight.date,
+        "--passengers",
+        str(PASSENGERS),
+    )
     parent = WorkflowRun.objects.get(workflow="flight_cancelled")
     return parent.id, flight.flight, flight.date
 

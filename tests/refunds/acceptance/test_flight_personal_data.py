@@ -72,9 +72,14 @@ def test_flight_refunds__sealed_per_passenger__erasing_one_leaves_the_others(
 ) -> None:
     flight = new_flight("SK1236", weeks_ahead=6)
     call_command(
-        "sandbox", "cancel-flight", flight.flight, "--date", flight.date,
-        "--passengers", str(PASSENGERS),
-    )  # fmt: skip
+        "sandbox",
+        "cancel-flight",
+        flight.flight,
+        "--date",
+        flight.date,
+        "--passengers",
+        str(PASSENGERS),
+    )
     parent = WorkflowRun.objects.get(workflow="flight_cancelled")
     assert ended(parent.id, worker).status == RunStatus.COMPLETED
     references = manifest_references(flight.flight, flight.day, PASSENGERS)

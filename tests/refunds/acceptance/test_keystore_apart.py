@@ -160,9 +160,14 @@ class Site:
     def manage(self, *args: str) -> str:
         """`manage.py ...`'s output, once it succeeded."""
         done = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
-            text=True, timeout=180, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            stdin=subprocess.DEVNULL,
+        )
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         return done.stdout
 
@@ -225,9 +230,14 @@ def test_erasure__a_restored_backup_of_the_data_stays_erased__a_restored_keystor
         assert words not in data_dump and words not in keys_dump
 
     erased = live.manage(
-        "agentflow_erase", "--subject", owner_of(GONE).email, "--reason", "GDPR #42",
-        "--actor", "dpo",
-    )  # fmt: skip
+        "agentflow_erase",
+        "--subject",
+        owner_of(GONE).email,
+        "--reason",
+        "GDPR #42",
+        "--actor",
+        "dpo",
+    )
     assert "erased: 1 key(s) destroyed; 1 run(s) kept" in erased
 
     # 1. The data's backup from before the erasure, restored beside the current keystore.

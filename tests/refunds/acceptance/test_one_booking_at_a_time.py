@@ -92,5 +92,9 @@ def test_two_requests_for_one_booking__one_after_the_other__second_says_the_seat
     assert view["outcome"] == "failed"
     assert view["message"].startswith(told), view["message"]
     assert wording.is_customer_text(view["message"])
-    assert priorities.booking_of({"refund_id": RefundRequest.objects.get(
-        workflow_id=second).public_id}) == reference  # fmt: skip
+    assert (
+        priorities.booking_of(
+            {"refund_id": RefundRequest.objects.get(workflow_id=second).public_id}
+        )
+        == reference
+    )

@@ -67,8 +67,11 @@ def night(
     )
     worker = WorkerProcess(concurrency=2, env=env, beat=True).start(timeout=60)
     try:
-        wait_for(lambda: ScheduleState.objects.filter(name=SCHEDULE).exists(), timeout=SLOW,
-                 what="the beat to see the nightly schedule")  # fmt: skip
+        wait_for(
+            lambda: ScheduleState.objects.filter(name=SCHEDULE).exists(),
+            timeout=SLOW,
+            what="the beat to see the nightly schedule",
+        )
         yield worker, move, day
     finally:
         worker.kill()

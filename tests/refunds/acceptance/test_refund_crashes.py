@@ -124,8 +124,11 @@ def test_unknown_booking__fails_before_any_effect_like_any_mismatch(
     assert run.status == durable.RunStatus.FAILED
     assert run.error == "fetch_booking: These details don't match a booking."
     assert [s.name for s in run.steps] == [
-        "load_request", "parse_flight_details", "fetch_booking", "notify_failure",
-    ]  # fmt: skip
+        "load_request",
+        "parse_flight_details",
+        "fetch_booking",
+        "notify_failure",
+    ]
     ledger = partner_effects(clean_sandbox, run_id)
     assert all(ledger[kind] == [] for kind in EFFECT_LISTS)
     assert ledger["emails"] == []

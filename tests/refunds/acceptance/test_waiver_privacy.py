@@ -183,9 +183,12 @@ def test_waiver_decided_in_the_operators_own_words__previewed_then_told_as_writt
     words = "Fee waiver: approved. Get well soon, and safe travels when you are able."
 
     preview = decide_in_the_admin(
-        as_role("approver_and_view", OPERATOR), run_id, "approve", reply="__own_words__",
+        as_role("approver_and_view", OPERATOR),
+        run_id,
+        "approve",
+        reply="__own_words__",
         own_words=words,
-    )  # fmt: skip
+    )
     run = finished(run_id, worker, timeout=120)
 
     assert html.escape(words) in preview
@@ -272,9 +275,11 @@ def test_every_admin_page_of_a_waiting_and_a_decided_run__details_only_for_those
     waiting_for_approval(waiting_id, worker)
     waiting_for_approval(decided_id, worker)
     decide_in_the_admin(
-        as_role("approver_and_view", OPERATOR), decided_id, "reject",
+        as_role("approver_and_view", OPERATOR),
+        decided_id,
+        "reject",
         reply=policy.WAIVER_REPLIES["reject"][1],
-    )  # fmt: skip
+    )
     finished(decided_id, worker, timeout=120)
     clients = {role: as_role(role) for role in ROLES}
     hidden = redacted(DETAILS)

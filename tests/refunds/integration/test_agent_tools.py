@@ -96,9 +96,10 @@ class AgentRun:
         """The engine runs compensation `name` at the next position (the run failed), handed
         the latest completed call it undoes, as the engine hands it over."""
         undone = next(
-            r for r in reversed(self.history)
+            r
+            for r in reversed(self.history)
             if r.ok and r.name in toolbox and toolbox[r.name].compensate == name
-        )  # fmt: skip
+        )
         self.position += 1
         self.positions.setdefault(name, []).append(self.position)
         ctx = replace(
@@ -169,8 +170,15 @@ def test_scripted_agent__rebooks_charges_45_dollars_and_confirms(partners) -> No
     assert email["to"] == [run.owner.email]  # the booking's contact on file
     # the positions are the model's order: turn, call, turn, call, call, ...
     assert [run.positions[name][0] for name in toolbox.names if name in run.positions] == [
-        2, 4, 5, 8, 7, 10, 12, 13,
-    ]  # fmt: skip
+        2,
+        4,
+        5,
+        8,
+        7,
+        10,
+        12,
+        13,
+    ]
 
 
 def test_openai_sdk_agent__same_refund_through_the_local_model_server(
@@ -195,8 +203,12 @@ def test_openai_sdk_agent__same_refund_through_the_local_model_server(
     assert llm_server.requests[0].tool_names == toolbox.names
     ledger = partners.ledger(workflow_id=run.run_id)
     for kind in (
-        "authorizations", "seat_cancellations", "boarding_passes", "crm_updates", "emails",
-    ):  # fmt: skip
+        "authorizations",
+        "seat_cancellations",
+        "boarding_passes",
+        "crm_updates",
+        "emails",
+    ):
         assert len(ledger[kind]) == 1, kind
 
 
@@ -266,10 +278,12 @@ def test_effects__one_of_each_per_run_the_next_refused(
     arguments = {
         "cancel_seat": {"booking_reference": "abc123"},
         "issue_boarding_pass": {
-            "booking_reference": "ABC123", "flight": "SK1240", "date": run.new.date,
+            "booking_reference": "ABC123",
+            "flight": "SK1240",
+            "date": run.new.date,
         },
         "send_confirmation_email": {"refund_id": run.refund_id},
-    }  # fmt: skip
+    }
     if tool == "send_confirmation_email":
         run.call("issue_boarding_pass", **arguments["issue_boarding_pass"])
     if tool != "cancel_seat":

@@ -152,10 +152,15 @@ def test_notify_failure__an_agent_out_of_turns_is_told_in_words_for_the_customer
     flow = Flow()
     flow.run_through("calculate_penalty_fee")
     WorkflowRun.objects.create(
-        id=flow.run_id, workflow="refund_agent", version=2, status="RUNNING",
-        wake_at=timezone.now(), current_step="notify_failure", current_seq=20,
+        id=flow.run_id,
+        workflow="refund_agent",
+        version=2,
+        status="RUNNING",
+        wake_at=timezone.now(),
+        current_step="notify_failure",
+        current_seq=20,
         error="The agent used all 20 of its model turns without finishing.",
-    )  # fmt: skip
+    )
 
     output = flow.run("notify_failure", 20)
 

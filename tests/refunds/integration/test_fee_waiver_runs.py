@@ -215,7 +215,13 @@ def test_waiver_waiting__cancelled__nothing_to_refund_and_the_seat_still_held(
     assert done.status == RunStatus.CANCELLED, done.error
     assert done.waiting_for is None
     ledger = partner_effects(partners, run_id)
-    for kind in ("authorizations", "payments", "refunds", "seat_cancellations",
-                 "seat_reinstatements", "boarding_passes"):  # fmt: skip
+    for kind in (
+        "authorizations",
+        "payments",
+        "refunds",
+        "seat_cancellations",
+        "seat_reinstatements",
+        "boarding_passes",
+    ):
         assert ledger[kind] == [], kind
     assert seat_held(partners, reference)

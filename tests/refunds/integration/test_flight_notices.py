@@ -34,8 +34,13 @@ URL = "/refunds/airline/notices/"
 
 
 def notice(flight: str = "SK1236", day: str = "2027-03-16", **extra: Any) -> bytes:
-    body = {"id": f"flight-cancelled:{flight}:{day}", "type": "flight.cancelled",
-            "flight": flight, "date": day, **extra}  # fmt: skip
+    body = {
+        "id": f"flight-cancelled:{flight}:{day}",
+        "type": "flight.cancelled",
+        "flight": flight,
+        "date": day,
+        **extra,
+    }
     return json.dumps(body).encode()
 
 
@@ -60,8 +65,11 @@ def test_notice__signed__starts_one_run_per_notice_id() -> None:
     assert first.status_code == again.status_code == 200
     assert first.json()["run_id"] == again.json()["run_id"]
     run = WorkflowRun.objects.get(workflow="flight_cancelled")
-    assert run.input == {"flight": "SK1236", "date": "2027-03-16",
-                         "notice": "flight-cancelled:SK1236:2027-03-16"}  # fmt: skip
+    assert run.input == {
+        "flight": "SK1236",
+        "date": "2027-03-16",
+        "notice": "flight-cancelled:SK1236:2027-03-16",
+    }
 
 
 @pytest.mark.usefixtures("airline_secret")

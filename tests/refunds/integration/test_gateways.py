@@ -172,9 +172,13 @@ def test_authorize__stripe_unreachable_is_retryable() -> None:
     gateway = PaymentGateway(api_key="sk_test_x", api_base=f"http://127.0.0.1:{closed_port()}")
     with pytest.raises(RetryableStepError, match="could not reach Stripe"):
         gateway.authorize(
-            amount_cents=100, currency="usd", payment_method="pm_card_visa",
-            description="x", key=key(7), workflow_id=WF,
-        )  # fmt: skip
+            amount_cents=100,
+            currency="usd",
+            payment_method="pm_card_visa",
+            description="x",
+            key=key(7),
+            workflow_id=WF,
+        )
 
 
 def test_authorize__bad_api_key_is_permanent(clean_sandbox) -> None:

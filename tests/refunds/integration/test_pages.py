@@ -504,9 +504,11 @@ def test_status_page__new_request_shows_received_and_polls(client: Client) -> No
     assert '<noscript><meta http-equiv="refresh"' in page
     assert "/static/refunds/status.js" in page
     for label in (
-        "Reading your request", "Finding your booking", "Securing the $45 change fee on your card",
+        "Reading your request",
+        "Finding your booking",
+        "Securing the $45 change fee on your card",
         "Taking the $45 change fee",
-    ):  # fmt: skip
+    ):
         assert label in page
 
 
@@ -525,9 +527,13 @@ def test_status_page__shows_no_internal_detail(client: Client) -> None:
     add_step(run_id, 1, "load_request", "COMPLETED")
     add_step(run_id, 2, "parse_flight_details", "COMPLETED")
     failed = add_step(
-        run_id, 3, "fetch_booking", "FAILED", attempts=3,
+        run_id,
+        3,
+        "fetch_booking",
+        "FAILED",
+        attempts=3,
         error='Traceback (most recent call last):\n  File "gateways.py"\nConnectionError: 10.0.0.5',
-    )  # fmt: skip
+    )
     WorkflowRun.objects.filter(pk=run_id).update(
         status="WAITING", current_step="fetch_booking", current_seq=3
     )
@@ -586,9 +592,17 @@ def test_status_json__new_request_is_pending_with_no_steps(client: Client) -> No
 
 def test_status_json__refunded_after_a_failure(client: Client) -> None:
     refund = create_refund(client)
-    names = ["load_request", "parse_flight_details", "fetch_booking", "check_cancellation_policy",
-             "calculate_penalty_fee", "charge_customer", "cancel_seat", "issue_boarding_pass",
-             "capture_fee"]  # fmt: skip
+    names = [
+        "load_request",
+        "parse_flight_details",
+        "fetch_booking",
+        "check_cancellation_policy",
+        "calculate_penalty_fee",
+        "charge_customer",
+        "cancel_seat",
+        "issue_boarding_pass",
+        "capture_fee",
+    ]
     for seq, name in enumerate(names, start=1):
         add_step(refund.workflow_id, seq, name, "COMPLETED")
     add_step(refund.workflow_id, 10, "update_crm", "FAILED", error="CRM said no")

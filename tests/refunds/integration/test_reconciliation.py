@@ -47,8 +47,10 @@ def test_lists__every_page_in_the_time_window(clean_sandbox: SandboxProcess) -> 
     assert gateway.payments_created(start - 7200, start - 3600) == []
     [back] = gateway.refunds_created(start, start + 3600, page_size=1)
     assert (back["id"], back["payment_intent_id"], back["amount_cents"]) == (
-        refund.id, made[0], 400,
-    )  # fmt: skip
+        refund.id,
+        made[0],
+        400,
+    )
     pages = clean_sandbox.ledger()["requests"]["payment_intents.list"]
     assert pages == 3 + 1
 
@@ -67,8 +69,9 @@ def test_forget__a_payment_gone_from_stripe_is_no_longer_listed(
 DAY = date(2031, 5, 4)
 
 
-def run(run_id: str, *, taken: tuple[str, int] | None = None,
-        given_back: tuple[str, int] | None = None) -> RunMoney:  # fmt: skip
+def run(
+    run_id: str, *, taken: tuple[str, int] | None = None, given_back: tuple[str, int] | None = None
+) -> RunMoney:
     return RunMoney(
         run_id=run_id,
         status="COMPLETED",
@@ -92,21 +95,50 @@ def refunded(refund: str, cents: int) -> dict:
 @pytest.mark.parametrize(
     ("payments", "refunds", "runs", "expected"),
     [
-        pytest.param([paid("pi_1", 5000)], [], [run("wf_1", taken=("pi_1", 5000))],
-                     {"matched": ["pi_1"]}, id="clean"),
-        pytest.param([paid("pi_x", 4200)], [], [],
-                     {"payment_without_run": ["pi_x"]}, id="payment-behind-our-back"),
-        pytest.param([], [], [run("wf_2", taken=("pi_2", 5000))],
-                     {"run_without_payment": ["pi_2"]}, id="run-whose-payment-is-gone"),
-        pytest.param([paid("pi_3", 5100)], [], [run("wf_3", taken=("pi_3", 5000))],
-                     {"amount_differs": ["pi_3"]}, id="amount-differs"),
-        pytest.param([paid("pi_4", 5000)], [refunded("re_4", 5000)],
-                     [run("wf_4", taken=("pi_4", 5000), given_back=("re_4", 5000))],
-                     {"matched": ["pi_4", "re_4"]}, id="taken-and-given-back"),
-        pytest.param([], [refunded("re_5", 900)], [],
-                     {"payment_without_run": ["re_5"]}, id="refund-behind-our-back"),
+        pytest.param(
+            [paid("pi_1", 5000)],
+            [],
+            [run("wf_1", taken=("pi_1", 5000))],
+            {"matched": ["pi_1"]},
+            id="clean",
+        ),
+        pytest.param(
+            [paid("pi_x", 4200)],
+            [],
+            [],
+            {"payment_without_run": ["pi_x"]},
+            id="payment-behind-our-back",
+        ),
+        pytest.param(
+            [],
+            [],
+            [run("wf_2", taken=("pi_2", 5000))],
+            {"run_without_payment": ["pi_2"]},
+            id="run-whose-payment-is-gone",
+        ),
+        pytest.param(
+            [paid("pi_3", 5100)],
+            [],
+            [run("wf_3", taken=("pi_3", 5000))],
+            {"amount_differs": ["pi_3"]},
+            id="amount-differs",
+        ),
+        pytest.param(
+            [paid("pi_4", 5000)],
+            [refunded("re_4", 5000)],
+            [run("wf_4", taken=("pi_4", 5000), given_back=("re_4", 5000))],
+            {"matched": ["pi_4", "re_4"]},
+            id="taken-and-given-back",
+        ),
+        pytest.param(
+            [],
+            [refunded("re_5", 900)],
+            [],
+            {"payment_without_run": ["re_5"]},
+            id="refund-behind-our-back",
+        ),
     ],
-)  # fmt: skip
+)
 def test_match__each_side_of_the_day(payments, refunds, runs, expected) -> None:
     result = reconciliation.match(payments, refunds, runs, day=DAY)
     found = {

@@ -76,9 +76,14 @@ class Flow:
         """The call `step` as the engine hands it to the compensation that undoes it."""
         seq = SEQ[step]
         return UndoneCall(
-            name=step, seq=seq, branch=0, status="COMPLETED", arguments=None,
-            output=self.outputs.get(step), idempotency_key=f"{self.run_id}_step_{seq}",
-        )  # fmt: skip
+            name=step,
+            seq=seq,
+            branch=0,
+            status="COMPLETED",
+            arguments=None,
+            output=self.outputs.get(step),
+            idempotency_key=f"{self.run_id}_step_{seq}",
+        )
 
     def key(self, step: str) -> str:
         return self.ctx(step).idempotency_key
@@ -145,8 +150,13 @@ def test_steps__every_effect_repeated_under_its_key_happens_once(partners) -> No
     assert flow.run("update_crm") == first["update_crm"]
 
     ledger = partners.ledger(workflow_id=flow.run_id)
-    for kind in ("authorizations", "seat_cancellations", "payments", "boarding_passes",
-                 "crm_updates"):  # fmt: skip
+    for kind in (
+        "authorizations",
+        "seat_cancellations",
+        "payments",
+        "boarding_passes",
+        "crm_updates",
+    ):
         assert len(ledger[kind]) == 1, kind
 
 
@@ -303,13 +313,26 @@ def record_failure(flow: Flow, step: str, error: str) -> int:
     """The engine's rows for a run that failed at `step` (what notify_failure reads)."""
     now = timezone.now()
     run = WorkflowRun.objects.create(
-        id=flow.run_id, workflow="refund", version=1, status="RUNNING", wake_at=now,
-        current_step="notify_failure", current_seq=SEQ[step] + 2, error=f"{step}: {error}",
-    )  # fmt: skip
+        id=flow.run_id,
+        workflow="refund",
+        version=1,
+        status="RUNNING",
+        wake_at=now,
+        current_step="notify_failure",
+        current_seq=SEQ[step] + 2,
+        error=f"{step}: {error}",
+    )
     StepCheckpoint.objects.create(
-        run=run, seq=SEQ[step], name=step, kind="effect", status="FAILED", error=error,
-        idempotency_key=f"{flow.run_id}_step_{SEQ[step]}", first_started_at=now, started_at=now,
-    )  # fmt: skip
+        run=run,
+        seq=SEQ[step],
+        name=step,
+        kind="effect",
+        status="FAILED",
+        error=error,
+        idempotency_key=f"{flow.run_id}_step_{SEQ[step]}",
+        first_started_at=now,
+        started_at=now,
+    )
     return SEQ[step] + 2
 
 

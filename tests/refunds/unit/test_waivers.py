@@ -19,10 +19,17 @@ TIMED_OUT = {"approved": False, "actor": "", "reason": "", "timed_out": True}
 APPROVED_SORRY = policy.WAIVER_REPLIES["approve"][1]
 NO_DOCUMENT = policy.WAIVER_REPLIES["reject"][2]
 PLANNED = [
-    "load_request", "fetch_booking", "check_cancellation_policy", waivers.STEP,
-    "calculate_penalty_fee", "charge_customer", "cancel_seat", "issue_boarding_pass",
-    "capture_fee", "send_confirmation_email",
-]  # fmt: skip
+    "load_request",
+    "fetch_booking",
+    "check_cancellation_policy",
+    waivers.STEP,
+    "calculate_penalty_fee",
+    "charge_customer",
+    "cancel_seat",
+    "issue_boarding_pass",
+    "capture_fee",
+    "send_confirmation_email",
+]
 
 
 @dataclass(frozen=True)
@@ -66,12 +73,14 @@ def test_outcome_of__a_rejection_tells_the_policys_sentence_never_the_reason_or_
         ({**GRAPH_REJECTED, "reply": NO_DOCUMENT}, NO_DOCUMENT),
         ({**AGENT_REJECTED, "reply": NO_DOCUMENT}, NO_DOCUMENT),
         # The operator's own words, previewed in the admin, as one paragraph.
-        ({**GRAPH_REJECTED, "reply": " Please send us\n the certificate. "},
-         "Please send us the certificate."),
+        (
+            {**GRAPH_REJECTED, "reply": " Please send us\n the certificate. "},
+            "Please send us the certificate.",
+        ),
         # The other outcome's sentence would say the opposite: the default instead.
         ({**GRAPH_REJECTED, "reply": APPROVED_SORRY}, policy.WAIVER_REPLIES["reject"][0]),
     ],
-)  # fmt: skip
+)
 def test_outcome_of__the_decisions_reply_is_what_the_customer_reads(
     output: dict[str, Any], told: str
 ) -> None:

@@ -51,9 +51,12 @@ def raised(check: Any, *args: Any, **kwargs: Any) -> str:
 
 def schedule(reason: str) -> str:
     answer = ScheduledFlight(
-        flight="SK1240", date="2027-03-16", operates=False, reason=reason,
+        flight="SK1240",
+        date="2027-03-16",
+        operates=False,
+        reason=reason,
         last_bookable_date="2027-12-01",
-    )  # fmt: skip
+    )
     return timetable.refusal(answer)
 
 
@@ -153,10 +156,20 @@ def test_a_failure_quoting_what_it_should_not__told_without_it() -> None:
 
 # --- every outcome, on the status page and in status.json ---------------------------------------
 PLANNED = [
-    "load_request", "parse_flight_details", "fetch_booking", "check_flight",
-    "check_cancellation_policy", waivers.STEP, "calculate_penalty_fee", "charge_customer",
-    "cancel_seat", "issue_boarding_pass", "capture_fee", "update_crm", "send_confirmation_email",
-]  # fmt: skip
+    "load_request",
+    "parse_flight_details",
+    "fetch_booking",
+    "check_flight",
+    "check_cancellation_policy",
+    waivers.STEP,
+    "calculate_penalty_fee",
+    "charge_customer",
+    "cancel_seat",
+    "issue_boarding_pass",
+    "capture_fee",
+    "update_crm",
+    "send_confirmation_email",
+]
 MONEY = {
     "none": {"charge_customer": {"authorized": False, "amount_cents": 0, "internal": RAW}},
     "held": {"charge_customer": {"authorized": True, "amount_cents": 4500, "internal": RAW}},
@@ -208,14 +221,23 @@ WAIVERS: dict[str, tuple[Any, tuple[str, ...]]] = {
     ),
 }
 BOOKED = {
-    "fetch_booking": {"flight": "SK100", "date": "2027-02-01", "seat": "12A",
-                      "contact_email": "ana@example.com", "payment_method": RAW},
-    "issue_boarding_pass": {"flight": "SK1240", "date": "2027-03-16", "seat": "14C",
-                            "barcode": RAW},
+    "fetch_booking": {
+        "flight": "SK100",
+        "date": "2027-02-01",
+        "seat": "12A",
+        "contact_email": "ana@example.com",
+        "payment_method": RAW,
+    },
+    "issue_boarding_pass": {
+        "flight": "SK1240",
+        "date": "2027-03-16",
+        "seat": "14C",
+        "barcode": RAW,
+    },
     "cancel_seat": {"seat": "12A", "cancellation_id": RAW},
     "send_confirmation_email": {"message_id": RAW},
     "notify_failure": {"sent": True, "reason": RAW},
-}  # fmt: skip
+}
 REASONS = sorted({wording.failure(step, error) for step, error in DOMAIN_FAILURES + RAW_FAILURES})
 
 
@@ -279,8 +301,15 @@ def test_failure_email__why_and_the_waiver_in_catalogue_sentences_only(
     money: str, waiver: str
 ) -> None:
     recorded, also = WAIVERS[waiver]
-    outputs = {**BOOKED, **MONEY[money], "fetch_booking": {**BOOKED["fetch_booking"],
-               "passenger_name": "Ana Lopez", "reference": "ABC123"}}  # fmt: skip
+    outputs = {
+        **BOOKED,
+        **MONEY[money],
+        "fetch_booking": {
+            **BOOKED["fetch_booking"],
+            "passenger_name": "Ana Lopez",
+            "reference": "ABC123",
+        },
+    }
     for reason in REASONS:
         subject, body = emails.render(
             "failure", emails.failure(outputs, reason=reason, waiver=recorded)
@@ -298,11 +327,21 @@ def test_confirmation_email__the_waiver_in_catalogue_sentences_only(waiver: str)
     recorded, also = WAIVERS[waiver]
     outputs = {
         **MONEY["taken"],
-        "fetch_booking": {**BOOKED["fetch_booking"], "passenger_name": "Ana Lopez",
-                          "origin": "CPH", "destination": "OSL", "fare_class": "standard"},
-        "issue_boarding_pass": {"flight": "SK1240", "date": "2027-03-16", "seat": "14C",
-                                "boarding_pass_id": "bp_1", "barcode": "BC1"},
-    }  # fmt: skip
+        "fetch_booking": {
+            **BOOKED["fetch_booking"],
+            "passenger_name": "Ana Lopez",
+            "origin": "CPH",
+            "destination": "OSL",
+            "fare_class": "standard",
+        },
+        "issue_boarding_pass": {
+            "flight": "SK1240",
+            "date": "2027-03-16",
+            "seat": "14C",
+            "boarding_pass_id": "bp_1",
+            "barcode": "BC1",
+        },
+    }
     subject, body = emails.render(
         "confirmation", emails.confirmation(outputs, reference="ABC123", waiver=recorded)
     )

@@ -30,9 +30,14 @@ def orders(ledger: Path) -> StdioServer:
 
 def context(key: str = "wf_abc_step_5") -> ToolContext:
     return ToolContext(
-        run_id="wf_abc", workflow="mcp", position=5, tool="t", attempt=1,
-        idempotency_key=key, input={},
-    )  # fmt: skip
+        run_id="wf_abc",
+        workflow="mcp",
+        position=5,
+        tool="t",
+        attempt=1,
+        idempotency_key=key,
+        input={},
+    )
 
 
 @pytest.mark.parametrize("said", [{}, {"read_only": True, "side_effect": True}])

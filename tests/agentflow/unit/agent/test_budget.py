@@ -45,8 +45,9 @@ def test_turns__the_bytes_a_request_added_to_the_one_before__none_when_it_edited
 
 def test_prefix_bound__the_reported_tokens_and_a_token_per_added_byte() -> None:
     assert budget.prefix_bound(455, 300) == 755
-    worst = budget.worst_case(model="gpt-4o-mini", provider="openai", input_tokens=755,
-                              max_tokens=100)  # fmt: skip
+    worst = budget.worst_case(
+        model="gpt-4o-mini", provider="openai", input_tokens=755, max_tokens=100
+    )
     assert worst.tokens == 855
 
 

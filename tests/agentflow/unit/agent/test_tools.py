@@ -477,9 +477,15 @@ def test_context__output_of_is_the_latest_result_that_ran() -> None:
 
 def test_context__as_a_step_context_keeps_its_own_key() -> None:
     ctx = ToolContext(
-        run_id="wf_abc", workflow="agent", position=6, tool="cancel_seat", attempt=2,
-        idempotency_key="wf_abc_b2_step_6", input={"refund_id": "rf_1"}, history=HISTORY,
-    )  # fmt: skip
+        run_id="wf_abc",
+        workflow="agent",
+        position=6,
+        tool="cancel_seat",
+        attempt=2,
+        idempotency_key="wf_abc_b2_step_6",
+        input={"refund_id": "rf_1"},
+        history=HISTORY,
+    )
 
     step = ctx.step_context()
 

@@ -25,9 +25,12 @@ def sandbox_command(tmp_path: Path, *args: str, **env: str) -> Iterator[Path]:
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "manage.py", "sandbox", "--state", str(tmp_path / "s.sqlite3"), *args],
-            cwd=ROOT, env={**environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     try:
         wait_for(
             lambda: "Partner sandbox:" in log.read_text() or process.poll() is not None,
@@ -72,7 +75,11 @@ def test_sandbox__the_airline_s_today_runs_as_far_ahead_as_the_setting_says(
     ) as log:
         assert f"the airline's today is {a_year_on.isoformat()})" in log.read_text()
     with sandbox_command(
-        tmp_path, "--port", str(free_port(pair=True)), "--today-offset-days", "0",
+        tmp_path,
+        "--port",
+        str(free_port(pair=True)),
+        "--today-offset-days",
+        "0",
         SANDBOX_TODAY_OFFSET_DAYS="365",
-    ) as log:  # fmt: skip
+    ) as log:
         assert f"the airline's today is {airline.today().isoformat()})" in log.read_text()

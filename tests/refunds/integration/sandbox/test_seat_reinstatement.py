@@ -32,8 +32,9 @@ def test_reinstate_seat__gives_the_seat_back_once(clean_sandbox):
     assert replay.json() == first.json() == other_key.json()  # one reinstatement, whatever key
     assert _held(clean_sandbox, "RNS123") is True
     ledger = clean_sandbox.ledger(workflow_id="wf-r")
-    assert [(r["idempotency_key"], r["cancellation_id"]) for r in
-            ledger["seat_reinstatements"]] == [("k-back", released["cancellation_id"])]  # fmt: skip
+    assert [
+        (r["idempotency_key"], r["cancellation_id"]) for r in ledger["seat_reinstatements"]
+    ] == [("k-back", released["cancellation_id"])]
 
 
 def test_reinstate_seat__of_an_unknown_cancellation_is_refused(clean_sandbox):

@@ -43,8 +43,10 @@ def test_capture__takes_the_money_once_under_its_key(stripe_client, clean_sandbo
     assert (first.status, first.amount_received, first.amount_capturable) == ("succeeded", 4500, 0)
     assert again.last_response.headers["Idempotent-Replayed"] == "true"
     ledger = clean_sandbox.ledger()
-    assert [(p["id"], p["idempotency_key"], p["amount"], p["capture_method"]) for p in
-            ledger["payments"]] == [(intent.id, key, 4500, "manual")]  # fmt: skip
+    assert [
+        (p["id"], p["idempotency_key"], p["amount"], p["capture_method"])
+        for p in ledger["payments"]
+    ] == [(intent.id, key, 4500, "manual")]
     assert ledger["authorizations"][0]["status"] == "succeeded"
     # Another key cannot take it twice: Stripe says the intent is no longer capturable.
     with pytest.raises(stripe.InvalidRequestError) as refused:
@@ -74,8 +76,9 @@ def test_cancel__releases_the_hold_and_it_can_no_longer_be_captured(
         stripe_client.v1.refunds.create({"payment_intent": intent.id})
     ledger = clean_sandbox.ledger()
     assert ledger["payments"] == [] and ledger["refunds"] == []
-    assert [(c["id"], c["idempotency_key"], c["amount"]) for c in
-            ledger["authorization_cancels"]] == [(intent.id, key, 4500)]  # fmt: skip
+    assert [
+        (c["id"], c["idempotency_key"], c["amount"]) for c in ledger["authorization_cancels"]
+    ] == [(intent.id, key, 4500)]
 
 
 def test_cancel__of_a_captured_intent_is_refused(stripe_client, clean_sandbox, new_key):

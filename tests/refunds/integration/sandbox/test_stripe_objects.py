@@ -20,8 +20,11 @@ def test_retrieve__returns_the_intent_or_resource_missing(stripe_client):
     fetched = stripe_client.v1.payment_intents.retrieve(intent.id)
 
     assert (fetched.id, fetched.amount, fetched.currency, fetched.livemode) == (
-        intent.id, 4500, "usd", False,
-    )  # fmt: skip
+        intent.id,
+        4500,
+        "usd",
+        False,
+    )
     assert fetched.metadata["workflow_id"] == "wf-get"
     with pytest.raises(stripe.InvalidRequestError) as raised:
         stripe_client.v1.payment_intents.retrieve("pi_missing")
@@ -66,8 +69,11 @@ def test_refund__partial_then_rest_then_nothing_left(stripe_client, clean_sandbo
         )
 
     assert (part.object, part.status, part.amount, part.payment_intent) == (
-        "refund", "succeeded", 1000, intent.id,
-    )  # fmt: skip
+        "refund",
+        "succeeded",
+        1000,
+        intent.id,
+    )
     assert rest.amount == 3500
     assert raised.value.http_status == 400
     refunds = clean_sandbox.ledger(workflow_id="wf-refund")["refunds"]

@@ -13,10 +13,17 @@ from refunds.agent.planner import MODEL, scripted_refund_model
 from refunds.agent.tools import toolbox
 
 BOOKING = {
-    "reference": "ABC123", "passenger_name": "Astrid Berg", "flight": "SK900", "date": "2027-05-01",
-    "origin": "CPH", "destination": "OSL", "seat": "3A", "fare_class": "standard",
-    "payment_method": "pm_card_visa", "status": "confirmed",
-}  # fmt: skip
+    "reference": "ABC123",
+    "passenger_name": "Astrid Berg",
+    "flight": "SK900",
+    "date": "2027-05-01",
+    "origin": "CPH",
+    "destination": "OSL",
+    "seat": "3A",
+    "fare_class": "standard",
+    "payment_method": "pm_card_visa",
+    "status": "confirmed",
+}
 
 
 MEDICAL = {"reason": "medical", "reason_words": "A medical emergency", "fee_cents": 4500}
@@ -103,8 +110,10 @@ def test_planner__six_turns_several_calls_where_natural() -> None:
     ]
     assert turns[2].tool_calls[0].arguments == {"refund_id": "rf_1", "amount_cents": 4500}
     assert turns[3].tool_calls[0].arguments == {
-        "booking_reference": "ABC123", "flight": "SK1240", "date": "2027-03-16",
-    }  # fmt: skip
+        "booking_reference": "ABC123",
+        "flight": "SK1240",
+        "date": "2027-03-16",
+    }
     assert turns[5].text == (
         "You're booked on SK1240 on 2027-03-16, seat 14C (boarding pass bp_1). We charged the "
         "$45.00 change fee. Your confirmation is on its way by e-mail."
