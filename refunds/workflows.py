@@ -28,8 +28,7 @@ from refunds.gateways import (
 #: exist; otherwise it finishes on its own build's workers. So add steps rather than rename or
 #: reorder the ones runs have passed, bump `version`, and run `manage.py agentflow_deploy_check`
 #: with the new code first (tests/refunds/acceptance/test_deploys.py deploys a read step just before
-#: the fee this way). (Its first line stays as it is: test_deploys.py writes the next release by
-#: editing it.)
+#: the fee this way).
 refund = durable.Workflow(
     "refund",
     version=4,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,11 +57,16 @@ def tree(
 
 def fee_schedule_step(source: str) -> str:
     """Build B: a new read step just before the fee, as the domain's next change would be."""
-    source = source.replace('Workflow("refund", version=4,', 'Workflow("refund", version=5,')
+    source, bumped = re.subn(
+        r'(durable\.Workflow\(\s*"refund",\s*version=)4,', r"\g<1>5,", source, count=1
+    )
+    assert bumped == 1, "the refund workflow's version=4 is not where build B bumps it"
+    anchor = 'refund.step("calculate_penalty_fee"'
+    assert anchor in source
     return source.replace(
-        'refund.step("calculate_penalty_fee"',
+        anchor,
         f'refund.step("{NEW_STEP}", kind="read")(lambda ctx: {{"schedule": "standard"}})\n'
-        'refund.step("calculate_penalty_fee"',
+        + anchor,
         1,
     )
 
