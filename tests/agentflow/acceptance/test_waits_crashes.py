@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -131,11 +132,17 @@ def test_approval_wait__survives_a_whole_worker_sigkill_and_a_postgres_restart__
 
 
 def test_timer__its_message_died_with_the_worker__the_sweeper_wakes_it(
-    workers: Workers,
+    workers: Workers, broker: Any
 ) -> None:
     first = workers.start()
     run_id = durable.start(workflows.short_timer.name)
     waiting_for(run_id, "timer")
+    # The countdown is in the worker's hands (fetched, unacked), not still in the queue, where
+    # the next worker would simply find it without the sweeper.
+    wait_for(
+        lambda: broker.queue_length() == 0 and broker.client().hlen("unacked") == 1,
+        what="the worker to hold the timer's countdown",
+    )
 
     first.kill()  # with it the countdown message it held (Redis keeps it invisible for an hour)
     workers.start(beat=True, AGENTFLOW_SWEEP_INTERVAL="1")
