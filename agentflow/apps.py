@@ -24,6 +24,7 @@ class AgentflowConfig(AppConfig):
         from agentflow._conf import settings
         from agentflow._core import faults, outage, pooler, registry
         from agentflow._engine import checks, runtime, tasks  # noqa: F401
+        from agentflow._limits import hooks as partner_limits
         from agentflow._observe import tracing
         from agentflow._schedules import hooks as schedules
         from agentflow._tasks_backend import resolver
@@ -40,6 +41,7 @@ class AgentflowConfig(AppConfig):
         # A worker handed a `@task`'s run imports the task's module if nothing did yet.
         registry.add_importer(resolver.PREFIX, resolver.import_task)
         # Features beside the core join its rounds (sweeps, retention, scrapes, checks).
+        partner_limits.install()  # before the schedules: its sweep part runs first
         schedules.install()
         faults.install_clock_offset(settings.AGENTFLOW_CLOCK_OFFSET_SECONDS)
         faults.warn_if_crash_at_cannot_fire()

@@ -19,8 +19,8 @@ module is ours. Steps, gateways, the runtime and the sweeper never compare build
   The sweeper asks the gates for the held runs it finds due (`sweep_routes`); whatever frees a
   key may release its runs at once (`release`: a worker of the build, as it starts). A partner's
   turn (issue 27) is another kind on the same path: `partner:<key>`, recorded by the step that
-  got no turn (`store.step_wait_turn`), whose gate asks the limiter's rows whether a turn may
-  be asked now; the limiter alone decides whether the call goes.
+  got no turn (`agentflow._limits.store.step_wait_turn`), whose gate asks partner limits' rows
+  whether a turn may be asked now; partner limits alone decide whether the call goes.
 - Publishers that know the run address pinned runs to their build's queue (`builds.route`);
   every other message goes to the shared queue, and the worker that takes it decides here.
 
@@ -47,6 +47,7 @@ from agentflow import _store as store
 from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow._builds import upgrades
 from agentflow._core import builds, dispatch, registry
+from agentflow._limits.store import PARTNER_HOLD, partners_open
 from agentflow.exceptions import partner_wait_reason
 from agentflow.models import RunEvent, WorkflowRun
 
@@ -117,20 +118,19 @@ register(BUILD, _BuildWorkers())
 
 class _PartnerTurns:
     """`partner:<key>`: a step that got no turn at a partner
-    (docs/partner-limits.md, "What happens") waits until it may ask for one again. The limiter alone
-    decides whether the call goes (`agentflow._limits.limiter`, its waiters in arrival order); this
-    only
-    says whether asking now is worth a message: not while an operator paused the partner or its
-    breaker is open before its probe time."""
+    (docs/partner-limits.md, "What happens") waits until it may ask for one again. Partner limits
+    alone decide whether the call goes (`agentflow._limits`, its waiters in arrival order); this
+    only says whether asking now is worth a message: not while an operator paused the partner or
+    its breaker is open before its probe time."""
 
     def open(self, keys: Sequence[str]) -> set[str]:
-        return store.partners_open(list(keys))
+        return partners_open(list(keys))
 
     def reason(self, key: str) -> str:
         return partner_wait_reason(key, "its turn")
 
 
-PARTNER = store.PARTNER_HOLD
+PARTNER = PARTNER_HOLD
 register(PARTNER, _PartnerTurns())
 
 

@@ -29,6 +29,7 @@ from agentflow._core.serialization import NotJSONError, to_json
 from agentflow._engine import failures
 from agentflow._engine.failures import Cause, Moment
 from agentflow._limits import limiter
+from agentflow._limits.store import step_wait_turn
 from agentflow.exceptions import PartnerWait
 from agentflow.models import RunEvent
 
@@ -218,7 +219,7 @@ class ClaimedAttempt:
             wait.why,
             wait.seconds,
         )
-        store.step_wait_turn(
+        step_wait_turn(
             self.ctx.run_id,
             self.seq,
             partner=wait.partner,

@@ -15,8 +15,9 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError
 from agentflow import _priority, routers
 from agentflow import _store as store
 from agentflow._conf import DEFAULTS, settings
-from agentflow._core import builds, dispatch, limits, registry
+from agentflow._core import builds, dispatch, registry
 from agentflow._engine.tasks import STEP_TIME_LIMIT
+from agentflow._limits import rules
 from agentflow._observe import metrics
 from agentflow._privacy import keys as privacy_keys
 
@@ -183,8 +184,8 @@ def numeric_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
 def partner_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """A malformed AGENTFLOW_PARTNER_LIMITS fails at deploy time, not in a step's call."""
     try:
-        limits.parse_limits(settings.AGENTFLOW_PARTNER_LIMITS)
-    except limits.LimitsError as exc:
+        rules.parse_limits(settings.AGENTFLOW_PARTNER_LIMITS)
+    except rules.LimitsError as exc:
         return [
             checks.Error(
                 str(exc),

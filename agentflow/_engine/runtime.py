@@ -42,6 +42,7 @@ from agentflow._engine.attempts import (
 )
 from agentflow._engine.failures import Cause
 from agentflow._limits import limiter
+from agentflow._limits.store import step_wait_turn
 from agentflow._observe import telemetry
 from agentflow._privacy import scope as privacy
 from agentflow._waits import waits
@@ -466,7 +467,7 @@ def _record_unclaimed(
     step stands outside, so it never asks the partner."""
     if isinstance(verdict, failures.Wait):
         # No turn at the partner: nothing of the step ran past its request; no attempt spent.
-        store.step_wait_turn(
+        step_wait_turn(
             run.id,
             seq,
             partner=verdict.partner,

@@ -9,7 +9,9 @@ from django.views.decorators.http import require_GET
 
 from agentflow import _store as store
 from agentflow._conf import settings
-from agentflow._core import features, limits, outage
+from agentflow._core import features, outage
+from agentflow._limits import rules
+from agentflow._limits.store import partners_view
 from agentflow._observe import metrics as run_metrics
 
 #: The sweeper is late once this many intervals passed without a sweep: one missed tick is
@@ -116,7 +118,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(
         run_metrics.exposition(
             heartbeat=store.heartbeat_read,
-            partners=lambda: store.partners_view(limits.configured()),
+            partners=lambda: partners_view(rules.configured()),
             gauges=features.gauges,
         ),
         content_type=run_metrics.CONTENT_TYPE,

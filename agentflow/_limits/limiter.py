@@ -1,11 +1,11 @@
-"""Whether a partner call may go now (docs/partner-limits.md, "What happens"): the one place that
-decides it, reached by every gateway through `durable.partner_call`, and by model requests (partner
-`llm`).
+"""Around each partner call (docs/partner-limits.md, "What happens"): every gateway reaches it
+through `durable.partner_call`, and so do model requests (partner `llm`).
 
-A call to a partner named in AGENTFLOW_PARTNER_LIMITS takes a turn from the store before it goes
-and gives it back after, with what the partner said. A step that gets no turn raises
-`PartnerWait`: the runtime records the step waiting (no worker held, no attempt spent) and
-publishes it again when its turn comes. A partner nobody named costs nothing here.
+A call to a partner named in AGENTFLOW_PARTNER_LIMITS takes a turn from the store
+(`agentflow._limits.store`, by `agentflow._limits.rules`) before it goes and gives it back after,
+with what the partner said. A step that gets no turn raises `PartnerWait`: the runtime records
+the step waiting (no worker held, no attempt spent) and publishes it again when its turn comes.
+A partner nobody named costs nothing here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from django.db import DatabaseError
 
 from agentflow import _store as store
 from agentflow._conf import settings
-from agentflow._core import limits
+from agentflow._limits import rules
+from agentflow._limits import store as rows
 from agentflow._observe import telemetry
 from agentflow.exceptions import (
     PartnerRateLimited,
@@ -63,7 +64,7 @@ def failed_calls() -> int:
 def partner_call(partner: str, operation: str) -> Iterator[None]:
     """Around one request to `partner`: its turn first (or PartnerWait), then the request,
     traced and counted, then the turn back with what the partner said."""
-    limit = limits.limit_for(partner)
+    limit = rules.limit_for(partner)
     if limit is None:
         with telemetry.partner_call(partner, operation):
             yield
@@ -71,19 +72,19 @@ def partner_call(partner: str, operation: str) -> Iterator[None]:
     turn = _take(limit)
     if turn.sleep_seconds > 0:
         time.sleep(turn.sleep_seconds)
-    outcome, detail, block, reason = store.PARTNER_NEUTRAL, "", 0.0, ""
+    outcome, detail, block, reason = rows.NEUTRAL, "", 0.0, ""
     try:
         with telemetry.partner_call(partner, operation):
             yield
-        outcome = store.PARTNER_OK
+        outcome = rows.OK
     except PartnerRateLimited as exc:
         # An answer: the partner did not act. The key slows for every run, and this step waits
         # for its next turn instead of spending an attempt (or being taken for an unknown).
-        outcome, detail, reason = store.PARTNER_RATE_LIMITED, f"{operation}: {exc}", exc.reason
-        block = limits.block_seconds(exc)
+        outcome, detail, reason = rows.RATE_LIMITED, f"{operation}: {exc}", exc.reason
+        block = rules.block_seconds(exc)
         raise PartnerWait(partner, "rate limited by the partner", block) from exc
     except PartnerUnavailable as exc:
-        outcome, detail = store.PARTNER_UNAVAILABLE, f"{operation}: {exc}"
+        outcome, detail = rows.UNAVAILABLE, f"{operation}: {exc}"
         _failed_call(operation)
         raise
     except PartnerWait:
@@ -107,22 +108,22 @@ def model_partner() -> str | None:
     limited (a model request is then traced as before, not as a partner call)."""
     model = str(settings.AGENTFLOW_LLM_MODEL or "")
     for key in (model, "llm"):
-        if key and limits.limit_for(key) is not None:
+        if key and rules.limit_for(key) is not None:
             return key
     return None
 
 
-def _take(limit: limits.Limit) -> store.Turn:
+def _take(limit: rules.Limit) -> rows.Turn:
     step = _step.get()
     if step is not None:
-        decided = store.turn_take(limit, run_id=step[0], seq=step[1])
-        if isinstance(decided, store.TurnWait):
+        decided = rows.turn_take(limit, run_id=step[0], seq=step[1])
+        if isinstance(decided, rows.TurnWait):
             raise PartnerWait(limit.partner, decided.reason, decided.seconds)
         return decided
     deadline = time.monotonic() + OUTSIDE_STEP_PATIENCE_SECONDS
     while True:
-        decided = store.turn_take(limit)
-        if not isinstance(decided, store.TurnWait):
+        decided = rows.turn_take(limit)
+        if not isinstance(decided, rows.TurnWait):
             return decided
         left = deadline - time.monotonic()
         if left <= 0:
@@ -131,7 +132,7 @@ def _take(limit: limits.Limit) -> store.Turn:
 
 
 def _give_back(
-    limit: limits.Limit, turn: store.Turn, outcome: str, detail: str, block: float, reason: str
+    limit: rules.Limit, turn: rows.Turn, outcome: str, detail: str, block: float, reason: str
 ) -> None:
     """A database that fails here costs the place its lease, never the call's result. What the
     partner said is kept on the Partners page, which anyone who may see partners reads: a
@@ -140,7 +141,7 @@ def _give_back(
     try:
         if detail and step is not None:
             detail = store.masked(step[0], detail)
-        store.turn_return(
+        rows.turn_return(
             limit, turn, outcome=outcome, detail=detail, block_seconds=block, rate_reason=reason
         )
     except DatabaseError:

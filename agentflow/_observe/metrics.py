@@ -481,8 +481,9 @@ def exposition(
     """The text a scrape returns: the counters, then the database's gauges. `heartbeat`: the
     store's read of the sweeper's last pass (`store.heartbeat_read`), handed in by the view,
     since the store counts its events through this module and so cannot be imported here;
-    `partners` likewise (`store.partners_view` of the limits in force), and `gauges` (what the
-    features beside the core measure, `agentflow._core.features.gauges`: the schedules')."""
+    `partners` likewise (`agentflow._limits.store.partners_view` of the limits in force), and
+    `gauges` (what the features beside the core measure, `agentflow._core.features.gauges`: the
+    schedules')."""
     if not _prepared():
         raise ImproperlyConfigured(MISSING)
     from prometheus_client import CollectorRegistry, generate_latest  # optional

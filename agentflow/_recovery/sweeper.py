@@ -24,7 +24,7 @@ from django.db import DatabaseError, close_old_connections, transaction
 from agentflow import _store as store
 from agentflow._builds import routing
 from agentflow._conf import settings
-from agentflow._core import dispatch, features, limits, outage
+from agentflow._core import dispatch, features, outage
 from agentflow._observe import telemetry
 
 logger = logging.getLogger("agentflow.sweeper")  # the name hosts' LOGGING knows
@@ -78,7 +78,6 @@ def sweep(*, limit: int | None = None) -> SweepReport:
         if not sent:
             unsent.append(run.id)
     _refused(unsent)
-    _partner_places()
     _feature_parts()
     _concurrency_places()
     store.heartbeat_record(requeued=len(report.requeued), query_ms=report.query_ms)
@@ -110,25 +109,12 @@ def _refused(run_ids: list[str]) -> None:
         logger.exception("sweeper: runs the broker refused keep their back-off this pass")
 
 
-def _partner_places() -> None:
-    """Places at a partner freed by a lease that ran out or an owner that died go to its
-    oldest waiters (docs/partner-limits.md, "What happens"): nobody else may call that partner to
-    hand them on."""
-    configured = limits.configured()
-    if not configured:
-        return
-    try:
-        store.partners_tick(configured)
-    except DatabaseError as exc:
-        if outage.unreachable(exc):
-            raise  # the whole pass failed: its caller says so, once per outage
-        logger.exception("sweeper: the partner places could not be handed on this pass")
-
-
 def _feature_parts() -> None:
-    """What features beside the core do at every pass (`agentflow._core.features`): the
-    schedules' due slots become runs (docs/schedules.md), so a slot needs no process of its own
-    and any beat or sweeper may start it. One part failing leaves the others their turn."""
+    """What features beside the core do at every pass (`agentflow._core.features`), in the
+    order registered: partner limits hand freed places at a partner to its oldest waiters
+    (docs/partner-limits.md, "What happens"); the schedules' due slots become runs
+    (docs/schedules.md), so a slot needs no process of its own and any beat or sweeper may
+    start it. One part failing leaves the others their turn."""
     for part in features.sweep_parts():
         try:
             part.run()

@@ -68,32 +68,6 @@ from agentflow._store.concurrency import (
 from agentflow._store.events import event_add
 from agentflow._store.forks import Settled, fork_preview, live_calls, run_fork
 from agentflow._store.operator import cancel_begin, run_cancel, run_resume, run_retry
-from agentflow._store.partners import (
-    NEUTRAL as PARTNER_NEUTRAL,
-)
-from agentflow._store.partners import (
-    OK as PARTNER_OK,
-)
-from agentflow._store.partners import (
-    RATE_LIMITED as PARTNER_RATE_LIMITED,
-)
-from agentflow._store.partners import (
-    UNAVAILABLE as PARTNER_UNAVAILABLE,
-)
-from agentflow._store.partners import (
-    PartnerView,
-    Turn,
-    TurnWait,
-    partner_forget,
-    partner_pause,
-    partner_resume,
-    partners_open,
-    partners_tick,
-    partners_view,
-    turn_return,
-    turn_take,
-    wait_gone,
-)
 from agentflow._store.retention import Deleted, runs_delete, runs_purge
 from agentflow._store.runs import (
     Fenced,
@@ -143,7 +117,6 @@ from agentflow._store.sweeps import (
     sweep_unsent,
 )
 from agentflow._store.traces import trace_parent_record
-from agentflow._store.turns import PARTNER_HOLD, step_wait_turn
 from agentflow._store.waits import (
     PendingWait,
     call_digest,
@@ -154,11 +127,6 @@ from agentflow._store.waits import (
 from agentflow.exceptions import ActionRefused, Replayed
 
 __all__ = [
-    "PARTNER_HOLD",
-    "PARTNER_NEUTRAL",
-    "PARTNER_OK",
-    "PARTNER_RATE_LIMITED",
-    "PARTNER_UNAVAILABLE",
     "ActionRefused",
     "BuildRow",
     "CheckpointRow",
@@ -170,7 +138,6 @@ __all__ = [
     "Fenced",
     "Heartbeat",
     "NewRun",
-    "PartnerView",
     "PendingWait",
     "RecordedCall",
     "Released",
@@ -179,8 +146,6 @@ __all__ = [
     "Settled",
     "StepState",
     "SubjectErased",
-    "Turn",
-    "TurnWait",
     "attempt_lost",
     "batch_begin",
     "batch_fail",
@@ -225,12 +190,6 @@ __all__ = [
     "model_first_turns",
     "open_wait_at",
     "outputs_load",
-    "partner_forget",
-    "partner_pause",
-    "partner_resume",
-    "partners_open",
-    "partners_tick",
-    "partners_view",
     "replay_load",
     "run_cancel",
     "run_create",
@@ -259,7 +218,6 @@ __all__ = [
     "step_claim",
     "step_complete",
     "step_fail",
-    "step_wait_turn",
     "subject_erase",
     "subject_key_for",
     "subject_keys_for_many",
@@ -271,12 +229,9 @@ __all__ = [
     "sweep_statements",
     "sweep_unsent",
     "trace_parent_record",
-    "turn_return",
-    "turn_take",
     "unclaimed_complete",
     "undone_call",
     "wait_decide",
-    "wait_gone",
     "wait_pending",
     "wait_settle",
     "webhook_receipt_add",

@@ -36,10 +36,15 @@ from agentflow._store import sql
 from agentflow._store.events import event_add
 from agentflow._store.runs import Fenced, begin_undo, enqueue_grace
 from agentflow._store.steps import ACTIVE, CheckpointRow, StepState, state_load
-from agentflow._store.turns import PARTNER_HOLD
 from agentflow.models import RunEvent
 
 logger = logging.getLogger("agentflow.store.batches")  # the name hosts' LOGGING knows
+
+#: The kind of routing hold a wait for a partner's turn is (`WorkflowRun.hold`:
+#: `partner:<key>`, `agentflow._builds.routing`): a member's wait here writes it, as a step's
+#: wait does in partner limits' own store (`agentflow._limits.store`), which takes it from here,
+#: the store being below it.
+PARTNER_HOLD = "partner"
 
 
 def batch_text(first: int, last: int) -> str:

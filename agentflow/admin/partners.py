@@ -3,7 +3,8 @@ flight, waiting runs, recent 429s and errors, the breaker; and Pause / Resume by
 permission of their own (`agentflow.pause_partnerstate`), each recorded with the operator and the
 reason.
 
-The rows are the limiter's and are never edited here: the two actions go through the store.
+The rows are partner limits' and are never edited here: the two actions go through their store
+(`agentflow._limits.store`).
 A partner key is any name AGENTFLOW_PARTNER_LIMITS gives (a model's `openai/gpt-4o-mini`, a
 `crm:eu` region, spaces, any script): in the actions' URLs it is quoted the admin's way, as
 object ids are, so it never breaks a URL or its reverse.
@@ -21,8 +22,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from agentflow import _store as store
-from agentflow._core import limits
+from agentflow._limits import rules
+from agentflow._limits.store import PartnerView, partner_pause, partner_resume, partners_view
 from agentflow.admin.forms import ReasonForm
 from agentflow.admin.pages import ActionsOnlyAdmin
 from agentflow.exceptions import partner_wait_reason
@@ -61,7 +62,7 @@ class PartnerStateAdmin(ActionsOnlyAdmin):
             **self.admin_site.each_context(request),
             "title": "Partners",
             "opts": self.opts,
-            "partners": [_row(view) for view in store.partners_view(limits.configured())],
+            "partners": [_row(view) for view in partners_view(rules.configured())],
             "may_pause": request.user.has_perm(PAUSE_PERMISSION),
             "form": ReasonForm(),
         }
@@ -74,7 +75,7 @@ class PartnerStateAdmin(ActionsOnlyAdmin):
             return HttpResponseNotAllowed(["POST"])
         back = HttpResponseRedirect(reverse("admin:agentflow_partnerstate_changelist"))
         partner = unquote(partner)
-        limit = limits.limit_for(partner)
+        limit = rules.limit_for(partner)
         form = ReasonForm(request.POST)
         if limit is None:
             messages.error(request, f"{partner} is not in AGENTFLOW_PARTNER_LIMITS.")
@@ -83,7 +84,7 @@ class PartnerStateAdmin(ActionsOnlyAdmin):
             messages.error(request, "Give the reason: it is recorded with your name.")
             return back
         actor, reason = request.user.get_username(), form.cleaned_data["reason"]
-        act = store.partner_pause if verb == "pause" else store.partner_resume
+        act = partner_pause if verb == "pause" else partner_resume
         if act(limit, actor=actor, reason=reason):
             messages.success(request, f"{partner}: {verb}d.")
         else:
@@ -93,7 +94,7 @@ class PartnerStateAdmin(ActionsOnlyAdmin):
         return back
 
 
-def _row(view: store.PartnerView) -> dict[str, Any]:
+def _row(view: PartnerView) -> dict[str, Any]:
     limit = view.limit
     parts = []
     if limit is not None and limit.rate_text:

@@ -30,6 +30,7 @@ from agentflow._core.serialization import NotJSONError, to_json
 from agentflow._engine import context_loader
 from agentflow._engine.attempts import describe, log_raised, retry_delay, transient
 from agentflow._limits import limiter
+from agentflow._limits.store import step_wait_turn
 from agentflow._observe import telemetry
 from agentflow.agent import loop
 from agentflow.agent import telemetry as agent_telemetry
@@ -57,7 +58,7 @@ def next_call(
     outage = _tool_servers_outage(workflow)
     if outage is not None:
         partner, why, seconds = outage
-        store.step_wait_turn(run.id, seq, partner=partner, why=why, seconds=seconds, seen=seen)
+        step_wait_turn(run.id, seq, partner=partner, why=why, seconds=seconds, seen=seen)
         return None
     try:
         outcome = loop.replay(

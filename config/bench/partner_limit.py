@@ -13,10 +13,10 @@ from typing import Any
 from django.db import connection
 from django.test.utils import override_settings
 
-from agentflow import _store as store
 from agentflow import durable
 from agentflow._base.states import ACTIVE_RUN_STATUSES, RunStatus
 from agentflow._core import pooler
+from agentflow._limits.store import partner_forget
 from agentflow.models import WorkflowRun
 from config.bench import workload
 from config.bench.throughput import BenchError, bench_worker, phase_timeout, wait_until
@@ -169,4 +169,4 @@ def _clean() -> None:
     durable.delete_runs(
         WorkflowRun.objects.filter(workflow=workload.LIMITED).values_list("id", flat=True)
     )
-    store.partner_forget(PARTNER)
+    partner_forget(PARTNER)

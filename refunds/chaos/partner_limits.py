@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from agentflow import _store as store
-from agentflow._core import limits
+from agentflow._limits import rules
+from agentflow._limits.store import partner_forget
 from agentflow.models import PartnerEvent, StepCheckpoint
 from refunds.chaos import evidence as evidence_mod
 from refunds.chaos.processes import Sandbox
@@ -25,8 +25,8 @@ STRIPE_ENDPOINTS = sorted(
 def forget(partner_limits: str) -> None:
     """Every partner the run limits starts from nothing: no speed learned by an earlier run,
     no block, no queue (an earlier run's 429s would make this one's look better)."""
-    for partner in limits.parse_limits(partner_limits):
-        store.partner_forget(partner)
+    for partner in rules.parse_limits(partner_limits):
+        partner_forget(partner)
 
 
 @contextlib.contextmanager

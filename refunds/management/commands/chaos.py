@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 
 from agentflow import logs
-from agentflow._core import limits
+from agentflow._limits import rules
 from agentflow.management.base import BaseCommand, number, whole
 from agentflow.testing.processes import ProcessStartError
 from refunds.chaos.exploration import DEFAULT_STEPS, explore
@@ -292,8 +292,8 @@ class Command(BaseCommand):
 def _partner_limits(text: str) -> str:
     """--partner-limits, refused before anything starts if the workers would refuse it."""
     try:
-        limits.parse_limits(text)
-    except limits.LimitsError as exc:
+        rules.parse_limits(text)
+    except rules.LimitsError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     except RecursionError:
         raise argparse.ArgumentTypeError("the JSON is nested too deep") from None

@@ -18,8 +18,8 @@ from django.test import Client, override_settings
 
 from agentflow import durable
 from agentflow._base.states import RunStatus
-from agentflow._core import limits, links
-from agentflow._limits import limiter
+from agentflow._core import links
+from agentflow._limits import limiter, rules
 from agentflow.exceptions import PartnerUnavailable
 from agentflow.models import StepCheckpoint, WorkflowRun
 from agentflow.testing import run_to_end
@@ -139,7 +139,7 @@ def partner_error(client: Client, monkeypatch: pytest.MonkeyPatch) -> tuple[int,
         limiter.partner_call("claims/registry: eu", "file"),
     ):
         raise PartnerUnavailable(f"HTTP 503: could not file {NOTE!r}")
-    assert limits.limit_for("claims/registry: eu") is not None
+    assert rules.limit_for("claims/registry: eu") is not None
     response = client.get("/admin/agentflow/partnerstate/")
     return response.status_code, response.content.decode()
 

@@ -27,7 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentflow import _store as store
 from agentflow import durable
 from agentflow._base.states import RunStatus
-from agentflow._core import builds, limits
+from agentflow._core import builds
+from agentflow._limits import rules
+from agentflow._limits import store as limits_store
 from agentflow.models import PartnerEvent, PartnerState, WorkflowRun
 from agentflow.testing import run_to_end
 from tests.support import workflows
@@ -82,11 +84,13 @@ def odd_partners(settings: Any) -> Iterator[None]:
     """Every odd key limited, each with a state row, a call recorded and an error."""
     settings.AGENTFLOW_PARTNER_LIMITS = LIMITS
     for key in KEYS:
-        limit = limits.limit_for(key)
+        limit = rules.limit_for(key)
         assert limit is not None, key
-        turn = store.turn_take(limit)
-        assert isinstance(turn, store.Turn)
-        store.turn_return(limit, turn, outcome=store.PARTNER_UNAVAILABLE, detail=f"{key}: 503")
+        turn = limits_store.turn_take(limit)
+        assert isinstance(turn, limits_store.Turn)
+        limits_store.turn_return(
+            limit, turn, outcome=limits_store.UNAVAILABLE, detail=f"{key}: 503"
+        )
     yield
 
 

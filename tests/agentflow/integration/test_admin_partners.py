@@ -8,8 +8,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 
-from agentflow import _store as store
-from agentflow._core import limits
+from agentflow._limits import rules
+from agentflow._limits import store as limits_store
 from agentflow.models import PartnerEvent, PartnerState
 
 pytestmark = pytest.mark.django_db
@@ -29,11 +29,11 @@ def _staff(*, may_pause: bool) -> Client:
 
 @override_settings(AGENTFLOW_PARTNER_LIMITS=LIMITS, AGENTFLOW_PARTNER_RECOVERY_SECONDS=36000)
 def test_page__every_limited_partner_with_its_state() -> None:
-    limit = limits.limit_for("stripe")
+    limit = rules.limit_for("stripe")
     assert limit is not None
-    turn = store.turn_take(limit)
-    assert isinstance(turn, store.Turn)
-    store.turn_return(limit, turn, outcome=store.PARTNER_RATE_LIMITED, detail="charge: 429")
+    turn = limits_store.turn_take(limit)
+    assert isinstance(turn, limits_store.Turn)
+    limits_store.turn_return(limit, turn, outcome=limits_store.RATE_LIMITED, detail="charge: 429")
 
     page = _staff(may_pause=False).get(PAGE).content.decode()
 
@@ -68,9 +68,9 @@ def test_pause_and_resume__need_their_permission__recorded_with_actor_and_reason
 
 @override_settings(AGENTFLOW_PARTNER_LIMITS=LIMITS, DEBUG=True)
 def test_metrics__partner_gauges(client: Client) -> None:
-    limit = limits.limit_for("airline")
+    limit = rules.limit_for("airline")
     assert limit is not None
-    assert isinstance(store.turn_take(limit), store.Turn)  # one call in flight
+    assert isinstance(limits_store.turn_take(limit), limits_store.Turn)  # one call in flight
 
     text = client.get("/metrics").content.decode()
 

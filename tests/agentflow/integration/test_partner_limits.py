@@ -22,8 +22,10 @@ from django.utils import timezone
 from agentflow import _store as store
 from agentflow import durable
 from agentflow._base.states import RunStatus, StepStatus
-from agentflow._core import builds, limits
+from agentflow._core import builds
 from agentflow._engine import runtime
+from agentflow._limits import rules
+from agentflow._limits import store as limits_store
 from agentflow._recovery import sweeper
 from agentflow.models import (
     PartnerEvent,
@@ -148,7 +150,7 @@ def test_breaker__opens__waiters_spend_no_attempts__one_probe__oldest_first_resu
     _retries_due()
     drive(a)
     state = PartnerState.objects.get(partner="acme")
-    assert state.breaker == limits.OPEN and state.failures == 2
+    assert state.breaker == rules.OPEN and state.failures == 2
     assert _checkpoint(a, "charge").attempts == 2  # the failures themselves were attempts
 
     b, c = _start(), _start()
@@ -161,17 +163,19 @@ def test_breaker__opens__waiters_spend_no_attempts__one_probe__oldest_first_resu
     assert len(partner.calls()) == 3
 
     PartnerState.objects.update(probe_at=0.0)  # the cool-down is over
-    limit = limits.limit_for("acme")
+    limit = rules.limit_for("acme")
     assert limit is not None
     oldest = PartnerWaiter.objects.order_by("id").first()
     assert oldest is not None and oldest.run_id == b
-    probe = store.turn_take(limit, run_id=b, seq=oldest.seq)
-    assert isinstance(probe, store.Turn) and probe.probe
-    behind = store.turn_take(limit, run_id=a, seq=_checkpoint(a, "charge").seq)
-    assert behind == store.TurnWait(reason="breaker open", seconds=store.partners.RECHECK_SECONDS)
-    store.turn_return(limit, probe, outcome=store.PARTNER_OK)  # the partner answered
+    probe = limits_store.turn_take(limit, run_id=b, seq=oldest.seq)
+    assert isinstance(probe, limits_store.Turn) and probe.probe
+    behind = limits_store.turn_take(limit, run_id=a, seq=_checkpoint(a, "charge").seq)
+    assert behind == limits_store.TurnWait(
+        reason="breaker open", seconds=limits_store.RECHECK_SECONDS
+    )
+    limits_store.turn_return(limit, probe, outcome=limits_store.OK)  # the partner answered
 
-    assert PartnerState.objects.get(partner="acme").breaker == limits.CLOSED
+    assert PartnerState.objects.get(partner="acme").breaker == rules.CLOSED
     resumed = list(PartnerWaiter.objects.order_by("id").values_list("run_id", "go_at"))
     assert [run for run, _ in resumed] == [c, a]  # b went as the probe
     assert [go for _, go in resumed] == sorted(go for _, go in resumed)  # oldest first
@@ -191,10 +195,10 @@ def test_concurrency__a_place_whose_holder_died__is_freed_by_its_lease(
 ) -> None:
     """A worker SIGKILLed between taking its place and giving it back leaks it only until the
     lease runs out (or at once, once its liveness lock is seen free)."""
-    limit = limits.limit_for("acme")
+    limit = rules.limit_for("acme")
     assert limit is not None
-    held = store.turn_take(limit)  # a caller that will never give its place back
-    assert isinstance(held, store.Turn)
+    held = limits_store.turn_take(limit)  # a caller that will never give its place back
+    assert isinstance(held, limits_store.Turn)
     run_id = _start()
     run = drive(run_id)
     assert run.status == RunStatus.WAITING
@@ -213,10 +217,10 @@ def test_concurrency__a_place_whose_holder_died__is_freed_by_its_lease(
 def test_concurrency__a_freed_place__goes_to_the_highest_priority_then_the_oldest(
     drive: Callable[[str], WorkflowRun],
 ) -> None:
-    limit = limits.limit_for("acme")
+    limit = rules.limit_for("acme")
     assert limit is not None
-    held = store.turn_take(limit)  # the one place, taken
-    assert isinstance(held, store.Turn)
+    held = limits_store.turn_take(limit)  # the one place, taken
+    assert isinstance(held, limits_store.Turn)
     line = [
         durable.start(workflows.limited.name),  # no priority: last
         durable.start(workflows.limited.name, priority=2),
@@ -228,11 +232,11 @@ def test_concurrency__a_freed_place__goes_to_the_highest_priority_then_the_oldes
 
     given = []
     for _ in line:
-        store.turn_return(limit, held, outcome=store.PARTNER_OK)  # the place frees
+        limits_store.turn_return(limit, held, outcome=limits_store.OK)  # the place frees
         [waiter] = PartnerWaiter.objects.filter(go_at__isnull=False).exclude(run_id__in=given)
         given.append(waiter.run_id)
-        held = store.turn_take(limit, run_id=waiter.run_id, seq=waiter.seq)
-        assert isinstance(held, store.Turn)
+        held = limits_store.turn_take(limit, run_id=waiter.run_id, seq=waiter.seq)
+        assert isinstance(held, limits_store.Turn)
 
     assert given == [line[2], line[1], line[3], line[0]]
 
@@ -241,14 +245,14 @@ def test_concurrency__a_freed_place__goes_to_the_highest_priority_then_the_oldes
 def test_pause__waits_until_resumed__recorded_with_actor_and_reason(
     drive: Callable[[str], WorkflowRun],
 ) -> None:
-    limit = limits.limit_for("acme")
+    limit = rules.limit_for("acme")
     assert limit is not None
-    assert store.partner_pause(limit, actor="ops", reason="acme asked us to stop")
+    assert limits_store.partner_pause(limit, actor="ops", reason="acme asked us to stop")
     run_id = _start()
     assert drive(run_id).status == RunStatus.WAITING
     assert partner.calls() == []
 
-    assert store.partner_resume(limit, actor="ops", reason="acme is fine")
+    assert limits_store.partner_resume(limit, actor="ops", reason="acme is fine")
     _turns_given_now()
     assert drive(run_id).status == RunStatus.COMPLETED
     events = list(PartnerEvent.objects.order_by("id").values_list("kind", "actor", "detail"))
@@ -274,9 +278,9 @@ def test_takeover_that_must_wait__stays_in_progress__may_have_happened(
     StepCheckpoint.objects.filter(run_id=run_id, seq=2).update(
         lease_expires_at=WorkflowRun.objects.get(pk=run_id).created_at
     )
-    limit = limits.limit_for("acme")
+    limit = rules.limit_for("acme")
     assert limit is not None
-    store.partner_pause(limit, actor="ops", reason="maintenance")
+    limits_store.partner_pause(limit, actor="ops", reason="maintenance")
 
     run = drive(run_id)  # the takeover finds acme paused
 
@@ -312,16 +316,16 @@ def test_breaker__a_failed_probe__wakes_the_next_oldest_waiter_for_the_next_prob
     drive(second)
     drive(third)
     PartnerState.objects.update(probe_at=0.0)
-    limit = limits.limit_for("acme")
+    limit = rules.limit_for("acme")
     assert limit is not None
-    probe = store.turn_take(limit, run_id=second, seq=1)
-    assert isinstance(probe, store.Turn) and probe.probe
+    probe = limits_store.turn_take(limit, run_id=second, seq=1)
+    assert isinstance(probe, limits_store.Turn) and probe.probe
     before = WorkflowRun.objects.get(pk=third).wake_at
 
-    store.turn_return(limit, probe, outcome=store.PARTNER_UNAVAILABLE, detail="503 again")
+    limits_store.turn_return(limit, probe, outcome=limits_store.UNAVAILABLE, detail="503 again")
 
     state = PartnerState.objects.get(partner="acme")
-    assert state.breaker == limits.OPEN and state.opened_times == 2
+    assert state.breaker == rules.OPEN and state.opened_times == 2
     woken = WorkflowRun.objects.get(pk=third).wake_at
     assert before is not None and woken is not None and woken < before  # sooner than 30 s
 
@@ -375,9 +379,9 @@ def test_partner_wait_of_a_pinned_run__a_routing_hold__its_turn_goes_to_its_buil
 def test_partner_hold__a_paused_partner__kept_held_by_the_sweeper_with_its_reason(
     drive: Callable[[str], WorkflowRun], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    limit = limits.limit_for("acme")
+    limit = rules.limit_for("acme")
     assert limit is not None
-    store.partner_pause(limit, actor="ops", reason="maintenance")
+    limits_store.partner_pause(limit, actor="ops", reason="maintenance")
     run_id = _start()
     assert drive(run_id).status == RunStatus.WAITING
     sent: list[str] = []
@@ -393,7 +397,7 @@ def test_partner_hold__a_paused_partner__kept_held_by_the_sweeper_with_its_reaso
     snapshot = durable.snapshot(run_id)
     assert snapshot is not None and snapshot.held == "waiting for acme: paused"
 
-    store.partner_resume(limit, actor="ops", reason="back")
+    limits_store.partner_resume(limit, actor="ops", reason="back")
     assert drive(run_id).status == RunStatus.COMPLETED
     assert WorkflowRun.objects.get(pk=run_id).hold == ""
 
@@ -411,7 +415,7 @@ def _reserved(partner_key: str) -> list[float]:
 
 
 def _db_now() -> float:
-    row = store.sql.fetch_one(f"SELECT {store.partners.epoch_now()}", [])
+    row = store.sql.fetch_one(f"SELECT {limits_store.epoch_now()}", [])
     assert row is not None
     return float(row[0])
 
@@ -428,21 +432,21 @@ def test_429__the_key_learns_at_once__a_bound_not_a_timing() -> None:
     speed), one given after does. So after k such 429s the key runs at most limit / 2**k
     (down to the floor), and the 429s of one slowdown are at most the calls given turns
     before it."""
-    limit = limits.limit_for("acme")
+    limit = rules.limit_for("acme")
     assert limit is not None
     # Calls of the burst already given their turns when the first 429 comes (at a rate that
     # gives them all at once: only the time they were given counts here).
-    fast = limits.Limit(partner="acme", rate_per_second=1e5)
-    given = [store.turn_take(fast) for _ in range(3)]
-    first = store.turn_take(limit)
+    fast = rules.Limit(partner="acme", rate_per_second=1e5)
+    given = [limits_store.turn_take(fast) for _ in range(3)]
+    first = limits_store.turn_take(limit)
     for n in range(5):  # the burst's queue: steps that reserved turns a minute apart
-        wait = store.turn_take(limit, run_id=f"wf_{n}", seq=1)
-        assert isinstance(wait, store.TurnWait) and wait.reason == "rate limit"
+        wait = limits_store.turn_take(limit, run_id=f"wf_{n}", seq=1)
+        assert isinstance(wait, limits_store.TurnWait) and wait.reason == "rate limit"
     before = _reserved("acme")
     assert [round(b - a, 6) for a, b in pairwise(before)] == [60.0] * 4
 
-    assert isinstance(first, store.Turn)
-    store.turn_return(limit, first, outcome=store.PARTNER_RATE_LIMITED, block_seconds=1.0)
+    assert isinstance(first, limits_store.Turn)
+    limits_store.turn_return(limit, first, outcome=limits_store.RATE_LIMITED, block_seconds=1.0)
 
     state = PartnerState.objects.get(partner="acme")
     assert state.speed_floor == pytest.approx(0.5)
@@ -450,15 +454,15 @@ def test_429__the_key_learns_at_once__a_bound_not_a_timing() -> None:
     assert min(after) >= state.blocked_until  # Retry-After, for every run
     assert [round(b - a, 6) for a, b in pairwise(after)] == [120.0] * 4  # half speed
     assert all(a >= b for a, b in zip(after, before, strict=True))  # none sooner, the order kept
-    late = store.turn_take(limit, run_id="wf_late", seq=1)  # a step that comes after the 429
-    assert isinstance(late, store.TurnWait)
+    late = limits_store.turn_take(limit, run_id="wf_late", seq=1)  # a step that comes after the 429
+    assert isinstance(late, limits_store.TurnWait)
     assert _reserved("acme")[-1] == pytest.approx(after[-1] + 120.0)  # behind, slowed too
 
     # The burst's other calls, given their turns before the key slowed, are refused as well:
     # no further slowing (it already slowed for them), only the block.
     for stale in given:
-        assert isinstance(stale, store.Turn)
-        store.turn_return(limit, stale, outcome=store.PARTNER_RATE_LIMITED, block_seconds=1.0)
+        assert isinstance(stale, limits_store.Turn)
+        limits_store.turn_return(limit, stale, outcome=limits_store.RATE_LIMITED, block_seconds=1.0)
     state = PartnerState.objects.get(partner="acme")
     assert state.speed_floor == pytest.approx(0.5)
     assert state.rate_limited_total == 4
@@ -467,12 +471,12 @@ def test_429__the_key_learns_at_once__a_bound_not_a_timing() -> None:
     for k in range(2, 6):
         PartnerWaiter.objects.all().delete()
         PartnerState.objects.update(next_turn_at=0.0, spent_until=0.0, blocked_until=0.0)
-        fresh = store.turn_take(limit)
-        assert isinstance(fresh, store.Turn)
-        store.turn_return(limit, fresh, outcome=store.PARTNER_RATE_LIMITED, block_seconds=1.0)
+        fresh = limits_store.turn_take(limit)
+        assert isinstance(fresh, limits_store.Turn)
+        limits_store.turn_return(limit, fresh, outcome=limits_store.RATE_LIMITED, block_seconds=1.0)
         floor = PartnerState.objects.get(partner="acme").speed_floor
-        assert floor <= max(limits.FLOOR_FACTOR, 0.5**k) + 1e-9
-    assert floor == pytest.approx(limits.FLOOR_FACTOR)
+        assert floor <= max(rules.FLOOR_FACTOR, 0.5**k) + 1e-9
+    assert floor == pytest.approx(rules.FLOOR_FACTOR)
 
 
 @override_settings(AGENTFLOW_PARTNER_LIMITS=SLOW)
@@ -481,11 +485,13 @@ def test_rate__a_reserved_turn_is_kept__one_nobody_came_for_goes_to_whoever_is_t
     step has not come (a busy worker, a long broker queue) goes to a step that is there, and
     every reserved turn moves back: no turn is lost, none given twice, and no two turns
     closer than an interval."""
-    limit = limits.limit_for("acme")
+    limit = rules.limit_for("acme")
     assert limit is not None
-    assert isinstance(store.turn_take(limit), store.Turn)
+    assert isinstance(limits_store.turn_take(limit), limits_store.Turn)
     for n in range(5):
-        assert isinstance(store.turn_take(limit, run_id=f"wf_{n}", seq=1), store.TurnWait)
+        assert isinstance(
+            limits_store.turn_take(limit, run_id=f"wf_{n}", seq=1), limits_store.TurnWait
+        )
     reserved = _reserved("acme")
 
     # A minute on (the test's stand-in for time): the first reserved turn is due, a second
@@ -494,8 +500,8 @@ def test_rate__a_reserved_turn_is_kept__one_nobody_came_for_goes_to_whoever_is_t
     PartnerWaiter.objects.update(go_at=F("go_at") - back)
     PartnerState.objects.update(spent_until=0.0, next_turn_at=F("next_turn_at") - back)
     due = _reserved("acme")
-    there = store.turn_take(limit, run_id="wf_there", seq=1)  # a newcomer that is there
-    assert isinstance(there, store.Turn) and there.sleep_seconds == 0.0
+    there = limits_store.turn_take(limit, run_id="wf_there", seq=1)  # a newcomer that is there
+    assert isinstance(there, limits_store.Turn) and there.sleep_seconds == 0.0
     moved = _reserved("acme")
     assert len(moved) == 5  # the newcomer went; nobody lost a turn
     assert all(b > a for a, b in zip(due, moved, strict=True))  # everyone moved back, in order
@@ -510,8 +516,8 @@ def test_rate__a_reserved_turn_is_kept__one_nobody_came_for_goes_to_whoever_is_t
     PartnerState.objects.update(spent_until=0.0, next_turn_at=F("next_turn_at") - back)
     turn_of_first = _reserved("acme")[0]
     next_turn = PartnerState.objects.get(partner="acme").next_turn_at
-    mine = store.turn_take(limit, run_id=first.run_id, seq=first.seq)
-    assert isinstance(mine, store.Turn)
+    mine = limits_store.turn_take(limit, run_id=first.run_id, seq=first.seq)
+    assert isinstance(mine, limits_store.Turn)
     goes = mine.given_at + mine.sleep_seconds
     assert goes == pytest.approx(max(mine.given_at, turn_of_first), abs=1e-6)
     assert PartnerState.objects.get(partner="acme").next_turn_at == next_turn

@@ -10,25 +10,24 @@ import pytest
 from django.test import override_settings
 
 from agentflow._base import rate_signals
-from agentflow._core import limits
-from agentflow._limits import limiter
+from agentflow._limits import limiter, rules
 from agentflow.exceptions import PartnerRateLimited
 
 
 def test_parse_limits__rates_and_concurrency() -> None:
-    parsed = limits.parse_limits(
+    parsed = rules.parse_limits(
         '{"stripe": {"rate": "25/s"}, "airline": {"concurrency": 3}, "llm": {"rate": "60/m"}}'
     )
     assert parsed["stripe"].rate_per_second == 25
     assert parsed["airline"].concurrency == 3 and parsed["airline"].rate_per_second is None
     assert parsed["llm"].rate_per_second == 1
-    assert limits.parse_rate("1000/h") == pytest.approx(1000 / 3600)
+    assert rules.parse_rate("1000/h") == pytest.approx(1000 / 3600)
 
 
 def test_parse_limits__keys_as_real_systems_name_them() -> None:
     keys = ("openai/gpt-4o-mini", "crm:eu-west.1", "legacy airline", "zahlungsdienst/ü:naïve 東京")
 
-    parsed = limits.parse_limits(json.dumps({key: {"concurrency": 1} for key in keys}))
+    parsed = rules.parse_limits(json.dumps({key: {"concurrency": 1} for key in keys}))
 
     assert [parsed[key].partner for key in keys] == list(keys)
 
@@ -48,8 +47,8 @@ def test_parse_limits__keys_as_real_systems_name_them() -> None:
     ],
 )
 def test_parse_limits__says_what_is_wrong(value: str, says: str) -> None:
-    with pytest.raises(limits.LimitsError, match=says):
-        limits.parse_limits(value)
+    with pytest.raises(rules.LimitsError, match=says):
+        rules.parse_limits(value)
 
 
 def test_rate_signals__stripe_openai_and_retry_after() -> None:
@@ -68,28 +67,28 @@ def test_rate_signals__stripe_openai_and_retry_after() -> None:
 
 def test_a_429__blocks_for_what_the_partner_said__capped() -> None:
     told = PartnerRateLimited.from_headers("429", {"Retry-After": "3"})
-    assert limits.block_seconds(told) == 3.0
-    assert limits.block_seconds(PartnerRateLimited("429")) == limits.DEFAULT_BLOCK_SECONDS
+    assert rules.block_seconds(told) == 3.0
+    assert rules.block_seconds(PartnerRateLimited("429")) == rules.DEFAULT_BLOCK_SECONDS
     with override_settings(AGENTFLOW_MAX_BACKOFF=10.0):
-        assert limits.block_seconds(PartnerRateLimited("429", retry_after_seconds=1e9)) == 10.0
+        assert rules.block_seconds(PartnerRateLimited("429", retry_after_seconds=1e9)) == 10.0
 
 
 @override_settings(AGENTFLOW_PARTNER_RECOVERY_SECONDS=30.0)
 def test_speed__halves_after_a_429__climbs_back_linearly() -> None:
-    assert limits.slowed(1.0) == 0.5
-    assert limits.slowed(0.15) == limits.FLOOR_FACTOR
-    assert limits.speed(floor=0.5, since=100.0, now=100.0) == 0.5
-    assert limits.speed(floor=0.5, since=100.0, now=115.0) == pytest.approx(0.75)
-    assert limits.speed(floor=0.5, since=100.0, now=200.0) == 1.0
-    stripe = limits.Limit(partner="stripe", rate_per_second=5.0)
-    assert limits.interval_seconds(stripe, 1.0) == pytest.approx(0.2)
-    assert limits.interval_seconds(stripe, 0.5) == pytest.approx(0.4)
+    assert rules.slowed(1.0) == 0.5
+    assert rules.slowed(0.15) == rules.FLOOR_FACTOR
+    assert rules.speed(floor=0.5, since=100.0, now=100.0) == 0.5
+    assert rules.speed(floor=0.5, since=100.0, now=115.0) == pytest.approx(0.75)
+    assert rules.speed(floor=0.5, since=100.0, now=200.0) == 1.0
+    stripe = rules.Limit(partner="stripe", rate_per_second=5.0)
+    assert rules.interval_seconds(stripe, 1.0) == pytest.approx(0.2)
+    assert rules.interval_seconds(stripe, 0.5) == pytest.approx(0.4)
 
 
 @override_settings(AGENTFLOW_BREAKER_COOLDOWN_SECONDS=5.0, AGENTFLOW_BREAKER_FAILURES=5)
 def test_breaker__trips_at_the_threshold__cooldown_doubles_to_a_minute() -> None:
-    assert not limits.trips(4) and limits.trips(5)
-    assert [limits.cooldown_seconds(n) for n in (1, 2, 3, 4, 5)] == [5, 10, 20, 40, 60]
+    assert not rules.trips(4) and rules.trips(5)
+    assert [rules.cooldown_seconds(n) for n in (1, 2, 3, 4, 5)] == [5, 10, 20, 40, 60]
 
 
 @override_settings(AGENTFLOW_PARTNER_LIMITS={"llm": {"rate": "60/m"}}, AGENTFLOW_LLM_MODEL="m1")
@@ -106,26 +105,26 @@ def test_speed__after_a_429_climbs_to_the_learned_ceiling__and_holds_there_a_whi
     """A key limited at twice what the partner allows must stop drawing 429s, not draw one each
     time it recovers: it climbs back to 90 % of where the 429 came, and stays there for ten
     recovery times before it tries higher."""
-    ceiling = limits.ceiling_after(0.5)
+    ceiling = rules.ceiling_after(0.5)
     assert ceiling == pytest.approx(0.45)
-    assert limits.speed(floor=0.25, since=0.0, now=60.0, ceiling=ceiling) == pytest.approx(0.45)
-    assert limits.speed(floor=0.25, since=0.0, now=299.0, ceiling=ceiling) == pytest.approx(0.45)
-    assert limits.speed(floor=0.25, since=0.0, now=315.0, ceiling=ceiling) > 0.45
-    assert limits.speed(floor=0.25, since=0.0, now=400.0, ceiling=ceiling) == 1.0
+    assert rules.speed(floor=0.25, since=0.0, now=60.0, ceiling=ceiling) == pytest.approx(0.45)
+    assert rules.speed(floor=0.25, since=0.0, now=299.0, ceiling=ceiling) == pytest.approx(0.45)
+    assert rules.speed(floor=0.25, since=0.0, now=315.0, ceiling=ceiling) > 0.45
+    assert rules.speed(floor=0.25, since=0.0, now=400.0, ceiling=ceiling) == 1.0
 
 
 def test_a_429__learns_what_the_partner_accepted_in_the_last_second() -> None:
     """A key set at 10/s against a partner that takes 5: 10 calls given in the last second,
     5 refused, so it accepted half the limit; the key slows to below that at once, and climbs
     back no higher (not to 90 % of the 10/s the 429 came at)."""
-    stripe = limits.Limit(partner="stripe", rate_per_second=10.0)
-    accepted = limits.accepted_share(stripe, given=10, refused=5, seconds=1.0)
+    stripe = rules.Limit(partner="stripe", rate_per_second=10.0)
+    accepted = rules.accepted_share(stripe, given=10, refused=5, seconds=1.0)
     assert accepted == pytest.approx(0.5)
-    assert limits.slowed(1.0, accepted) == pytest.approx(0.45)
-    assert limits.ceiling_after(1.0, accepted) == pytest.approx(0.45)
+    assert rules.slowed(1.0, accepted) == pytest.approx(0.45)
+    assert rules.ceiling_after(1.0, accepted) == pytest.approx(0.45)
     # Too few calls to tell, or no rate: only the speed the 429 came at counts.
-    assert limits.accepted_share(stripe, given=2, refused=1, seconds=1.0) is None
-    unrated = limits.Limit(partner="airline", concurrency=3)
-    assert limits.accepted_share(unrated, given=10, refused=5, seconds=1.0) is None
-    assert limits.slowed(1.0, None) == 0.5 and limits.ceiling_after(1.0, None) == 0.9
-    assert limits.slowed(1.0, 0.0) == limits.FLOOR_FACTOR  # it accepted nothing: the floor
+    assert rules.accepted_share(stripe, given=2, refused=1, seconds=1.0) is None
+    unrated = rules.Limit(partner="airline", concurrency=3)
+    assert rules.accepted_share(unrated, given=10, refused=5, seconds=1.0) is None
+    assert rules.slowed(1.0, None) == 0.5 and rules.ceiling_after(1.0, None) == 0.9
+    assert rules.slowed(1.0, 0.0) == rules.FLOOR_FACTOR  # it accepted nothing: the floor

@@ -1,11 +1,14 @@
 """The rows of partner limits (docs/partner-limits.md, "What happens"): a partner's turns, places in
 flight, waiters and breaker, all taken under the partner's row lock so every worker on every host
-sees one truth.
+sees one truth; and the checkpoint and run of a step that waits for its turn. The one writer of
+these rows: it applies `agentflow._limits.rules` (which decide) with the database's time, and
+calls no partner (`agentflow._limits.limiter` does, between `turn_take` and `turn_return`).
 
 A turn is decided in one short transaction: lock the partner's row (its time read after the
 lock, from the database's clock), read who waits and what is in flight, then write the
-decision. Nothing here calls a partner; `agentflow._limits.limiter` does, between `turn_take` and
-`turn_return`.
+decision. A step that got no turn waits (`step_wait_turn`) so that the wait spends no attempt,
+holds no worker and never turns "may have happened" into "did not happen" (docs/protocol.md,
+"Unknown outcomes").
 """
 
 from __future__ import annotations
@@ -17,14 +20,21 @@ from typing import Any
 
 from django.db import transaction
 
+from agentflow._base.states import RunStatus, StepStatus
 from agentflow._conf import settings
-from agentflow._core import builds, dispatch, leases, limits
-from agentflow._core.limits import CLOSED, HALF_OPEN, OPEN, Limit
+from agentflow._core import builds, dispatch, leases
+from agentflow._limits import rules
+from agentflow._limits.rules import CLOSED, HALF_OPEN, OPEN, Limit
 from agentflow._store import sql
-from agentflow._store.steps import ACTIVE
-from agentflow.models import PartnerEvent, PartnerSlot, PartnerState, PartnerWaiter
+from agentflow._store.batches import PARTNER_HOLD
+from agentflow._store.events import event_add
+from agentflow._store.runs import Fenced
+from agentflow._store.steps import ACTIVE, CheckpointRow, Claim
+from agentflow.models import PartnerEvent, PartnerSlot, PartnerState, PartnerWaiter, RunEvent
 
-logger = logging.getLogger("agentflow.store.partners")  # the name hosts' LOGGING knows
+# The names hosts' LOGGING knows, from when the rows and a step's wait were two store modules.
+logger = logging.getLogger("agentflow.store.partners")
+turns_logger = logging.getLogger("agentflow.store.turns")
 
 PARTNERS = PartnerState._meta.db_table
 SLOTS = PartnerSlot._meta.db_table
@@ -228,7 +238,7 @@ def turn_take(limit: Limit, *, run_id: str = "", seq: int | None = None) -> Turn
     with transaction.atomic():
         row = _lock(partner)
         now = row.now
-        interval = limits.interval_seconds(limit, _speed(row, now))
+        interval = rules.interval_seconds(limit, _speed(row, now))
         queue = _queue(
             partner,
             run_id,
@@ -260,14 +270,14 @@ def turn_take(limit: Limit, *, run_id: str = "", seq: int | None = None) -> Turn
         if reserved is not None:
             reserved += row.turn_shift
         rated = limit.rate_per_second is not None or row.blocked_until > now
-        if reserved is not None and reserved - now > limits.SLEEP_IN_PROCESS_SECONDS:
+        if reserved is not None and reserved - now > rules.SLEEP_IN_PROCESS_SECONDS:
             # Early: the turn stays this step's; it comes back a little before it.
             return TurnWait(reason=queue.mine_reason, seconds=_early(reserved - now))
         if rated and not probe:
             decided = _rate_turn(row, queue, reserved, interval)
             changes |= decided.changes
             turn = decided.turn
-            if turn - now > limits.SLEEP_IN_PROCESS_SECONDS:
+            if turn - now > rules.SLEEP_IN_PROCESS_SECONDS:
                 if changes:
                     _update(partner, changes)
                 if decided.own:
@@ -313,7 +323,7 @@ def _rate_turn(row: _Row, queue: _Queue, reserved: float | None, interval: float
     if reserved is not None and reserved >= row.blocked_until and now <= reserved + interval:
         return _RateTurn(max(head, reserved), True, {})
     free = ahead is None or ahead >= head + interval or ahead <= now or reserved is not None
-    if free and head - now <= limits.SLEEP_IN_PROCESS_SECONDS:
+    if free and head - now <= rules.SLEEP_IN_PROCESS_SECONDS:
         changes = {}
         if ahead is not None and ahead < head + interval:
             changes["turn_shift"] = shift + head + interval - ahead
@@ -329,7 +339,7 @@ def _early(seconds: float) -> float:
     """A wait of `seconds` for a reserved turn, as the step is published again: it comes back
     a little early and sleeps the rest in the worker, so a broker's and a worker's delay do
     not make it miss its turn."""
-    return max(0.0, seconds - limits.ARRIVE_EARLY_SECONDS)
+    return max(0.0, seconds - rules.ARRIVE_EARLY_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -371,7 +381,7 @@ def _window(row: _Row, now: float, *, given: int = 0, refused: int = 0) -> _Wind
 
 
 def _speed(row: _Row, now: float) -> float:
-    return limits.speed(
+    return rules.speed(
         floor=row.speed_floor, since=row.speed_since, now=now, ceiling=row.speed_ceiling
     )
 
@@ -475,9 +485,9 @@ def turn_return(
                 "last_error": detail[:1000],
             }
             _event(partner, PartnerEvent.Kind.ERROR, detail)
-            if turn.probe or (row.breaker == CLOSED and limits.trips(failures)):
+            if turn.probe or (row.breaker == CLOSED and rules.trips(failures)):
                 opened = row.opened_times + 1
-                wait = limits.cooldown_seconds(opened)
+                wait = rules.cooldown_seconds(opened)
                 changes |= {"breaker": OPEN, "opened_times": opened, "probe_at": now + wait}
                 _event(
                     partner,
@@ -493,7 +503,7 @@ def turn_return(
                     "breaker": CLOSED,
                     "opened_times": 0,
                     "probe_at": 0.0,
-                    "speed_floor": limits.RAMP_START_FACTOR,
+                    "speed_floor": rules.RAMP_START_FACTOR,
                     "speed_since": now,
                     "speed_ceiling": 1.0,
                 }
@@ -536,18 +546,18 @@ def _slow_down(
     slowed: dict[str, Any] = {"blocked_until": until, **window.changes}
     floor = changes.get("speed_floor", row.speed_floor)
     if fresh:
-        accepted = limits.accepted_share(
+        accepted = rules.accepted_share(
             limit, given=window.given, refused=window.refused, seconds=window.seconds
         )
-        floor = min(limits.slowed(share, accepted), changes.get("speed_floor", 1.0))
+        floor = min(rules.slowed(share, accepted), changes.get("speed_floor", 1.0))
         slowed |= {
             "speed_floor": floor,
-            "speed_ceiling": limits.ceiling_after(share, accepted),
+            "speed_ceiling": rules.ceiling_after(share, accepted),
             "speed_since": now,
         }
     shift = row.turn_shift
     slowed["next_turn_at"] = max(row.next_turn_at, until - shift)
-    end = _respace(limit, until - shift, limits.respace_interval(limit, floor))
+    end = _respace(limit, until - shift, rules.respace_interval(limit, floor))
     if end is not None:
         slowed["next_turn_at"] = max(end, until - shift)
     _event(
@@ -660,15 +670,15 @@ def _resume(limit: Limit, row: dict[str, Any], now: float) -> None:
         sql.update(WAITERS, {"go_at": turn - shift, "reason": RESUMED}, "id = %s", [waiter_id])
         _wake(run_id, seq, _early(turn - now))
         if limit.rate_per_second is None:
-            turn += limits.UNRATED_RESUME_SPACING_SECONDS
+            turn += rules.UNRATED_RESUME_SPACING_SECONDS
         else:
-            share = limits.speed(
+            share = rules.speed(
                 floor=row["speed_floor"],
                 since=row["speed_since"],
                 now=turn,
                 ceiling=row["speed_ceiling"],
             )
-            turn += limits.interval_seconds(limit, share)
+            turn += rules.interval_seconds(limit, share)
     if waiting:
         _update(limit.partner, {"next_turn_at": turn - shift})
 
@@ -730,7 +740,7 @@ def partner_resume(limit: Limit, *, actor: str, reason: str) -> bool:
             "breaker": CLOSED,
             "failures": 0,
             "opened_times": 0,
-            "speed_floor": limits.RAMP_START_FACTOR,
+            "speed_floor": rules.RAMP_START_FACTOR,
             "speed_since": row.now,
             "speed_ceiling": 1.0,
         }
@@ -840,7 +850,7 @@ def partners_view(configured: dict[str, Limit]) -> list[PartnerView]:
                 in_flight=int(flight.get(partner, 0)),
                 waiting=sum(waits.get(partner, {}).values()),
                 waiting_by_reason=waits.get(partner, {}),
-                speed=limits.speed(
+                speed=rules.speed(
                     floor=state.speed_floor,
                     since=state.speed_since,
                     now=now,
@@ -858,3 +868,129 @@ def partners_view(configured: dict[str, Limit]) -> list[PartnerView]:
             )
         )
     return views
+
+
+# --- a step that waits for its turn ---------------------------------------------------------------
+_RUN_AT_STEP = f"id = %s AND current_seq = %s AND status IN ({sql.placeholders(ACTIVE)})"
+
+
+def step_wait_turn(
+    run_id: str,
+    seq: int,
+    *,
+    partner: str,
+    why: str,
+    seconds: float,
+    claim: Claim | None = None,
+    seen: CheckpointRow | None = None,
+    unknown: bool = False,
+    spent: bool = False,
+) -> bool:
+    """The step at `seq` waits `seconds` for its turn at `partner` (`why`: "waiting for stripe:
+    rate limit"); the run is WAITING. Returns False when fenced out.
+
+    `claim`: an effect or llm step's claim. Its attempt is given back (a wait is not an
+    attempt). A takeover's checkpoint (`outcome_unknown`: a lost owner's call may have
+    happened) stays IN_PROGRESS with its lease released, so the next claim asks the partner
+    again before anything (so does one whose call may have happened and whose reconcile was
+    refused its turn: `unknown`); any other becomes retryable FAILED, which "may have happened" as
+    well. `spent`: a call of this attempt went and failed, so the attempt counts (its bound
+    still parks a partner that keeps failing, docs/protocol.md, "Unknown outcomes"). Without a claim
+    (a read step) only the run and any earlier failed checkpoint move.
+
+    The run is held as routing holds it (`partner:<key>`, docs/deploys.md, "Builds"): one wait path
+    and one reason surface for a build's worker and a partner's turn. A held event says why the
+    first time it waits for this partner at this step, or when the reason changed; its message (a
+    countdown) goes to where the run belongs (`builds.route`), as every release of a hold does.
+    """
+    seconds = max(float(seconds), 0.0)
+    released = {
+        "lease_owner": "",
+        "lease_lock": None,
+        "error": why[:4000],
+    }
+    try:
+        with transaction.atomic():
+            if claim is not None:
+                if claim.outcome_unknown or unknown:
+                    changes = {
+                        **released,
+                        "lease_expires_at": sql.at_now(),
+                        "fence": claim.fence + 1,
+                    }
+                else:
+                    changes = {
+                        **released,
+                        "status": StepStatus.FAILED,
+                        "retryable": True,
+                        "retry_at": None,
+                        "lease_expires_at": None,
+                        "finished_at": sql.at_now(),
+                        "fence": claim.fence + 1,
+                    }
+                if not spent:
+                    changes["attempts"] = sql.Expr("attempts - 1", ())
+                if not sql.update(
+                    sql.STEPS,
+                    changes,
+                    "run_id = %s AND seq = %s AND status = %s AND fence = %s",
+                    [run_id, seq, StepStatus.IN_PROGRESS, claim.fence],
+                ):
+                    return False
+            elif seen is not None and seen.status == StepStatus.FAILED:
+                sql.update(
+                    sql.STEPS,
+                    {"retry_at": None, "error": why[:4000]},
+                    "run_id = %s AND seq = %s AND fence = %s AND status = %s",
+                    [run_id, seq, seen.fence, StepStatus.FAILED],
+                )
+            # A turn handed out meanwhile (a freed place) wakes it sooner than it asked.
+            given = sql.fetch_one(
+                f"SELECT MIN(w.go_at + CASE WHEN w.reason = %s THEN 0 ELSE COALESCE(("
+                f"SELECT p.turn_shift FROM {PARTNERS} p WHERE p.partner = w.partner), 0) END) "
+                f"- {epoch_now()} FROM {WAITERS} w "
+                "WHERE w.partner = %s AND w.run_id = %s AND w.seq = %s AND w.go_at IS NOT NULL",
+                [CONCURRENCY, partner, run_id, seq],
+            )
+            if given is not None and given[0] is not None:
+                seconds = max(0.0, min(seconds, float(given[0])))
+            token = f"{PARTNER_HOLD}:{partner}"
+            before = sql.fetch_one(
+                f"SELECT hold FROM {sql.RUNS} WHERE id = %s"
+                + (" FOR UPDATE" if sql.postgres() else ""),
+                [run_id],
+            )
+            assignments, values = sql.set_clause(
+                {
+                    "status": RunStatus.WAITING,
+                    "wake_at": sql.at_now_plus(seconds),
+                    "updated_at": sql.at_now(),
+                    "hold": token,
+                }
+            )
+            row = sql.fetch_one(
+                f"UPDATE {sql.RUNS} SET {assignments} WHERE {_RUN_AT_STEP} RETURNING build, pinned",
+                [*values, run_id, seq, *ACTIVE],
+            )
+            if row is None:
+                raise Fenced
+            build, pinned = row[0], bool(row[1])
+            if before is None or before[0] != token or not _same_held_reason(run_id, seq, why):
+                event_add(run_id, RunEvent.Kind.HELD, why, seq=seq, data={"hold": token})
+            if seconds <= dispatch.MAX_COUNTDOWN_SECONDS:
+                dispatch.send_step_on_commit(
+                    run_id, seq, countdown=seconds or None, queue=builds.route(build, pinned)
+                )
+    except Fenced:
+        return False
+    return True
+
+
+def _same_held_reason(run_id: str, seq: int, why: str) -> bool:
+    """Did the run's last held event at `seq` say exactly this?"""
+    row = sql.fetch_one(
+        f"SELECT detail FROM {sql.EVENTS} WHERE run_id = %s AND kind = %s AND seq = %s "
+        "ORDER BY id DESC LIMIT 1",
+        [run_id, RunEvent.Kind.HELD, seq],
+    )
+    return row is not None and row[0] == why

@@ -1,7 +1,7 @@
-"""The rules of partner limits (docs/partner-limits.md, "What happens"), pure: a partner's
-configured limit, how fast its key runs after a 429 or a reopened breaker, and how its breaker
-moves. No database, no clock: `agentflow._store.partners` applies them under the partner's row lock
-with the database's time.
+"""The rules of partner limits (docs/partner-limits.md, "What happens"), where what they decide is
+decided: a partner's configured limit, how fast its key runs after a 429 or a reopened breaker,
+and how its breaker moves. Pure: no database, no clock. `agentflow._limits.store` applies them
+under the partner's row lock with the database's time.
 """
 
 from __future__ import annotations
