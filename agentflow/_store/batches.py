@@ -1,4 +1,5 @@
-"""Parallel read-only tool calls (`agentflow.agent.steps`): begin a batch, record a member,
+"""Parallel read-only tool calls (`agentflow.agent.steps`): begin a batch, record a member (its
+result, or what its failure means: a retry, a wait for a partner's turn, a failure, a park),
 join when all are recorded. The only writer of a batch's rows.
 
 A batch begins with one compare-and-set on the run (still at its first position, between
