@@ -183,19 +183,14 @@ def batch_member(
     position, for the same reason."""
     assert isinstance(workflow, CodeWorkflow)  # the one code-defined kind
     first, last = span
-    if batch is None and not own and (seq == first or redelivered):
+    if _rings_doorbell(seq, first, handed=batch is not None, own=own, redelivered=redelivered):
         store.batch_republish(run.id, first, last, but=seq)
     if seen is not None and seen.status == StepStatus.COMPLETED:
         return
     if store.claim_blocker(seen) is not None:
         return  # a retry not yet due (an early duplicate), or a failure for good
     if batch is None:
-        outage = _tool_servers_outage(workflow)
-        if outage is not None:
-            partner, why, seconds = outage
-            store.batch_wait_turn(
-                run, workflow, seq, seen, partner=partner, why=why, seconds=seconds
-            )
+        if _waits_for_tool_servers(run, workflow, seq, seen):
             return
         batch = _replayed_batch(run, workflow, first)
     if not _matches(batch, span, seq, seen):
@@ -225,6 +220,26 @@ def batch_member(
         return
     except Exception as exc:
         member.failed(exc)
+
+
+def _rings_doorbell(seq: int, first: int, *, handed: bool, own: bool, redelivered: bool) -> bool:
+    """This message is the batch's doorbell (see `batch_member`): at its first position, or
+    given back by the broker; never the task that began the batch (`handed` it), nor a member's
+    own countdown."""
+    return not handed and not own and (seq == first or redelivered)
+
+
+def _waits_for_tool_servers(
+    run: store.StepState, workflow: CodeWorkflow, seq: int, seen: store.CheckpointRow | None
+) -> bool:
+    """The run's tool servers are out (`_tool_servers_outage`): the member waits for them, as
+    for any partner's turn."""
+    outage = _tool_servers_outage(workflow)
+    if outage is None:
+        return False
+    partner, why, seconds = outage
+    store.batch_wait_turn(run, workflow, seq, seen, partner=partner, why=why, seconds=seconds)
+    return True
 
 
 def _replayed_batch(
