@@ -9,8 +9,8 @@ time it runs and then waits until the file `TEST_BATCH_GATE` exists.
 
 `troubled_batch_agent`: its one turn asks at once for `check_till` and the price; the user
 message (the run's input `trouble`) says how the till check fails: "disagree" asks for a
-person (NeedsAttention), "flaky" makes a call to the partner that fails, then asks again, and
-(with a rate of one a minute) gets no turn.
+person (NeedsAttention), "database" has the database fail a statement, "flaky" makes a call
+to the partner that fails, then asks again, and (with a rate of one a minute) gets no turn.
 
 Workers import it through `AGENTFLOW_WORKFLOW_MODULES`.
 """
@@ -22,6 +22,8 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+
+from django.db import OperationalError
 
 from agentflow import durable
 from agentflow.agent import (
@@ -121,6 +123,8 @@ troubled_toolbox.add(toolbox["lookup_price"])
 def check_till(ctx: ToolContext, product: str, trouble: str) -> dict[str, Any]:
     if trouble == "disagree":
         raise durable.NeedsAttention("the till and the shelf disagree")
+    if trouble == "database":
+        raise OperationalError("server closed the connection unexpectedly")
     if trouble == "flaky":
         with contextlib.suppress(durable.PartnerUnavailable), durable.partner_call(PARTNER, "till"):
             raise durable.PartnerUnavailable("the till did not answer")

@@ -78,3 +78,19 @@ def test_a_member_whose_call_failed_then_got_no_turn__waits__no_attempt_spent() 
     assert held.detail.startswith(f"waiting for {limited_agent.PARTNER}: ")
     snapshot = durable.snapshot(run_id)
     assert snapshot is not None and snapshot.held == held.detail
+
+
+def test_database_trouble_in_a_member__retried_as_a_reads__no_traceback_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The database failing a member's statement is no bug of the member: its attempt is
+    recorded FAILED and retried after its back-off, as a read step's is (it was once re-raised,
+    its traceback logged whole, whatever the run's data in it)."""
+    run_id = _begun("database")
+
+    till = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    assert (till.status, till.retryable, till.attempts) == (StepStatus.FAILED, True, 1)
+    assert till.error == "server closed the connection unexpectedly"
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.current_seq, run.batch_last) == (RunStatus.RUNNING, 2, 3)
+    assert not [r for r in caplog.records if r.exc_info]
