@@ -7,10 +7,11 @@ second asks at once for the price (which then waits for the next turn, at the ba
 position) and `count_shelves`, a read that appends a line to the file `TEST_BATCH_COUNT` each
 time it runs and then waits until the file `TEST_BATCH_GATE` exists.
 
-`troubled_batch_agent`: its one turn asks at once for `check_till` and the price; the user
-message (the run's input `trouble`) says how the till check fails: "disagree" asks for a
-person (NeedsAttention), "database" has the database fail a statement, "flaky" makes a call
-to the partner that fails, then asks again, and (with a rate of one a minute) gets no turn.
+`troubled_batch_agent`: its one turn asks at once for `check_till` and the price (the price
+first when the trouble is "database"); the user message (the run's input `trouble`) says how
+the till check fails: "disagree" asks for a person (NeedsAttention), "database" has the
+database fail a statement, "flaky" makes a call to the partner that fails, then asks again,
+and (with a rate of one a minute) gets no turn.
 
 Workers import it through `AGENTFLOW_WORKFLOW_MODULES`.
 """
@@ -136,10 +137,9 @@ def check_till(ctx: ToolContext, product: str, trouble: str) -> dict[str, Any]:
 def troubled_plan(request: ModelRequest) -> Any:
     trouble = next(m["content"] for m in request.messages if m.get("role") == "user")
     if request.turn == 1:
-        return calls(
-            call("check_till", product="kettle", trouble=trouble),
-            call("lookup_price", product="kettle"),
-        )
+        till = call("check_till", product="kettle", trouble=trouble)
+        price = call("lookup_price", product="kettle")
+        return calls(price, till) if trouble == "database" else calls(till, price)
     return answer("The till agrees: a kettle is $12.00.")
 
 

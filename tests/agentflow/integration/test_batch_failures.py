@@ -86,11 +86,34 @@ def test_database_trouble_in_a_member__retried_as_a_reads__no_traceback_logged(
     """The database failing a member's statement is no bug of the member: its attempt is
     recorded FAILED and retried after its back-off, as a read step's is (it was once re-raised,
     its traceback logged whole, whatever the run's data in it)."""
-    run_id = _begun("database")
+    run_id = _begun("database")  # the price first, recorded
+    runtime.run_step(run_id, 3)  # the till check
 
-    till = StepCheckpoint.objects.get(run_id=run_id, seq=2)
+    till = StepCheckpoint.objects.get(run_id=run_id, seq=3)
     assert (till.status, till.retryable, till.attempts) == (StepStatus.FAILED, True, 1)
     assert till.error == "server closed the connection unexpectedly"
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.current_seq, run.batch_last) == (RunStatus.RUNNING, 2, 3)
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_database_trouble_to_the_bound__parks_at_the_batch__retry_gives_a_fresh_budget() -> None:
+    run_id = _begun("database")
+    bound = limited_agent.troubled_agent.retry.max_attempts
+    for _ in range(bound):  # each back-off's message, played at once
+        runtime.run_step(run_id, 3)
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    gave_up = f"gave up after {bound} attempts: server closed the connection unexpectedly"
+    assert run.status == RunStatus.NEEDS_ATTENTION  # never failed: not the member's error
+    assert run.error == f"check_till: the database kept failing ({gave_up}); retry once it is back"
+    assert (run.current_seq, run.batch_last) == (2, 3)
+
+    durable.retry(run_id, actor="ops", reason="the database is back")
+
+    till = StepCheckpoint.objects.get(run_id=run_id, seq=3)
+    assert (till.status, till.attempts) == (StepStatus.FAILED, 0)  # a fresh budget
+    runtime.run_step(run_id, 3)
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.RUNNING  # retried again, not parked at once
+    assert StepCheckpoint.objects.get(run_id=run_id, seq=3).attempts == 1
