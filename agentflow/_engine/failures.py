@@ -1,6 +1,7 @@
 """What a step's failure means (docs/protocol.md, "What a failure means"): the one place that
-turns what went wrong into what happens next, so the read, db, effect and llm paths cannot
-disagree. Pure: plain facts in, a verdict out; the caller records it.
+turns what went wrong into what happens next, so the read, db, effect and llm paths (and agent
+mode's batch members, which are reads) cannot disagree. Pure: plain facts in, a verdict out;
+the caller records it.
 
 The verdicts: `Retry` after a back-off under the same key; `Wait` for a partner's turn, no
 attempt spent; `Ask` the partner first, because the effect may have happened; `Park` for a

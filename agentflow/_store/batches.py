@@ -1,4 +1,5 @@
-"""Parallel read-only tool calls (`agentflow.agent.steps`): begin a batch, record a member,
+"""Parallel read-only tool calls (`agentflow.agent.steps`): begin a batch, record a member (its
+result, or what its failure means: a retry, a wait for a partner's turn, a failure, a park),
 join when all are recorded. The only writer of a batch's rows.
 
 A batch begins with one compare-and-set on the run (still at its first position, between
@@ -35,6 +36,7 @@ from agentflow._core.registry import NEXT_CALL, StepDef, Workflow
 from agentflow._store import sql
 from agentflow._store.events import event_add
 from agentflow._store.runs import Fenced, begin_undo, enqueue_grace
+from agentflow._store.sensitive import masked
 from agentflow._store.steps import ACTIVE, CheckpointRow, StepState, state_load
 from agentflow.models import RunEvent
 
@@ -235,6 +237,49 @@ def batch_fail(
             raise Fenced
         locked.current_seq = last
         begin_undo(locked, workflow, seq=last, reason=f"{step.name}: {error}")
+    return True
+
+
+def batch_park(
+    run: StepState,
+    seq: int,
+    reason: str,
+    *,
+    kind: str = RunEvent.Kind.NEEDS_ATTENTION,
+    data: dict[str, Any] | None = None,
+) -> bool:
+    """Member `seq` asks for a person (docs/protocol.md, "What a failure means"): the run stops
+    NEEDS_ATTENTION with `reason`, still at its batch (`current_seq` the first position,
+    `batch_last` kept), and an event of `kind` at the member's position. The member writes no
+    checkpoint, as a read step that parks writes none; its siblings' records are fenced out
+    meanwhile. An operator's retry publishes the batch's first position, whose task publishes
+    every member not recorded. False when fenced."""
+    span = run.batch
+    assert span is not None
+    first, last = span
+    with transaction.atomic():
+        locked = _locked(run, seq)
+        if locked is None:
+            return False
+        now_seen = locked.checkpoint
+        if now_seen is not None and now_seen.status == StepStatus.COMPLETED:
+            return False
+        changes = {
+            "status": RunStatus.NEEDS_ATTENTION,
+            "error": reason,
+            "wake_at": None,
+            "updated_at": sql.at_now(),
+        }
+        moved = sql.update(
+            sql.RUNS,
+            changes,
+            "id = %s AND current_seq = %s AND batch_last = %s",
+            [run.id, first, last],
+        )
+        if not moved:
+            raise Fenced
+        event_add(run.id, kind, reason, seq=seq, data=data)
+    logger.warning("run %s needs attention: %s", run.id, masked(run.id, reason))
     return True
 
 

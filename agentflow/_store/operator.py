@@ -60,7 +60,10 @@ def run_retry(run_id: str, *, actor: str, reason: str) -> None:
         run = locked_run(run_id)
         if run.status == RunStatus.NEEDS_ATTENTION:
             seq, step_name = run.current_seq, run.current_step
-            _release_for_retry(run_id, seq)
+            # A batch parks at its first position, whichever member asked (`batch_park`):
+            # every member gets its fresh budget.
+            for member in range(seq, (run.batch_last or seq) + 1):
+                _release_for_retry(run_id, member)
         elif run.status == RunStatus.FAILED:
             seq, step_name = _resume_failed(run)
         else:

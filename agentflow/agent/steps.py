@@ -21,14 +21,15 @@ siblings' results: they run at once.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from agentflow import _store as store
 from agentflow._base.states import StepStatus
 from agentflow._core import faults, leases, pooler
 from agentflow._core.registry import CodeDefined, StepDef
-from agentflow._core.serialization import NotJSONError, to_json
-from agentflow._engine import context_loader
-from agentflow._engine.attempts import describe, log_raised, retry_delay, transient
+from agentflow._core.serialization import to_json
+from agentflow._engine import context_loader, failures
+from agentflow._engine.attempts import failure_facts, log_raised, masked
 from agentflow._limits import limiter
 from agentflow._limits.store import step_wait_turn
 from agentflow._observe import telemetry
@@ -36,12 +37,7 @@ from agentflow.agent import loop
 from agentflow.agent import telemetry as agent_telemetry
 from agentflow.agent.loop import CodeWorkflow
 from agentflow.agent.mcp_tools import tool_servers
-from agentflow.exceptions import (
-    PartnerWait,
-    PermanentStepError,
-    ToolServerUnavailable,
-    partner_wait_reason,
-)
+from agentflow.exceptions import PartnerWait, ToolServerUnavailable, partner_wait_reason
 from agentflow.models import RunEvent
 
 #: Moved from `agentflow._engine.runtime`: its logger, the name hosts' LOGGING knows.
@@ -174,7 +170,9 @@ def batch_member(
     """One read-only call of a batch (see the module): found by replaying the
     function up to the batch's first position (or handed over, `batch`, by the task that
     began it and runs the first), run, and recorded; the last member recorded moves the run
-    on (`store.batches`).
+    on (`store.batches`). A member is a read: what its failure means is the read rule's
+    (`failures.classify`, docs/protocol.md "What a failure means"), recorded by the batch's
+    own fenced writes.
 
     Only the task that began the batch runs its first position without a message of its own,
     so a message for the first position is the sweeper's doorbell for a stalled batch (or a
@@ -186,50 +184,18 @@ def batch_member(
     position, for the same reason."""
     assert isinstance(workflow, CodeWorkflow)  # the one code-defined kind
     first, last = span
-    if batch is None and not own and (seq == first or redelivered):
+    if _rings_doorbell(seq, first, handed=batch is not None, own=own, redelivered=redelivered):
         store.batch_republish(run.id, first, last, but=seq)
     if seen is not None and seen.status == StepStatus.COMPLETED:
         return
     if store.claim_blocker(seen) is not None:
         return  # a retry not yet due (an early duplicate), or a failure for good
     if batch is None:
-        outage = _tool_servers_outage(workflow)
-        if outage is not None:
-            partner, why, seconds = outage
-            store.batch_wait_turn(
-                run, workflow, seq, seen, partner=partner, why=why, seconds=seconds
-            )
+        if _waits_for_tool_servers(run, workflow, seq, seen):
             return
-        outcome = loop.replay(
-            workflow,
-            run_id=run.id,
-            input=run.input,
-            seq=first,
-            branch=run.branch,
-            recorded=store.replay_load(run.id, first + 1),
-            reusable=lambda: store.superseded_reusable(run.id, workflow),
-            calls=lambda: store.calls_load(run.id, first + 1),
-            attempts=lambda: store.model_attempts(run.id, first + 1),
-            first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
-        )
-        batch = ()
-        if isinstance(outcome, loop.NextCall):
-            batch = outcome.batch
-            if outcome.tokens_saved:  # this task's replay, counted as every task's is
-                agent_telemetry.model_tokens(workflow=workflow, saved=outcome.tokens_saved)
-            if outcome.cost_saved:
-                agent_telemetry.model_cost_saved(workflow=workflow, saved=outcome.cost_saved)
-    if len(batch) != last - first + 1 or (
-        seen is not None and seen.name != batch[seq - first].name
-    ):
-        store.run_park(
-            run.id,
-            first,
-            f"the calls at positions {first}-{last} were begun at once, and the function now "
-            "makes other calls there; fork or retry once the code matches",
-            kind=RunEvent.Kind.DIVERGENCE,
-            fence=_fence_at(run.id, first),
-        )
+        batch = _replayed_batch(run, workflow, first)
+    if not _matches(batch, span, seq, seen):
+        _park_diverged(run, span)
         return
     step = agent_telemetry.traced_agent_call(batch[seq - first])
     attempt = seen.attempts + 1 if seen else 1
@@ -240,6 +206,7 @@ def batch_member(
     ctx = context_loader.step_context(run, step, seq, attempt)
     if run.hold:
         store.batch_member_goes(run, seq)  # if it held the run's reason, it holds it no more
+    member = _Member(run, workflow, step, seq, seen, started=started, attempt=attempt)
     try:
         with leases.kept_alive(
             renew=lambda conn: store.batch_keep_alive(run.id, first, last, conn=conn),
@@ -252,69 +219,175 @@ def batch_member(
         )
     except store.Fenced:
         return
-    except PartnerWait as wait:
-        if not limiter.failed_calls():
+    except Exception as exc:
+        member.failed(exc)
+
+
+def _rings_doorbell(seq: int, first: int, *, handed: bool, own: bool, redelivered: bool) -> bool:
+    """This message is the batch's doorbell (see `batch_member`): at its first position, or
+    given back by the broker; never the task that began the batch (`handed` it), nor a member's
+    own countdown."""
+    return not handed and not own and (seq == first or redelivered)
+
+
+def _waits_for_tool_servers(
+    run: store.StepState, workflow: CodeWorkflow, seq: int, seen: store.CheckpointRow | None
+) -> bool:
+    """The run's tool servers are out (`_tool_servers_outage`): the member waits for them, as
+    for any partner's turn."""
+    outage = _tool_servers_outage(workflow)
+    if outage is None:
+        return False
+    partner, why, seconds = outage
+    store.batch_wait_turn(run, workflow, seq, seen, partner=partner, why=why, seconds=seconds)
+    return True
+
+
+def _replayed_batch(
+    run: store.StepState, workflow: CodeWorkflow, first: int
+) -> tuple[StepDef, ...]:
+    """The batch the function makes at `first`, replayed against the run's recorded calls
+    (empty when it now makes no call there)."""
+    outcome = loop.replay(
+        workflow,
+        run_id=run.id,
+        input=run.input,
+        seq=first,
+        branch=run.branch,
+        recorded=store.replay_load(run.id, first + 1),
+        reusable=lambda: store.superseded_reusable(run.id, workflow),
+        calls=lambda: store.calls_load(run.id, first + 1),
+        attempts=lambda: store.model_attempts(run.id, first + 1),
+        first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
+    )
+    if not isinstance(outcome, loop.NextCall):
+        return ()
+    if outcome.tokens_saved:  # this task's replay, counted as every task's is
+        agent_telemetry.model_tokens(workflow=workflow, saved=outcome.tokens_saved)
+    if outcome.cost_saved:
+        agent_telemetry.model_cost_saved(workflow=workflow, saved=outcome.cost_saved)
+    return outcome.batch
+
+
+def _matches(
+    batch: tuple[StepDef, ...],
+    span: tuple[int, int],
+    seq: int,
+    seen: store.CheckpointRow | None,
+) -> bool:
+    """The function still makes the calls the batch was begun with: as many, and the member's
+    own by name."""
+    first, last = span
+    if len(batch) != last - first + 1:
+        return False
+    return seen is None or seen.name == batch[seq - first].name
+
+
+def _park_diverged(run: store.StepState, span: tuple[int, int]) -> None:
+    first, last = span
+    store.run_park(
+        run.id,
+        first,
+        f"the calls at positions {first}-{last} were begun at once, and the function now "
+        "makes other calls there; fork or retry once the code matches",
+        kind=RunEvent.Kind.DIVERGENCE,
+        fence=_fence_at(run.id, first),
+    )
+
+
+def member_verdict(step: StepDef, attempt: int, exc: BaseException) -> failures.Verdict:
+    """What a member's failure means: a read step's verdict, decided where every step's is
+    (`failures.classify`), from the facts a read step's attempt gives (`failure_facts`)."""
+    return failures.classify(failure_facts(step, attempt, exc))
+
+
+class _Member:
+    """One member's attempt, as its failure is recorded: the read rule's verdict
+    (`failures.classify`, the facts built as a read step's are), written by the batch's fenced
+    writes (`store.batches`) instead of a step's."""
+
+    def __init__(
+        self,
+        run: store.StepState,
+        workflow: CodeWorkflow,
+        step: StepDef,
+        seq: int,
+        seen: store.CheckpointRow | None,
+        *,
+        started: datetime,
+        attempt: int,
+    ) -> None:
+        self.run, self.workflow, self.step, self.seq, self.seen = run, workflow, step, seq, seen
+        self.started, self.attempt = started, attempt
+
+    def failed(self, exc: Exception) -> None:
+        """Record what `exc` means; nothing when the run has left the batch (fenced)."""
+        verdict = member_verdict(self.step, self.attempt, exc)
+        if verdict.log_traceback:
+            log_raised(
+                logger,
+                self.run.id,
+                self.workflow,
+                "%s step %s (%s) raised",
+                self.run.id,
+                self.seq,
+                self.step.name,
+            )
+        try:
+            self._record(verdict)
+        except store.Fenced:
+            return
+
+    def _record(self, verdict: failures.Verdict) -> None:
+        run, seq, step = self.run, self.seq, self.step
+        if isinstance(verdict, failures.Wait):
             # No turn at the partner: nothing of the member ran past its request, no attempt
             # spent; its siblings go on, and it runs again when its turn comes.
             logger.info(
-                "%s step %s (%s): %s; waits %.2f s", run.id, seq, step.name, wait, wait.wait_seconds
+                "%s step %s (%s): %s; waits %.2f s",
+                run.id,
+                seq,
+                step.name,
+                verdict.why,
+                verdict.seconds,
             )
             store.batch_wait_turn(
                 run,
-                workflow,
+                self.workflow,
                 seq,
-                seen,
-                partner=wait.partner,
-                why=str(wait),
-                seconds=wait.wait_seconds,
+                self.seen,
+                partner=verdict.partner,
+                why=verdict.why,
+                seconds=verdict.seconds,
             )
-            return
-        # A call of this attempt went and failed before the wait: the attempt was spent.
-        exhausted = step.retry.exhausted(attempt)
-        message = f"gave up after {attempt} attempts: {wait}" if exhausted else str(wait)
-        try:
-            store.batch_fail(
-                run,
-                workflow,
-                step,
+        elif isinstance(verdict, failures.Park):
+            data = {"attempt": self.attempt, "error": verdict.error}
+            store.batch_park(run, seq, verdict.reason, kind=verdict.kind, data=data)
+        elif isinstance(verdict, failures.Retry):
+            self._fail(verdict.error, retry_in_seconds=verdict.delay_seconds)
+        elif isinstance(verdict, failures.Fail):
+            logger.warning(
+                "%s step %s (%s) failed permanently: %s",
+                run.id,
                 seq,
-                seen,
-                message,
-                started_at=started,
-                attempt=attempt,
-                retry_in_seconds=None if exhausted else wait.wait_seconds,
+                step.name,
+                masked(run.id, self.workflow, verdict.error),
             )
-        except store.Fenced:
-            return
-    except Exception as exc:
-        if pooler.database_trouble(exc):
-            raise  # the engine's own statement failed: the message is retried
-        delay: float | None = None
-        if isinstance(exc, PermanentStepError | NotJSONError):
-            message = str(exc)
-        elif transient(exc) and not step.retry.exhausted(attempt):
-            message, delay = describe(exc), retry_delay(step, attempt, exc)
-        else:
-            logger.exception("%s step %s (%s) raised", run.id, seq, step.name)
-            message = (
-                f"unexpected {type(exc).__name__}: {exc}"
-                if not transient(exc)
-                else (f"gave up after {attempt} attempts: {describe(exc)}")
-            )
-        try:
-            store.batch_fail(
-                run,
-                workflow,
-                step,
-                seq,
-                seen,
-                message,
-                started_at=started,
-                attempt=attempt,
-                retry_in_seconds=delay,
-            )
-        except store.Fenced:
-            return
+            self._fail(verdict.error, retry_in_seconds=None)
+        # A read is never asked about, nor goes on as if nothing failed (`Ask`, `Proceed`).
+
+    def _fail(self, error: str, *, retry_in_seconds: float | None) -> None:
+        store.batch_fail(
+            self.run,
+            self.workflow,
+            self.step,
+            self.seq,
+            self.seen,
+            error,
+            started_at=self.started,
+            attempt=self.attempt,
+            retry_in_seconds=retry_in_seconds,
+        )
 
 
 def _fence_at(run_id: str, seq: int) -> int | None:

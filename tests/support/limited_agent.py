@@ -7,15 +7,24 @@ second asks at once for the price (which then waits for the next turn, at the ba
 position) and `count_shelves`, a read that appends a line to the file `TEST_BATCH_COUNT` each
 time it runs and then waits until the file `TEST_BATCH_GATE` exists.
 
+`troubled_batch_agent`: its one turn asks at once for `check_till` and the price (the price
+first when the trouble is "database"); the user message (the run's input `trouble`) says how
+the till check fails: "disagree" asks for a person (NeedsAttention), "database" has the
+database fail a statement, "flaky" makes a call to the partner that fails, then asks again,
+and (with a rate of one a minute) gets no turn.
+
 Workers import it through `AGENTFLOW_WORKFLOW_MODULES`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from django.db import OperationalError
 
 from agentflow import durable
 from agentflow.agent import (
@@ -105,3 +114,48 @@ slow_agent = durable.CodeWorkflow(
 @slow_agent.run
 def price_and_shelves(ctx: durable.AgentContext) -> str:
     return price_and_stock(ctx)
+
+
+troubled_toolbox = Toolbox("troubled_batch_agent")
+troubled_toolbox.add(toolbox["lookup_price"])
+
+
+@troubled_toolbox.tool("check_till", read_only=True, description="Whether the till agrees.")
+def check_till(ctx: ToolContext, product: str, trouble: str) -> dict[str, Any]:
+    if trouble == "disagree":
+        raise durable.NeedsAttention("the till and the shelf disagree")
+    if trouble == "database":
+        raise OperationalError("server closed the connection unexpectedly")
+    if trouble == "flaky":
+        with contextlib.suppress(durable.PartnerUnavailable), durable.partner_call(PARTNER, "till"):
+            raise durable.PartnerUnavailable("the till did not answer")
+        with durable.partner_call(PARTNER, "till again"):
+            pass
+    return {"product": product, "agrees": True}
+
+
+def troubled_plan(request: ModelRequest) -> Any:
+    trouble = next(m["content"] for m in request.messages if m.get("role") == "user")
+    if request.turn == 1:
+        till = call("check_till", product="kettle", trouble=trouble)
+        price = call("lookup_price", product="kettle")
+        return calls(price, till) if trouble == "database" else calls(till, price)
+    return answer("The till agrees: a kettle is $12.00.")
+
+
+troubled_agent = durable.CodeWorkflow(
+    "troubled_batch_agent",
+    version=1,
+    toolbox=troubled_toolbox,
+    model=ScriptedModel("scripted-shop", troubled_plan),
+)
+
+
+@troubled_agent.run
+def till_and_price(ctx: durable.AgentContext) -> str:
+    messages = [system_message("You answer shop questions."), user_message(ctx.input["trouble"])]
+    while not (turn := ctx.llm(messages)).is_final:
+        messages.append(turn.message)
+        for tool_call in turn.tool_calls:
+            messages.append(tool_result_message(tool_call.id, ctx.tool(tool_call).result))
+    return turn.text
