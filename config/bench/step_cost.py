@@ -21,7 +21,7 @@ from agentflow import durable
 from agentflow._engine import runtime
 from agentflow._privacy import envelope, keystore
 from agentflow.testing import capture_messages
-from config.bench import workload
+from config.bench import step_path, workload
 
 #: Runs before the measured ones: imports, caches and the first connection are not the path.
 WARM_UP = 20
@@ -49,6 +49,7 @@ def step_cost(runs: int, progress: Callable[[str], None] = lambda _: None) -> di
     }
     if keystore.enabled():
         report["personal_field_us"] = _field_cost()
+    report["path"] = step_path.path_map()
     return report
 
 

@@ -20,6 +20,8 @@ NOOP_TASK = "agentflow.bench_noop"
 MIXED = "bench"
 READ_ONLY = "bench_read"
 EFFECT_ONLY = "bench_effect"
+#: A read, then an effect: the run whose path `step_path` maps.
+READ_THEN_EFFECT = "bench_read_effect"
 #: Finished runs inserted for the sweeper figure; kept between bench runs for reuse.
 HISTORY = "bench_history"
 #: Runs the sweeper would find due; inserted for one measurement, then deleted.
@@ -106,6 +108,9 @@ mixed = durable.Workflow(MIXED, version=1)
 read_only = durable.Workflow(READ_ONLY, version=1)
 #: Only effect steps: two commits each (claim, then completion) are expected.
 effect_only = durable.Workflow(EFFECT_ONLY, version=1)
+read_then_effect = durable.Workflow(READ_THEN_EFFECT, version=1)
+read_then_effect.step("read", kind="read")(_noop_step)
+read_then_effect.step("effect", kind="effect")(_noop_step)
 for _index in range(STEPS):
     mixed.step(f"step_{_index}", kind="read" if _index % 2 == 0 else "effect")(_noop_step)
     read_only.step(f"step_{_index}", kind="read")(_noop_step)

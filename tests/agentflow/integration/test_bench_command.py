@@ -85,6 +85,11 @@ def test_bench__reports_every_figure_and_cleans_up(broker: object) -> None:
     assert cost["runs"] == 2 and len(cost["cpu_us_per_step"]) == 3
     assert cost["cpu_us_per_step_median"] > 0
     assert cost["personal_field_us"]["seal"] > 0 and cost["personal_field_us"]["open"] > 0
+    # The path's map: the run's steps enter the engine's step path, never agent mode's.
+    path = cost["path"]["modules"]
+    assert {"agentflow._engine.runtime", "agentflow._store.steps"} <= set(path)
+    assert not [m for m in path if m.startswith(("agentflow.agent", "agentflow.testing"))]
+    assert cost["path"]["modules_entered"] == len(path) and cost["path"]["moves"] > 0
     assert sweep["scrape"]["scrape_ms"] > 0 and len(sweep["scrape"]["scrape_ms_samples"]) == 7
     assert sweep["scrape"]["metric_files"] >= 1
     assert report["environment"]["processes"] == 2

@@ -253,6 +253,12 @@ def render(report: dict[str, Any]) -> str:
                 f"{cost['cpu_us_per_step_median']:,.0f}",
             )
         )
+        rows.append(
+            (
+                "a read then an effect: engine modules entered / moves between them",
+                f"{cost['path']['modules_entered']} / {cost['path']['moves']}",
+            )
+        )
     for kind, label in (("child_kill", "pool child"), ("worker_kill", "whole worker")):
         figure = report["recovery"].get(kind)
         if figure:
