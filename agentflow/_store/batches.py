@@ -157,12 +157,10 @@ def batch_record(
     assert span is not None
     first, last = span
     with transaction.atomic():
-        locked = _locked(run, seq)
+        locked = _pending(run, seq)
         if locked is None:
             return False
         now_seen = locked.checkpoint
-        if now_seen is not None and now_seen.status == StepStatus.COMPLETED:
-            return False  # a duplicate delivery: recorded already
         changes = {
             "status": StepStatus.COMPLETED,
             "attempts": attempt,
@@ -202,12 +200,10 @@ def batch_fail(
     assert span is not None
     first, last = span
     with transaction.atomic():
-        locked = _locked(run, seq)
+        locked = _pending(run, seq)
         if locked is None:
             return False
         now_seen = locked.checkpoint
-        if now_seen is not None and now_seen.status == StepStatus.COMPLETED:
-            return False
         changes = {
             "status": StepStatus.FAILED,
             "attempts": attempt,
@@ -258,11 +254,7 @@ def batch_park(
     assert span is not None
     first, last = span
     with transaction.atomic():
-        locked = _locked(run, seq)
-        if locked is None:
-            return False
-        now_seen = locked.checkpoint
-        if now_seen is not None and now_seen.status == StepStatus.COMPLETED:
+        if _pending(run, seq) is None:
             return False
         changes = {
             "status": RunStatus.NEEDS_ATTENTION,
@@ -307,12 +299,10 @@ def batch_wait_turn(
     first, last = span
     hold = f"{PARTNER_HOLD}:{partner}"
     with transaction.atomic():
-        locked = _locked(run, seq)
+        locked = _pending(run, seq)
         if locked is None:
             return False
         now_seen = locked.checkpoint
-        if now_seen is not None and now_seen.status == StepStatus.COMPLETED:
-            return False
         if now_seen is not None and now_seen.status == StepStatus.FAILED:
             sql.update(
                 sql.STEPS,
@@ -371,6 +361,18 @@ def _last_held(run_id: str, first: int, last: int) -> tuple[int, str] | None:
         [run_id, RunEvent.Kind.HELD, first, last],
     )
     return (int(row[0]), row[1]) if row is not None else None
+
+
+def _pending(run: StepState, seq: int) -> StepState | None:
+    """`_locked`, while member `seq` is not recorded COMPLETED: a member recorded once (a
+    duplicate delivery finds it so) is never written again."""
+    locked = _locked(run, seq)
+    if locked is None:
+        return None
+    seen = locked.checkpoint
+    if seen is not None and seen.status == StepStatus.COMPLETED:
+        return None
+    return locked
 
 
 def _locked(run: StepState, seq: int) -> StepState | None:

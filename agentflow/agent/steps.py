@@ -57,18 +57,7 @@ def next_call(
         step_wait_turn(run.id, seq, partner=partner, why=why, seconds=seconds, seen=seen)
         return None
     try:
-        outcome = loop.replay(
-            workflow,
-            run_id=run.id,
-            input=run.input,
-            seq=seq,
-            branch=run.branch,
-            recorded=store.replay_load(run.id, seq + 1),
-            reusable=lambda: store.superseded_reusable(run.id, workflow),
-            calls=lambda: store.calls_load(run.id, seq + 1),
-            attempts=lambda: store.model_attempts(run.id, seq + 1),
-            first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
-        )
+        outcome = _replay(run, workflow, seq)
     except Exception as exc:  # a bug in the run's function: fail readably, do not loop
         if pooler.database_trouble(exc):
             raise  # the engine's own reads failed, not the function: the message is retried
@@ -132,6 +121,22 @@ def next_call(
             data=divergence.as_json(),
         )
     return None
+
+
+def _replay(run: store.StepState, workflow: CodeWorkflow, seq: int) -> loop.Outcome:
+    """The run's function replayed up to position `seq` against what the run recorded."""
+    return loop.replay(
+        workflow,
+        run_id=run.id,
+        input=run.input,
+        seq=seq,
+        branch=run.branch,
+        recorded=store.replay_load(run.id, seq + 1),
+        reusable=lambda: store.superseded_reusable(run.id, workflow),
+        calls=lambda: store.calls_load(run.id, seq + 1),
+        attempts=lambda: store.model_attempts(run.id, seq + 1),
+        first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
+    )
 
 
 def _tool_servers_outage(workflow: CodeWorkflow) -> tuple[str, str, float] | None:
@@ -248,18 +253,7 @@ def _replayed_batch(
 ) -> tuple[StepDef, ...]:
     """The batch the function makes at `first`, replayed against the run's recorded calls
     (empty when it now makes no call there)."""
-    outcome = loop.replay(
-        workflow,
-        run_id=run.id,
-        input=run.input,
-        seq=first,
-        branch=run.branch,
-        recorded=store.replay_load(run.id, first + 1),
-        reusable=lambda: store.superseded_reusable(run.id, workflow),
-        calls=lambda: store.calls_load(run.id, first + 1),
-        attempts=lambda: store.model_attempts(run.id, first + 1),
-        first_turns=lambda: store.model_first_turns(workflow.name, but=run.id),
-    )
+    outcome = _replay(run, workflow, first)
     if not isinstance(outcome, loop.NextCall):
         return ()
     if outcome.tokens_saved:  # this task's replay, counted as every task's is
